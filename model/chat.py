@@ -1,0 +1,92 @@
+"""The chat-level interface shared by the local diffusion LM and remote OpenAI-compatible endpoints.
+
+The voice pipeline and the HTTP server only see `ChatModel.stream_chat`, which yields one `Draft` per refinement pass.
+A `Draft` is text split into pieces that say whether they are final, so speculative TTS can render early drafts and
+release audio only for committed text, whatever produced the draft.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from model.refinement import Refinement
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """What a caller may ask of one answer. Sampler details (block length, threshold) belong to the model's config."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DraftPiece:
+    """The text of one token (or, for remote drafts, of a span) and whether it is final."""
+
+    text: str
+    committed: bool
+    confidence: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """The answer after one refinement pass.
+
+    `pieces` run from the start of the answer up to (not including) the first end-of-sequence guess. Committed pieces
+    never change in later drafts of the same answer (for masked diffusion; remote endpoints that stream whole drafts
+    mark text committed only when it is final).
+    """
+
+    step: int
+    pieces: tuple[DraftPiece, ...]
+    done: bool = False
+    finish_reason: str | None = None  # "stop", "length" or "cancelled" once done
+    elapsed_s: float = 0.0  # time of this pass
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # committed answer tokens so far (for usage counts)
+    refinement: Refinement | None = None  # the raw pass, for local models
+
+    @property
+    def text(self) -> str:
+        """The whole current draft: committed text followed by the current guess."""
+        return "".join(piece.text for piece in self.pieces)
+
+    @property
+    def committed_text(self) -> str:
+        """The leading run of committed pieces: text that can no longer change."""
+        parts: list[str] = []
+        for piece in self.pieces:
+            if not piece.committed:
+                break
+            parts.append(piece.text)
+        return "".join(parts)
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """Anything that answers a chat with a stream of drafts: the local diffusion LM or a remote endpoint."""
+
+    name: str
+
+    def stream_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        options: GenerationOptions,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Draft]:
+        """Yield one `Draft` per refinement pass; the last has `done=True`. Setting `cancel` stops within one pass."""
+        ...

@@ -1,0 +1,15 @@
+"""Typed errors raised at the model boundary.
+
+Callers (the voice session, the HTTP server, the CLI) catch `ModelError` and turn it into a clear message; nothing from
+deep inside torch or transformers should reach a user as a bare traceback.
+"""
+
+from __future__ import annotations
+
+
+class ModelError(Exception):
+    """A model could not be loaded or asked to do something it cannot do (bad path, bad lengths, empty prompt...)."""
+
+
+class GenerationCancelled(ModelError):
+    """Generation stopped because its cancel flag was set; raised only where a caller asked for an exception."""

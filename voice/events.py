@@ -1,0 +1,198 @@
+"""Every event that travels between the pipeline's stages, and out to clients.
+
+Events are frozen, slotted dataclasses stamped with `time.monotonic_ns()`. The latency report is a fold over the event
+log, so a stage must emit each event when the thing it names really happened (for `SpeechEnd`: when the last voiced
+sample arrived, not when the endpointer noticed).
+
+Latency marks (see `LATENCY_MARKS`) are the events a turn's breakdown is computed from;
+voice-to-voice latency = first_audio_out - speech_end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    session: str
+    turn: int
+    t_ns: int = field(default_factory=now_ns)
+
+    @property
+    def type(self) -> str:
+        return EVENT_TYPES[type(self)]
+
+
+# --- listening -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStart(Event):
+    """The endpointer saw speech begin; `t_ns` is when the first voiced sample arrived."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechEnd(Event):
+    """The user stopped speaking. `t_ns` is when the last voiced sample arrived; `detected_ns` when the endpointer
+    decided (after its minimum silence), so endpoint delay = detected_ns - t_ns."""
+
+    detected_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transcript(Event):
+    """A partial (`final=False`) or final transcript of the current user turn. `committed` is the prefix that
+    LocalAgreement has fixed; `text` is the whole current hypothesis."""
+
+    text: str
+    committed: str
+    final: bool
+
+
+# --- thinking --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LmStarted(Event):
+    """The LM began work on this turn's prompt (`early` when started before the final transcript)."""
+
+    early: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DraftUpdate(Event):
+    """One refinement pass of the answer, as text: `committed` can no longer change, `draft` is the whole current
+    guess (committed text first). `pieces` pairs each token's text with whether it is committed."""
+
+    step: int
+    committed: str
+    draft: str
+    pieces: tuple[tuple[str, bool], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LmFirstPass(Event):
+    """The first denoising pass of the answer finished."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnswerDone(Event):
+    """The LM finished the answer. `passes` and `tokens` give tokens per pass; `lm_seconds` the model time."""
+
+    text: str
+    tokens: int
+    passes: int
+    lm_seconds: float
+    finish_reason: str
+
+
+# --- speaking --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhraseCommitted(Event):
+    """A phrase of the answer became final and may be spoken."""
+
+    phrase_id: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculationResult(Event):
+    """How a committed phrase got its audio: `hit` (the speculative render matched), `miss` (render was discarded and
+    redone), or `none` (no speculative render was ready or started). `saved_ms` is synthesis time taken off the
+    critical path."""
+
+    phrase_id: int
+    outcome: str
+    saved_ms: float = 0.0
+    wasted_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TtsFirstChunk(Event):
+    """The first synthesised audio of this turn is ready (it may still wait for its phrase to commit)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioStart(Event):
+    """The assistant starts speaking this turn; `sample_rate` of the PCM that follows."""
+
+    sample_rate: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioOut(Event):
+    """A chunk of assistant PCM16 LE mono audio handed to the speaker or socket."""
+
+    pcm: bytes
+    sample_rate: int
+    phrase_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FirstAudioOut(Event):
+    """The first assistant sample of this turn was handed to the speaker or socket."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioEnd(Event):
+    """The assistant finished speaking this turn (all audio handed out)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Clear(Event):
+    """Stop playback now and drop queued assistant audio (barge-in or interrupt)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnEnd(Event):
+    """The turn is over. `latency_ms` maps stage names to milliseconds; `spoken` is what the user actually heard."""
+
+    user_text: str
+    answer: str
+    spoken: str
+    interrupted: bool
+    latency_ms: dict[str, float]
+    stats: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorEvent(Event):
+    """Something failed; the turn ends, the session goes on. `code` is stable and machine-readable."""
+
+    code: str
+    message: str
+
+
+EVENT_TYPES: dict[type[Event], str] = {
+    SpeechStart: "speech_start",
+    SpeechEnd: "speech_end",
+    Transcript: "transcript",
+    LmStarted: "lm_started",
+    DraftUpdate: "draft",
+    LmFirstPass: "lm_first_pass",
+    AnswerDone: "answer",
+    PhraseCommitted: "phrase_committed",
+    SpeculationResult: "speculation",
+    TtsFirstChunk: "tts_first_chunk",
+    AudioStart: "audio_start",
+    AudioOut: "audio",
+    FirstAudioOut: "first_audio_out",
+    AudioEnd: "audio_end",
+    Clear: "clear",
+    TurnEnd: "turn_end",
+    ErrorEvent: "error",
+}
+
+# The named timestamps of a turn, in pipeline order (DESIGN.md "Latency names").
+LATENCY_MARKS: tuple[str, ...] = (
+    "speech_end",
+    "asr_final",
+    "lm_first_pass",
+    "first_phrase_committed",
+    "tts_first_chunk",
+    "first_audio_out",
+)
