@@ -1,0 +1,41 @@
+"""Typed errors at the voice pipeline's stage boundaries.
+
+Each carries a stable `code` that becomes the `code` of an `error` event or WebSocket message. A stage that raises one
+of these ends the current turn (or frame), never the session.
+"""
+
+from __future__ import annotations
+
+
+class VoiceError(Exception):
+    code = "internal_error"
+
+
+class AudioFormatError(VoiceError):
+    """Audio that is not what it claims to be: wrong rate, odd-length PCM, corrupt or empty WAV, non-audio bytes."""
+
+    code = "bad_audio"
+
+
+class ASRError(VoiceError):
+    code = "asr_failed"
+
+
+class TTSError(VoiceError):
+    code = "tts_failed"
+
+
+class ProtocolError(VoiceError):
+    """A client broke the WebSocket protocol (invalid JSON, unknown type, oversized frame...)."""
+
+    code = "protocol_error"
+
+
+class LimitExceeded(ProtocolError):
+    """A client exceeded a configured limit (message size, audio rate, text length, sessions...)."""
+
+    code = "limit_exceeded"
+
+
+class NoAudioDevice(VoiceError):
+    code = "no_audio_device"
