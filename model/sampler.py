@@ -1,0 +1,257 @@
+"""Masked-diffusion sampler: semi-autoregressive blocks, each refined over a few parallel passes.
+
+Read it top to bottom: small pure helpers (schedule, sampling, commit choice), then `generate`, whose two nested loops
+(blocks, then denoising passes) are the whole algorithm. The sampler owns the answer canvas and the commit policy; the
+network, its attention pattern and its cache live behind the `Denoiser` protocol (model/denoiser.py).
+
+Commit policy per pass, in one place so it can be checked:
+
+- Fixed budget (``threshold=None``): the block's `block_length` masked positions are committed over `steps_per_block`
+  passes, split as evenly as the linear schedule gives (LLaDA's get_num_transfer_tokens): pass k commits
+  ``B // S + (1 if k < B % S else 0)`` positions, the most confident ones ("low_confidence") or random ones ("random").
+- Threshold (``threshold=t``, Fast-dLLM): every masked position whose confidence is > t is committed, and never fewer
+  than the fixed budget's count for that pass. With ``steps_per_block = block_length`` that floor is one token per pass,
+  exactly Fast-dLLM's "at least one"; with fewer steps the floor guarantees the block is done within `steps_per_block`
+  passes, so the budget is an upper bound on passes per block, never a target.
+- End of sequence: once an EOS is committed, the masked positions after it inside the block are filled with EOS and
+  committed in the same pass (LLaDA's convention: the model is trained to pad with EOS). Generation stops as soon as a
+  committed EOS has only committed positions before it; no block after it ever runs.
+
+Committed tokens never change. Each pass yields a `Refinement` holding committed tokens and the pass's argmax guesses
+elsewhere, never the mask id.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from model.denoiser import Denoiser
+from model.errors import ModelError
+from model.refinement import Refinement
+
+REMASKING = ("low_confidence", "random")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerConfig:
+    """How the sampler spends its passes. Validated on construction; lengths are checked again in `generate`."""
+
+    block_length: int = 32  # B; B = max_new_tokens decodes the whole answer as one block
+    steps_per_block: int = 32  # pass budget per block (upper bound when `threshold` is set)
+    remasking: str = "low_confidence"  # which masked positions a fixed budget commits: "low_confidence" | "random"
+    threshold: float | None = None  # Fast-dLLM: commit every masked position with confidence > threshold
+    temperature: float = 0.0  # 0 = argmax; > 0 = Gumbel-max sampling in float64
+    cfg_scale: float = 0.0  # classifier-free guidance; > 0 needs an unconditional denoiser (see `generate`)
+    seed: int | None = None  # same seed, same output
+    use_cache: bool = True  # passed to `Denoiser.start`
+
+    def __post_init__(self) -> None:
+        if self.block_length < 1:
+            raise ModelError(f"block_length must be at least 1, got {self.block_length}")
+        if not 1 <= self.steps_per_block <= self.block_length:
+            raise ModelError(
+                f"steps_per_block must be between 1 and block_length ({self.block_length}), got {self.steps_per_block}:"
+                " a pass that commits nothing would be wasted"
+            )
+        if self.remasking not in REMASKING:
+            raise ModelError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+        if self.threshold is not None and not 0.0 <= self.threshold < 1.0:
+            raise ModelError(f"threshold must be in [0, 1), got {self.threshold}")
+        if self.temperature < 0:
+            raise ModelError(f"temperature must be >= 0, got {self.temperature}")
+        if self.cfg_scale < 0:
+            raise ModelError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+
+
+def commit_schedule(masked: int, steps: int) -> list[int]:
+    """Tokens to commit at each of `steps` passes so that `masked` positions are done, as evenly as possible.
+
+    The linear noise schedule removes the same expected number of masks per pass; the remainder goes to the first
+    passes so the schedule is front-loaded by at most one token.
+    """
+    base, remainder = divmod(masked, steps)
+    return [base + (1 if step < remainder else 0) for step in range(steps)]
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    """Pick one token per position: argmax at temperature 0, else Gumbel-max sampling.
+
+    logits: [L, V] float32 -> [L] long. The Gumbel noise is drawn in float64: in float32, -log(-log(u)) for u near 1
+    saturates and low-probability tokens are sampled far too rarely (the LLaDA paper's observation).
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    uniform = torch.rand(logits.shape, dtype=torch.float64, generator=generator).clamp_(1e-20, 1.0 - 1e-16)
+    gumbel = -torch.log(-torch.log(uniform))  # [L, V]
+    return (logits.double() / temperature + gumbel).argmax(dim=-1)
+
+
+def token_confidence(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Probability the model gives each chosen token. logits: [L, V], tokens: [L] -> [L] float32."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def choose_commits(
+    confidence: torch.Tensor,
+    masked: torch.Tensor,
+    budget: int,
+    config: SamplerConfig,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Boolean [L] of the masked positions to commit in this pass (see the module docstring for the policy).
+
+    confidence: [L] float, masked: [L] bool. Never selects a committed position; selects min(budget, masked) at least.
+    """
+    random_order = config.remasking == "random"
+    score = torch.rand(confidence.shape, generator=generator) if random_order else confidence.clone()
+    score[~masked] = -1.0  # committed positions are never re-chosen
+    count = min(budget, int(masked.sum()))
+    chosen = torch.zeros_like(masked)
+    if count > 0:
+        chosen[score.topk(count).indices] = True
+    if config.threshold is not None:
+        chosen |= masked & (confidence > config.threshold)
+        if not chosen.any() and masked.any():  # Fast-dLLM: always at least one per pass
+            best = torch.where(masked, confidence, torch.full_like(confidence, -1.0)).argmax()
+            chosen[best] = True
+    return chosen
+
+
+def first_stop(canvas: torch.Tensor, committed: torch.Tensor, eos: torch.Tensor) -> int | None:
+    """Index of the first committed EOS if every position before it is committed, else None.
+
+    canvas: [N] long, committed: [N] bool, eos: [E] long (the model's EOS ids).
+    """
+    is_eos = committed & torch.isin(canvas, eos)
+    if not is_eos.any():
+        return None
+    index = int(is_eos.nonzero()[0])
+    return index if bool(committed[:index].all()) else None
+
+
+def fill_after_eos(canvas: torch.Tensor, committed: torch.Tensor, eos: torch.Tensor, lo: int, hi: int) -> None:
+    """Commit EOS into the still-masked positions after the first committed EOS of block [lo, hi) (in place)."""
+    block_eos = committed[lo:hi] & torch.isin(canvas[lo:hi], eos)
+    if not block_eos.any():
+        return
+    start = lo + int(block_eos.nonzero()[0]) + 1
+    tail = ~committed[start:hi]
+    canvas[start:hi][tail] = int(eos[0])
+    committed[start:hi] |= tail
+
+
+def validate_request(denoiser: Denoiser, prompt_ids: list[int], max_new_tokens: int, config: SamplerConfig) -> None:
+    """Raise `ModelError` with a clear message for anything `generate` cannot do."""
+    if not prompt_ids:
+        raise ModelError("the prompt is empty: a diffusion LM needs at least one prompt token to condition on")
+    if max_new_tokens < 1:
+        raise ModelError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if max_new_tokens % config.block_length:
+        raise ModelError(
+            f"max_new_tokens ({max_new_tokens}) must be a whole number of blocks of {config.block_length} tokens"
+        )
+    mask_id = getattr(denoiser, "mask_id", None)
+    if mask_id is None or not 0 <= mask_id < denoiser.vocab_size:
+        raise ModelError(f"this model has no usable mask token (mask_id={mask_id!r}): it cannot drive a masked sampler")
+    if not denoiser.eos_ids:
+        raise ModelError("this model declares no end-of-sequence token")
+    if any(not 0 <= token < denoiser.vocab_size for token in prompt_ids):
+        raise ModelError(f"the prompt holds token ids outside the model's vocabulary of {denoiser.vocab_size}")
+
+
+def generate(
+    denoiser: Denoiser,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    config: SamplerConfig,
+    cancel: threading.Event | None = None,
+    unconditional: Denoiser | None = None,
+) -> Iterator[Refinement]:
+    """Denoise an answer of at most `max_new_tokens` after `prompt_ids`, yielding one `Refinement` per pass.
+
+    Classifier-free guidance (``config.cfg_scale > 0``) needs `unconditional`: a second denoiser over the same network
+    with its own state (adapters offer `fork()`). It is started on the prompt with every token replaced by the mask id,
+    as in LLaDA, and the logits are combined as ``uncond + (scale + 1) * (cond - uncond)``.
+    Setting `cancel` stops after the pass in flight; that pass's Refinement is the last, with finish_reason "cancelled".
+    """
+    validate_request(denoiser, prompt_ids, max_new_tokens, config)
+    if config.cfg_scale > 0 and unconditional is None:
+        raise ModelError("cfg_scale > 0 needs an unconditional denoiser (e.g. denoiser.fork())")
+    guided = config.cfg_scale > 0 and unconditional is not None
+
+    generator = torch.Generator().manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
+    mask_id = denoiser.mask_id
+    eos = torch.tensor(sorted(denoiser.eos_ids), dtype=torch.long)  # [E]
+    canvas = torch.full((max_new_tokens,), mask_id, dtype=torch.long)  # [N] committed tokens, mask elsewhere
+    committed = torch.zeros(max_new_tokens, dtype=torch.bool)  # [N]
+    guess = canvas.clone()  # [N] latest argmax guess (or committed token): what a reader sees
+    confidence = torch.zeros(max_new_tokens, dtype=torch.float32)  # [N]
+
+    denoiser.start(list(prompt_ids), max_new_tokens, config.use_cache)
+    if guided:
+        unconditional.start([mask_id] * len(prompt_ids), max_new_tokens, config.use_cache)
+
+    def refinement(step: int, block: int, hi: int, elapsed: float, reason: str | None) -> Refinement:
+        shown = torch.where(committed[:hi], canvas[:hi], guess[:hi])
+        return Refinement(
+            step=step,
+            block=block,
+            tokens=tuple(shown.tolist()),
+            committed=tuple(committed[:hi].tolist()),
+            confidence=tuple(confidence[:hi].tolist()),
+            elapsed_s=elapsed,
+            done=reason is not None,
+            finish_reason=reason,
+            eos_ids=frozenset(denoiser.eos_ids),
+        )
+
+    step = 0
+    num_blocks = max_new_tokens // config.block_length
+    for block in range(num_blocks):
+        lo, hi = block * config.block_length, (block + 1) * config.block_length
+        schedule = commit_schedule(config.block_length, config.steps_per_block)
+        for budget in schedule:
+            if bool(committed[lo:hi].all()):  # EOS fill or threshold finished the block early
+                break
+            started = time.perf_counter()
+            logits = denoiser.block_logits(canvas, lo, hi).float().cpu()  # [B, V]
+            if guided:
+                uncond = unconditional.block_logits(canvas, lo, hi).float().cpu()
+                logits = uncond + (config.cfg_scale + 1.0) * (logits - uncond)
+            logits[:, mask_id] = -torch.inf  # the mask is never an answer, whatever the adapter did
+
+            proposal = sample_tokens(logits, config.temperature, generator)  # [B]
+            proposal_conf = token_confidence(logits, proposal)  # [B]
+            masked = ~committed[lo:hi]  # [B]
+            chosen = choose_commits(proposal_conf, masked, budget, config, generator)
+
+            guess[lo:hi] = torch.where(masked, proposal, canvas[lo:hi])
+            confidence[lo:hi] = torch.where(masked, proposal_conf, confidence[lo:hi])
+            canvas[lo:hi][chosen] = proposal[chosen]
+            committed[lo:hi] |= chosen
+            fill_after_eos(canvas, committed, eos, lo, hi)
+            guess[lo:hi] = torch.where(committed[lo:hi], canvas[lo:hi], guess[lo:hi])
+            elapsed = time.perf_counter() - started
+
+            reason = None
+            if first_stop(canvas[:hi], committed[:hi], eos) is not None:
+                reason = "stop"
+            elif block == num_blocks - 1 and bool(committed.all()):
+                reason = "length"
+            elif cancel is not None and cancel.is_set():
+                reason = "cancelled"
+            yield refinement(step, block, hi, elapsed, reason)
+            step += 1
+            if reason is not None:
+                return
+        denoiser.finish_block(canvas, lo, hi)
+        if guided:
+            unconditional.finish_block(canvas, lo, hi)
+    # No fall-through: the schedule commits the whole block, so the last block's last pass always returns above.
