@@ -221,7 +221,8 @@ def generate(
             if bool(committed[lo:hi].all()):  # EOS fill or threshold finished the block early
                 break
             started = time.perf_counter()
-            logits = denoiser.block_logits(canvas, lo, hi).float().cpu()  # [B, V]
+            # [B, V]; cloned because an adapter may hand back an inference-mode tensor, which cannot be edited in place
+            logits = denoiser.block_logits(canvas, lo, hi).float().cpu().clone()
             if guided:
                 uncond = unconditional.block_logits(canvas, lo, hi).float().cpu()
                 logits = uncond + (config.cfg_scale + 1.0) * (logits - uncond)

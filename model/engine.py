@@ -1,0 +1,147 @@
+"""`DiffusionChatModel`: a tokenizer, a `Denoiser` and a `SamplerConfig` behind the `ChatModel` interface.
+
+It applies the tokenizer's chat template, runs the sampler and turns each `Refinement` into a `Draft` whose pieces
+say which text is final. One lock per model: the HTTP server and voice sessions share one model, and concurrent
+callers queue rather than interleave passes on one network and one cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
+from model.denoiser import Denoiser
+from model.errors import ModelError
+from model.refinement import Refinement
+from model.sampler import SamplerConfig, generate
+
+# Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
+# character or restore a leading space the same way they would in the whole text.
+DECODE_CONTEXT = 4
+
+
+def token_texts(tokenizer: Any, tokens: Sequence[int]) -> list[str]:
+    """Text of each token, decoded incrementally so characters spanning several tokens come out whole.
+
+    A token whose text ends inside an unfinished UTF-8 character gets "" and the character goes to the token that
+    completes it (the streaming-detokenizer trick: decode a short window and take what it adds).
+    """
+    texts: list[str] = []
+    emitted = 0  # first token whose text has not been emitted yet
+    for index in range(len(tokens)):
+        left = max(0, emitted - DECODE_CONTEXT)
+        before = tokenizer.decode(list(tokens[left:emitted]))
+        after = tokenizer.decode(list(tokens[left : index + 1]))
+        if after.endswith("\ufffd") and index + 1 < len(tokens):
+            texts.append("")
+            continue
+        texts.append(after[len(before) :] if after.startswith(before) else after)
+        emitted = index + 1
+    return texts
+
+
+def draft_from_refinement(tokenizer: Any, refinement: Refinement, prompt_tokens: int) -> Draft:
+    """Pieces up to the first end-of-sequence guess; a piece is committed when every token it holds is."""
+    cut = next((i for i, token in enumerate(refinement.tokens) if token in refinement.eos_ids), len(refinement.tokens))
+    tokens = refinement.tokens[:cut]
+    pieces: list[DraftPiece] = []
+    group_committed = True
+    for index, text in enumerate(token_texts(tokenizer, tokens)):
+        group_committed = group_committed and refinement.committed[index]
+        if text == "" and index + 1 < len(tokens):
+            continue  # part of a character completed by a later token
+        pieces.append(DraftPiece(text, group_committed, refinement.confidence[index]))
+        group_committed = True
+    return Draft(
+        step=refinement.step,
+        pieces=tuple(pieces),
+        done=refinement.done,
+        finish_reason=refinement.finish_reason,
+        elapsed_s=refinement.elapsed_s,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=sum(refinement.committed[:cut]),
+        refinement=refinement,
+    )
+
+
+def cut_at_stop(draft: Draft, stop: Sequence[str]) -> Draft | None:
+    """The draft ended at the first stop string found in its committed text, or None if there is none."""
+    committed = draft.committed_text
+    found = [index for index in (committed.find(s) for s in stop if s) if index >= 0]
+    if not found:
+        return None
+    keep, pieces, length = min(found), [], 0
+    for piece in draft.pieces:
+        if length >= keep:
+            break
+        pieces.append(dataclasses.replace(piece, text=piece.text[: keep - length]))
+        length += len(piece.text)
+    return dataclasses.replace(draft, pieces=tuple(pieces), done=True, finish_reason="stop")
+
+
+class DiffusionChatModel:
+    """A local diffusion LM as a `ChatModel`. Thread-safe: one answer at a time per model, callers queue."""
+
+    def __init__(
+        self,
+        name: str,
+        tokenizer: Any,
+        denoiser: Denoiser,
+        sampler: SamplerConfig,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.name = name
+        self.tokenizer = tokenizer
+        self.denoiser = denoiser
+        self.sampler = sampler
+        self.system_prompt = system_prompt
+        # classifier-free guidance needs a second state over the same weights
+        self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and hasattr(denoiser, "fork") else None
+        self._lock = threading.Lock()
+
+    def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Token ids of the chat, formatted by the tokenizer's chat template and ending where the answer starts."""
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        if self.system_prompt and not any(m.role == "system" for m in messages):
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        if not any(m["content"].strip() for m in chat if m["role"] != "system"):
+            raise ModelError("the chat is empty: nothing to answer")
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        else:  # plain masked LMs (BERT) ship no template
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant:"
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def sampler_for(self, options: GenerationOptions) -> tuple[SamplerConfig, int]:
+        """This answer's sampler config and its length, rounded up to a whole number of blocks."""
+        if options.max_new_tokens < 1:
+            raise ModelError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
+        config = dataclasses.replace(self.sampler, temperature=options.temperature, seed=options.seed)
+        blocks = -(-options.max_new_tokens // config.block_length)
+        return config, blocks * config.block_length
+
+    def stream_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        options: GenerationOptions,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Draft]:
+        """One `Draft` per pass; the last has done=True. Stop strings end the answer once they are committed."""
+        prompt = self.prompt_ids(messages)
+        config, length = self.sampler_for(options)
+        with self._lock:
+            for refinement in generate(self.denoiser, prompt, length, config, cancel, self._unconditional):
+                draft = draft_from_refinement(self.tokenizer, refinement, len(prompt))
+                stopped = cut_at_stop(draft, options.stop) if options.stop else None
+                if stopped is not None:
+                    yield stopped
+                    return
+                yield draft
+
+    def generate_text(self, prompt: str, options: GenerationOptions | None = None) -> str:
+        """The final answer to one user message, as plain text."""
+        drafts = list(self.stream_chat([ChatMessage("user", prompt)], options or GenerationOptions()))
+        return drafts[-1].text

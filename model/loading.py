@@ -1,0 +1,92 @@
+"""`load_chat_model(spec)`: from a model spec to a ready `ChatModel`, picking the adapter from the checkpoint's config.
+
+Spec: None -> the bundled default model; a local folder or a hub id -> read `config.json` (`model_type`, `auto_map`)
+and choose: `auto_map` -> remote-code (LLaDA-style) adapter; `diffusion_gemma` -> DiffusionGemma; anything that
+transformers maps to a masked LM -> the masked-LM adapter. Hub ids are resolved by transformers (users' machines only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from model.chat import ChatModel
+from model.errors import ModelError
+from model.sampler import SamplerConfig
+
+SAMPLER_FIELDS = frozenset(SamplerConfig.__dataclass_fields__)
+
+
+def read_config(spec: str) -> dict[str, Any]:
+    """The checkpoint's config.json as a dict; raises ModelError("...not found...") when there is none."""
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        path = folder / "config.json"
+        if not path.is_file():
+            raise ModelError(f"model not found: {spec!r} is a folder without a config.json")
+        return json.loads(path.read_text())
+    looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise ModelError(f"model not found: {spec!r} is neither a local checkpoint folder nor a hub id (owner/name)")
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(spec, trust_remote_code=False).to_dict()
+    except ValueError:  # a remote-code config: read the raw json instead
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(spec, "config.json")).read_text())
+    except OSError as error:
+        raise ModelError(f"model not found: {spec!r} ({error})") from error
+
+
+def architecture(config: dict[str, Any]) -> str:
+    """Which adapter serves a config: "remote_code", "diffusion_gemma" or "masked_lm"."""
+    model_type = config.get("model_type", "")
+    if model_type == "diffusion_gemma":
+        return "diffusion_gemma"
+    if config.get("auto_map"):
+        return "remote_code"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "masked_lm"
+    raise ModelError(
+        f"no diffusion adapter for model_type {model_type!r}: expected a masked LM (BERT, ModernBERT...), "
+        "a LLaDA-style remote-code checkpoint, or DiffusionGemma"
+    )
+
+
+def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
+    """Load a chat model. `overrides`: SamplerConfig fields (block_length, threshold, ...), `device`, `system_prompt`.
+
+    Raises ModelError for an unknown path, an unsupported architecture, or a checkpoint with no mask token.
+    """
+    if spec is None:
+        from model.default_model import load_default_chat_model
+
+        return load_default_chat_model(**overrides)
+    from model.engine import DiffusionChatModel
+
+    config = read_config(spec)
+    kind = architecture(config)
+    device = overrides.pop("device", None)
+    system_prompt = overrides.pop("system_prompt", None)
+    unknown = set(overrides) - SAMPLER_FIELDS
+    if unknown:
+        raise ModelError(f"unknown model options: {sorted(unknown)}")
+    if kind == "diffusion_gemma":
+        from model.adapters.diffusion_gemma import load_diffusion_gemma
+
+        return load_diffusion_gemma(spec, device=device, system_prompt=system_prompt, **overrides)
+    if kind == "remote_code":
+        from model.adapters.remote_code import load_remote_code
+
+        tokenizer, denoiser = load_remote_code(spec, device=device)
+    else:
+        from model.adapters.masked_lm import load_masked_lm
+
+        tokenizer, denoiser = load_masked_lm(spec, device=device)
+    sampler = SamplerConfig(**overrides)
+    return DiffusionChatModel(Path(spec).name or spec, tokenizer, denoiser, sampler, system_prompt)
