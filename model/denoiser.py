@@ -43,5 +43,5 @@ class Denoiser(Protocol):
         ...
 
     def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
-        """The block `lo..hi-1` is final: fold it into the cache (exact for block-causal models, refreshed otherwise)."""
+        """The block `lo..hi-1` is final: fold it into the cache (exact if block-causal, refreshed otherwise)."""
         ...

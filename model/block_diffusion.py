@@ -1,0 +1,294 @@
+"""Block diffusion on top of an autoregressive checkpoint (the bundled default model's form).
+
+An instruction-tuned causal LM becomes a block-diffusion LM with three small additions, in the spirit of Fast-dLLM v2 /
+SDAR but sized for a CPU:
+
+* **Block attention.** The answer is split into blocks of `block_length` tokens. A noisy block attends bidirectionally
+  to itself and causally to everything before it; finished blocks never see later ones, so their KV cache is exact.
+* **Next-token shift kept.** The hidden state at position i still predicts token i+1, so the pretrained head stays
+  meaningful: the first token of a block is predicted by the clean position just before it, the others by the noisy
+  block's own positions.
+* **Adapter on the noisy stream only.** Gated LoRA on every linear layer plus a learned mask embedding. The gate is 0
+  for clean tokens (prompt and finished blocks) and 1 for the noisy block, so the cache and each block's first-token
+  prediction are exactly the teacher's: the adapter only learns to fill masks, it cannot drift the model's own voice.
+
+Because clean and noisy tokens are told apart by the gate, finishing a block costs nothing extra: its clean encoding is
+fused into the first pass of the next block (one forward over `[finished block | noisy block]`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+from model.errors import ModelError
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterConfig:
+    """Shape of the trained adapter; saved next to its weights so a checkpoint describes itself."""
+
+    block_length: int = 4
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    targets: tuple[str, ...] = LORA_TARGETS
+
+    def to_json(self) -> dict[str, object]:
+        data = asdict(self)
+        data["targets"] = list(self.targets)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> AdapterConfig:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if "targets" in known:
+            known["targets"] = tuple(known["targets"])  # type: ignore[arg-type]
+        return cls(**known)  # type: ignore[arg-type]
+
+
+class _Gate:
+    """Per-token LoRA gate shared by every adapted layer: `[batch, seq, 1]` of 0/1, or None for "adapter on"."""
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+
+class GatedLoRALinear(nn.Module):
+    """`base(x) + gate * scale * B(A(x))`: LoRA that can be switched off token by token."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, gate: _Gate) -> None:
+        super().__init__()
+        self.base = base
+        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+        self.scale = alpha / rank
+        self._gate = gate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        delta = (x @ self.lora_a.t().to(x.dtype)) @ self.lora_b.t().to(x.dtype)
+        gate = self._gate.value
+        if gate is not None:
+            delta = delta * gate.to(delta.dtype)
+        return out + self.scale * delta
+
+
+class BlockDiffusionLM(nn.Module):
+    """A causal LM plus the block-diffusion adapter (gated LoRA + mask embedding)."""
+
+    def __init__(self, base: PreTrainedModel, config: AdapterConfig) -> None:
+        super().__init__()
+        self.base = base
+        self.config = config
+        self.vocab_size = int(base.config.vocab_size)
+        self.mask_id = self.vocab_size  # outside the vocabulary: replaced by `mask_embedding`, never predicted
+        self._gate = _Gate()
+        for parameter in base.parameters():
+            parameter.requires_grad_(False)
+        hidden = int(base.config.hidden_size)
+        embed = base.get_input_embeddings()
+        self.mask_embedding = nn.Parameter(embed.weight.detach().float().mean(0).clone().reshape(hidden))
+        self._inject_lora(config)
+
+    def _inject_lora(self, config: AdapterConfig) -> None:
+        for module in list(self.base.modules()):
+            for child_name, child in list(module.named_children()):
+                if child_name in config.targets and isinstance(child, nn.Linear):
+                    wrapped = GatedLoRALinear(child, config.lora_rank, config.lora_alpha, self._gate)
+                    setattr(module, child_name, wrapped)
+        if not any(isinstance(m, GatedLoRALinear) for m in self.base.modules()):
+            raise ModelError(f"none of the LoRA targets {config.targets} exist in {type(self.base).__name__}")
+
+    # --- adapter weights ------------------------------------------------------------------------------------------
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """Only the trained weights: what ships in the package."""
+        return {name: p.detach().cpu() for name, p in self.named_parameters() if p.requires_grad}
+
+    def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None:
+        own = dict(self.named_parameters())
+        missing = [name for name, p in own.items() if p.requires_grad and name not in state]
+        unknown = [name for name in state if name not in own]
+        if missing or unknown:
+            raise ModelError(f"adapter does not fit this model: missing {missing[:3]}, unknown {unknown[:3]}")
+        with torch.no_grad():
+            for name, tensor in state.items():
+                own[name].copy_(tensor.to(own[name].dtype))
+
+    def trainable_parameters(self) -> Iterable[nn.Parameter]:
+        return (p for p in self.parameters() if p.requires_grad)
+
+    # --- forward --------------------------------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings with every `mask_id` replaced by the learned mask embedding."""
+        is_mask = input_ids == self.mask_id
+        embeds = self.base.get_input_embeddings()(input_ids.masked_fill(is_mask, 0))
+        return torch.where(is_mask.unsqueeze(-1), self.mask_embedding.to(embeds.dtype), embeds)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, S]
+        position_ids: torch.Tensor,  # [B, S]
+        attention_bias: torch.Tensor,  # [B, 1, S, K + S] additive float (0 attend, -inf not)
+        noisy: torch.Tensor,  # [B, S] bool: which tokens get the adapter
+        cache: DynamicCache | None,
+    ) -> torch.Tensor:
+        """Logits `[B, S, vocab]`; appends this call's keys/values to `cache` when given."""
+        self._gate.value = noisy.unsqueeze(-1).float()
+        try:
+            out = self.base(
+                inputs_embeds=self.embed(input_ids),
+                position_ids=position_ids,
+                attention_mask=attention_bias.to(self.base.dtype),
+                past_key_values=cache,
+                use_cache=cache is not None,
+            )
+        finally:
+            self._gate.value = None
+        return out.logits
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Turn a bool "may attend" mask into the additive form eager and SDPA attention both accept."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Keep the first `length` cached positions in every layer (drops the noisy block's keys after a pass)."""
+    for layer in cache.layers:
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)
+
+
+class BlockDiffusionDenoiser:
+    """`Denoiser` over a `BlockDiffusionLM`: exact prefix cache, one forward per pass.
+
+    The canvas is the answer region; the prompt lives in the cache. A pass over block `[lo, hi)` feeds the tokens of
+    the block finished just before it (clean, if any, not yet cached) followed by the noisy block. Logits for the
+    block's first position come from the last clean position (the teacher's own next-token prediction); logits for
+    position `lo + j` (j >= 1) from noisy position `lo + j - 1`.
+    """
+
+    block_causal = True
+
+    def __init__(self, model: BlockDiffusionLM, eos_ids: Iterable[int]) -> None:
+        self.model = model
+        self.mask_id = model.mask_id
+        self.vocab_size = model.vocab_size
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
+        self.block_length = model.config.block_length
+        self._prompt: list[int] = []
+        self._use_cache = True
+        self._cache: DynamicCache | None = None
+        self._cached_len = 0  # absolute positions held in the cache
+        self._next_logits: torch.Tensor | None = None  # [vocab] prediction for the first uncached position
+        self._pending: tuple[int, int] | None = None  # answer slice finished but not yet in the cache
+        self._canvas: torch.Tensor | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.base.dtype
+
+    def start(self, prompt_ids: list[int], max_new_tokens: int, use_cache: bool) -> None:
+        if not prompt_ids:
+            raise ModelError("the prompt is empty: nothing to condition the answer on")
+        self._prompt = list(prompt_ids)
+        self._use_cache = use_cache
+        self._pending = None
+        self._cache = None
+        self._cached_len = 0
+        self._next_logits = None
+        if use_cache:
+            self._cache = DynamicCache()
+            ids = torch.tensor([self._prompt])
+            logits = self._run(ids, noisy_from=ids.shape[1], cache=self._cache, past=0)
+            self._cached_len = len(self._prompt)
+            self._next_logits = logits[0, -1]
+
+    @torch.inference_mode()
+    def block_logits(self, canvas: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        p = len(self._prompt)
+        noisy_ids = canvas[lo:hi]
+        if not self._use_cache:
+            clean = torch.tensor(self._prompt + canvas[:lo].tolist())
+            ids = torch.cat([clean, noisy_ids]).unsqueeze(0)
+            logits = self._run(ids, noisy_from=clean.shape[0], cache=None, past=0)[0]
+            first = logits[clean.shape[0] - 1]
+            return self._shifted(first, logits[clean.shape[0] :], hi - lo)
+
+        assert self._cache is not None  # set by start() in cached mode
+        clean_ids = canvas[self._pending[0] : self._pending[1]] if self._pending else canvas[:0]
+        if self._cached_len != p + lo - clean_ids.shape[0]:
+            raise ModelError("blocks must be denoised in order: the cache does not end where this block starts")
+        ids = torch.cat([clean_ids, noisy_ids]).unsqueeze(0)
+        logits = self._run(ids, noisy_from=clean_ids.shape[0], cache=self._cache, past=self._cached_len)[0]
+        n_clean = clean_ids.shape[0]
+        if n_clean:
+            self._next_logits = logits[n_clean - 1]
+            self._pending = None
+        self._cached_len += n_clean
+        crop_cache(self._cache, self._cached_len)
+        assert self._next_logits is not None
+        return self._shifted(self._next_logits, logits[n_clean:], hi - lo)
+
+    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
+        # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
+        self._pending = (lo, hi)
+
+    def _shifted(self, first: torch.Tensor, noisy_logits: torch.Tensor, length: int) -> torch.Tensor:
+        out = torch.cat([first.unsqueeze(0), noisy_logits[: length - 1]]).float()
+        return out[:, : self.vocab_size]
+
+    def _run(self, ids: torch.Tensor, noisy_from: int, cache: DynamicCache | None, past: int) -> torch.Tensor:
+        """Forward `ids` (`[1, S]`): positions before `noisy_from` are clean (causal), the rest one noisy block."""
+        s = ids.shape[1]
+        q = torch.arange(s)
+        causal = q.unsqueeze(1) >= q.unsqueeze(0)
+        in_block = (q.unsqueeze(1) >= noisy_from) & (q.unsqueeze(0) >= noisy_from)
+        allowed_new = causal | in_block
+        allowed = torch.cat([torch.ones(s, past, dtype=torch.bool), allowed_new], dim=1)
+        bias = additive_mask(allowed)[None, None]
+        positions = (past + q).unsqueeze(0)
+        noisy = (q >= noisy_from).unsqueeze(0)
+        return self.model(ids, positions, bias, noisy, cache)
+
+
+def save_adapter(model: BlockDiffusionLM, directory: Path, extra: dict[str, object] | None = None) -> None:
+    """Write `adapter.safetensors` and `adapter.json` (config plus free-form training facts)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    # fp16 halves the shipped size; LoRA factors lose nothing measurable at this precision
+    state = {
+        name: tensor.to(torch.float16 if tensor.ndim > 1 else torch.float32).contiguous()
+        for name, tensor in model.adapter_state().items()
+    }
+    save_file(state, str(directory / "adapter.safetensors"))
+    meta = {"adapter": model.config.to_json(), **(extra or {})}
+    (directory / "adapter.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load_adapter(model_base: PreTrainedModel, directory: Path) -> BlockDiffusionLM:
+    """Rebuild a `BlockDiffusionLM` from a base model and a saved adapter folder."""
+    import json
+
+    from safetensors.torch import load_file
+
+    weights, meta_path = directory / "adapter.safetensors", directory / "adapter.json"
+    if not weights.is_file() or not meta_path.is_file():
+        raise ModelError(f"no block-diffusion adapter in {directory} (expected adapter.safetensors and adapter.json)")
+    meta = json.loads(meta_path.read_text())
+    model = BlockDiffusionLM(model_base, AdapterConfig.from_json(meta["adapter"]))
+    model.load_adapter_state(load_file(str(weights)))
+    return model

@@ -1,0 +1,132 @@
+"""The training objective of the block-diffusion adapter, as pure tensor code (the script only loops and saves).
+
+One step on a batch of (prompt, teacher answer) pairs:
+
+1. Clean pass, no gradient, adapter off: encode prompt + answer causally; its KV cache is exactly what inference
+   will have for finished blocks.
+2. Noisy pass, adapter on: `copies` independently masked versions of the answer region (each block masked with its
+   own ratio t ~ U(0, 1)) attend to the clean cache strictly before their block and bidirectionally inside their block.
+   Several noisy copies share one clean pass, which makes a CPU step cheaper per supervised token.
+3. Loss: cross-entropy at masked positions, predicted with the next-token shift from the position before them in the
+   same block (a block's first token is predicted by the clean stream: the teacher, which is not trained).
+
+Positions after the answer's EOS inside its last block are filled with EOS and supervised, so the model learns the
+sampler's convention that everything after a committed EOS is EOS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from model.block_diffusion import BlockDiffusionLM, additive_mask
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    clean_ids: torch.Tensor  # [b, T]
+    clean_bias: torch.Tensor  # [b, 1, T, T]
+    noisy_ids: torch.Tensor  # [b, K*N]
+    noisy_pos: torch.Tensor  # [b, K*N]
+    noisy_bias: torch.Tensor  # [b, 1, K*N, T + K*N]
+    targets: torch.Tensor  # [b, K*N]  token predicted from each noisy position, -100 where unsupervised
+
+
+def make_batch(
+    examples: Sequence[tuple[list[int], list[int]]],  # (prompt_ids, answer_ids ending with EOS)
+    block: int,
+    mask_id: int,
+    eos_id: int,
+    copies: int,
+    generator: torch.Generator,
+) -> Batch:
+    b = len(examples)
+    prompt_lens = [len(p) for p, _ in examples]
+    # answer regions rounded up to whole blocks, EOS-filled
+    answers = []
+    for _, a in examples:
+        length = -(-len(a) // block) * block
+        answers.append(a + [eos_id] * (length - len(a)))
+    n = max(len(a) for a in answers)
+    t = max(p + len(a) for p, a in zip(prompt_lens, answers, strict=True))
+
+    clean_ids = torch.full((b, t), eos_id)
+    for row, ((p_ids, _), a) in enumerate(zip(examples, answers, strict=True)):
+        clean_ids[row, : len(p_ids) + len(a)] = torch.tensor(p_ids + a)
+    q = torch.arange(t)
+    clean_bias = additive_mask(q[:, None] >= q[None, :])[None, None].expand(b, 1, t, t)
+
+    j = torch.arange(n)  # answer position
+    block_of = j // block
+    valid = torch.zeros((b, n), dtype=torch.bool)
+    answer = torch.full((b, n), eos_id)
+    for row, a in enumerate(answers):
+        valid[row, : len(a)] = True
+        answer[row, : len(a)] = torch.tensor(a)
+
+    # --- mask each (copy, block) with its own ratio ---
+    ratio = torch.rand((b, copies, n // block + 1), generator=generator)[..., block_of]  # [b, K, n]
+    masked = torch.rand((b, copies, n), generator=generator) < ratio
+    # every block must supervise at least one position after its first
+    first_in_block = (j % block == 0).expand(b, copies, n)
+    forced = torch.randint(1, block, (b, copies, n // block + 1), generator=generator)[..., block_of]
+    masked |= (j % block == forced) & ~first_in_block & (j % block != 0)
+    masked &= valid[:, None, :]
+    noisy_ids = torch.where(masked, torch.full_like(masked, mask_id, dtype=torch.long), answer[:, None, :])
+
+    # targets: position j predicts j+1 inside the same block, where j+1 is masked
+    nxt = j + 1
+    same_block = (nxt < n) & ((nxt // block) == block_of)
+    nxt_clamped = nxt.clamp(max=n - 1)
+    target_tok = answer[:, nxt_clamped][:, None, :].expand(b, copies, n)
+    supervised = same_block & masked[:, :, nxt_clamped] & valid[:, None, nxt_clamped]
+    targets = torch.where(supervised, target_tok, torch.full_like(target_tok, -100))
+
+    prompt = torch.tensor(prompt_lens)
+    noisy_pos = (prompt[:, None] + j[None, :])[:, None, :].expand(b, copies, n)
+
+    # attention of noisy queries: clean keys strictly before the block start; noisy keys of the same copy and block
+    block_start = prompt[:, None] + block_of[None, :] * block  # [b, n]
+    clean_allowed = q[None, None, :] < block_start[:, :, None]  # [b, n, T]
+    clean_allowed = clean_allowed[:, None].expand(b, copies, n, t).reshape(b, copies * n, t)
+    copy_idx = torch.arange(copies).repeat_interleave(n)
+    blk = block_of.repeat(copies)
+    noisy_allowed = (copy_idx[:, None] == copy_idx[None, :]) & (blk[:, None] == blk[None, :])
+    noisy_allowed = noisy_allowed[None].expand(b, -1, -1).clone()
+    valid_k = valid.repeat(1, copies)  # [b, K*n]
+    noisy_allowed &= valid_k[:, None, :]
+    # rows outside the answer attend only to themselves (keeps softmax finite; they carry no loss)
+    eye = torch.eye(copies * n, dtype=torch.bool)[None]
+    noisy_allowed |= eye & ~valid_k[:, :, None]
+    allowed = torch.cat([clean_allowed, noisy_allowed], dim=2)
+    noisy_bias = additive_mask(allowed)[:, None]
+
+    return Batch(
+        clean_ids=clean_ids,
+        clean_bias=clean_bias,
+        noisy_ids=noisy_ids.reshape(b, copies * n),
+        noisy_pos=noisy_pos.reshape(b, copies * n),
+        noisy_bias=noisy_bias,
+        targets=targets.reshape(b, copies * n),
+    )
+
+
+def block_diffusion_loss(model: BlockDiffusionLM, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean cross-entropy over supervised positions, plus accuracy for the progress bar."""
+    b, t = batch.clean_ids.shape
+    cache = DynamicCache()
+    with torch.no_grad():
+        positions = torch.arange(t)[None].expand(b, t)
+        model(batch.clean_ids, positions, batch.clean_bias, torch.zeros_like(batch.clean_ids, dtype=torch.bool), cache)
+    noisy = torch.ones_like(batch.noisy_ids, dtype=torch.bool)
+    logits = model(batch.noisy_ids, batch.noisy_pos, batch.noisy_bias, noisy, cache)
+    logits = logits[..., : model.vocab_size].float()
+    supervised = batch.targets != -100
+    loss = F.cross_entropy(logits[supervised], batch.targets[supervised])
+    with torch.no_grad():
+        accuracy = (logits[supervised].argmax(-1) == batch.targets[supervised]).float().mean().item()
+    return loss, {"loss": loss.item(), "acc": accuracy, "tokens": float(supervised.sum().item())}

