@@ -183,7 +183,8 @@ class BlockDiffusionDenoiser:
     def __init__(self, model: BlockDiffusionLM, eos_ids: Iterable[int]) -> None:
         self.model = model
         self.mask_id = model.mask_id
-        self.vocab_size = model.vocab_size
+        # The mask id sits just past the tokenizer's vocabulary; logits get one extra column for it, always -inf.
+        self.vocab_size = model.vocab_size + 1
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.block_length = model.config.block_length
         self._prompt: list[int] = []
@@ -245,8 +246,8 @@ class BlockDiffusionDenoiser:
         self._pending = (lo, hi)
 
     def _shifted(self, first: torch.Tensor, noisy_logits: torch.Tensor, length: int) -> torch.Tensor:
-        out = torch.cat([first.unsqueeze(0), noisy_logits[: length - 1]]).float()
-        return out[:, : self.vocab_size]
+        out = torch.cat([first.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.model.vocab_size]
+        return torch.cat([out, torch.full((length, 1), -torch.inf)], dim=1)
 
     def _run(self, ids: torch.Tensor, noisy_from: int, cache: DynamicCache | None, past: int) -> torch.Tensor:
         """Forward `ids` (`[1, S]`): positions before `noisy_from` are clean (causal), the rest one noisy block."""

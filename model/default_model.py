@@ -119,6 +119,7 @@ def load_default_chat_model(adapter_dir: Path | None = None, **sampler_overrides
     model.eval()
     settings: dict[str, Any] = dict(meta.get("sampler", {}))
     settings.setdefault("block_length", model.config.block_length)
+    settings.setdefault("steps_per_block", settings["block_length"])
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
     return DiffusionChatModel(

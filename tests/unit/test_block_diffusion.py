@@ -1,0 +1,191 @@
+"""The block-diffusion form of a causal LM, on a tiny random Llama built here (no files, no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from model.block_diffusion import (
+    AdapterConfig,
+    BlockDiffusionDenoiser,
+    BlockDiffusionLM,
+    load_adapter,
+    save_adapter,
+)
+from model.block_training import block_diffusion_loss, make_batch
+from model.errors import ModelError
+from model.sampler import SamplerConfig, generate
+
+VOCAB = 48
+EOS = 2
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=EOS,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def adapted(seed: int = 0, block: int = 4) -> BlockDiffusionLM:
+    model = BlockDiffusionLM(tiny_llama(seed), AdapterConfig(block_length=block, lora_rank=4))
+    with torch.no_grad():  # a non-trivial adapter, so gating and caching mistakes show up
+        for name, parameter in model.named_parameters():
+            if "lora_b" in name:
+                parameter.normal_(0, 0.2)
+    return model.eval()
+
+
+PROMPT = [5, 9, 11, 3, 7, 20]
+
+
+def test_cached_and_uncached_passes_agree_block_by_block() -> None:
+    model = adapted()
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    canvas = torch.full((12,), model.mask_id)
+    canvas[:6] = torch.tensor([10, 12, 14, 16, 18, 21])
+    outputs = {}
+    for use_cache in (True, False):
+        denoiser.start(PROMPT, 12, use_cache)
+        per_block = []
+        for lo in range(0, 12, 4):
+            per_block.append(denoiser.block_logits(canvas, lo, lo + 4))
+            per_block.append(denoiser.block_logits(canvas, lo, lo + 4))  # a second pass of the same block
+            denoiser.finish_block(canvas, lo, lo + 4)
+        outputs[use_cache] = torch.stack(per_block)
+    assert outputs[True].shape == (6, 4, VOCAB + 1)
+    torch.testing.assert_close(outputs[True], outputs[False], atol=1e-4, rtol=1e-4)
+
+
+def test_first_position_of_each_block_is_the_teachers_next_token_prediction() -> None:
+    model = adapted()
+    teacher = model.base
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    answer = [10, 12, 14, 16, 18, 21, 22, 23]
+    canvas = torch.tensor(answer)
+    denoiser.start(PROMPT, 8, use_cache=True)
+    denoiser.block_logits(canvas, 0, 4)
+    denoiser.finish_block(canvas, 0, 4)
+    second_block = denoiser.block_logits(canvas, 4, 8)
+    with torch.no_grad(), AdapterOff(model):
+        ar = teacher(torch.tensor([PROMPT + answer[:4]])).logits[0, -1]
+    torch.testing.assert_close(second_block[0, :VOCAB], ar, atol=1e-4, rtol=1e-4)
+
+
+class AdapterOff:
+    """Zero the LoRA factors temporarily: what the base model alone computes."""
+
+    def __init__(self, model: BlockDiffusionLM) -> None:
+        self.model = model
+        self.saved: dict[str, torch.Tensor] = {}
+
+    def __enter__(self) -> None:
+        for name, parameter in self.model.named_parameters():
+            if "lora_b" in name:
+                self.saved[name] = parameter.detach().clone()
+                parameter.data.zero_()
+
+    def __exit__(self, *exc: object) -> None:
+        params = dict(self.model.named_parameters())
+        for name, value in self.saved.items():
+            params[name].data.copy_(value)
+
+
+def test_mask_never_predicted_and_blocks_must_run_in_order() -> None:
+    model = adapted()
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    canvas = torch.full((8,), model.mask_id)
+    denoiser.start(PROMPT, 8, use_cache=True)
+    logits = denoiser.block_logits(canvas, 0, 4)
+    assert torch.isneginf(logits[:, model.mask_id]).all()
+    with pytest.raises(ModelError, match="in order"):
+        denoiser.block_logits(canvas, 4, 8)  # block 0 never finished
+    with pytest.raises(ModelError, match="empty"):
+        denoiser.start([], 8, use_cache=True)
+
+
+def test_sampler_runs_through_the_denoiser_with_identical_cached_output() -> None:
+    model = adapted(seed=3)
+    results = []
+    for use_cache in (True, False):
+        denoiser = BlockDiffusionDenoiser(model, [EOS])
+        config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.5, seed=0, use_cache=use_cache)
+        refinements = list(generate(denoiser, PROMPT, 16, config))
+        assert refinements[-1].done
+        results.append(refinements[-1].tokens)
+    assert results[0] == results[1]
+
+
+def test_training_batch_attention_and_targets() -> None:
+    generator = torch.Generator().manual_seed(0)
+    examples = [(PROMPT, [10, 11, 12, 13, 14, EOS]), (PROMPT[:3], [20, 21, EOS])]
+    block, copies, mask_id = 4, 2, VOCAB
+    batch = make_batch(examples, block, mask_id, EOS, copies, generator)
+    b, kn = batch.noisy_ids.shape
+    n = kn // copies
+    t = batch.clean_ids.shape[1]
+    allowed = batch.noisy_bias[:, 0] == 0  # [b, K*n, T + K*n]
+    for row, (prompt, _answer) in enumerate(examples):
+        for q in range(kn):
+            copy, j = divmod(q, n)
+            if batch.noisy_pos[row, q] - len(prompt) != j:
+                raise AssertionError("noisy positions must continue the prompt")
+            block_start = len(prompt) + (j // block) * block
+            clean_keys = allowed[row, q, :t].nonzero().flatten().tolist()
+            assert all(k < block_start for k in clean_keys)
+            noisy_keys = allowed[row, q, t:].nonzero().flatten().tolist()
+            assert all(k // n == copy and (k % n) // block == j // block for k in noisy_keys)
+    # a target is the next token of the same block, and only where that token is masked in the input
+    for row in range(b):
+        for q in range(kn):
+            target = int(batch.targets[row, q])
+            if target == -100:
+                continue
+            assert (q % n) % block != block - 1
+            assert batch.noisy_ids[row, q + 1] == mask_id
+
+
+def test_training_step_updates_only_the_adapter_and_reduces_loss() -> None:
+    model = BlockDiffusionLM(tiny_llama(1), AdapterConfig(block_length=4, lora_rank=4))
+    model.train()
+    examples = [(PROMPT, [10, 11, 12, 13, 14, 15, EOS]), (PROMPT[1:], [20, 21, 22, EOS])]
+    optimizer = torch.optim.AdamW(list(model.trainable_parameters()), lr=1e-2)
+    frozen_before = model.base.model.embed_tokens.weight.detach().clone()
+    losses = []
+    for step in range(30):
+        batch = make_batch(examples, 4, model.mask_id, EOS, 2, torch.Generator().manual_seed(step % 3))
+        loss, stats = block_diffusion_loss(model, batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(stats["loss"])
+    assert torch.equal(model.base.model.embed_tokens.weight, frozen_before)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+
+
+def test_adapter_round_trip(tmp_path: Path) -> None:
+    model = adapted(seed=2)
+    save_adapter(model, tmp_path, extra={"sampler": {"threshold": 0.9}})
+    restored = load_adapter(tiny_llama(2), tmp_path)
+    canvas = torch.full((4,), model.mask_id)
+    outs = []
+    for m in (model, restored):
+        denoiser = BlockDiffusionDenoiser(m, [EOS])
+        denoiser.start(PROMPT, 4, use_cache=True)
+        outs.append(denoiser.block_logits(canvas, 0, 4))
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=1e-2)  # fp16 storage of the LoRA factors
+    with pytest.raises(ModelError, match="no block-diffusion adapter"):
+        load_adapter(tiny_llama(2), tmp_path / "missing")
