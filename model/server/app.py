@@ -1,0 +1,357 @@
+"""The OpenAI-compatible HTTP API over one `ChatModel`: `GET /v1/models` and `POST /v1/chat/completions`.
+
+Streams are Server-Sent Events of `chat.completion.chunk` objects ending with `data: [DONE]`. Plain streams append
+committed text only (text that never changes); `diffusing: true` streams replace the whole draft in every chunk:
+
+- each chunk with `choices[0].delta.content` carries the ENTIRE current draft, cut at the first stop string; a client
+  shows it in place of the previous one (it is not appended). A chunk without `content` leaves the draft unchanged.
+- each such chunk also carries the extension `diffusion: {"step": int, "committed_chars": int}`: the first
+  `committed_chars` characters of this draft are final and will be identical in every later draft and in the answer.
+- the last content chunk holds the final answer, equal to a non-streaming answer for the same request and seed; then
+  a chunk with `finish_reason`, the usage chunk if `stream_options.include_usage`, and `data: [DONE]`.
+
+Errors are OpenAI error objects `{"error": {"message", "type", "param", "code"}}`, FastAPI's 422 included (as 400).
+See model/server/API.md for the full contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
+from model.errors import ModelError
+from model.server.answer import view_of
+from model.server.config import ServerConfig
+from model.server.protocol import (
+    ERROR_RESPONSES,
+    ChatCompletionRequest,
+    chunk_object,
+    completion_object,
+    error_object,
+    new_completion_id,
+    usage_of,
+)
+from model.server.scheduler import GenerationCrashed, Job, QueueFull, Scheduler, ShuttingDown
+
+
+class ApiError(Exception):
+    """An error answered to the client as an OpenAI error object with an HTTP status."""
+
+    def __init__(
+        self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": "1"} if self.status == 503 else None
+        return JSONResponse(
+            error_object(self.message, self.type, self.param, self.code), status_code=self.status, headers=headers
+        )
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over `limit` bytes with 413 before any handler parses them.
+
+    The body is read here (at most `limit` bytes are held) and replayed; later `receive` calls pass through, so the
+    app still hears `http.disconnect` and can cancel a generation whose client left.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = ApiError(413, f"Request body is larger than {self.limit} bytes", code="request_too_large")
+        await error.response()(scope, receive, send)
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart", "StreamOptions"})
+
+
+def _validation_message(error: dict[str, Any]) -> tuple[str, str | None]:
+    """A short OpenAI-style message and the `param` path for the first pydantic error."""
+    if error.get("type") == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "")
+        return f"Invalid JSON body: {detail}".rstrip(": "), None
+    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+    # pydantic names union branches in the location ("str", "list[TextPart]"); keep only the field path
+    param = ".".join(part for part in loc if part.isdigit() or (part.isidentifier() and part not in _TYPE_TAGS))
+    param = param or None
+    if error.get("type") == "missing" and param is None:
+        return "Request body is required (JSON with 'model' and 'messages')", None
+    where = f"'{param}'" if param else "the request body"
+    return f"Invalid value for {where}: {error.get('msg', 'invalid')}", param
+
+
+def _messages_of(request: ChatCompletionRequest, config: ServerConfig) -> tuple[ChatMessage, ...]:
+    if len(request.messages) > config.max_messages:
+        raise ApiError(400, f"At most {config.max_messages} messages are allowed", param="messages")
+    messages = tuple(
+        ChatMessage(role="system" if message.role == "developer" else message.role, content=message.text())
+        for message in request.messages
+    )
+    if sum(len(message.content) for message in messages) > config.max_prompt_chars:
+        raise ApiError(400, f"Messages exceed {config.max_prompt_chars} characters in total", param="messages")
+    return messages
+
+
+def _options_of(request: ChatCompletionRequest, config: ServerConfig) -> GenerationOptions:
+    if request.n not in (None, 1):
+        raise ApiError(400, "Only n=1 is supported", param="n")
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    max_tokens = request.max_completion_tokens or request.max_tokens or config.default_max_tokens
+    if max_tokens > config.max_tokens_limit:
+        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        raise ApiError(400, f"{param} must be at most {config.max_tokens_limit}", param=param)
+    stops = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+    if len(stops) > config.max_stop_sequences or any(not stop for stop in stops):
+        raise ApiError(400, f"stop takes 1..{config.max_stop_sequences} non-empty strings", param="stop")
+    temperature = request.temperature if request.temperature is not None else GenerationOptions().temperature
+    return GenerationOptions(max_new_tokens=max_tokens, temperature=temperature, seed=request.seed, stop=stops)
+
+
+async def _collect(job: Job, stops: tuple[str, ...]) -> tuple[str, str, Draft | None]:
+    """Run a job to its end: (answer text, finish reason, last draft)."""
+    last: Draft | None = None
+    async with contextlib.aclosing(job.stream()) as drafts:
+        async for draft in drafts:
+            last = draft
+            view = view_of(draft, stops)
+            if view.stopped:
+                return view.text, "stop", last
+            if draft.done:
+                return view.text, _finish_reason(draft), last
+    raise ShuttingDown("the generation ended without a final draft (the server is shutting down)")
+
+
+def _finish_reason(draft: Draft) -> str:
+    if draft.finish_reason == "cancelled":
+        raise ShuttingDown("the generation was cancelled (the server is shutting down)")
+    return draft.finish_reason or "stop"
+
+
+async def _first_of(work: Awaitable[Any], request: Request, poll_s: float) -> Any:
+    """Await `work` unless the client disconnects first; then cancel it (which cancels the job) and raise 499."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                # nobody will read this answer; 499 is the customary "client closed request" status
+                raise ApiError(499, "The client disconnected; its generation was cancelled", code="client_disconnected")
+    finally:
+        task.cancel()
+
+
+def _error_payload(error: ModelError) -> dict[str, Any]:
+    """A model's refusal (prompt too long...) is the request's fault; a crash or a shutdown is the server's."""
+    type_ = "invalid_request_error" if type(error) is ModelError else "server_error"
+    return error_object(str(error), type_, code="generation_failed")
+
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+async def _stream_events(
+    scheduler: Scheduler, messages: tuple[ChatMessage, ...], options: GenerationOptions, request: ChatCompletionRequest
+) -> AsyncIterator[bytes]:
+    """The SSE body of a streaming request. Starlette cancels it when the client disconnects; the job then stops."""
+    completion_id, created, model = new_completion_id(), int(time.time()), request.model
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+
+    def chunk(delta: dict[str, str] | None, **fields: Any) -> bytes:
+        return _sse(chunk_object(completion_id, model, created, delta, include_usage_field=include_usage, **fields))
+
+    try:
+        job = scheduler.submit(messages, options)
+    except QueueFull as error:
+        yield _sse(error_object(str(error), "server_error", code="server_overloaded"))
+        return
+    yield chunk({"role": "assistant", "content": ""}, **({"diffusion": {"step": -1, "committed_chars": 0}}
+                                                          if request.diffusing else {}))
+    sent = ""  # append mode: committed text already sent; diffusing mode: the last draft sent
+    sent_committed = 0  # diffusing mode: the last committed_chars sent
+    last: Draft | None = None
+    finish: str | None = None
+    try:
+        async with contextlib.aclosing(job.stream()) as drafts:
+            async for draft in drafts:
+                last = draft
+                view = view_of(draft, options.stop)
+                if request.diffusing:
+                    if (view.text, len(view.committed)) != (sent, sent_committed):
+                        sent, sent_committed = view.text, len(view.committed)
+                        yield chunk({"content": view.text},
+                                    diffusion={"step": draft.step, "committed_chars": sent_committed})
+                elif len(view.committed) > len(sent):
+                    if not view.committed.startswith(sent):
+                        raise ModelError("the model changed text it had committed")
+                    yield chunk({"content": view.committed[len(sent):]})
+                    sent = view.committed
+                if view.stopped or draft.done:
+                    finish = "stop" if view.stopped else _finish_reason(draft)
+                    break
+        if finish is None:
+            raise ShuttingDown("the generation ended without a final draft (the server is shutting down)")
+    except ModelError as error:
+        yield _sse(_error_payload(error))
+        yield _sse("[DONE]")
+        return
+    yield chunk({}, finish_reason=finish)
+    if include_usage:
+        yield chunk(None, usage=usage_of(last))
+    yield _sse("[DONE]")
+
+
+_BEARER = HTTPBearer(auto_error=False, description="The server's DLM_API_KEY, when it sets one")
+
+
+async def authorize(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+) -> None:
+    """Check the bearer token against the app's key (constant-time); no key configured means no auth."""
+    expected: str | None = request.app.state.config.api_key
+    if expected is None:
+        return
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(401, "Incorrect or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key")
+
+
+def create_app(model: ChatModel, config: ServerConfig) -> FastAPI:
+    """The API over `model`. The app owns one `Scheduler` (app.state.scheduler), closed when the app shuts down."""
+    scheduler = Scheduler(model, config.max_queue)
+    names = config.model_names or (model.name,)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await scheduler.close()
+
+    app = FastAPI(title="dlm-serve: OpenAI-compatible diffusion LM API", version="1", lifespan=lifespan)
+    app.state.scheduler = scheduler
+    app.state.config = config
+    @app.exception_handler(ApiError)
+    async def on_api_error(_: Request, error: ApiError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        errors = list(error.errors())
+        message, param = _validation_message(errors[0]) if errors else ("Invalid request", None)
+        return ApiError(400, message, param=param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        type_ = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return ApiError(error.status_code, str(error.detail), type_).response()
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)], responses={401: ERROR_RESPONSES[401]})
+    async def list_models() -> dict[str, Any]:
+        """The served model ids. `diffusing: true` marks that chat completions accept the `diffusing` extension."""
+        created = int(time.time())
+        return {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": created, "owned_by": "dlm-serve", "diffusing": True}
+                     for name in names],
+        }
+
+    @app.post(
+        "/v1/chat/completions",
+        dependencies=[Depends(authorize)],
+        responses={
+            **ERROR_RESPONSES,
+            200: {"description": "chat.completion JSON, or with stream=true an SSE stream of chat.completion.chunk",
+                  "content": {"text/event-stream": {}}},
+        },
+    )
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Any:
+        """Answer a chat; see the module docstring and API.md for streaming and `diffusing` semantics."""
+        if body.model not in names:
+            raise ApiError(404, f"The model '{body.model}' does not exist; this server serves {list(names)}",
+                           param="model", code="model_not_found")
+        messages = _messages_of(body, config)
+        options = _options_of(body, config)
+        if body.stream:
+            try:
+                scheduler.ensure_room()  # checked here so a full queue is a 503, not an error inside a 200 stream
+            except QueueFull as error:
+                raise ApiError(503, str(error), "server_error", code="server_overloaded") from error
+            return StreamingResponse(
+                _stream_events(scheduler, messages, options, body),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        try:
+            job = scheduler.submit(messages, options)
+        except QueueFull as error:
+            raise ApiError(503, str(error), "server_error", code="server_overloaded") from error
+        try:
+            text, finish, last = await _first_of(_collect(job, options.stop), raw, config.disconnect_poll_s)
+        except ShuttingDown as error:
+            raise ApiError(503, str(error), "server_error", code="shutting_down") from error
+        except GenerationCrashed as error:
+            raise ApiError(500, str(error), "server_error", code="generation_failed") from error
+        except ModelError as error:
+            raise ApiError(400, str(error), code="generation_failed") from error
+        return completion_object(new_completion_id(), body.model, text, finish, last)
+
+    app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)
+    return app

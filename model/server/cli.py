@@ -1,0 +1,95 @@
+"""`dlm-serve`: the OpenAI-compatible API on loopback by default.
+
+Listening on any other address needs a bearer token in the environment variable DLM_API_KEY, so the model is never
+exposed by accident. uvicorn handles SIGTERM/SIGINT gracefully: it stops accepting, lets running answers finish for up
+to --graceful-timeout seconds, then the app cancels whatever is left (the scheduler stops each generation within one
+pass) and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+import uvicorn
+
+from model.errors import ModelError
+from model.server.app import create_app
+from model.server.config import ServerConfig
+
+API_KEY_ENV = "DLM_API_KEY"
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = ServerConfig()
+    parser = argparse.ArgumentParser(prog="dlm-serve", description="OpenAI-compatible API for the diffusion LM")
+    parser.add_argument("--host", default="127.0.0.1", help=f"address to bind (non-loopback needs ${API_KEY_ENV})")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default=None, help="model spec for model.loading.load_chat_model (default: bundled)")
+    parser.add_argument("--served-name", action="append", default=None,
+                        help="model id clients use (repeatable); default: the model's own name")
+    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    parser.add_argument("--max-queue", type=int, default=defaults.max_queue)
+    parser.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens_limit)
+    parser.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
+    parser.add_argument("--graceful-timeout", type=float, default=10.0,
+                        help="seconds running answers may finish after SIGTERM/SIGINT")
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> ServerConfig:
+    """The server config; refuses a non-loopback host without a token (raises SystemExit with the reason)."""
+    api_key = environ.get(API_KEY_ENV) or None
+    if not is_loopback(args.host) and api_key is None:
+        raise SystemExit(f"dlm-serve: listening on {args.host} exposes the model; set {API_KEY_ENV} to require a token")
+    try:
+        return ServerConfig(
+            model_names=tuple(args.served_name or ()),
+            api_key=api_key,
+            max_body_bytes=args.max_body_bytes,
+            max_queue=args.max_queue,
+            max_tokens_limit=args.max_tokens_limit,
+            default_max_tokens=args.default_max_tokens,
+        )
+    except ValueError as error:
+        raise SystemExit(f"dlm-serve: {error}") from error
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args, dict(os.environ))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from model.loading import load_chat_model  # heavy (torch, transformers): only once the arguments are valid
+
+    try:
+        model = load_chat_model(args.model)
+    except ModelError as error:
+        sys.exit(f"dlm-serve: cannot load model: {error}")
+    app = create_app(model, config)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.graceful_timeout,
+        limit_concurrency=config.max_queue * 4 + 16,  # sockets beyond the queue get 503 from uvicorn itself
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The wire format of the OpenAI chat completions API as this server speaks it: request models and response builders.
+
+The request models are the OpenAPI document's real schema (FastAPI derives `/openapi.json` from them), so schemathesis
+fuzzes exactly what the handler accepts. Validation is strict (no "5" for 5, no 1 for true) because OpenAI rejects
+wrong types too; unknown fields are ignored, as vLLM does, so clients that send extra OpenAI options keep working.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from model.chat import Draft
+
+_REQUEST_CONFIG = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(BaseModel):
+    model_config = _REQUEST_CONFIG
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """A chat message. `developer` is OpenAI's newer name for `system` and is treated as one."""
+
+    model_config = _REQUEST_CONFIG
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = _REQUEST_CONFIG
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions. `diffusing` is the extension described in model/server/API.md."""
+
+    model_config = _REQUEST_CONFIG
+    model: str
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_tokens: Annotated[int | None, Field(ge=1)] = None
+    max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
+    temperature: Annotated[float | None, Field(ge=0.0, le=2.0)] = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: Annotated[int | None, Field(ge=1)] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    diffusing: bool = Field(
+        default=False,
+        description="Stream the whole current draft in every chunk (replace, do not append). See API.md.",
+    )
+    user: str | None = None
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in {
+        400: "Invalid request (bad JSON, wrong types, bad values)",
+        401: "Missing or wrong bearer token",
+        404: "Unknown model",
+        413: "Request body too large",
+        503: "Queue full or shutting down",
+    }.items()
+}
+
+
+def error_object(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def usage_of(draft: Draft | None) -> dict[str, int]:
+    prompt = draft.prompt_tokens if draft is not None else 0
+    completion = draft.completion_tokens if draft is not None else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def completion_object(
+    completion_id: str, model: str, text: str, finish_reason: str, last: Draft | None
+) -> dict[str, Any]:
+    """A non-streaming `chat.completion`."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": usage_of(last),
+    }
+
+
+def chunk_object(
+    completion_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, str] | None,
+    finish_reason: str | None = None,
+    diffusion: dict[str, int] | None = None,
+    usage: dict[str, int] | None = None,
+    include_usage_field: bool = False,
+) -> dict[str, Any]:
+    """A `chat.completion.chunk`. `delta` None makes the usage-only chunk (no choices) that ends a stream."""
+    chunk: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+    }
+    if diffusion is not None:
+        chunk["diffusion"] = diffusion
+    if include_usage_field:
+        chunk["usage"] = usage
+    return chunk

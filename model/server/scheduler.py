@@ -1,0 +1,162 @@
+"""One generation at a time on one model, in arrival order, with per-request cancellation.
+
+A single worker task takes jobs from a FIFO queue and runs each job's whole `stream_chat` iteration in one worker thread
+(`asyncio.to_thread`), so torch's thread-local state (inference mode, thread count) stays on one thread for the whole
+answer and the event loop never blocks. Drafts cross back to the loop with `call_soon_threadsafe`. A request that goes
+away sets its job's cancel flag: a queued job is skipped, a running one stops within one refinement pass because the
+model checks the same `threading.Event` between passes. Nothing here awaits on behalf of a dead client, so a client that
+disconnects can never stall the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
+from model.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(ModelError):
+    """The server already holds as many generations as it may; the client should retry later."""
+
+
+class GenerationCrashed(ModelError):
+    """The model raised something other than `ModelError`: a bug or a resource failure, not the request's fault."""
+
+
+class ShuttingDown(ModelError):
+    """The server stopped this generation because it is shutting down."""
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters for tests, the bench script and logs. Mutated only on the event loop."""
+
+    submitted: int = 0
+    completed: int = 0
+    cancelled: int = 0  # jobs stopped before their final draft (client gone, shutdown)
+    failed: int = 0
+    rejected: int = 0  # refused because the queue was full
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One request's generation. `drafts` receives every Draft, then None; `error` is set if the model failed."""
+
+    messages: tuple[ChatMessage, ...]
+    options: GenerationOptions
+    cancel: threading.Event = field(default_factory=threading.Event)
+    drafts: asyncio.Queue[Draft | None] = field(default_factory=asyncio.Queue)
+    error: ModelError | None = None
+    finished: bool = False  # the model yielded its final (done) draft
+
+    async def stream(self) -> AsyncIterator[Draft]:
+        """The job's drafts as they come; raises the model's error if it failed. Cancels the job if abandoned."""
+        try:
+            while (draft := await self.drafts.get()) is not None:
+                yield draft
+            if self.error is not None:
+                raise self.error
+        finally:
+            self.cancel.set()  # no-op once finished; otherwise the client left or stopped reading
+
+
+class Scheduler:
+    """A fair (FIFO) queue in front of one `ChatModel`. Create and use it inside one running event loop."""
+
+    def __init__(self, model: ChatModel, max_queue: int) -> None:
+        self.model = model
+        self.max_queue = max_queue
+        self.stats = SchedulerStats()
+        self._queue: asyncio.Queue[Job] = asyncio.Queue()
+        self._pending = 0  # queued + running
+        self._worker: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Jobs queued or running."""
+        return self._pending
+
+    def ensure_room(self) -> None:
+        """Raise `QueueFull` (and count a rejection) when one more job would exceed the limit or we are closing."""
+        if self._closed or self._pending >= self.max_queue:
+            self.stats.rejected += 1
+            reason = "the server is shutting down" if self._closed else f"{self._pending} generations are queued"
+            raise QueueFull(f"Server busy: {reason}; retry later")
+
+    def submit(self, messages: Sequence[ChatMessage], options: GenerationOptions) -> Job:
+        """Queue a generation. Raises `QueueFull` when the server is at its limit or shutting down."""
+        self.ensure_room()
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._run(), name="dlm-scheduler-worker")
+        job = Job(messages=tuple(messages), options=options)
+        self._pending += 1
+        self.stats.submitted += 1
+        self._queue.put_nowait(job)
+        return job
+
+    async def close(self) -> None:
+        """Refuse new jobs, cancel queued and running ones, and wait for the worker to stop."""
+        self._closed = True
+        while not self._queue.empty():
+            job = self._queue.get_nowait()
+            job.cancel.set()
+            self._finish(job)
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+
+    async def _run(self) -> None:
+        while True:
+            job = await self._queue.get()
+            if job.cancel.is_set():
+                self._finish(job)
+                continue
+            try:
+                await asyncio.to_thread(self._generate, job, asyncio.get_running_loop())
+            except asyncio.CancelledError:
+                job.cancel.set()  # shutdown: the thread stops within one pass
+                self._finish(job)
+                raise
+            self._finish(job)
+
+    def _finish(self, job: Job) -> None:
+        self._pending -= 1
+        if job.error is not None:
+            self.stats.failed += 1
+        elif job.finished:
+            self.stats.completed += 1
+        else:
+            self.stats.cancelled += 1
+        job.drafts.put_nowait(None)
+
+    def _generate(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
+        """Worker thread: iterate the model, hand each draft to the loop, stop at once when cancelled."""
+        drafts = self.model.stream_chat(job.messages, job.options, job.cancel)
+        try:
+            for draft in drafts:
+                loop.call_soon_threadsafe(job.drafts.put_nowait, draft)
+                if draft.done:
+                    job.finished = draft.finish_reason != "cancelled"
+                    break
+                if job.cancel.is_set():
+                    break
+        except ModelError as error:
+            job.error = error
+        except Exception as error:
+            # The model's own bugs must end this request with a clear message, never the worker (and the server).
+            log.exception("generation failed")
+            job.error = GenerationCrashed(f"generation failed: {type(error).__name__}: {error}")
+        finally:
+            close = getattr(drafts, "close", None)
+            if close is not None:
+                close()
