@@ -1,0 +1,244 @@
+"""Streaming transcription over faster-whisper, in the shape insert_audio / process / finish. No I/O, no threads.
+
+Whisper is not a streaming model, so this re-decodes a growing buffer of the current turn's audio each time enough new
+audio has arrived (`partial_step_s`), and commits the words two consecutive decodes agree on (LocalAgreement-2, see
+`voice.local_agreement`). Long turns stay cheap: once the buffer passes `trim_after_s`, it is cut at the end of the last
+fully committed Whisper segment, and the committed text before the cut becomes the initial prompt so the model keeps
+its context. `finish` reuses the last decode when no audio arrived since; otherwise it decodes exactly once more.
+
+The caller owns threading: `process` and `finish` block for one decode (~0.3 s for tiny.en on two busy cores), so the
+async stage runs them in a worker thread while holding the shared model's lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voice.audio import TARGET_RATE, load_audio_16k
+from voice.errors import ASRError, AudioFormatError
+from voice.local_agreement import LocalAgreement, Word, join_words
+
+# Below a few seconds of encoder window, tiny.en starts to hallucinate; above, the encoder cost grows ~linearly.
+MIN_ENCODER_WINDOW_S = 5.0
+MAX_TOKENS_PER_S = 8
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriberConfig:
+    """Decoding is greedy at temperature 0 by default: on a laptop CPU a beam or a temperature fallback costs more
+    latency than it buys in accuracy on short turns. `transcribe_file` uses the same options, so offline and
+    streaming results are comparable."""
+
+    language: str | None = "en"
+    beam_size: int = 1
+    partial_step_s: float = 0.25
+    # Encoder window beyond the audio for partials / finals (None: Whisper's full 30 s, as offline decoding does).
+    partial_margin_s: float | None = 2.0
+    final_margin_s: float | None = None
+    trim_after_s: float = 10.0
+    force_trim_after_s: float = 20.0
+    max_prompt_chars: int = 200
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError("beam_size must be >= 1")
+        if self.partial_step_s <= 0:
+            raise ValueError("partial_step_s must be > 0")
+        if not 0 < self.trim_after_s <= self.force_trim_after_s < 30:
+            raise ValueError("need 0 < trim_after_s <= force_trim_after_s < 30 (Whisper's window)")
+
+
+@dataclass(frozen=True, slots=True)
+class Hypothesis:
+    """What the transcriber believes the user said so far. `committed` never changes once shown; `text` is
+    `committed` plus the current tentative tail. `audio_s` is how much of the turn the decode covered."""
+
+    committed: str
+    text: str
+    final: bool
+    audio_s: float
+
+
+def decode_options(config: TranscriberConfig) -> dict[str, Any]:
+    """Keyword arguments for `WhisperModel.transcribe` shared by streaming and offline decoding."""
+    return {
+        "language": config.language,
+        "beam_size": config.beam_size,
+        "temperature": 0.0,
+        "condition_on_previous_text": False,
+        "vad_filter": False,
+    }
+
+
+def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offset_s: float = 0.0,
+                 prompt: str | None = None, window_margin_s: float | None = None) -> tuple[list[Word], list[float]]:
+    """Decode `audio` once; return its words and segment end times, shifted by `offset_s` into turn time.
+
+    `window_margin_s` shows the encoder only the audio plus that margin instead of Whisper's 30 s window (see
+    `voice.asr_models.windowed_model_class`); ignored by a model without `encoder_frames`.
+    """
+    windowed = window_margin_s is not None and hasattr(model, "encoder_frames")
+    options = decode_options(config)
+    if windowed:
+        window_s = max(audio.size / TARGET_RATE + window_margin_s, MIN_ENCODER_WINDOW_S)
+        model.encoder_frames = int(window_s * 100)  # 100 mel frames per second
+        # A short window makes tiny models loop ("he was he was ..."); cap the tokens at a fast speaker's rate.
+        options["max_new_tokens"] = int(MAX_TOKENS_PER_S * audio.size / TARGET_RATE) + 8
+    try:
+        segments, _info = model.transcribe(audio, word_timestamps=True, initial_prompt=prompt or None, **options)
+        words: list[Word] = []
+        segment_ends: list[float] = []
+        for segment in segments:
+            words.extend(Word(w.word, offset_s + w.start, offset_s + w.end) for w in segment.words or ())
+            segment_ends.append(offset_s + segment.end)
+    except (RuntimeError, ValueError) as err:
+        raise ASRError(f"Whisper decode failed on {audio.size / TARGET_RATE:.2f} s of audio: {err}") from err
+    finally:
+        if windowed:
+            model.encoder_frames = None
+    return words, segment_ends
+
+
+def check_chunk(chunk: np.ndarray) -> np.ndarray:
+    """The transcriber takes mono float32 16 kHz; anything else is a caller bug worth a clear message."""
+    if not isinstance(chunk, np.ndarray):
+        raise AudioFormatError(f"audio chunk must be a numpy array, got {type(chunk).__name__}")
+    if chunk.ndim != 1:
+        raise AudioFormatError(f"audio chunk must be mono (1-D), got shape {chunk.shape}; mix down first")
+    if chunk.dtype != np.float32:
+        raise AudioFormatError(f"audio chunk must be float32 at 16 kHz, got {chunk.dtype}")
+    if not np.all(np.isfinite(chunk)):
+        raise AudioFormatError("audio chunk contains NaN or infinite samples")
+    return chunk
+
+
+class StreamingTranscriber:
+    """One user turn at a time: `insert_audio` as audio arrives, `process` for partials, `finish` for the final.
+    `reset` starts the next turn."""
+
+    def __init__(self, model: Any, config: TranscriberConfig | None = None) -> None:
+        self.model = model
+        self.config = config or TranscriberConfig()
+        self.reset()
+
+    def reset(self) -> None:
+        self._agreement = LocalAgreement()
+        self._chunks: list[np.ndarray] = []
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._buffer_start = 0  # turn sample index of the buffer's first sample
+        self._total = 0  # samples inserted this turn
+        self._decoded_to = 0  # turn sample index the last decode reached
+        self._segment_ends: list[float] = []
+        self._last_words: list[Word] = []
+        self._last_margin_s: float | None = None
+        self.decodes = 0
+
+    @property
+    def pending_s(self) -> float:
+        """Audio inserted but not yet decoded."""
+        return (self._total - self._decoded_to) / TARGET_RATE
+
+    @property
+    def audio_s(self) -> float:
+        return self._total / TARGET_RATE
+
+    @property
+    def buffer_s(self) -> float:
+        return (self._total - self._buffer_start) / TARGET_RATE
+
+    def insert_audio(self, chunk: np.ndarray) -> None:
+        """Append mono float32 16 kHz samples of the current turn."""
+        chunk = check_chunk(chunk)
+        if chunk.size:
+            self._chunks.append(chunk)
+            self._total += chunk.size
+
+    def process(self, force: bool = False, as_final: bool = False) -> Hypothesis | None:
+        """Decode if `partial_step_s` of new audio arrived (or any, with `force`); return the new partial or None.
+
+        `as_final` decodes the way `finish` would (its encoder window), so that a `finish` with no audio in between
+        returns this decode instead of repeating it: call it when the speaker has probably stopped.
+        """
+        new_samples = self._total - self._decoded_to
+        if new_samples <= 0 or (not force and new_samples < self.config.partial_step_s * TARGET_RATE):
+            return None
+        words = self._decode(self.config.final_margin_s if as_final else self.config.partial_margin_s)
+        self._agreement.update(words)
+        self._trim()
+        return self._hypothesis(final=False)
+
+    def finish(self) -> Hypothesis:
+        """Final transcript of the turn. Decodes only if audio arrived since the last decode.
+
+        The final is the committed words before the buffer plus the last decode of the whole buffer, which replaces
+        the words LocalAgreement committed inside it: early commits can be wrong (two short hypotheses may agree on a
+        mishearing), and the last decode has heard the whole utterance. A turn shorter than `trim_after_s` thus gets
+        the same transcript as decoding the clip offline.
+        """
+        if self._total > self._decoded_to or self._last_margin_s != self.config.final_margin_s or not self.decodes:
+            words = self._decode(self.config.final_margin_s)
+        else:
+            words = self._last_words
+        before = [word for word in self._agreement.committed if word.end <= self._buffer_start / TARGET_RATE + 0.05]
+        self._agreement.reset()
+        self._agreement.committed = [*before, *words]
+        text = join_words(self._agreement.committed)
+        return Hypothesis(text, text, True, self._decoded_to / TARGET_RATE)
+
+    def _decode(self, margin_s: float | None) -> list[Word]:
+        if self._chunks:
+            self._buffer = np.concatenate([self._buffer, *self._chunks])
+            self._chunks = []
+        offset_s = self._buffer_start / TARGET_RATE
+        words, self._segment_ends = decode_words(self.model, self._buffer, self.config, offset_s, self._prompt(),
+                                                 margin_s)
+        self._last_margin_s = margin_s
+        self._decoded_to = self._total
+        self._last_words = words
+        self.decodes += 1
+        return words
+
+    def _prompt(self) -> str | None:
+        """Committed words that lie before the buffer: the context Whisper no longer hears."""
+        cut_s = self._buffer_start / TARGET_RATE
+        before = [word for word in self._agreement.committed if word.end <= cut_s + 0.05]
+        text = join_words(before)
+        return text[-self.config.max_prompt_chars:] if text else None
+
+    def _trim(self) -> None:
+        """Cut the buffer at the last committed segment end once it grows long; force a cut before Whisper's 30 s."""
+        if self.buffer_s <= self.config.trim_after_s or not self._agreement.committed:
+            return
+        committed_end = self._agreement.committed_end
+        cuts = [end for end in self._segment_ends if end <= committed_end + 0.05]
+        if cuts:
+            cut_s = max(cuts)
+        elif self.buffer_s > self.config.force_trim_after_s:
+            cut_s = committed_end
+        else:
+            return
+        cut = min(round(cut_s * TARGET_RATE), self._decoded_to)
+        if cut > self._buffer_start:
+            self._buffer = self._buffer[cut - self._buffer_start:]
+            self._buffer_start = cut
+
+    def _hypothesis(self, final: bool) -> Hypothesis:
+        committed = join_words(self._agreement.committed)
+        text = join_words([*self._agreement.committed, *self._agreement.tentative])
+        return Hypothesis(committed, text, final, self._decoded_to / TARGET_RATE)
+
+
+def transcribe_file(path: str | Path, model: Any | None = None, config: TranscriberConfig | None = None) -> str:
+    """Offline transcript of a whole WAV file with the same model and decode options as streaming (for WER checks)."""
+    if model is None:
+        from voice.asr_models import load_model
+
+        model = load_model().model
+    audio = load_audio_16k(path)
+    config = config or TranscriberConfig()
+    words, _ = decode_words(model, audio, config, window_margin_s=config.final_margin_s)
+    return join_words(words)

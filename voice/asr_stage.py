@@ -1,0 +1,227 @@
+"""The listening stage: PCM in; SpeechStart, SpeechEnd and Transcript events out, with honest monotonic timestamps.
+
+A thin async shell over the no-I/O cores (`SileroVad`, `Endpointer`, `StreamingTranscriber`). Two kinds of blocking
+work run in threads via `asyncio.to_thread`, so neither waits for the other:
+- VAD + endpointing of each chunk (well under a millisecond per 32 ms window), awaited by `accept`, so speech_end is
+  decided as soon as its last silent window arrives, however busy the recogniser is;
+- Whisper decodes, at most one in flight per stage, under the process-wide model lock (one model per process, shared).
+  When a decode finishes, audio that arrived meanwhile is decoded next, so a slow CPU gets fewer, larger partials.
+
+End of turn reuses work: once the trailing silence reaches the padding, the padded utterance is decoded at once, while
+the endpointer is still waiting out its minimum silence; `finish` then finds nothing new and returns that decode.
+`SpeechEnd.t_ns` is the arrival time of the last voiced sample (pass `arrival_ns` to `accept` when chunks were queued).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from voice.asr import Hypothesis, StreamingTranscriber, TranscriberConfig
+from voice.asr_models import LoadedModel, load_model
+from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
+from voice.endpointer import EndpointDecision, Endpointer, EndpointerConfig
+from voice.events import Event, SpeechEnd, SpeechStart, Transcript, now_ns
+from voice.vad import SileroVad
+
+EventSink = Callable[[Event], Awaitable[None] | None] | asyncio.Queue
+
+
+@dataclass(frozen=True, slots=True)
+class ListenConfig:
+    """Everything the listening stage can be tuned by; `model` is the `--asr-model` value (None: tiny.en)."""
+
+    endpointer: EndpointerConfig = field(default_factory=EndpointerConfig)
+    transcriber: TranscriberConfig = field(default_factory=TranscriberConfig)
+    model: str | None = None
+    cpu_threads: int = 0
+
+
+class ListenStage:
+    """One session's ears. Call `accept` with each PCM16 chunk, `flush` at end of stream; events go to `sink`.
+
+    Emits, per turn: `SpeechStart`, zero or more partial `Transcript(final=False)`, `SpeechEnd`, then exactly one
+    `Transcript(final=True)` (its `text` may be empty if Whisper heard no words). Then `turn` advances.
+    """
+
+    def __init__(self, session: str, sink: EventSink, config: ListenConfig | None = None,
+                 model: LoadedModel | None = None, first_turn: int = 1) -> None:
+        self.session = session
+        self.config = config or ListenConfig()
+        self.turn = first_turn
+        self._sink = sink
+        self._model = model or load_model(self.config.model, self.config.cpu_threads)
+        self._vad = SileroVad()
+        self._endpointer = Endpointer(self.config.endpointer)
+        self._transcriber = StreamingTranscriber(self._model.model, self.config.transcriber)
+        self._resampler: StreamResampler | None = None
+        ep = self.config.endpointer
+        # Audio kept while idle: a speech_start reaches back min_speech + padding (+ one window of slack).
+        self._keep = ep.samples(ep.min_speech_ms + ep.speech_pad_ms) + 2 * ep.frame_samples
+        self._history = np.zeros(0, dtype=np.float32)
+        self._history_start = 0  # stream sample index of _history[0]
+        self._received = 0  # 16 kHz samples received this stream
+        self._chunk_ends: list[int] = []  # stream sample index one past each chunk ...
+        self._chunk_arrivals: list[int] = []  # ... and when that chunk arrived (monotonic ns)
+        self._in_turn = False
+        self._fed_to = 0  # stream sample index up to which the transcriber has been given audio
+        self._pending: list[np.ndarray] = []  # fed audio not yet handed to the decode thread
+        self._decoded_from = 0  # stream sample index the latest started decode reached
+        self._decode_task: asyncio.Task[None] | None = None
+
+    # --- input ---------------------------------------------------------------------------------------------------
+    async def accept(self, pcm: bytes, sample_rate: int = TARGET_RATE, arrival_ns: int | None = None) -> None:
+        """Take one chunk of PCM16 LE mono audio. Raises `AudioFormatError` for odd-length or wrong-rate input
+        (the chunk is dropped; the stream goes on)."""
+        arrival = now_ns() if arrival_ns is None else arrival_ns
+        samples = pcm16_to_float32(pcm)
+        rate = check_sample_rate(sample_rate)
+        if self._resampler is None or self._resampler.from_rate != rate:
+            self._resampler = StreamResampler(rate)
+        await self._accept_16k(self._resampler.push(samples), arrival)
+
+    async def flush(self) -> None:
+        """End of stream: close a turn still open (no trailing silence needed) and wait for its final transcript."""
+        if self._resampler is not None:
+            tail = self._resampler.push(np.zeros(0, dtype=np.float32), last=True)
+            self._resampler = None
+            if tail.size:
+                await self._accept_16k(tail, now_ns())
+        decision = self._endpointer.finish()
+        if decision is not None:
+            await self._end_turn(decision)
+
+    async def aclose(self) -> None:
+        """Stop background decoding (e.g. the session closed mid-turn) and wait for it to stop."""
+        task, self._decode_task = self._decode_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # --- internals -----------------------------------------------------------------------------------------------
+    async def _accept_16k(self, samples: np.ndarray, arrival: int) -> None:
+        if samples.size == 0:
+            return
+        self._history = np.concatenate([self._history, samples])
+        self._received += samples.size
+        self._chunk_ends.append(self._received)
+        self._chunk_arrivals.append(arrival)
+        probabilities = await asyncio.to_thread(self._vad.push, samples)
+        for probability in probabilities:
+            decision = self._endpointer.push(probability)
+            if decision is not None and decision.kind == "speech_start":
+                await self._start_turn(decision)
+            elif decision is not None:
+                await self._end_turn(decision)
+        if self._in_turn:
+            self._feed(self._feed_target())
+            self._maybe_decode()
+        self._forget_old_audio()
+
+    async def _start_turn(self, decision: EndpointDecision) -> None:
+        self._in_turn = True
+        self._transcriber.reset()
+        self._fed_to = self._decoded_from = max(decision.audio_from, self._history_start)
+        self._pending = []
+        await self._emit(SpeechStart(session=self.session, turn=self.turn, t_ns=self._arrival_of(decision.sample)))
+
+    async def _end_turn(self, decision: EndpointDecision) -> None:
+        detected = now_ns()
+        self._feed(decision.audio_to)
+        self._in_turn = False
+        last_voiced = self._arrival_of(max(decision.sample - 1, 0))
+        await self._emit(SpeechEnd(session=self.session, turn=self.turn, t_ns=last_voiced, detected_ns=detected))
+        if self._decode_task is not None:
+            await self._decode_task
+        chunks, self._pending = self._pending, []
+        final = await asyncio.to_thread(self._locked_finish, chunks)
+        await self._emit(Transcript(session=self.session, turn=self.turn, text=final.text,
+                                    committed=final.committed, final=True))
+        self._transcriber.reset()
+        self.turn += 1
+
+    def _feed_target(self) -> int:
+        """Feed everything while voiced; in trailing silence only up to the padded end, so that silence the
+        endpointer will cut never reaches Whisper (and the decode made during the silence is the final one)."""
+        return min(self._received, self._endpointer.last_voiced_end + self._endpointer.config.samples(
+            self._endpointer.config.speech_pad_ms))
+
+    def _feed(self, target: int) -> None:
+        start = max(self._fed_to, self._history_start)
+        if target > start:
+            self._pending.append(self._history[start - self._history_start:target - self._history_start].copy())
+            self._fed_to = target
+
+    def _maybe_decode(self) -> None:
+        if self._decode_task is not None or self._fed_to <= self._decoded_from:
+            return
+        step = int(self.config.transcriber.partial_step_s * TARGET_RATE)
+        ep = self._endpointer
+        if self._received - ep.last_voiced_end >= ep.config.frame_samples:
+            # Trailing silence: no partials of silence; decode once the padded end is in (the likely final).
+            due = self._fed_to >= ep.last_voiced_end + ep.config.samples(ep.config.speech_pad_ms)
+        else:
+            due = self._fed_to - self._decoded_from >= step
+        if due:
+            self._decode_task = asyncio.create_task(self._decode_once(), name=f"asr-decode-{self.session}")
+
+    async def _decode_once(self) -> None:
+        try:
+            chunks, self._pending = self._pending, []
+            self._decoded_from = self._fed_to
+            turn = self.turn
+            ep = self._endpointer
+            likely_final = self._fed_to >= ep.last_voiced_end + ep.config.samples(ep.config.speech_pad_ms)
+            partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)
+            if partial is not None and self._in_turn and turn == self.turn:
+                await self._emit(Transcript(session=self.session, turn=self.turn, text=partial.text,
+                                            committed=partial.committed, final=False))
+        finally:
+            self._decode_task = None
+        if self._in_turn:
+            self._maybe_decode()
+
+    def _locked_process(self, chunks: list[np.ndarray], likely_final: bool) -> Hypothesis | None:
+        with self._model.lock:
+            for chunk in chunks:
+                self._transcriber.insert_audio(chunk)
+            return self._transcriber.process(force=True, as_final=likely_final)
+
+    def _locked_finish(self, chunks: list[np.ndarray]) -> Hypothesis:
+        with self._model.lock:
+            for chunk in chunks:
+                self._transcriber.insert_audio(chunk)
+            return self._transcriber.finish()
+
+    def _arrival_of(self, sample: int) -> int:
+        """When the chunk holding stream sample `sample` arrived."""
+        index = bisect.bisect_right(self._chunk_ends, sample)
+        return self._chunk_arrivals[min(index, len(self._chunk_arrivals) - 1)]
+
+    def _forget_old_audio(self) -> None:
+        keep_from = self._fed_to if self._in_turn else self._received - self._keep
+        drop = keep_from - self._history_start
+        if drop > 0:
+            self._history = self._history[drop:]
+            self._history_start = keep_from
+        # chunk times are needed back to the oldest sample a decision may still name
+        oldest = self._history_start - self._keep
+        if self._in_turn:
+            oldest = min(oldest, self._endpointer.speech_start)
+        cut = bisect.bisect_right(self._chunk_ends, oldest)
+        if cut > 1:
+            del self._chunk_ends[:cut - 1]
+            del self._chunk_arrivals[:cut - 1]
+
+    async def _emit(self, event: Event) -> None:
+        if isinstance(self._sink, asyncio.Queue):
+            self._sink.put_nowait(event)
+            return
+        result = self._sink(event)
+        if inspect.isawaitable(result):
+            await result
