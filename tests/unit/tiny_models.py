@@ -1,0 +1,125 @@
+"""Tiny randomly initialised checkpoints written to a temp folder, so adapters and loaders run on real files offline."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+
+WORDS = [
+    *("hello", "hi", "there", "how", "are", "you", "i", "am", "fine", "thanks", "good", "day"),
+    *("what", "is", "your", "name", "the", "a", "cat", "dog", "sun"),
+]
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<eos>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} [SEP] {% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
+def word_tokenizer(with_mask: bool = True) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over a few dozen words, with a chat template and an <eos>."""
+    specials = SPECIALS if with_mask else [token for token in SPECIALS if token != "[MASK]"]
+    vocab = {token: index for index, token in enumerate([*specials, *WORDS, "user", "assistant", "system", ":"])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        eos_token="<eos>",
+        mask_token="[MASK]" if with_mask else None,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_bert(folder: Path, with_mask: bool = True, seed: int = 0) -> Path:
+    """Save a 2-layer BERT masked LM and its tokenizer into `folder`."""
+    torch.manual_seed(seed)
+    tokenizer = word_tokenizer(with_mask)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    BertForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+REMOTE_CODE = textwrap.dedent(
+    '''
+    """A LLaDA-shaped toy: a bidirectional encoder returning logits over input_ids; config carries mask_token_id."""
+    import torch
+    from torch import nn
+    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers.modeling_outputs import MaskedLMOutput
+
+
+    class TinyDLMConfig(PretrainedConfig):
+        model_type = "tiny_dlm"
+
+        def __init__(self, vocab_size=40, hidden_size=32, max_position_embeddings=256, mask_token_id=4, **kwargs):
+            self.vocab_size = vocab_size
+            self.hidden_size = hidden_size
+            self.max_position_embeddings = max_position_embeddings
+            self.mask_token_id = mask_token_id
+            super().__init__(**kwargs)
+
+
+    class TinyDLMModel(PreTrainedModel):
+        config_class = TinyDLMConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            layer = nn.TransformerEncoderLayer(config.hidden_size, 2, 64, dropout=0.0, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(config.hidden_size, config.vocab_size)
+            self.post_init()
+
+        def forward(self, input_ids, **kwargs):
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            hidden = self.encoder(self.embed(input_ids) + self.position(positions))
+            return MaskedLMOutput(logits=self.head(hidden))
+    '''
+)
+
+
+def tiny_remote_code(folder: Path, seed: int = 0) -> Path:
+    """Write the toy's code, an `auto_map` config, random weights and a tokenizer into `folder`."""
+    import importlib.util
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "modeling_tiny_dlm.py").write_text(REMOTE_CODE)
+    spec = importlib.util.spec_from_file_location("modeling_tiny_dlm_for_test", folder / "modeling_tiny_dlm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tokenizer = word_tokenizer()
+    torch.manual_seed(seed)
+    config = module.TinyDLMConfig(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id)
+    model = module.TinyDLMModel(config)
+    from safetensors.torch import save_file
+
+    save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()}, folder / "model.safetensors")
+    data = config.to_dict()
+    data["auto_map"] = {
+        "AutoConfig": "modeling_tiny_dlm.TinyDLMConfig",
+        "AutoModel": "modeling_tiny_dlm.TinyDLMModel",
+    }
+    data["eos_token_id"] = tokenizer.eos_token_id
+    (folder / "config.json").write_text(json.dumps(data))
+    tokenizer.save_pretrained(folder)
+    return folder
