@@ -106,7 +106,7 @@ class SpeakStage:
         self.ledger = ledger if ledger is not None else PlaybackLedger()
         self._speculative: dict[int, _Render] = {}
         self._discarded: list[_Render] = []
-        self._discarded_ids: set[int] = set()
+        self._speculated_ids: set[int] = set()  # phrases that got a speculative render at some point
         self._queue: list[_Render] = []
         self._phrases: list[_Phrase] = []
         self._all_renders: list[_Render] = []
@@ -167,6 +167,7 @@ class SpeakStage:
             if isinstance(action, Render):
                 render = _Render(action.phrase_id, action.text, committed=False)
                 self._speculative[action.phrase_id] = render
+                self._speculated_ids.add(action.phrase_id)
                 self._enqueue(render)
             elif isinstance(action, Discard):
                 self._drop(self._speculative.pop(action.phrase_id, None))
@@ -179,12 +180,13 @@ class SpeakStage:
                                          text=action.text, t_ns=committed_ns))
         self.ledger.begin_phrase(action.phrase_id, action.text)
         render = self._speculative.pop(action.phrase_id, None)
+        # The outcome judges the speculation, not the timing: a matching render still waiting in the queue is a hit
+        # whose `saved_ms` is 0; a wrong render is a miss even if it was dropped before it started.
         if render is not None and render.text == action.text:
-            # A render that never started saved nothing: it is just the commit's render, moved up the queue.
-            outcome = "hit" if render.started_ns else "miss" if action.phrase_id in self._discarded_ids else "none"
+            outcome = "hit"
         else:
             self._drop(render)
-            outcome = "miss" if action.phrase_id in self._discarded_ids else "none"
+            outcome = "miss" if action.phrase_id in self._speculated_ids else "none"
             render = _Render(action.phrase_id, action.text, committed=True)
             self._enqueue(render)
         render.committed = True
@@ -205,7 +207,6 @@ class SpeakStage:
             self._queue.remove(render)
         if render.started_ns:
             self._discarded.append(render)
-            self._discarded_ids.add(render.phrase_id)
 
     # --- rendering (one at a time, in a worker thread) --------------------------------------------------------------
     def _next_render(self) -> _Render | None:
