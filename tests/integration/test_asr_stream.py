@@ -1,0 +1,167 @@
+"""Streaming recognition on real recorded speech (LibriVox clips of Debian pocketsphinx-testdata), tiny.en.
+
+Audio is streamed in 30 ms chunks as fast as the stage takes it (no sleeping), except in the one test that checks
+partials arrive while the user is still speaking, which paces one short clip in real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import soundfile
+import soxr
+
+from voice.asr import StreamingTranscriber, transcribe_file
+from voice.asr_models import LoadedModel, load_model
+from voice.asr_stage import ListenStage
+from voice.audio import float32_to_pcm16, load_audio_16k
+from voice.errors import AudioFormatError
+from voice.events import Event, SpeechEnd, SpeechStart, Transcript
+from voice.speech_samples import librivox_clips
+from voice.wer import normalize_words, word_error_rate
+
+CLIPS = {clip.clip_id[-4:]: clip for clip in librivox_clips()}
+STREAMED = ("0880", "0930", "0890")  # 3.0 s, 3.3 s, 5.3 s
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(len(CLIPS) < 5, reason="Debian pocketsphinx-testdata (real speech clips) is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return load_model(cpu_threads=2)
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(16000 * seconds), dtype=np.float32)
+
+
+async def stream(model: LoadedModel, audio: np.ndarray, rate: int = 16000, realtime: bool = False) -> list[Event]:
+    """Feed `audio` (mono float32 at `rate`) to a fresh ListenStage in 30 ms PCM16 chunks; return its events."""
+    events: list[Event] = []
+    stage = ListenStage("test", events.append, model=model)
+    pcm = float32_to_pcm16(audio)
+    step = rate * 30 // 1000 * 2
+    started = time.monotonic()
+    for offset in range(0, len(pcm), step):
+        await stage.accept(pcm[offset:offset + step], rate)
+        if realtime:
+            await asyncio.sleep(max(0.0, started + (offset + step) / 2 / rate - time.monotonic()))
+    await stage.flush()
+    return events
+
+
+@pytest.fixture(scope="module")
+def three_turns(model: LoadedModel) -> list[Event]:
+    """One stream: three utterances, each followed by a second of silence."""
+    parts = [silence(0.5)]
+    for clip_id in STREAMED:
+        parts += [load_audio_16k(CLIPS[clip_id].path), silence(1.0)]
+    return asyncio.run(stream(model, np.concatenate(parts)))
+
+
+def finals(events: list[Event]) -> list[Transcript]:
+    return [e for e in events if isinstance(e, Transcript) and e.final]
+
+
+def test_exactly_one_end_of_turn_and_one_final_per_utterance(three_turns):
+    starts = [e for e in three_turns if isinstance(e, SpeechStart)]
+    ends = [e for e in three_turns if isinstance(e, SpeechEnd)]
+    assert [e.turn for e in starts] == [e.turn for e in ends] == [e.turn for e in finals(three_turns)] == [1, 2, 3]
+    for turn in (1, 2, 3):
+        kinds = [e.type for e in three_turns if e.turn == turn and not (isinstance(e, Transcript) and not e.final)]
+        assert kinds == ["speech_start", "speech_end", "transcript"]
+    for end in ends:
+        assert end.t_ns <= end.detected_ns  # last voiced sample arrived before the endpointer could decide
+
+
+def test_streaming_wer_is_within_one_point_of_offline(three_turns, model):
+    references = [CLIPS[clip_id].text for clip_id in STREAMED]
+    offline = [transcribe_file(CLIPS[clip_id].path, model.model) for clip_id in STREAMED]
+    streamed = [t.text for t in finals(three_turns)]
+    offline_wer = word_error_rate(zip(references, offline, strict=True))
+    streaming_wer = word_error_rate(zip(references, streamed, strict=True))
+    assert streaming_wer <= offline_wer + 0.01, (streamed, offline)
+    assert offline_wer < 0.25  # the clips are recognisable at all: guards against feeding garbage to both
+
+
+def test_partials_come_at_least_every_300_ms_of_audio(model):
+    audio = load_audio_16k(CLIPS["0930"].path)
+    transcriber = StreamingTranscriber(model.model)
+    covered = [0.0]
+    partial_texts = []
+    for offset in range(0, audio.size, 512):
+        transcriber.insert_audio(audio[offset:offset + 512])
+        partial = transcriber.process()
+        if partial is not None:
+            covered.append(partial.audio_s)
+            partial_texts.append(partial.text)
+            assert partial.text.startswith(partial.committed)
+    assert max(np.diff(covered)) <= 0.3
+    assert any(normalize_words(text) for text in partial_texts[: len(partial_texts) // 2])  # words before the end
+    final = transcriber.finish()
+    assert final.final and final.committed == final.text
+    assert word_error_rate([(CLIPS["0930"].text, final.text)]) <= 0.15
+
+
+def test_partials_arrive_while_the_user_is_speaking(model):
+    audio = np.concatenate([silence(0.3), load_audio_16k(CLIPS["0880"].path), silence(0.8)])
+    events = asyncio.run(stream(model, audio, realtime=True))
+    start = next(e for e in events if isinstance(e, SpeechStart))
+    end = next(e for e in events if isinstance(e, SpeechEnd))
+    during = [e for e in events if isinstance(e, Transcript) and not e.final and normalize_words(e.text)]
+    assert during and all(start.t_ns < e.t_ns < end.detected_ns for e in during)
+    assert len(finals(events)) == 1
+
+
+def test_no_transcript_from_silence_or_noise(model):
+    rng = np.random.default_rng(7)
+    white = rng.normal(0.0, 0.05, 16000 * 2).astype(np.float32)
+    hum = (0.1 * np.sin(2 * np.pi * 50 * np.arange(16000 * 2) / 16000)).astype(np.float32)
+    events = asyncio.run(stream(model, np.concatenate([silence(2.0), white, hum, silence(0.5)])))
+    assert events == []
+
+
+def test_same_transcript_at_any_input_rate_and_channel_count(model, tmp_path):
+    clip16k = load_audio_16k(CLIPS["0930"].path)
+    expected = normalize_words(transcribe_file(CLIPS["0930"].path, model.model))
+    for rate in (8000, 22050, 44100, 48000):
+        converted = soxr.resample(clip16k, 16000, rate)
+        path = tmp_path / f"clip_{rate}.wav"
+        soundfile.write(path, np.stack([converted, converted], axis=1), rate, subtype="PCM_16")  # stereo
+        assert normalize_words(transcribe_file(path, model.model)) == expected, rate
+    stream44k = soxr.resample(np.concatenate([clip16k, silence(1.0)]), 16000, 44100)
+    streamed = finals(asyncio.run(stream(model, stream44k, rate=44100)))
+    assert len(streamed) == 1 and normalize_words(streamed[0].text) == expected
+
+
+def test_bad_input_raises_clear_errors_and_the_stream_goes_on(model, tmp_path):
+    async def scenario() -> list[Event]:
+        events: list[Event] = []
+        stage = ListenStage("bad", events.append, model=model)
+        with pytest.raises(AudioFormatError, match="odd number of bytes"):
+            await stage.accept(b"\x00\x01\x02", 16000)
+        with pytest.raises(AudioFormatError, match="sample rate"):
+            await stage.accept(b"\x00\x00" * 160, 1000)
+        pcm = float32_to_pcm16(np.concatenate([load_audio_16k(CLIPS["0880"].path), silence(1.0)]))
+        for offset in range(0, len(pcm), 960):
+            await stage.accept(pcm[offset:offset + 960], 16000)
+        return events
+
+    assert len(finals(asyncio.run(scenario()))) == 1  # the session survived the bad chunks
+    for content, message in [(b"", "empty"), (b"RIFF\x24\x00\x00\x00WAVEfmt ", "not a readable"),
+                             (b"hello, I am plain text and not audio at all" * 20, "not a readable")]:
+        path = tmp_path / "bad.wav"
+        path.write_bytes(content)
+        with pytest.raises(AudioFormatError, match=message):
+            transcribe_file(path, model.model)
+    transcriber = StreamingTranscriber(model.model)
+    with pytest.raises(AudioFormatError, match="mono"):
+        transcriber.insert_audio(np.zeros((320, 2), dtype=np.float32))
+    with pytest.raises(AudioFormatError, match="float32"):
+        transcriber.insert_audio(np.zeros(320, dtype=np.float64))

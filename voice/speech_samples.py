@@ -1,0 +1,35 @@
+"""Real recorded speech for tests and benchmarks: the LibriVox clips of Debian's `pocketsphinx-testdata`.
+
+Five 16 kHz mono sentences (3-7 s) from "Sense and Sensibility" with their transcription. Installed by the Makefile's
+system packages; callers skip (tests) or stop with a clear message (scripts) when they are absent.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+LIBRIVOX_DIR = Path(os.environ.get("POCKETSPHINX_TESTDATA", "/usr/share/pocketsphinx/test/data")) / "librivox"
+_LINE = re.compile(r"^<s>\s*(?P<text>.*?)\s*</s>\s*\((?P<id>[^)]+)\)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechClip:
+    clip_id: str
+    path: Path
+    text: str
+
+
+def librivox_clips() -> list[SpeechClip]:
+    """Every clip with its reference transcript, in file order; empty when the package is not installed."""
+    transcription = LIBRIVOX_DIR / "transcription"
+    if not transcription.is_file():
+        return []
+    clips = []
+    for line in transcription.read_text(encoding="utf-8").splitlines():
+        match = _LINE.match(line.strip())
+        if match and (LIBRIVOX_DIR / f"{match['id']}.wav").is_file():
+            clips.append(SpeechClip(match["id"], LIBRIVOX_DIR / f"{match['id']}.wav", match["text"]))
+    return clips
