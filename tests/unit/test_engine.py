@@ -1,0 +1,136 @@
+"""DiffusionChatModel on a tiny real BERT: drafts, incremental detokenising, stop strings, options, queueing."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
+from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
+from model.engine import DiffusionChatModel, cut_at_stop, draft_from_refinement, token_texts
+from model.errors import ModelError
+from model.refinement import Refinement
+from model.sampler import SamplerConfig
+from tests.unit.tiny_models import tiny_bert
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per UTF-8 byte, so "é" is two tokens, like byte-level BPE on rare characters."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_bert(tmp_path_factory.mktemp("bert"))
+
+
+def chat_model(folder: Path, denoiser_class=MaskedLMDenoiser, **sampler) -> DiffusionChatModel:
+    tokenizer, denoiser = load_masked_lm(str(folder))
+    if denoiser_class is not MaskedLMDenoiser:
+        denoiser = denoiser_class(denoiser.model, denoiser.mask_id, denoiser.eos_ids)
+    config = SamplerConfig(**({"block_length": 8, "steps_per_block": 8} | sampler))
+    return DiffusionChatModel("tiny", tokenizer, denoiser, config)
+
+
+def test_multi_byte_characters_come_out_whole() -> None:
+    tokenizer = byte_tokenizer()
+    tokens = tokenizer.encode("héllo wörld")
+    texts = token_texts(tokenizer, tokens)
+    assert len(tokens) == 13 and len(texts) == 13
+    assert "".join(texts) == "héllo wörld"
+    assert texts[1] == "" and texts[2] == "é"  # the first byte of "é" waits for the second
+
+
+def test_draft_cuts_at_the_first_eos_guess_and_counts_committed_tokens() -> None:
+    tokenizer = byte_tokenizer()
+    ids = tokenizer.encode("hé!")  # 4 tokens
+    eos = tokenizer.encode("~")[0]
+    refinement = Refinement(
+        step=2,
+        block=0,
+        tokens=(*ids, eos, ids[0]),
+        committed=(True, True, False, False, False, True),
+        confidence=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5),
+        elapsed_s=0.01,
+        eos_ids=frozenset({eos}),
+    )
+    draft = draft_from_refinement(tokenizer, refinement, prompt_tokens=7)
+    assert draft.text == "hé!"
+    assert [(p.text, p.committed) for p in draft.pieces] == [("h", True), ("é", False), ("!", False)]
+    assert draft.committed_text == "h" and draft.completion_tokens == 2 and draft.prompt_tokens == 7
+
+
+def test_cut_at_stop_ends_the_answer_before_the_stop_string() -> None:
+    pieces = (DraftPiece("Hello", True), DraftPiece(" there", True), DraftPiece(" you", False))
+    stopped = cut_at_stop(Draft(step=3, pieces=pieces), ("ere", "zzz"))
+    assert stopped is not None and stopped.text == "Hello th" and stopped.finish_reason == "stop" and stopped.done
+    assert cut_at_stop(Draft(step=3, pieces=pieces), ("you",)) is None  # " you" is only a guess so far
+
+
+def test_stream_chat_yields_drafts_until_done(bert_folder: Path) -> None:
+    model = chat_model(bert_folder, steps_per_block=4)
+    assert isinstance(model, ChatModel)
+    drafts = list(model.stream_chat([ChatMessage("user", "hello there")], GenerationOptions(max_new_tokens=10)))
+    assert drafts[-1].done and all(not d.done for d in drafts[:-1])
+    assert len(drafts[-1].refinement.tokens) <= 16  # 10 rounded up to two blocks of 8
+    assert [d.step for d in drafts] == list(range(len(drafts)))
+    assert drafts[-1].prompt_tokens == len(model.prompt_ids([ChatMessage("user", "hello there")]))
+    committed_counts = [d.completion_tokens for d in drafts]
+    assert committed_counts == sorted(committed_counts) and committed_counts[0] > 0
+
+
+def test_stop_string_ends_the_answer_once_committed(bert_folder: Path) -> None:
+    model = chat_model(bert_folder, steps_per_block=8)
+    messages = [ChatMessage("user", "what is your name")]
+    full = list(model.stream_chat(messages, GenerationOptions(max_new_tokens=16, seed=0)))[-1]
+    words = full.committed_text.split()
+    assert len(words) >= 3
+    stop = words[2]
+    stopped = list(model.stream_chat(messages, GenerationOptions(max_new_tokens=16, seed=0, stop=(stop,))))
+    assert stopped[-1].finish_reason == "stop"
+    assert stopped[-1].text == full.committed_text[: full.committed_text.index(stop)]
+    assert len(stopped) <= len(list(model.stream_chat(messages, GenerationOptions(max_new_tokens=16, seed=0))))
+
+
+def test_empty_chat_is_a_model_error(bert_folder: Path) -> None:
+    with pytest.raises(ModelError, match="empty"):
+        list(chat_model(bert_folder).stream_chat([ChatMessage("user", "  ")], GenerationOptions()))
+
+
+class LoggingDenoiser(MaskedLMDenoiser):
+    """The real adapter, recording which thread ran each pass."""
+
+    log: ClassVar[list[str]] = []
+
+    def block_logits(self, canvas, lo, hi):
+        self.log.append(threading.current_thread().name)
+        return super().block_logits(canvas, lo, hi)
+
+
+def test_concurrent_callers_queue_instead_of_interleaving(bert_folder: Path) -> None:
+    model = chat_model(bert_folder, LoggingDenoiser, steps_per_block=8)
+    results: dict[str, Draft] = {}
+
+    def ask(name: str) -> None:
+        *_, last = model.stream_chat([ChatMessage("user", "hi")], GenerationOptions(max_new_tokens=16, seed=1))
+        results[name] = last
+
+    threads = [threading.Thread(target=ask, args=(name,), name=name) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    log = LoggingDenoiser.log
+    switches = sum(1 for a, b in itertools.pairwise(log) if a != b)
+    assert switches == 1  # one whole answer, then the other
+    assert results["first"].text == results["second"].text  # same seed, same answer, no shared-state corruption
