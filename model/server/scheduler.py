@@ -42,7 +42,8 @@ class SchedulerStats:
     submitted: int = 0
     completed: int = 0
     cancelled: int = 0  # jobs stopped before their final draft (client gone, shutdown)
-    failed: int = 0
+    refused: int = 0  # the model raised ModelError: a request it cannot answer (empty chat, prompt too long)
+    failed: int = 0  # the model crashed (GenerationCrashed)
     rejected: int = 0  # refused because the queue was full
 
 
@@ -131,8 +132,10 @@ class Scheduler:
 
     def _finish(self, job: Job) -> None:
         self._pending -= 1
-        if job.error is not None:
+        if isinstance(job.error, GenerationCrashed):
             self.stats.failed += 1
+        elif job.error is not None:
+            self.stats.refused += 1
         elif job.finished:
             self.stats.completed += 1
         else:

@@ -1,0 +1,174 @@
+"""A `ChatModel` that streams from any OpenAI-compatible endpoint: our `dlm-serve`, vLLM, SGLang, Inception's Mercury.
+
+Two kinds of stream, two ways to fill a `Draft`:
+
+- Append-only deltas (every OpenAI-compatible server): each delta is final text, so every piece is committed and the
+  speculative TTS speaks committed text only.
+- `diffusing` drafts (dlm-serve, Mercury): each chunk's `delta.content` is the whole current draft and replaces the
+  previous one. Which part is final? dlm-serve says so in its `diffusion.committed_chars` extension, which it derives
+  from committed tokens that never change, so that prefix is committed. A server that does not say (Mercury) gets no
+  committed text until the stream ends, then all of it. We do not guess commits from agreement between successive
+  drafts: a diffusion model may still rewrite text that looked stable for several passes, and a wrong commit would let
+  the TTS speak words the answer does not contain.
+
+`diffusing=None` asks the server: `/v1/models` entries with `"diffusing": true` (dlm-serve marks its models so) turn it
+on; anything else leaves plain deltas, which every server supports.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+import openai
+
+from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
+from model.errors import ModelError
+
+_CANCEL_POLL_S = 0.05
+
+
+class OpenAIChatModel:
+    """Stream chat answers from `base_url` (e.g. http://127.0.0.1:8000/v1) as `Draft`s."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        diffusing: bool | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.name = model
+        self.base_url = base_url
+        # openai insists on a key; servers without auth ignore the header
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "no-key", timeout=timeout_s, max_retries=1)
+        self._diffusing = diffusing
+
+    @property
+    def diffusing(self) -> bool:
+        """Whether answers are requested as whole diffusing drafts (probed from /v1/models on first use if unset)."""
+        if self._diffusing is None:
+            self._diffusing = self._probe_diffusing()
+        return self._diffusing
+
+    def _probe_diffusing(self) -> bool:
+        try:
+            models = self._client.models.list()
+        except openai.APIError as error:
+            raise ModelError(f"cannot list models at {self.base_url}: {_describe(error)}") from error
+        for entry in models.data:
+            if entry.id == self.name:
+                return bool((entry.model_extra or {}).get("diffusing", False))
+        return False
+
+    def stream_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        options: GenerationOptions,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Draft]:
+        """Yield a Draft per chunk that changes the text; the last has `done=True`. `cancel` closes the stream."""
+        diffusing = self.diffusing
+        request: dict[str, Any] = {
+            "model": self.name,
+            "messages": [{"role": message.role, "content": message.content} for message in messages],
+            "max_tokens": options.max_new_tokens,
+            "temperature": options.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if options.seed is not None:
+            request["seed"] = options.seed
+        if options.stop:
+            request["stop"] = list(options.stop)
+        if diffusing:
+            request["extra_body"] = {"diffusing": True}
+        cancel = cancel or threading.Event()
+        try:
+            stream = self._client.chat.completions.create(**request)
+        except openai.APIError as error:
+            raise ModelError(f"chat request to {self.base_url} failed: {_describe(error)}") from error
+        finished = threading.Event()
+        watcher = threading.Thread(
+            target=_close_when_cancelled, args=(cancel, finished, stream), name="openai-stream-cancel", daemon=True
+        )
+        watcher.start()
+        try:
+            yield from self._drafts(stream, diffusing, cancel)
+        finally:
+            finished.set()
+            stream.close()
+
+    def _drafts(self, stream: Any, diffusing: bool, cancel: threading.Event) -> Iterator[Draft]:
+        text, committed_chars, step = "", 0, 0
+        finish_reason: str | None = None
+        prompt_tokens = completion_tokens = 0
+        last_time = time.monotonic()
+        try:
+            for chunk in stream:
+                if cancel.is_set():
+                    break
+                if chunk.usage is not None:
+                    prompt_tokens, completion_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                changed = False
+                for choice in chunk.choices:
+                    finish_reason = choice.finish_reason or finish_reason
+                    content = choice.delta.content
+                    if content is None:
+                        continue
+                    if diffusing:
+                        changed = changed or content != text
+                        text = content
+                        extension = (chunk.model_extra or {}).get("diffusion") or {}
+                        committed_chars = min(int(extension.get("committed_chars", 0)), len(text))
+                    elif content:
+                        changed = True
+                        text += content
+                        committed_chars = len(text)
+                if changed:
+                    now = time.monotonic()
+                    yield Draft(step=step, pieces=_pieces(text, committed_chars), elapsed_s=now - last_time)
+                    step, last_time = step + 1, now
+        except (openai.APIError, httpx.HTTPError) as error:
+            if not cancel.is_set():
+                raise ModelError(f"stream from {self.base_url} failed: {_describe(error)}") from error
+        if cancel.is_set():
+            yield Draft(step=step, pieces=_pieces(text, committed_chars), done=True, finish_reason="cancelled",
+                        elapsed_s=time.monotonic() - last_time)
+            return
+        yield Draft(
+            step=step,
+            pieces=_pieces(text, len(text)),
+            done=True,
+            finish_reason=finish_reason or "stop",
+            elapsed_s=time.monotonic() - last_time,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+
+def _pieces(text: str, committed_chars: int) -> tuple[DraftPiece, ...]:
+    pieces = []
+    if committed_chars:
+        pieces.append(DraftPiece(text[:committed_chars], committed=True))
+    if committed_chars < len(text):
+        pieces.append(DraftPiece(text[committed_chars:], committed=False, confidence=0.0))
+    return tuple(pieces)
+
+
+def _close_when_cancelled(cancel: threading.Event, finished: threading.Event, stream: Any) -> None:
+    """Close the HTTP stream as soon as `cancel` is set, so a reader blocked on the socket wakes up at once."""
+    while not finished.is_set():
+        if cancel.wait(_CANCEL_POLL_S):
+            stream.close()
+            return
+
+
+def _describe(error: Exception) -> str:
+    status = getattr(error, "status_code", None)
+    message = getattr(error, "message", None) or str(error)
+    return f"HTTP {status}: {message}" if status else message
