@@ -268,7 +268,7 @@ function renderLatency(latency, stats) {
   const v2v = latency.voice_to_voice;
   if (typeof v2v === "number") chip("voice→voice", `${Math.round(v2v)} ms`, "v2v");
   for (const [name, ms] of Object.entries(latency)) {
-    if (name === "voice_to_voice") continue;
+    if (name === "voice_to_voice" || name.startsWith("at_")) continue; // at_*: raw offsets, the chips show stages
     chip(name.replaceAll("_", " "), typeof ms === "number" ? `${Math.round(ms)} ms` : "–");
   }
   for (const [name, value] of Object.entries(stats)) {
