@@ -1,0 +1,129 @@
+"""`dlm generate "prompt"`: watch a diffusion LM write its answer, pass by pass, in the terminal.
+
+On a terminal the answer is redrawn in place after every pass: committed text in normal weight, guesses that may still
+change dim and underlined. Piped output gets one plain line per pass with guesses shown as underscores. At the end it
+prints tokens/s and tokens committed per pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from model.chat import ChatMessage, Draft, GenerationOptions
+from model.errors import ModelError
+
+DIM_UNDERLINE = "\033[2;4m"
+RESET = "\033[0m"
+
+
+def render_plain(draft: Draft) -> str:
+    """Committed text as is, guesses as underscores (spaces kept) so the shape of the draft is visible."""
+    parts = [
+        piece.text if piece.committed else "".join(" " if ch.isspace() else "_" for ch in piece.text)
+        for piece in draft.pieces
+    ]
+    return "".join(parts).replace("\n", " ")
+
+
+def render_ansi(draft: Draft) -> str:
+    return "".join(piece.text if piece.committed else f"{DIM_UNDERLINE}{piece.text}{RESET}" for piece in draft.pieces)
+
+
+class LiveView:
+    """Redraws the draft in place on a TTY (cursor up over the lines drawn last time), or appends plain lines."""
+
+    def __init__(self, out: TextIO, tty: bool) -> None:
+        self.out = out
+        self.tty = tty
+        self.lines_drawn = 0  # screen lines the last draft took; the cursor is left on the last of them
+
+    def show(self, draft: Draft) -> None:
+        if not self.tty:
+            self.out.write(f"pass {draft.step:3d} | {render_plain(draft)}\n")
+            self.out.flush()
+            return
+        width = max(shutil.get_terminal_size().columns, 20)
+        if self.lines_drawn > 1:
+            self.out.write(f"\033[{self.lines_drawn - 1}F")  # back to the first line of the previous draft
+        self.out.write("\r\033[J" + render_ansi(draft))  # clear from there to the end of the screen, then draw
+        self.out.flush()
+        self.lines_drawn = sum(max(1, -(-len(line) // width)) for line in draft.text.split("\n"))
+
+    def finish(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dlm", description="Run a local diffusion language model.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="answer one prompt, showing every refinement pass")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default=None, help="local checkpoint folder or hub id (default: the bundled model)")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--block-length", type=int, default=None, help="tokens per block (default: the model's)")
+    gen.add_argument("--steps", type=int, default=None, help="pass budget per block (default: block length)")
+    gen.add_argument("--threshold", type=float, default=None, help="confidence threshold for parallel commits")
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--no-cache", action="store_true", help="re-encode the prompt on every pass")
+    return parser.parse_args(argv)
+
+
+def sampler_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """Only what the user set, so the model's own defaults hold otherwise."""
+    overrides: dict[str, object] = {}
+    if args.block_length is not None:
+        overrides["block_length"] = args.block_length
+        overrides["steps_per_block"] = args.steps if args.steps is not None else args.block_length
+    elif args.steps is not None:
+        overrides["steps_per_block"] = args.steps
+    if args.threshold is not None:
+        overrides["threshold"] = args.threshold
+    if args.no_cache:
+        overrides["use_cache"] = False
+    return overrides
+
+
+def generate_command(args: argparse.Namespace, out: TextIO) -> None:
+    from model.loading import load_chat_model
+
+    model = load_chat_model(args.model, **sampler_overrides(args))
+    options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    view = LiveView(out, tty=out.isatty())
+    started = time.perf_counter()
+    last: Draft | None = None
+    for draft in model.stream_chat([ChatMessage("user", args.prompt)], options):
+        view.show(draft)
+        last = draft
+    seconds = time.perf_counter() - started
+    view.finish()
+    if last is None:
+        raise ModelError("the model produced no pass")
+    passes = last.step + 1
+    tokens = last.completion_tokens
+    out.write(
+        f"{tokens} tokens in {passes} passes, {seconds:.2f} s: {tokens / seconds:.1f} tokens/s, "
+        f"{tokens / passes:.2f} tokens/pass ({last.finish_reason})\n"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        generate_command(args, sys.stdout)
+    except ModelError as error:
+        print(f"dlm: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
