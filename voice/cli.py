@@ -1,0 +1,172 @@
+"""`voice-assistant`: talk through the microphone (default), `serve` the browser client, or run `file` turns.
+
+Every component's configuration is assembled here, in one place, from the command line; every default is an embedded
+offline model (Whisper tiny.en, the Joe Piper voice, the bundled SmolLM2 block-diffusion model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from model.chat import GenerationOptions
+from model.errors import ModelError
+from voice.asr_stage import ListenConfig
+from voice.dialogue import DialogueConfig
+from voice.engines import EngineConfig, Engines, load_engines
+from voice.errors import NoAudioDevice, VoiceError
+from voice.session import SessionConfig
+from voice.speculator import SpeculatorConfig
+from voice.tts import TTSConfig
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    lm = parser.add_argument_group("language model")
+    lm.add_argument("--model", help="local diffusion LM: a checkpoint folder or hub id (default: the bundled model)")
+    lm.add_argument("--llm-url", help="use an OpenAI-compatible endpoint instead, e.g. http://127.0.0.1:8000/v1")
+    lm.add_argument("--llm-model", help="model name at --llm-url")
+    lm.add_argument("--llm-key-env", help="environment variable that holds the API key for --llm-url")
+    lm.add_argument("--threshold", type=float, help="confidence threshold of parallel decoding (local model)")
+    lm.add_argument("--max-new-tokens", type=int, default=64)
+    lm.add_argument("--system-prompt", help="replace the model's default system prompt")
+    speech = parser.add_argument_group("speech")
+    speech.add_argument("--asr-model", help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder")
+    speech.add_argument("--voice", type=Path, help="a Piper voice .onnx (its .onnx.json beside it)")
+    speech.add_argument("--no-speculation", action="store_true", help="render speech only for committed phrases")
+    speech.add_argument("--no-early-lm", action="store_true", help="start the LM only after the final transcript")
+    speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voice-assistant", description=__doc__)
+    _common(parser)
+    parser.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
+    parser.add_argument("--input-device", help="microphone (index or name)")
+    parser.add_argument("--output-device", help="speaker (index or name)")
+    commands = parser.add_subparsers(dest="command")
+
+    serve = commands.add_parser("serve", help="serve the browser client and the WebSocket API")
+    _common(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--allow-remote", action="store_true", help="listen on a non-loopback host (needs a token)")
+    serve.add_argument("--token", default=None, help="access token (default: $VOICE_ASSISTANT_TOKEN)")
+    serve.add_argument("--allow-origin", action="append", default=[], help="extra allowed Origin for WebSockets")
+    serve.add_argument("--max-sessions", type=int, default=8)
+
+    file = commands.add_parser("file", help="run WAV files as user turns and write the assistant's audio")
+    _common(file)
+    file.add_argument("inputs", nargs="+", type=Path, help="WAV files, one user turn each")
+    file.add_argument("--out", type=Path, required=True, help="WAV file for the assistant's speech")
+    file.add_argument("--json", type=Path, help="write each turn's transcript, answer and latency breakdown here")
+    file.add_argument("--realtime", action="store_true", help="stream the audio at real-time pace")
+    return parser
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        lm_model=args.model,
+        lm_url=args.llm_url,
+        lm_remote_model=args.llm_model,
+        lm_key_env=args.llm_key_env,
+        lm_threshold=args.threshold,
+        asr_model=args.asr_model,
+        tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
+    )
+
+
+def session_config(args: argparse.Namespace, full_duplex: bool) -> SessionConfig:
+    return SessionConfig(
+        listen=ListenConfig(model=args.asr_model),
+        speculator=replace(SpeculatorConfig(), enabled=not args.no_speculation),
+        dialogue=DialogueConfig(system_prompt=args.system_prompt),
+        generation=GenerationOptions(max_new_tokens=args.max_new_tokens),
+        early_lm=not args.no_early_lm,
+        full_duplex=full_duplex,
+    )
+
+
+def _device(value: str | None) -> int | str | None:
+    return int(value) if value is not None and value.isdigit() else value
+
+
+def _load(args: argparse.Namespace) -> Engines:
+    print("loading models...", file=sys.stderr, flush=True)
+    engines = load_engines(engine_config(args))
+    seconds = ", ".join(f"{name} {value:.1f} s" for name, value in engines.load_seconds.items())
+    print(f"models ready ({seconds})", file=sys.stderr, flush=True)
+    return engines
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        from web.config import TOKEN_ENV, WebConfig
+        from web.server import run_server
+
+        web = WebConfig(
+            host=args.host,
+            port=args.port,
+            allow_remote=args.allow_remote,
+            token=args.token or os.environ.get(TOKEN_ENV) or None,
+            allowed_origins=tuple(args.allow_origin),
+            max_sessions=args.max_sessions,
+        )
+        run_server(_load(args), session_config(args, full_duplex=True), web)
+        return 0
+    if args.command == "file":
+        from voice.file_mode import run_files, write_turns_json, write_wav
+
+        engines = _load(args)
+        result = asyncio.run(run_files(engines, args.inputs, session_config(args, True), realtime=args.realtime))
+        write_wav(args.out, result.audio, result.sample_rate)
+        for turn in result.turns:
+            print(f"you: {turn.transcript or '(no speech)'}")
+            if turn.answer:
+                v2v = turn.latency_ms.get("voice_to_voice")
+                print(f"assistant: {turn.answer}" + (f"   [{v2v:.0f} ms voice-to-voice]" if v2v is not None else ""))
+            for error in turn.errors:
+                print(f"error: {error}", file=sys.stderr)
+        if args.json:
+            write_turns_json(args.json, result)
+        return 0
+    from voice.local_mode import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
+
+    if args.list_devices:
+        print(list_devices())
+        return 0
+    audio = LocalAudioConfig(_device(args.input_device), _device(args.output_device), headset=args.headset)
+    try:
+        check_devices(sounddevice_module(), audio)  # fail fast, before the models load
+    except NoAudioDevice as err:
+        if args.input_device is not None or args.output_device is not None:
+            raise
+        # No microphone here (a server, a container): the browser client is the way to talk to the assistant.
+        print(f"voice-assistant: {err}\nserving the browser client instead.", file=sys.stderr)
+        args.command, args.host, args.port, args.allow_remote = "serve", "127.0.0.1", 8765, False
+        args.token, args.allow_origin, args.max_sessions = None, [], 8
+        return run(args)
+    asyncio.run(run_local(_load(args), session_config(args, full_duplex=args.headset), audio))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return 0
+    except (ModelError, VoiceError, ValueError, FileNotFoundError) as err:
+        print(f"voice-assistant: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
