@@ -120,8 +120,14 @@ function onServerMessage(msg) {
       refreshState();
       break;
     case "vad":
-      if (msg.state === "speech_start") ui.liveUser.hidden = false;
-      else app.thinking = true;
+      if (msg.state === "speech_start") {
+        ui.liveUser.hidden = false;
+        // Barge-in: the server only sends `clear` while it is still producing audio; what this page has buffered
+        // beyond that must stop too when the user starts talking.
+        if (app.playerBusy && app.player) app.player.port.postMessage({ type: "clear" });
+      } else {
+        app.thinking = true;
+      }
       refreshState();
       break;
     case "transcript":
@@ -258,7 +264,6 @@ function onTurnEnd(msg) {
 function renderLatency(latency, stats) {
   const box = document.createElement("div");
   box.className = "latency";
-  box.title = "this turn's latency breakdown";
   const chip = (label, value, cls) => {
     const span = document.createElement("span");
     if (cls) span.className = cls;
@@ -271,9 +276,15 @@ function renderLatency(latency, stats) {
     if (name === "voice_to_voice" || name.startsWith("at_")) continue; // at_*: raw offsets, the chips show stages
     chip(name.replaceAll("_", " "), typeof ms === "number" ? `${Math.round(ms)} ms` : "–");
   }
-  for (const [name, value] of Object.entries(stats)) {
-    if (typeof value === "number") chip(name.replaceAll("_", " "), Number.isInteger(value) ? value : value.toFixed(2));
+  // The few stats that explain the latency; all of them are in the tooltip.
+  const shown = { tokens_per_pass: "tokens/pass", hits: "spec hits", misses: "spec misses", saved_ms: "saved ms" };
+  for (const [name, label] of Object.entries(shown)) {
+    const value = stats[name];
+    if (typeof value === "number") chip(label, Number.isInteger(value) ? value : value.toFixed(2));
   }
+  box.title = Object.entries(stats)
+    .map(([name, value]) => `${name}: ${value}`)
+    .join("\n");
   return box;
 }
 
