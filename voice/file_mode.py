@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import wave
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ async def run_files(
 ) -> FileRunResult:
     """Run each file as one spoken user turn, in order, in one conversation."""
     own_session = session is None
-    session = session or Session(engines, config)
+    session = session or Session(engines, replace(config or SessionConfig(), wait_for_playback=False))
     await session.start()
     audio: list[bytes] = []
     events: list[Event] = []

@@ -18,13 +18,12 @@ import asyncio
 import contextlib
 import logging
 import re
-import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
+from model.chat import ChatMessage, Draft, GenerationOptions
 from model.errors import ModelError
 from voice.asr_stage import ListenConfig, ListenStage
 from voice.dialogue import Dialogue, DialogueConfig
@@ -32,7 +31,6 @@ from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
 from voice.events import (
     AnswerDone,
-    AudioEnd,
     AudioOut,
     Clear,
     DraftUpdate,
@@ -50,6 +48,7 @@ from voice.events import (
     now_ns,
 )
 from voice.latency import breakdown
+from voice.lm_run import LmRun, cancel_and_wait
 from voice.playback import PlaybackLedger
 from voice.speculator import SpeculatorConfig
 from voice.speech_out import SpeakStage
@@ -66,6 +65,9 @@ class SessionConfig:
     early_lm: bool = True  # start the LM on a fully committed transcript before the endpointer's final decision
     full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks
     max_turn_seconds: float = 60.0
+    # A turn ends when its audio has had time to play, not when the last chunk was handed out: a user who speaks
+    # while the listener still hears the answer is barging in. File mode has no listener and turns this off.
+    wait_for_playback: bool = True
     max_text_chars: int = 2000
     log_size: int = 5000  # events kept in `Session.log` (audio chunks excluded)
 
@@ -75,85 +77,6 @@ def _same_words(a: str, b: str) -> bool:
         return re.findall(r"[a-z0-9']+", text.lower())
 
     return words(a) == words(b)
-
-
-class LmRun:
-    """One answer being generated in a worker thread; drafts arrive on `queue` as `(t_ns, Draft)`.
-
-    The thread pulls the model's draft iterator to the end (or until `cancel` is set, checked by the sampler between
-    passes) and closes it itself, so the model's lock is always released by the thread that holds the iterator.
-    """
-
-    def __init__(self, lm: ChatModel, messages: list[ChatMessage], options: GenerationOptions, name: str) -> None:
-        self.started_ns = now_ns()
-        self.cancel = threading.Event()
-        self.queue: asyncio.Queue[tuple[int, Draft] | BaseException | None] = asyncio.Queue()
-        self._loop = asyncio.get_running_loop()
-        self._future = self._loop.run_in_executor(None, self._drive, lm, messages, options)
-        self.task = asyncio.create_task(self._watch(), name=name)
-
-    def _drive(self, lm: ChatModel, messages: list[ChatMessage], options: GenerationOptions) -> None:
-        put = self.queue.put_nowait
-        try:
-            drafts = lm.stream_chat(messages, options, self.cancel)
-            try:
-                for draft in drafts:
-                    self._loop.call_soon_threadsafe(put, (now_ns(), draft))
-                    if draft.done or self.cancel.is_set():
-                        break
-            finally:
-                drafts.close()  # type: ignore[attr-defined]
-        except ModelError as err:
-            self._loop.call_soon_threadsafe(put, err)
-        except Exception as err:  # a model bug must end this turn with a clear error, not hang it
-            log.exception("language model failed")
-            self._loop.call_soon_threadsafe(put, ModelError(f"the language model failed: {err}"))
-        finally:
-            self._loop.call_soon_threadsafe(put, None)
-
-    async def _watch(self) -> None:
-        try:
-            await asyncio.shield(self._future)
-        except asyncio.CancelledError:
-            self.stop()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._future), timeout=10)
-            raise
-
-    def stop(self) -> None:
-        self.cancel.set()
-
-    async def drafts(self) -> AsyncIterator[tuple[int, Draft]]:
-        while True:
-            item = await self.queue.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item[1].done:
-                return
-
-    async def close(self) -> None:
-        self.stop()
-        if not self.task.done():
-            self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.task
-
-
-CANCEL_WAIT_SECONDS = 10.0
-
-
-async def cancel_and_wait(task: asyncio.Task | None) -> None:
-    """Cancel `task` and wait (bounded) until it has really finished."""
-    if task is None or task.done():
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-        await asyncio.wait_for(asyncio.shield(task), CANCEL_WAIT_SECONDS)
-    if not task.done():
-        log.warning("task %s did not stop within %.0f s", task.get_name(), CANCEL_WAIT_SECONDS)
 
 
 @dataclass(slots=True)
@@ -341,6 +264,8 @@ class Session:
         try:
             async with asyncio.timeout(self.config.max_turn_seconds):
                 await self._answer(turn, run)
+            if self.config.wait_for_playback:
+                await asyncio.sleep(self._playback_left(turn))
         except asyncio.CancelledError:
             interrupted = True
             await self._finish_turn(turn, interrupted=True)
@@ -436,14 +361,11 @@ class Session:
             turn.marks["first_phrase_committed"] = event.t_ns
         elif isinstance(event, TtsFirstChunk):
             turn.marks.setdefault("tts_first_chunk", event.t_ns)
-        elif isinstance(event, AudioOut):
-            if turn.first_audio_ns is None:
-                self._speaking = True
-                turn.first_audio_ns = now_ns()
-                turn.marks["first_audio_out"] = turn.first_audio_ns
-                await self._emit(FirstAudioOut(session=self.id, turn=turn.turn, t_ns=turn.first_audio_ns))
-        elif isinstance(event, AudioEnd):
-            self._speaking = False
+        elif isinstance(event, AudioOut) and turn.first_audio_ns is None:
+            self._speaking = True
+            turn.first_audio_ns = now_ns()
+            turn.marks["first_audio_out"] = turn.first_audio_ns
+            await self._emit(FirstAudioOut(session=self.id, turn=turn.turn, t_ns=turn.first_audio_ns))
         await self._emit(event)
 
     async def _finish_turn(self, turn: _Turn, interrupted: bool) -> None:
@@ -465,6 +387,13 @@ class Session:
                 stats=dict(turn.stats),
             )
         )
+
+    def _playback_left(self, turn: _Turn) -> float:
+        """Seconds until the audio handed out so far has played, assuming playback started with the first chunk."""
+        if turn.first_audio_ns is None or not turn.sample_rate:
+            return 0.0
+        played = self._played_estimate(turn)
+        return max(0.0, (turn.ledger.samples_out() - played) / turn.sample_rate)
 
     def _played_estimate(self, turn: _Turn) -> int:
         """Samples the listener heard: the output's own report, else real time since the first sample went out."""
