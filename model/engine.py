@@ -89,7 +89,7 @@ class DiffusionChatModel:
         self,
         name: str,
         tokenizer: Any,
-        denoiser: Denoiser,
+        denoiser: Denoiser | None,
         sampler: SamplerConfig,
         system_prompt: str | None = None,
     ) -> None:
@@ -133,13 +133,19 @@ class DiffusionChatModel:
         prompt = self.prompt_ids(messages)
         config, length = self.sampler_for(options)
         with self._lock:
-            for refinement in generate(self.denoiser, prompt, length, config, cancel, self._unconditional):
+            for refinement in self.refinements(prompt, length, config, cancel):
                 draft = draft_from_refinement(self.tokenizer, refinement, len(prompt))
                 stopped = cut_at_stop(draft, options.stop) if options.stop else None
                 if stopped is not None:
                     yield stopped
                     return
                 yield draft
+
+    def refinements(
+        self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None
+    ) -> Iterator[Refinement]:
+        """The passes of one answer; models that are not masked (DiffusionGemma) override this."""
+        return generate(self.denoiser, prompt, length, config, cancel, self._unconditional)
 
     def generate_text(self, prompt: str, options: GenerationOptions | None = None) -> str:
         """The final answer to one user message, as plain text."""

@@ -1,0 +1,91 @@
+"""DiffusionGemma driven through its own generate on a tiny random config built here."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+from transformers.models.diffusion_gemma.configuration_diffusion_gemma import DiffusionGemmaTextConfig
+
+from model.adapters.diffusion_gemma import DiffusionGemmaChatModel, diffusion_gemma_refinements
+from model.chat import ChatMessage, GenerationOptions
+from model.errors import ModelError
+from tests.unit.tiny_models import word_tokenizer
+
+CANVAS, EOS = 8, 5
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma() -> DiffusionGemmaForBlockDiffusion:
+    torch.manual_seed(0)
+    text = DiffusionGemmaTextConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        num_experts=2,
+        top_k_experts=1,
+        moe_intermediate_size=32,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        bos_token_id=2,
+    )
+    vision = {"model_type": "gemma4_vision", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 16}
+    config = DiffusionGemmaConfig(
+        text_config=text, vision_config=vision, canvas_length=CANVAS, boi_token_id=37, eoi_token_id=38,
+        image_token_id=39,
+    )
+    return DiffusionGemmaForBlockDiffusion(config).eval()
+
+
+def test_each_denoising_step_is_a_refinement_and_blocks_commit_when_accepted(tiny_gemma) -> None:
+    refinements = list(
+        diffusion_gemma_refinements(tiny_gemma, [2, 7, 8, 9], 16, frozenset({EOS}), seed=0, max_denoising_steps=3)
+    )
+    drafts, last = refinements[:-1], refinements[-1]
+    assert 2 <= len(drafts) <= 6  # at most 3 steps per canvas, two canvases unless the first ends in EOS
+    assert all(not r.done and len(r.tokens) % CANVAS == 0 for r in drafts)
+    assert drafts[0].num_committed == 0 and drafts[0].block == 0
+    second_block = [r for r in drafts if r.block == 1]
+    assert all(r.committed[:CANVAS] == (True,) * CANVAS for r in second_block)
+    if second_block:  # the accepted first canvas is what the second block's drafts show as committed
+        assert second_block[0].tokens[:CANVAS] == last.tokens[:CANVAS]
+    assert last.done and last.finish_reason in ("stop", "length") and all(last.committed)
+    assert [r.step for r in refinements] == list(range(len(refinements)))
+
+
+def test_same_seed_same_answer_and_cancel_stops(tiny_gemma) -> None:
+    def answer(seed: int):
+        return list(diffusion_gemma_refinements(tiny_gemma, [2, 7], 16, frozenset({EOS}), seed=seed))[-1].tokens
+
+    assert answer(3) == answer(3)
+    cancel = threading.Event()
+    stream = diffusion_gemma_refinements(tiny_gemma, [2, 7], 64, frozenset({EOS}), cancel, seed=0)
+    next(stream)
+    cancel.set()
+    rest = list(stream)
+    assert rest[-1].done and rest[-1].finish_reason == "cancelled"
+    assert len(rest) <= 3  # drafts already queued by the worker, then the cancelled one
+
+
+def test_chat_model_streams_drafts(tiny_gemma) -> None:
+    tokenizer = word_tokenizer()
+    model = DiffusionGemmaChatModel("tiny-gemma", tokenizer, tiny_gemma, max_denoising_steps=2)
+    drafts = list(model.stream_chat([ChatMessage("user", "hello")], GenerationOptions(max_new_tokens=5, seed=1)))
+    assert drafts[-1].done and len(drafts[-1].refinement.tokens) <= CANVAS  # 5 rounds up to one canvas
+    assert all(not piece.committed for piece in drafts[0].pieces)
+
+
+def test_empty_prompt_is_refused(tiny_gemma) -> None:
+    with pytest.raises(ModelError, match="empty"):
+        list(diffusion_gemma_refinements(tiny_gemma, [], 8, frozenset({EOS})))
