@@ -1,59 +1,14 @@
-"""Run `dlm-serve`'s app with uvicorn on a loopback port in a background thread, for tests and the bench script."""
+"""Shared set-up of the API tests: dlm-serve in a background thread over a tiny real diffusion chat model."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
-
 from model.chat import ChatModel
-from model.server import ServerConfig, create_app
-from model.server.scheduler import Scheduler
+from model.server.background import RunningServer
+from model.server.background import serve_in_thread as serve
 
-
-@dataclass(frozen=True, slots=True)
-class RunningServer:
-    base_url: str  # e.g. http://127.0.0.1:PORT (append /v1 for the openai client)
-    scheduler: Scheduler
-
-    @property
-    def api_url(self) -> str:
-        return f"{self.base_url}/v1"
-
-    def wait_idle(self, timeout_s: float = 30.0) -> None:
-        """Block until no generation is queued or running (the scheduler's counters are then final)."""
-        deadline = time.monotonic() + timeout_s
-        while self.scheduler.pending and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if self.scheduler.pending:
-            raise TimeoutError(f"{self.scheduler.pending} generations still pending after {timeout_s} s")
-
-
-@contextmanager
-def serve(model: ChatModel, config: ServerConfig, startup_timeout_s: float = 30.0) -> Iterator[RunningServer]:
-    """uvicorn on 127.0.0.1 and a free port; stopped (gracefully, like SIGTERM) on exit."""
-    app = create_app(model, config)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=5, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, name="dlm-serve-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield RunningServer(base_url=f"http://127.0.0.1:{port}", scheduler=app.state.scheduler)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+__all__ = ["RunningServer", "serve", "tiny_chat_model"]
 
 
 def tiny_chat_model(folder: Path, block_length: int = 8) -> ChatModel:

@@ -1,0 +1,169 @@
+"""Throughput and latency of dlm-serve with 1 and 4 concurrent clients, over loopback, with the official openai client.
+
+    python scripts/bench_api.py                       # a tiny random BERT (measures the server, not a model)
+    python scripts/bench_api.py --model default       # the bundled diffusion model
+    python scripts/bench_api.py --model PATH --json artifacts/bench_api.json
+
+Each client sends diffusing streaming requests one after another; "first draft" is the first chunk with non-empty
+draft text (what speculative TTS can start on), "latency" the whole answer. Throughput counts committed completion
+tokens (from `usage`) over the wall time of a level. Bounded: --requests per level and --max-seconds per level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.unit.tiny_models
+
+from model.chat import ChatModel
+from model.server.background import serve_in_thread
+from model.server.config import ServerConfig
+
+PROMPTS = ("Hello, how are you today?", "What is a good name for a cat?", "Tell me something about the sun.")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    first_draft_s: float
+    latency_s: float
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LevelResult:
+    clients: int
+    requests: int
+    errors: int
+    wall_s: float
+    tokens_per_s: float
+    first_draft_p50_s: float
+    first_draft_p95_s: float
+    latency_p50_s: float
+    latency_p95_s: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def one_request(client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> RequestResult:
+    start = time.perf_counter()
+    first_draft = None
+    tokens = 0
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"diffusing": True},
+    )
+    async for chunk in stream:
+        if first_draft is None and chunk.choices and chunk.choices[0].delta.content:
+            first_draft = time.perf_counter() - start
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    latency = time.perf_counter() - start
+    return RequestResult(first_draft if first_draft is not None else latency, latency, tokens)
+
+
+async def run_level(base_url: str, model: str, clients: int, requests: int, max_tokens: int,
+                    max_seconds: float) -> LevelResult:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=max_seconds)
+    results: list[RequestResult] = []
+    errors = 0
+    issued = 0
+    start = time.perf_counter()
+    deadline = start + max_seconds
+
+    async def worker(index: int) -> None:
+        nonlocal issued, errors
+        while issued < requests and time.perf_counter() < deadline:
+            prompt = PROMPTS[(issued + index) % len(PROMPTS)]
+            issued += 1
+            try:
+                results.append(await one_request(client, model, prompt, max_tokens))
+            except openai.APIError as error:
+                errors += 1
+                print(f"  request failed: {error}", file=sys.stderr)
+
+    await asyncio.gather(*(worker(index) for index in range(clients)))
+    wall = time.perf_counter() - start
+    await client.close()
+    firsts = [result.first_draft_s for result in results]
+    latencies = [result.latency_s for result in results]
+    return LevelResult(
+        clients=clients,
+        requests=len(results),
+        errors=errors,
+        wall_s=round(wall, 3),
+        tokens_per_s=round(sum(result.completion_tokens for result in results) / wall, 2),
+        first_draft_p50_s=round(percentile(firsts, 0.5), 3),
+        first_draft_p95_s=round(percentile(firsts, 0.95), 3),
+        latency_p50_s=round(percentile(latencies, 0.5), 3),
+        latency_p95_s=round(percentile(latencies, 0.95), 3),
+    )
+
+
+def load_model(spec: str) -> ChatModel:
+    from model.loading import load_chat_model
+
+    if spec == "tiny":
+        from tests.unit.tiny_models import tiny_bert
+
+        folder = tiny_bert(Path(tempfile.mkdtemp(prefix="bench-api-")) / "tiny-bert")
+        return load_chat_model(str(folder), block_length=8, steps_per_block=8)
+    return load_chat_model(None if spec == "default" else spec)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny", help="'tiny' (random BERT), 'default' (bundled), or a spec")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--requests", type=int, default=8, help="requests per concurrency level")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-seconds", type=float, default=120.0, help="time bound per level")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    load_start = time.perf_counter()
+    model = load_model(args.model)
+    print(f"model {model.name!r} loaded in {time.perf_counter() - load_start:.1f} s")
+    config = ServerConfig(max_queue=max(args.clients) + 1, max_tokens_limit=max(args.max_tokens, 1),
+                          default_max_tokens=max(args.max_tokens, 1))
+    levels: list[LevelResult] = []
+    with serve_in_thread(model, config) as server:
+        asyncio.run(run_level(server.api_url, model.name, 1, 1, args.max_tokens, args.max_seconds))  # warm-up
+        for clients in args.clients:
+            level = asyncio.run(run_level(server.api_url, model.name, clients, args.requests, args.max_tokens,
+                                          args.max_seconds))
+            levels.append(level)
+            print(
+                f"clients={level.clients} requests={level.requests} errors={level.errors} wall={level.wall_s:.2f}s "
+                f"tokens/s={level.tokens_per_s:.1f} first_draft p50/p95={level.first_draft_p50_s:.3f}/"
+                f"{level.first_draft_p95_s:.3f}s latency p50/p95={level.latency_p50_s:.3f}/{level.latency_p95_s:.3f}s"
+            )
+        stats = asdict(server.scheduler.stats)
+    print(f"scheduler: {stats}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        report = {"model": model.name, "max_tokens": args.max_tokens, "levels": [asdict(level) for level in levels],
+                  "scheduler": stats}
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
