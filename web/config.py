@@ -45,7 +45,7 @@ class WebConfig:
     hard_max_message_bytes: int = 1024 * 1024  # larger frames close the socket (1009) before they are even buffered
     max_text_chars: int = 2_000
     max_sessions: int = 8
-    max_turn_s: float = 60.0  # one user utterance or one assistant turn
+    max_utterance_s: float = 60.0  # one user utterance; the assistant's turn: SessionConfig.max_turn_seconds
     idle_timeout_s: float = 300.0  # no message at all from the client for this long closes the socket
 
     audio_realtime_factor: float = 1.5  # sustained audio seconds per wall second a client may send
@@ -74,7 +74,7 @@ class WebConfig:
         positive = {
             "max_text_chars": self.max_text_chars,
             "max_sessions": self.max_sessions,
-            "max_turn_s": self.max_turn_s,
+            "max_utterance_s": self.max_utterance_s,
             "idle_timeout_s": self.idle_timeout_s,
             "audio_realtime_factor": self.audio_realtime_factor,
             "audio_burst_s": self.audio_burst_s,

@@ -1,10 +1,10 @@
 """The WebSocket server: one process, many voice sessions sharing the loaded models, plus the browser page.
 
 Per connection there is one `Session` and three named tasks: a consumer (client frames -> session), a producer
-(session events -> client frames) and a watchdog (turn length). They are joined with FIRST_COMPLETED: whichever ends
-first (client gone, flood, idle, session over) ends the others, and the session is closed in every case, so a client
-that disconnects mid-turn frees its model work at once. Bad input costs the client one `error` message and that frame,
-never the session or the server. Everything protocol-shaped lives in web/protocol.py; this file only moves bytes.
+(session events -> client frames) and a watchdog (utterance length). They are joined with FIRST_COMPLETED: whichever
+ends first (client gone, flood, idle, session over) ends the others, and the session is closed in every case, so a
+client that disconnects mid-turn frees its model work at once. Bad input costs the client one `error` message and that
+frame, never the session or the server. Everything protocol-shaped lives in web/protocol.py; this file moves bytes.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class VoiceSession(Protocol):
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None: ...
     async def send_text(self, text: str) -> None: ...
     async def interrupt(self) -> None: ...
+    async def end_of_audio(self) -> None: ...
     def events(self) -> AsyncIterator[ev.Event]: ...
     async def close(self) -> None: ...
 
@@ -70,10 +71,10 @@ class CloseWith:
 
 @dataclass(slots=True)
 class _TurnClock:
-    """When the current user utterance and assistant turn began (monotonic seconds), for the max-turn watchdog."""
+    """Per-connection state shared by its tasks: when the current user utterance began (monotonic seconds, for the
+    utterance watchdog) and the client's audio rate."""
 
     speech_since: float | None = None
-    turn_since: float | None = None
     input_sample_rate: int = protocol.DEFAULT_INPUT_SAMPLE_RATE
 
 
@@ -207,7 +208,7 @@ class VoiceServer:
         tasks = {
             asyncio.create_task(self._consume(conn, session, clock), name=f"ws-consumer-{session.id}"),
             asyncio.create_task(self._produce(conn, session, clock), name=f"ws-producer-{session.id}"),
-            asyncio.create_task(self._watch_turns(conn, session, clock), name=f"ws-watchdog-{session.id}"),
+            asyncio.create_task(self._watch_utterance(conn, session, clock), name=f"ws-watchdog-{session.id}"),
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -285,7 +286,6 @@ class VoiceServer:
                 clock.input_sample_rate = rate
                 await conn.send(protocol.ready_message(session.id, session.output_sample_rate, rate, limits))
             case protocol.TextTurn(text=text):
-                clock.turn_since = time.monotonic()
                 await session.send_text(text)
             case protocol.Interrupt():
                 await session.interrupt()
@@ -299,21 +299,19 @@ class VoiceServer:
                 await conn.send(frame)
         return CloseWith(CloseCode.NORMAL_CLOSURE, "session ended")
 
-    async def _watch_turns(self, conn: ServerConnection, session: VoiceSession, clock: _TurnClock) -> None:
-        """Cut a user utterance or an assistant turn that runs past max_turn_s: error to the client, interrupt."""
-        limit = self.config.max_turn_s
+    async def _watch_utterance(self, conn: ServerConnection, session: VoiceSession, clock: _TurnClock) -> None:
+        """Cut a user utterance that runs past max_utterance_s (a television that never pauses, a stuck VAD): tell
+        the client and force an endpoint, so the session transcribes what it has instead of buffering forever. The
+        assistant's turn has its own bound in the session (SessionConfig.max_turn_seconds)."""
+        limit = self.config.max_utterance_s
         period = min(1.0, limit / 4)
         while True:
             await asyncio.sleep(period)
-            now = time.monotonic()
-            too_long = None
-            if clock.speech_since is not None and now - clock.speech_since > limit:
-                too_long, clock.speech_since = "utterance", None
-            elif clock.turn_since is not None and now - clock.turn_since > limit:
-                too_long, clock.turn_since = "turn", None
-            if too_long is not None:
-                await self._send_error(conn, LimitExceeded(f"{too_long} longer than {limit:g} s; it was cut off"))
-                await session.interrupt()
+            since = clock.speech_since
+            if since is not None and time.monotonic() - since > limit:
+                clock.speech_since = None
+                await self._send_error(conn, LimitExceeded(f"utterance longer than {limit:g} s; it was cut off here"))
+                await session.end_of_audio()
 
     @staticmethod
     async def _send_error(conn: ServerConnection, exc: VoiceError) -> None:
@@ -329,15 +327,11 @@ class _CloseRequested(Exception):
 
 
 def _track_turn(clock: _TurnClock, event: ev.Event) -> None:
-    now = time.monotonic()
     match event:
         case ev.SpeechStart():
-            clock.speech_since = now
-        case ev.SpeechEnd():
+            clock.speech_since = time.monotonic()
+        case ev.SpeechEnd() | ev.Transcript(final=True):
             clock.speech_since = None
-            clock.turn_since = now
-        case ev.TurnEnd():
-            clock.turn_since = None
 
 
 def _real_session_factory(engines: Engines, session_config: SessionConfig) -> SessionFactory:

@@ -195,6 +195,25 @@ def test_disconnect_mid_turn_frees_the_session_and_others_go_on(engines: Engines
     assert leftovers == set()
 
 
+def test_an_utterance_over_the_limit_is_cut_and_answered(engines: Engines) -> None:
+    async def scenario() -> Received:
+        impatient = WebConfig(port=0, max_utterance_s=1.0)
+        async with running_server(engines, impatient) as server, connect(url(server)) as ws:
+            received = Received()
+            await collect(ws, received, until="ready")
+            sender = asyncio.create_task(stream_realtime(ws, speech_pcm16()))
+            await collect(ws, received, until="turn_end")
+            await sender
+            return received
+
+    received = asyncio.run(scenario())
+    types = [m["type"] for m in received.messages]
+    cut = received.of_type("error")[0]
+    assert cut["code"] == "limit_exceeded" and "utterance longer than 1 s" in cut["message"]
+    assert types.index("error") < types.index("turn_end")
+    assert received.of_type("turn_end")[0]["user_text"], "what was heard before the cut is answered"
+
+
 def test_busy_server_says_so_and_closes_cleanly(engines: Engines) -> None:
     async def scenario() -> Received:
         async with running_server(engines, WebConfig(port=0, max_sessions=1)) as server, connect(url(server)) as first:
