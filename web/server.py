@@ -357,8 +357,8 @@ async def serve(
 
 
 def run_server(engines: Engines, session_config: SessionConfig, web_config: WebConfig) -> None:
-    """Blocking entry point for `voice-assistant serve`: serve until SIGTERM or SIGINT, then close every session and
-    socket with code 1001 and a reason."""
+    """Blocking entry point for `voice-assistant serve`: serve until SIGTERM or SIGINT, then stop accepting, close every
+    session and close each socket with code 1001 and a reason. Prints the page's URL once it is listening."""
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -366,8 +366,10 @@ def run_server(engines: Engines, session_config: SessionConfig, web_config: WebC
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            print(f"voice-assistant: serving http://{web_config.host}:{web_config.port}/", flush=True)
-            await serve(engines, session_config, web_config, stop)
+            async with VoiceServer(engines, session_config, web_config) as server:
+                print(f"voice-assistant: serving http://{web_config.host}:{server.port}/", flush=True)
+                await stop.wait()
+                print("voice-assistant: shutting down", flush=True)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
