@@ -1,6 +1,8 @@
 """Benchmark speech synthesis and speculative TTS. Prints figures and writes them as JSON; asserts nothing.
 
 1. Piper first-chunk latency for short first phrases (goal: at most 150 ms on 2 cores), p50/p90.
+1b. The speaking stage on scripted drafts (one word committed per pass, the draft right from the first pass): commit
+   to first audio of the first phrase with and without speculation. This measures the stage, not a model.
 2. Speculation over held-out prompts with the diffusion LM running live (its passes compete with Piper for the same
    cores, as in the assistant): hit rate, milliseconds from a phrase's commit to its first audio with and without
    speculation (goal with: p50 at most 50 ms for the first phrase), CPU spent on wasted renders, and how the LM's own
@@ -26,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions  # noqa: E402
+from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions  # noqa: E402
 from model.errors import ModelError  # noqa: E402
 from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult  # noqa: E402
 from voice.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig  # noqa: E402
@@ -180,6 +182,51 @@ def replay(records: list[list[tuple[int, Draft]]], config: SpeculatorConfig) -> 
     }
 
 
+def scripted_drafts(answer: str, wrong: str | None = None) -> list[Draft]:
+    """Drafts of `answer` that commit one word per pass and guess the rest from the first pass (or guess `wrong` for
+    the uncommitted part until the last word)."""
+    words = [word if index == 0 else " " + word for index, word in enumerate(answer.split())]
+    guess = [word if index == 0 else " " + word for index, word in enumerate((wrong or answer).split())]
+    drafts = []
+    for committed in range(len(words) + 1):
+        tail = guess[committed:] if wrong and committed < len(words) - 1 else words[committed:]
+        pieces = [DraftPiece(w, True) for w in words[:committed]] + [DraftPiece(w, False, 0.9) for w in tail]
+        drafts.append(Draft(step=committed, pieces=tuple(pieces), done=committed == len(words), finish_reason="stop"
+                            if committed == len(words) else None))
+    return drafts
+
+
+async def bench_scripted(pass_ms: float, tts_threads: int) -> dict[str, Any]:
+    """The stage's own mechanics on scripted drafts (not model output): how soon a committed first phrase is heard
+    when its render was a hit, and when it is rendered only on commit."""
+    synthesizer = PiperSynthesizer.load(TTSConfig(threads=tts_threads))
+
+    async def paced(drafts: list[Draft]) -> AsyncIterator[Draft]:
+        for draft in drafts:
+            await asyncio.sleep(pass_ms / 1e3)
+            yield draft
+
+    results: dict[str, Any] = {"pass_ms": pass_ms, "answer_shape": "first phrase + ' How are you?'"}
+    for name, config in (("speculation_on", SpeculatorConfig()), ("speculation_off", SpeculatorConfig(enabled=False))):
+        delays: list[float] = []
+        outcomes: list[str] = []
+        for phrase in FIRST_PHRASES:
+            events: list[Event] = []
+
+            async def emit(event: Event, sink: list[Event] = events) -> None:
+                sink.append(event)
+
+            stage = SpeakStage(synthesizer, emit, session="bench", turn=0, config=config)
+            await stage.run(paced(scripted_drafts(phrase + " How are you?")))
+            commit = next(e.t_ns for e in events if isinstance(e, PhraseCommitted) and e.phrase_id == 0)
+            audio = next(e.t_ns for e in events if isinstance(e, AudioOut) and e.phrase_id == 0)
+            delays.append((audio - commit) / 1e6)
+            outcomes.append(next(e.outcome for e in events if isinstance(e, SpeculationResult) and e.phrase_id == 0))
+        results[name] = {"first_phrase_commit_to_audio_ms": percentiles(delays),
+                         "first_phrase_outcomes": {o: outcomes.count(o) for o in set(outcomes)}}
+    return results
+
+
 def load_model(args: argparse.Namespace) -> ChatModel:
     if args.adapter:
         from model.default_model import load_default_chat_model
@@ -243,6 +290,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=50)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--tts-threads", type=int, default=TTSConfig().threads)
+    parser.add_argument("--pass-ms", type=float, default=65.0, help="pass time of the scripted drafts")
     parser.add_argument("--skip-speculation", action="store_true", help="only the Piper latency part")
     args = parser.parse_args()
 
@@ -251,6 +299,12 @@ def main() -> None:
         fc = row["first_chunk_ms"]
         print(f"piper first chunk, {row['threads']} thread(s): p50 {fc['p50']:.1f} ms, p90 {fc['p90']:.1f} ms "
               f"over {fc['n']} phrases (goal <= 150 ms)")
+    scripted = asyncio.run(bench_scripted(args.pass_ms, args.tts_threads))
+    results["scripted_stage"] = scripted
+    for name in ("speculation_on", "speculation_off"):
+        fp = scripted[name]["first_phrase_commit_to_audio_ms"]
+        print(f"scripted drafts, {name}: first phrase commit->audio p50 {fp['p50']:.1f} ms, p90 {fp['p90']:.1f} ms "
+              f"({scripted[name]['first_phrase_outcomes']})")
     if args.skip_speculation:
         results["speculation"] = {"status": "skipped"}
     else:
