@@ -378,7 +378,10 @@ ui.form.addEventListener("submit", (event) => {
   const text = ui.text.value.trim();
   if (!text || !app.ready) return;
   ensureAudio().catch((err) => showError(`cannot play audio: ${err.message}`));
-  if (app.serverSpeaking || app.playerBusy) send(JSON.stringify({ type: "interrupt" }));
+  if (app.serverSpeaking || app.playerBusy) {
+    send(JSON.stringify({ type: "interrupt" }));
+    if (app.player) app.player.port.postMessage({ type: "clear" }); // audio already buffered here stops too
+  }
   send(JSON.stringify({ type: "text", text }));
   app.pendingTyped = text;
   addUserTurn(text);
