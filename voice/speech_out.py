@@ -176,8 +176,6 @@ class SpeakStage:
 
     async def _commit(self, action: Commit) -> None:
         committed_ns = now_ns()
-        await self._emit(PhraseCommitted(session=self._session, turn=self._turn, phrase_id=action.phrase_id,
-                                         text=action.text, t_ns=committed_ns))
         self.ledger.begin_phrase(action.phrase_id, action.text)
         render = self._speculative.pop(action.phrase_id, None)
         # The outcome judges the speculation, not the timing: a matching render still waiting in the queue is a hit
@@ -190,8 +188,12 @@ class SpeakStage:
             render = _Render(action.phrase_id, action.text, committed=True)
             self._enqueue(render)
         render.committed = True
-        self._phrases.append(_Phrase(action.phrase_id, action.text, committed_ns, render, outcome))
         self._worker_wake.set()
+        # The render may start while the event goes out; its audio may not, so the phrase joins the release list
+        # only once PhraseCommitted has been emitted.
+        await self._emit(PhraseCommitted(session=self._session, turn=self._turn, phrase_id=action.phrase_id,
+                                         text=action.text, t_ns=committed_ns))
+        self._phrases.append(_Phrase(action.phrase_id, action.text, committed_ns, render, outcome))
         self._output_wake.set()
 
     def _enqueue(self, render: _Render) -> None:
