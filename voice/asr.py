@@ -12,6 +12,7 @@ async stage runs them in a worker thread while holding the shared model's lock.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ from voice.local_agreement import LocalAgreement, Word, join_words
 # Below a few seconds of encoder window, tiny.en starts to hallucinate; above, the encoder cost grows ~linearly.
 MIN_ENCODER_WINDOW_S = 5.0
 MAX_TOKENS_PER_S = 8
+MAX_NEW_TOKENS = 200  # with the prompt, within Whisper's 448-token decoder limit
+WHISPER_WINDOW_S = 30
+_HAS_WORD = re.compile(r"\w")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +90,18 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
     if windowed:
         window_s = max(audio.size / TARGET_RATE + window_margin_s, MIN_ENCODER_WINDOW_S)
         model.encoder_frames = int(window_s * 100)  # 100 mel frames per second
-        # A short window makes tiny models loop ("he was he was ..."); cap the tokens at a fast speaker's rate.
-        options["max_new_tokens"] = int(MAX_TOKENS_PER_S * audio.size / TARGET_RATE) + 8
+    if audio.size <= WHISPER_WINDOW_S * TARGET_RATE:
+        # Tiny models can loop ("he was he was ...", ". . . ."), most of all on short windows and near-silent
+        # buffers; cap the tokens at a fast speaker's rate so a loop costs little and ends.
+        options["max_new_tokens"] = min(int(MAX_TOKENS_PER_S * audio.size / TARGET_RATE) + 8, MAX_NEW_TOKENS)
     try:
         segments, _info = model.transcribe(audio, word_timestamps=True, initial_prompt=prompt or None, **options)
         words: list[Word] = []
         segment_ends: list[float] = []
         for segment in segments:
-            words.extend(Word(w.word, offset_s + w.start, offset_s + w.end) for w in segment.words or ())
+            # punctuation-only "words" carry no speech (and are what a model hallucinates on silence)
+            words.extend(Word(w.word, offset_s + w.start, offset_s + w.end) for w in segment.words or ()
+                         if _HAS_WORD.search(w.word))
             segment_ends.append(offset_s + segment.end)
     except (RuntimeError, ValueError) as err:
         raise ASRError(f"Whisper decode failed on {audio.size / TARGET_RATE:.2f} s of audio: {err}") from err

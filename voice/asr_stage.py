@@ -26,6 +26,7 @@ from voice.asr import Hypothesis, StreamingTranscriber, TranscriberConfig
 from voice.asr_models import LoadedModel, load_model
 from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
 from voice.endpointer import EndpointDecision, Endpointer, EndpointerConfig
+from voice.errors import VoiceError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript, now_ns
 from voice.vad import SileroVad
 
@@ -73,6 +74,7 @@ class ListenStage:
         self._pending: list[np.ndarray] = []  # fed audio not yet handed to the decode thread
         self._decoded_from = 0  # stream sample index the latest started decode reached
         self._decode_task: asyncio.Task[None] | None = None
+        self._decode_error: VoiceError | None = None
 
     # --- input ---------------------------------------------------------------------------------------------------
     async def accept(self, pcm: bytes, sample_rate: int = TARGET_RATE, arrival_ns: int | None = None) -> None:
@@ -112,16 +114,23 @@ class ListenStage:
         self._chunk_ends.append(self._received)
         self._chunk_arrivals.append(arrival)
         probabilities = await asyncio.to_thread(self._vad.push, samples)
+        failure: VoiceError | None = None
         for probability in probabilities:
+            # every window reaches the endpointer even after a failed turn, or its sample count would drift
             decision = self._endpointer.push(probability)
-            if decision is not None and decision.kind == "speech_start":
-                await self._start_turn(decision)
-            elif decision is not None:
-                await self._end_turn(decision)
+            try:
+                if decision is not None and decision.kind == "speech_start":
+                    await self._start_turn(decision)
+                elif decision is not None:
+                    await self._end_turn(decision)
+            except VoiceError as err:
+                failure = failure or err
         if self._in_turn:
             self._feed(self._feed_target())
             self._maybe_decode()
         self._forget_old_audio()
+        if failure is not None:
+            raise failure
 
     async def _start_turn(self, decision: EndpointDecision) -> None:
         self._in_turn = True
@@ -131,19 +140,27 @@ class ListenStage:
         await self._emit(SpeechStart(session=self.session, turn=self.turn, t_ns=self._arrival_of(decision.sample)))
 
     async def _end_turn(self, decision: EndpointDecision) -> None:
+        """Emit SpeechEnd, then the final transcript. A failed decode raises its `ASRError` here, after the turn's
+        state is cleared, so the caller can report it and the next turn starts clean."""
         detected = now_ns()
         self._feed(decision.audio_to)
         self._in_turn = False
         last_voiced = self._arrival_of(max(decision.sample - 1, 0))
         await self._emit(SpeechEnd(session=self.session, turn=self.turn, t_ns=last_voiced, detected_ns=detected))
-        if self._decode_task is not None:
-            await self._decode_task
-        chunks, self._pending = self._pending, []
-        final = await asyncio.to_thread(self._locked_finish, chunks)
-        await self._emit(Transcript(session=self.session, turn=self.turn, text=final.text,
-                                    committed=final.committed, final=True))
-        self._transcriber.reset()
-        self.turn += 1
+        try:
+            if self._decode_task is not None:
+                await self._decode_task
+            if self._decode_error is not None:
+                raise self._decode_error
+            chunks, self._pending = self._pending, []
+            final = await asyncio.to_thread(self._locked_finish, chunks)
+            await self._emit(Transcript(session=self.session, turn=self.turn, text=final.text,
+                                        committed=final.committed, final=True))
+        finally:
+            self._decode_error = None
+            self._pending = []
+            self._transcriber.reset()
+            self.turn += 1
 
     def _feed_target(self) -> int:
         """Feed everything while voiced; in trailing silence only up to the padded end, so that silence the
@@ -158,7 +175,7 @@ class ListenStage:
             self._fed_to = target
 
     def _maybe_decode(self) -> None:
-        if self._decode_task is not None or self._fed_to <= self._decoded_from:
+        if self._decode_task is not None or self._decode_error is not None or self._fed_to <= self._decoded_from:
             return
         step = int(self.config.transcriber.partial_step_s * TARGET_RATE)
         ep = self._endpointer
@@ -181,6 +198,9 @@ class ListenStage:
             if partial is not None and self._in_turn and turn == self.turn:
                 await self._emit(Transcript(session=self.session, turn=self.turn, text=partial.text,
                                             committed=partial.committed, final=False))
+        except VoiceError as err:
+            self._decode_error = err  # raised from the end of the turn; no more partials for this turn
+            return
         finally:
             self._decode_task = None
         if self._in_turn:

@@ -165,3 +165,19 @@ def test_bad_input_raises_clear_errors_and_the_stream_goes_on(model, tmp_path):
         transcriber.insert_audio(np.zeros((320, 2), dtype=np.float32))
     with pytest.raises(AudioFormatError, match="float32"):
         transcriber.insert_audio(np.zeros(320, dtype=np.float64))
+
+
+def test_long_turn_is_trimmed_at_committed_segments_and_stays_accurate(model):
+    """All five clips with 150 ms pauses: one 26 s turn, longer than the trimming threshold."""
+    gap = silence(0.15)
+    audio = np.concatenate([part for clip in CLIPS.values() for part in (load_audio_16k(clip.path), gap)])
+    transcriber = StreamingTranscriber(model.model)
+    buffer_lengths = []
+    for offset in range(0, audio.size, 32000):  # 2 s steps: what a slow CPU's coalesced decodes look like
+        transcriber.insert_audio(audio[offset:offset + 32000])
+        assert transcriber.process() is not None
+        buffer_lengths.append(transcriber.buffer_s)
+    assert max(buffer_lengths) < 20 < audio.size / 16000  # the buffer was cut, never grew to the whole turn
+    final = transcriber.finish()
+    reference = " ".join(clip.text for clip in CLIPS.values())
+    assert word_error_rate([(reference, final.text)]) <= 0.15, final.text

