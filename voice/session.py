@@ -91,6 +91,8 @@ class _Turn:
     reported_played: int | None = None  # exact playback position from the output, when it reports one
     answer: str = ""
     stats: dict[str, float] = field(default_factory=dict)
+    ended: bool = False  # its TurnEnd was emitted
+    run: LmRun | None = None  # the answer's generation, once started (or adopted from the early start)
 
 
 class Session:
@@ -109,6 +111,7 @@ class Session:
         self._listening_turn: _Turn | None = None  # the user turn being spoken right now
         self._active: _Turn | None = None  # the turn the assistant is answering
         self._turn_task: asyncio.Task[None] | None = None
+        self._task_turn: _Turn | None = None
         self._early: tuple[str, LmRun] | None = None
         self._speaking = False
         self._closed = False
@@ -149,10 +152,7 @@ class Session:
 
     async def interrupt(self, reason: str = "interrupt") -> None:
         """Stop speaking now: `Clear`, cancel the turn; the history keeps what was played."""
-        if self._turn_task is not None and not self._turn_task.done():
-            if self._speaking:
-                await self._emit(Clear(session=self.id, turn=self._current_turn(), reason=reason))
-            await cancel_and_wait(self._turn_task)
+        await self._cancel_turn(reason)
 
     def report_played(self, samples: int) -> None:
         """The output says how many samples of the current answer were really played (speaker callback)."""
@@ -207,10 +207,7 @@ class Session:
             self._begin_answer(turn, early)
 
     async def _user_started(self, event: SpeechStart) -> None:
-        if self._turn_task is not None and not self._turn_task.done():
-            if self._speaking:
-                await self._emit(Clear(session=self.id, turn=self._current_turn(), reason="barge_in"))
-            await cancel_and_wait(self._turn_task)  # before audio: the user simply kept talking
+        await self._cancel_turn("barge_in")  # before any audio this just means the user kept talking
         await self._drop_early()
         self._turn_no += 1
         self._listening_turn = _Turn(self._turn_no, "")
@@ -250,14 +247,30 @@ class Session:
 
     # --- answering -------------------------------------------------------------------------------------------------
     def _begin_answer(self, turn: _Turn, early: LmRun | None) -> None:
+        self._task_turn = turn
+        turn.run = early
+        self.dialogue.add_user(turn.user_text)
         self._turn_task = asyncio.create_task(self._run_turn(turn, early), name=f"turn-{self.id}-{turn.turn}")
+
+    async def _cancel_turn(self, reason: str) -> None:
+        """Cancel the answer in progress; its TurnEnd is emitted even if the task was cancelled before it ran."""
+        task, turn = self._turn_task, self._task_turn
+        if task is None or task.done():
+            return
+        if self._speaking:
+            await self._emit(Clear(session=self.id, turn=self._current_turn(), reason=reason))
+        await cancel_and_wait(task)
+        if turn is not None and not turn.ended:
+            if turn.run is not None:
+                await turn.run.close()
+            await self._finish_turn(turn, interrupted=True)
 
     async def _run_turn(self, turn: _Turn, early: LmRun | None) -> None:
         self._active = turn
-        self.dialogue.add_user(turn.user_text)
         run = early
         if run is None:
             run = LmRun(self.engines.lm, self.dialogue.messages(), self.config.generation, f"lm-{self.id}-{turn.turn}")
+            turn.run = run
         turn.stats["early_lm"] = 1.0 if early is not None else 0.0
         await self._emit(LmStarted(session=self.id, turn=turn.turn, t_ns=run.started_ns, early=early is not None))
         interrupted = False
@@ -296,9 +309,16 @@ class Session:
             ledger=turn.ledger,
         )
         turn.sample_rate = speaker.sample_rate
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._pump(turn, run, drafts), name=f"lm-pump-{self.id}-{turn.turn}")
-            report = await speaker.run(drafts)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._pump(turn, run, drafts), name=f"lm-pump-{self.id}-{turn.turn}")
+                report = await speaker.run(drafts)
+        except BaseExceptionGroup as failures:
+            # One failing stage (the model, the voice) ends the turn with its own typed error, not a group.
+            first = next((e for e in failures.exceptions if isinstance(e, Exception)), None)
+            if first is None:
+                raise
+            raise first from None
         turn.stats.update(
             hits=report.hits,
             misses=report.misses,
@@ -369,6 +389,9 @@ class Session:
         await self._emit(event)
 
     async def _finish_turn(self, turn: _Turn, interrupted: bool) -> None:
+        if turn.ended:
+            return
+        turn.ended = True
         if interrupted:
             turn.ledger.played_total(self._played_estimate(turn))
             spoken = turn.ledger.spoken_text()
