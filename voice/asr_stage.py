@@ -46,8 +46,11 @@ class ListenConfig:
 class ListenStage:
     """One session's ears. Call `accept` with each PCM16 chunk, `flush` at end of stream; events go to `sink`.
 
-    Emits, per turn: `SpeechStart`, zero or more partial `Transcript(final=False)`, `SpeechEnd`, then exactly one
-    `Transcript(final=True)` (its `text` may be empty if Whisper heard no words). Then `turn` advances.
+    Emits, per turn: `SpeechStart`, zero or more partial `Transcript(final=False)` (only when the text changed),
+    `SpeechEnd`, then exactly one `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then
+    `turn` advances. Await `accept` calls one at a time: the final decode runs inside the `accept` that ends the turn.
+    Errors are raised, never swallowed: `AudioFormatError` from `accept` for a bad chunk (dropped; the stream goes
+    on), `ASRError` from the `accept`/`flush` that ends a turn whose decode failed (that turn has no final).
     """
 
     def __init__(self, session: str, sink: EventSink, config: ListenConfig | None = None,
@@ -75,6 +78,7 @@ class ListenStage:
         self._decoded_from = 0  # stream sample index the latest started decode reached
         self._decode_task: asyncio.Task[None] | None = None
         self._decode_error: VoiceError | None = None
+        self._last_partial_text = ""  # partials are emitted only when their text changes (never empty ones)
 
     # --- input ---------------------------------------------------------------------------------------------------
     async def accept(self, pcm: bytes, sample_rate: int = TARGET_RATE, arrival_ns: int | None = None) -> None:
@@ -137,6 +141,7 @@ class ListenStage:
         self._transcriber.reset()
         self._fed_to = self._decoded_from = max(decision.audio_from, self._history_start)
         self._pending = []
+        self._last_partial_text = ""
         await self._emit(SpeechStart(session=self.session, turn=self.turn, t_ns=self._arrival_of(decision.sample)))
 
     async def _end_turn(self, decision: EndpointDecision) -> None:
@@ -195,7 +200,9 @@ class ListenStage:
             ep = self._endpointer
             likely_final = self._fed_to >= ep.last_voiced_end + ep.config.samples(ep.config.speech_pad_ms)
             partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)
-            if partial is not None and self._in_turn and turn == self.turn:
+            fresh = partial is not None and partial.text != self._last_partial_text
+            if partial is not None and fresh and self._in_turn and turn == self.turn:
+                self._last_partial_text = partial.text
                 await self._emit(Transcript(session=self.session, turn=self.turn, text=partial.text,
                                             committed=partial.committed, final=False))
         except VoiceError as err:
