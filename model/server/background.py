@@ -35,11 +35,15 @@ class RunningServer:
 
 
 @contextmanager
-def serve_in_thread(model: ChatModel, config: ServerConfig, startup_timeout_s: float = 30.0) -> Iterator[RunningServer]:
-    """uvicorn on 127.0.0.1 and a free port; stopped gracefully (as on SIGTERM) when the block exits."""
+def serve_in_thread(
+    model: ChatModel, config: ServerConfig, graceful_timeout_s: float = 5.0, startup_timeout_s: float = 30.0
+) -> Iterator[RunningServer]:
+    """uvicorn on 127.0.0.1 and a free port; stopped gracefully (as on SIGTERM) when the block exits: running
+    requests get `graceful_timeout_s` to finish, then they are cancelled and the scheduler is closed."""
     app = create_app(model, config)
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=5, lifespan="on")
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=graceful_timeout_s,
+                       lifespan="on")
     )
     thread = threading.Thread(target=server.run, name="dlm-serve-background", daemon=True)
     thread.start()

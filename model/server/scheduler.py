@@ -79,6 +79,9 @@ class Scheduler:
         self._queue: asyncio.Queue[Job] = asyncio.Queue()
         self._pending = 0  # queued + running
         self._worker: asyncio.Task[None] | None = None
+        self._running: Job | None = None
+        self._idle = asyncio.Event()  # set while nothing is queued or running
+        self._idle.set()
         self._closed = False
 
     @property
@@ -100,17 +103,22 @@ class Scheduler:
             self._worker = asyncio.create_task(self._run(), name="dlm-scheduler-worker")
         job = Job(messages=tuple(messages), options=options)
         self._pending += 1
+        self._idle.clear()
         self.stats.submitted += 1
         self._queue.put_nowait(job)
         return job
 
-    async def close(self) -> None:
-        """Refuse new jobs, cancel queued and running ones, and wait for the worker to stop."""
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Refuse new jobs, cancel queued and running ones, and wait (bounded) for the running pass to end."""
         self._closed = True
         while not self._queue.empty():
             job = self._queue.get_nowait()
             job.cancel.set()
             self._finish(job)
+        if self._running is not None:
+            self._running.cancel.set()
+        with contextlib.suppress(TimeoutError):  # the model stops within one pass; do not hang on a stuck one
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -122,16 +130,20 @@ class Scheduler:
             if job.cancel.is_set():
                 self._finish(job)
                 continue
+            self._running = job
             try:
                 await asyncio.to_thread(self._generate, job, asyncio.get_running_loop())
             except asyncio.CancelledError:
                 job.cancel.set()  # shutdown: the thread stops within one pass
-                self._finish(job)
                 raise
-            self._finish(job)
+            finally:
+                self._running = None
+                self._finish(job)
 
     def _finish(self, job: Job) -> None:
         self._pending -= 1
+        if self._pending == 0:
+            self._idle.set()
         if isinstance(job.error, GenerationCrashed):
             self.stats.failed += 1
         elif job.error is not None:
@@ -147,7 +159,11 @@ class Scheduler:
         drafts = self.model.stream_chat(job.messages, job.options, job.cancel)
         try:
             for draft in drafts:
-                loop.call_soon_threadsafe(job.drafts.put_nowait, draft)
+                try:
+                    loop.call_soon_threadsafe(job.drafts.put_nowait, draft)
+                except RuntimeError:  # the event loop closed under us (shutdown): nobody is listening any more
+                    job.cancel.set()
+                    break
                 if draft.done:
                     job.finished = draft.finish_reason != "cancelled"
                     break

@@ -271,3 +271,16 @@ def test_full_queue_answers_503_and_fifo_order_holds(model: ChatModel) -> None:
         waiting.join(timeout=60)
         assert finished == ["queued"]
         assert server.scheduler.stats.rejected == 1
+
+
+def test_shutdown_cancels_a_running_generation(model: ChatModel) -> None:
+    with serve(model, ServerConfig(max_tokens_limit=LIMIT), graceful_timeout_s=0) as server:
+        client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=60)
+        stream = client.chat.completions.create(model=model.name, messages=MESSAGES, max_tokens=LIMIT, stream=True)
+        next(iter(stream))
+        scheduler = server.scheduler
+    # leaving `serve` is uvicorn's SIGTERM path: no time to drain here, so cancel at once, then close the scheduler
+    assert scheduler.pending == 0
+    assert scheduler.stats.cancelled == 1 and scheduler.stats.completed == 0
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        list(stream)
