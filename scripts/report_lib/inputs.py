@@ -1,0 +1,108 @@
+"""The spoken user turns a report runs: the caller's WAV files, or a built-in set.
+
+The built-in set is a few short questions synthesised once with the bundled Piper voice (resampled to 16 kHz and
+cached, so later runs cost nothing), plus the real recorded speech of Debian's pocketsphinx-testdata when installed.
+Synthetic speech is clean and well articulated; the LibriVox and "cards" recordings keep the report honest about
+real voices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import soundfile
+
+from voice.audio import TARGET_RATE, load_audio_16k, pcm16_to_float32, resample
+
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "voice-assistant" / "report-audio"
+TESTDATA_DIR = Path(os.environ.get("POCKETSPHINX_TESTDATA", "/usr/share/pocketsphinx/test/data"))
+QUESTIONS: tuple[str, ...] = (
+    "What is the capital of France?",
+    "Tell me a fun fact about octopuses.",
+    "How do I boil an egg?",
+    "Can you recommend a good book?",
+    "Why is the sky blue?",
+    "What should I cook for dinner tonight?",
+    "How far away is the moon?",
+    "Give me a tip for sleeping better.",
+)
+LEAD_SILENCE_S = 0.3  # a microphone hears a moment of room before the user speaks
+
+
+class InputError(Exception):
+    """An input that cannot be used (not audio, no files in a folder); the message names it."""
+
+
+def synthesised_questions(cache_dir: Path = CACHE_DIR, questions: Sequence[str] = QUESTIONS) -> list[Path]:
+    """One 16 kHz WAV per question, synthesised with the bundled voice on first use and cached by text and voice."""
+    from voice.tts import TTSConfig, load_synthesizer, resolve_voice_paths
+
+    model_path, _ = resolve_voice_paths(TTSConfig())
+    voice_tag = hashlib.sha256(f"{model_path.name}:{model_path.stat().st_size}".encode()).hexdigest()[:8]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for question in questions:
+        digest = hashlib.sha256(question.encode()).hexdigest()[:12]
+        path = cache_dir / f"{voice_tag}-{digest}.wav"
+        if not path.is_file():
+            synthesizer = load_synthesizer(TTSConfig())
+            pcm = b"".join(synthesizer.synthesize(question))
+            speech = resample(pcm16_to_float32(pcm), synthesizer.sample_rate, TARGET_RATE)
+            lead = np.zeros(int(LEAD_SILENCE_S * TARGET_RATE), np.float32)
+            partial = path.with_suffix(".part.wav")
+            soundfile.write(partial, np.concatenate([lead, speech]), TARGET_RATE, subtype="PCM_16")
+            partial.replace(path)  # atomic: an interrupted run never leaves half a clip in the cache
+        paths.append(path)
+    return paths
+
+
+def recorded_speech(testdata: Path = TESTDATA_DIR) -> list[Path]:
+    """The real-speech clips of pocketsphinx-testdata (LibriVox sentences, spoken card names); empty when absent."""
+    return sorted((testdata / "librivox").glob("*.wav")) + sorted((testdata / "cards").glob("*.wav"))
+
+
+def builtin_inputs() -> list[Path]:
+    """Synthesised questions first (they are what an assistant hears), then recorded speech, interleaved so that a
+    short `--turns` still sees both kinds."""
+    synthetic, recorded = synthesised_questions(), recorded_speech()
+    mixed: list[Path] = []
+    for index in range(max(len(synthetic), len(recorded))):
+        mixed.extend(group[index] for group in (synthetic, recorded) if index < len(group))
+    return mixed
+
+
+def resolve_inputs(files: Sequence[Path], audio_dir: Path | None) -> list[Path]:
+    """The caller's files (and the WAVs of `audio_dir`), else the built-in set. Raises InputError for a folder
+    without WAV files or a missing file."""
+    paths = list(files)
+    if audio_dir is not None:
+        found = sorted(audio_dir.glob("*.wav"))
+        if not found:
+            raise InputError(f"no .wav files in {audio_dir}")
+        paths.extend(found)
+    for path in paths:
+        if not path.is_file():
+            raise InputError(f"input not found: {path}")
+    return paths or builtin_inputs()
+
+
+def check_audio(paths: Sequence[Path]) -> None:
+    """Read every input once up front, so a file that is not audio fails before minutes of model work
+    (raises voice.errors.AudioFormatError naming the file)."""
+    for path in paths:
+        load_audio_16k(path)
+
+
+def pick_turns(paths: Sequence[Path], turns: int | None) -> list[Path]:
+    """`turns` inputs, cycling through the list when more turns than files are asked for; all of them when None."""
+    if not paths:
+        raise InputError("no inputs")
+    if turns is None:
+        return list(paths)
+    if turns < 1:
+        raise InputError("--turns must be at least 1")
+    return [paths[index % len(paths)] for index in range(turns)]
