@@ -50,7 +50,7 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: Annotated[int | None, Field(ge=1)] = None
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
     temperature: Annotated[float | None, Field(ge=0.0, le=2.0)] = None
-    seed: int | None = None
+    seed: Annotated[int | None, Field(ge=-(2**63), le=2**63 - 1, description="a 64-bit signed integer")] = None
     stop: str | list[str] | None = None
     n: Annotated[int | None, Field(ge=1)] = None
     stream: bool = False

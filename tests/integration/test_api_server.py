@@ -183,6 +183,7 @@ def error_of(response: httpx.Response) -> dict:
         ({"model": "MODEL", "messages": MESSAGES, "max_tokens": LIMIT + 1}, 400, "max_tokens"),
         ({"model": "MODEL", "messages": MESSAGES, "temperature": 3}, 400, "temperature"),
         ({"model": "MODEL", "messages": MESSAGES, "n": 2}, 400, "n"),
+        ({"model": "MODEL", "messages": MESSAGES, "seed": 2**70}, 400, "seed"),
         ({"model": "MODEL", "messages": MESSAGES, "stream": "yes"}, 400, "stream"),
         ({"model": 42, "messages": MESSAGES}, 400, "model"),
         ({"model": "no-such-model", "messages": MESSAGES}, 404, "model"),
