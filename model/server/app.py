@@ -242,7 +242,7 @@ async def _stream_events(
                                     diffusion={"step": draft.step, "committed_chars": sent_committed})
                 elif len(view.committed) > len(sent):
                     if not view.committed.startswith(sent):
-                        raise ModelError("the model changed text it had committed")
+                        raise GenerationCrashed("the model changed text it had committed")
                     yield chunk({"content": view.committed[len(sent):]})
                     sent = view.committed
                 if view.stopped or draft.done:
