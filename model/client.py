@@ -17,6 +17,7 @@ on; anything else leaves plain deltas, which every server supports.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -47,6 +48,16 @@ class OpenAIChatModel:
         # openai insists on a key; servers without auth ignore the header
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "no-key", timeout=timeout_s, max_retries=1)
         self._diffusing = diffusing
+
+    @classmethod
+    def from_flags(cls, url: str, model: str, key_env: str | None = None) -> OpenAIChatModel:
+        """From the pipeline's `--llm-url URL --llm-model NAME [--llm-key-env VAR]`: the key is read from VAR."""
+        api_key = None
+        if key_env:
+            api_key = os.environ.get(key_env)
+            if not api_key:
+                raise ModelError(f"--llm-key-env names {key_env}, but that environment variable is not set")
+        return cls(url, model, api_key=api_key)
 
     @property
     def diffusing(self) -> bool:

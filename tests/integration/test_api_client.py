@@ -103,3 +103,14 @@ def test_errors_become_model_errors(server: RunningServer, model: ChatModel) -> 
         port = probe.getsockname()[1]
     with pytest.raises(ModelError, match=r"127\.0\.0\.1"):
         list(OpenAIChatModel(f"http://127.0.0.1:{port}/v1", "x", diffusing=False).stream_chat(MESSAGES, OPTIONS))
+
+
+def test_from_flags_reads_the_key_from_the_named_variable(
+    server: RunningServer, model: ChatModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_LLM_KEY", "k3y")
+    remote = OpenAIChatModel.from_flags(server.api_url, model.name, "TEST_LLM_KEY")
+    assert list(remote.stream_chat(MESSAGES, OPTIONS))[-1].text == reference_answer(server, model)
+    monkeypatch.delenv("TEST_LLM_KEY")
+    with pytest.raises(ModelError, match="TEST_LLM_KEY"):
+        OpenAIChatModel.from_flags(server.api_url, model.name, "TEST_LLM_KEY")
