@@ -163,8 +163,12 @@ _loading_lock = threading.Lock()
 
 
 def load_model(spec: str | None = None, cpu_threads: int = 0, allow_download: bool = False) -> LoadedModel:
-    """Load (once per process and spec) a faster-whisper model with int8 weights on the CPU."""
+    """Load (once per process and spec) a faster-whisper model with int8 weights on the CPU.
+
+    `cpu_threads=0` means one per core up to 4: CTranslate2's own default of 4 oversubscribes a 2-core machine.
+    """
     resolved = resolve_model(spec)
+    cpu_threads = cpu_threads or min(4, os.cpu_count() or 1)
     key = (resolved.source, cpu_threads)
     with _loading_lock:
         if key in _loaded:
