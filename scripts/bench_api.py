@@ -44,6 +44,7 @@ class LevelResult:
     requests: int
     errors: int
     wall_s: float
+    tokens_per_answer: float
     tokens_per_s: float
     first_draft_p50_s: float
     first_draft_p95_s: float
@@ -109,6 +110,7 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
         requests=len(results),
         errors=errors,
         wall_s=round(wall, 3),
+        tokens_per_answer=round(sum(r.completion_tokens for r in results) / max(len(results), 1), 1),
         tokens_per_s=round(sum(result.completion_tokens for result in results) / wall, 2),
         first_draft_p50_s=round(percentile(firsts, 0.5), 3),
         first_draft_p95_s=round(percentile(firsts, 0.95), 3),
@@ -152,7 +154,8 @@ def main() -> None:
             levels.append(level)
             print(
                 f"clients={level.clients} requests={level.requests} errors={level.errors} wall={level.wall_s:.2f}s "
-                f"tokens/s={level.tokens_per_s:.1f} first_draft p50/p95={level.first_draft_p50_s:.3f}/"
+                f"tokens/answer={level.tokens_per_answer:.1f} tokens/s={level.tokens_per_s:.1f}\n"
+                f"  first_draft p50/p95={level.first_draft_p50_s:.3f}/"
                 f"{level.first_draft_p95_s:.3f}s latency p50/p95={level.latency_p50_s:.3f}/{level.latency_p95_s:.3f}s"
             )
         stats = asdict(server.scheduler.stats)
