@@ -84,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     report["command"] = command
     written = write_report(report, args.out)
     print(f"report written to {args.out} ({', '.join(sorted(p.name for p in written))})", file=sys.stderr)
-    from report_lib.page import summary_table
+    from report_lib.page import comparison_table, summary_table
 
     print(summary_table(report["runs"]))
+    print(comparison_table(report["runs"]))
     return 0
 
 

@@ -170,6 +170,7 @@ def summary(turns: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         "total": len(turns),
         "spoke": sum(1 for turn in turns if _field(turn, "voice_to_voice") is not None),
         "with_errors": sum(1 for turn in turns if turn.get("errors")),
+        "early_lm_used": sum(1 for turn in turns if (_field(turn, "early_lm") or 0.0) > 0.0),
     }
     return result
 
@@ -192,3 +193,11 @@ def largest_passing(p95_by_n: Mapping[int, float | None], bound_ms: float) -> in
             break
         best = n
     return best
+
+
+def change(baseline: float | None, candidate: float | None) -> dict[str, float] | None:
+    """How much `candidate` took off `baseline` (ms and percent; negative when it is slower)."""
+    if baseline is None or candidate is None or baseline <= 0:
+        return None
+    saved = baseline - candidate
+    return {"saved_ms": saved, "saved_percent": 100.0 * saved / baseline}

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from voice.report_math import LATENCY_FIELDS
+from voice.report_math import LATENCY_FIELDS, change
 
 SUMMARY_ROWS: tuple[tuple[str, str], ...] = (
     ("endpoint_delay", "endpoint delay (ms)"),
@@ -88,6 +88,33 @@ def summary_table(runs: list[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def comparison_table(runs: list[Mapping[str, Any]]) -> str:
+    """Each configuration against the first (the baseline): what it took off p50 and p95 voice-to-voice."""
+    if len(runs) < 2:
+        return ""
+    base = runs[0]["summary"]["voice_to_voice"]
+    lines = [
+        f"Against **{runs[0]['name']}**:",
+        "",
+        "| configuration | p50 voice-to-voice (ms) | change | p95 voice-to-voice (ms) | change | early LM used |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        s = run["summary"]
+        v2v, turns = s["voice_to_voice"], s["turns"]
+        cells = [str(run["name"])]
+        for q in ("p50", "p95"):
+            delta = change(base[q], v2v[q])
+            if delta is None:
+                moved = "–"
+            else:  # 0.0 - x, not -x: the baseline against itself reads +0, not -0
+                moved = f"{0.0 - delta['saved_ms']:+.0f} ms ({0.0 - delta['saved_percent']:+.0f} %)"
+            cells += [_fmt(v2v[q]), moved]
+        cells.append(f"{turns['early_lm_used']} of {turns['total']} turns")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def turns_table(run: Mapping[str, Any]) -> str:
     header = "| # | input | heard | " + " | ".join(LATENCY_FIELDS) + " | tok/s | tok/pass | hits | misses |"
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
@@ -121,6 +148,7 @@ def render(report: Mapping[str, Any], plots: Mapping[str, str]) -> str:
         "## Summary",
         "",
         summary_table(runs),
+        comparison_table(runs),
         "## Plots",
         "",
         *(f"![{name}]({file})" for name, file in plots.items()),

@@ -17,6 +17,7 @@ from voice.report_math import (
     STAGES,
     STAT_FIELDS,
     SUMMARY_FIELDS,
+    change,
     largest_passing,
     percentile,
     segments,
@@ -113,7 +114,7 @@ def test_summary_covers_every_figure_and_speculation_totals() -> None:
     assert result["voice_to_voice"]["count"] == 2
     assert result["voice_to_voice"]["p50"] == 600.0
     assert result["speculation"] == {"hits": 3, "misses": 1, "hit_rate": 0.75, "saved_ms_total": 80.0}
-    assert result["turns"] == {"total": 3, "spoke": 2, "with_errors": 1}
+    assert result["turns"] == {"total": 3, "spoke": 2, "with_errors": 1, "early_lm_used": 0}
 
 
 def test_largest_passing_needs_every_smaller_load_to_pass() -> None:
@@ -122,3 +123,9 @@ def test_largest_passing_needs_every_smaller_load_to_pass() -> None:
     assert largest_passing({1: 2500.0, 2: 900.0}, 2000.0) is None
     assert largest_passing({1: None, 2: 100.0}, 2000.0) is None
     assert largest_passing({}, 2000.0) is None
+
+
+def test_change_between_configurations() -> None:
+    assert change(2000.0, 1500.0) == {"saved_ms": 500.0, "saved_percent": 25.0}
+    assert change(1000.0, 1100.0) == {"saved_ms": -100.0, "saved_percent": pytest.approx(-10.0)}
+    assert change(None, 1500.0) is None and change(0.0, 10.0) is None
