@@ -143,6 +143,7 @@ class StreamingTranscriber:
         self._segment_ends: list[float] = []
         self._last_words: list[Word] = []
         self._last_margin_s: float | None = None
+        self._last_decode_start_s = 0.0
         self.decodes = 0
 
     @property
@@ -187,11 +188,14 @@ class StreamingTranscriber:
         mishearing), and the last decode has heard the whole utterance. A turn shorter than `trim_after_s` thus gets
         the same transcript as decoding the clip offline.
         """
+        if self._total == 0:
+            return Hypothesis("", "", True, 0.0)
         if self._total > self._decoded_to or self._last_margin_s != self.config.final_margin_s or not self.decodes:
             words = self._decode(self.config.final_margin_s)
         else:
             words = self._last_words
-        before = [word for word in self._agreement.committed if word.end <= self._buffer_start / TARGET_RATE + 0.05]
+        # the buffer may have been trimmed after the reused decode: split where that decode's buffer began
+        before = [word for word in self._agreement.committed if word.end <= self._last_decode_start_s + 0.05]
         self._agreement.reset()
         self._agreement.committed = [*before, *words]
         text = join_words(self._agreement.committed)
@@ -205,6 +209,7 @@ class StreamingTranscriber:
         words, self._segment_ends = decode_words(self.model, self._buffer, self.config, offset_s, self._prompt(),
                                                  margin_s)
         self._last_margin_s = margin_s
+        self._last_decode_start_s = offset_s
         self._decoded_to = self._total
         self._last_words = words
         self.decodes += 1

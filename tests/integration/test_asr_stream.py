@@ -14,7 +14,7 @@ import pytest
 import soundfile
 import soxr
 
-from voice.asr import StreamingTranscriber, transcribe_file
+from voice.asr import StreamingTranscriber, TranscriberConfig, transcribe_file
 from voice.asr_models import LoadedModel, load_model
 from voice.asr_stage import ListenStage
 from voice.audio import float32_to_pcm16, load_audio_16k
@@ -171,13 +171,18 @@ def test_long_turn_is_trimmed_at_committed_segments_and_stays_accurate(model):
     """All five clips with 150 ms pauses: one 26 s turn, longer than the trimming threshold."""
     gap = silence(0.15)
     audio = np.concatenate([part for clip in CLIPS.values() for part in (load_audio_16k(clip.path), gap)])
-    transcriber = StreamingTranscriber(model.model)
+    # short trimming thresholds so that cuts happen often, including right after the last decode
+    transcriber = StreamingTranscriber(model.model, TranscriberConfig(trim_after_s=4.0, force_trim_after_s=8.0))
     buffer_lengths = []
     for offset in range(0, audio.size, 32000):  # 2 s steps: what a slow CPU's coalesced decodes look like
         transcriber.insert_audio(audio[offset:offset + 32000])
-        assert transcriber.process() is not None
+        last = offset + 32000 >= audio.size
+        assert transcriber.process(as_final=last) is not None  # the last one as the stage does in trailing silence
         buffer_lengths.append(transcriber.buffer_s)
-    assert max(buffer_lengths) < 20 < audio.size / 16000  # the buffer was cut, never grew to the whole turn
+    assert max(buffer_lengths) < 15 < audio.size / 16000  # the buffer was cut, never grew to the whole turn
+    assert buffer_lengths[-1] < 2.0  # ... also after the decode that finish() reuses
+    decodes = transcriber.decodes
     final = transcriber.finish()
+    assert transcriber.decodes == decodes  # finish reused the last decode
     reference = " ".join(clip.text for clip in CLIPS.values())
-    assert word_error_rate([(reference, final.text)]) <= 0.15, final.text
+    assert word_error_rate([(reference, final.text)]) <= 0.15, final.text  # no words lost or doubled at the cuts
