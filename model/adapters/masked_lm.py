@@ -9,7 +9,10 @@ prompt or of finished blocks is exact once later tokens change. Two modes:
   attend to the recorded keys/values of everything else, with the block's own entries replaced by fresh ones. The
   prompt, finished blocks and masked future blocks therefore keep the keys/values they had when the block began,
   although in the exact model they would shift as the block fills in. The cache is refreshed after each block. The
-  first pass of every block is exact; the tests measure how often later passes agree with the uncached model.
+  first pass of every block is exact, and a cached pass over an unchanged canvas matches the full pass to 1e-5.
+  Tolerance (tests/unit/test_adapters.py): on input-sensitive random tiny models, cached and uncached greedy answers
+  agree on >= 60 % of tokens (measured 91 % ModernBERT, 95 % BERT); a trained model, whose context changes less
+  within a block, should agree more, but nothing guarantees identical output.
 
 The recording is done by a registered attention function (transformers' `AttentionInterface`), so it works for any
 model that dispatches attention through that interface (BERT and ModernBERT in transformers 5 do), with no copy of

@@ -1,0 +1,220 @@
+"""Benchmark a diffusion LM: tokens/s and tokens per pass for three commit policies, with and without the cache.
+
+    python scripts/bench_lm.py                       # the bundled default model
+    python scripts/bench_lm.py --model tiny          # a random SmolLM2-135M-shaped block-diffusion model
+    python scripts/bench_lm.py --model tiny-masked   # a random ModernBERT of similar size (approximate cache)
+    python scripts/bench_lm.py --model PATH --json artifacts/bench_lm.json
+
+Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
+pass). Each runs over the prompt set with the cache on and off. Separately it times single passes for a 256-token
+prompt and a 32-token block, cached vs uncached (the cost the cache is meant to cut). Figures are printed, never
+asserted: they depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from model.denoiser import Denoiser
+from model.errors import ModelError
+from model.sampler import SamplerConfig, generate
+
+PROMPTS = (
+    "What's the weather like on Mars?",
+    "Tell me a fun fact about octopuses.",
+    "How do I boil an egg?",
+    "Can you recommend a good book for a long train ride?",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModeResult:
+    mode: str
+    cache: bool
+    tokens: int  # committed answer tokens (before EOS)
+    passes: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.tokens / self.passes if self.passes else 0.0
+
+
+def tiny_block_diffusion(block_length: int) -> tuple[Denoiser, int]:
+    """Random LlamaForCausalLM of SmolLM2-135M's shape, wrapped by the block-diffusion adapter."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(config).eval()
+    model = BlockDiffusionLM(base, AdapterConfig(block_length=block_length)).eval()
+    return BlockDiffusionDenoiser(model, eos_ids=[2]), config.vocab_size
+
+
+def tiny_masked_lm(device: str) -> tuple[Denoiser, int]:
+    """Random ModernBERT of roughly 135M parameters behind the masked-LM adapter."""
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    from model.adapters.masked_lm import MaskedLMDenoiser
+
+    config = ModernBertConfig(
+        vocab_size=50368,
+        hidden_size=768,
+        intermediate_size=1152,
+        num_hidden_layers=16,
+        num_attention_heads=12,
+        max_position_embeddings=8192,
+        pad_token_id=0,
+        mask_token_id=4,
+        eos_token_id=1,
+        bos_token_id=2,
+        cls_token_id=2,
+        sep_token_id=1,
+    )
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(config).eval().to(device)
+    return MaskedLMDenoiser(model, 4, frozenset({1})), config.vocab_size
+
+
+def build(spec: str | None, block_length: int | None, device: str) -> tuple[Denoiser, list[list[int]], int, str]:
+    """Denoiser, tokenized prompts, block length and a description for a model spec."""
+    if spec in ("tiny", "tiny-masked"):
+        length = block_length or 8
+        if spec == "tiny" and device != "cpu":
+            raise ModelError("the block-diffusion denoiser runs on the CPU only; use --model tiny-masked on a GPU")
+        denoiser, vocab = tiny_block_diffusion(length) if spec == "tiny" else tiny_masked_lm(device)
+        generator = torch.Generator().manual_seed(1)
+        # random weights: any ids do; prompt lengths like a short chat turn with its template
+        prompts = [torch.randint(10, vocab, (40 + 8 * i,), generator=generator).tolist() for i in range(len(PROMPTS))]
+        params = sum(p.numel() for p in denoiser.model.parameters())
+        return denoiser, prompts, length, f"{spec} (random weights, {params / 1e6:.0f}M parameters)"
+    from model.chat import ChatMessage
+    from model.loading import load_chat_model
+
+    chat = load_chat_model(spec) if device == "cpu" else load_chat_model(spec, device=device)
+    if getattr(chat, "denoiser", None) is None:
+        raise ModelError(f"{spec!r} is not a masked-diffusion model; this benchmark drives the masked sampler")
+    prompts = [chat.prompt_ids([ChatMessage("user", text)]) for text in PROMPTS]
+    return chat.denoiser, prompts, block_length or chat.sampler.block_length, chat.name
+
+
+def run_mode(denoiser: Denoiser, prompts: list[list[int]], max_new_tokens: int, config: SamplerConfig, name: str):
+    tokens = passes = 0
+    started = time.perf_counter()
+    for prompt in prompts:
+        refinements = list(generate(denoiser, prompt, max_new_tokens, config))
+        passes += len(refinements)
+        tokens += sum(refinements[-1].committed[: refinements[-1].answer_length])
+    return ModeResult(name, config.use_cache, tokens, passes, time.perf_counter() - started)
+
+
+def pass_cost(denoiser: Denoiser, use_cache: bool, prompt_tokens: int, block: int, repeats: int) -> float:
+    """Median seconds of one pass over a fully masked `block` after a `prompt_tokens` prompt (prompt encoding and
+    the first pass of a block, which refreshes an approximate cache, are excluded)."""
+    prompt = torch.randint(10, 1000, (prompt_tokens,), generator=torch.Generator().manual_seed(2)).tolist()
+    canvas = torch.full((block,), denoiser.mask_id, dtype=torch.long)
+    denoiser.start(prompt, block, use_cache)
+    denoiser.block_logits(canvas, 0, block)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        denoiser.block_logits(canvas, 0, block).cpu()  # .cpu() waits for an accelerator to finish
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="spec, 'tiny' or 'tiny-masked' (default: the bundled model)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--block-length", type=int, default=None)
+    parser.add_argument("--k", type=int, default=2, help="tokens per pass for the fixed policy")
+    parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts to use")
+    parser.add_argument("--pass-repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="cpu, or e.g. cuda for masked-LM models")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    try:
+        denoiser, prompts, block, name = build(args.model, args.block_length, args.device)
+        prompts = prompts[: args.prompts]
+        max_new = -(-args.max_new_tokens // block) * block
+        if block % args.k:
+            raise ModelError(f"--k {args.k} must divide the block length {block}")
+        policies = {
+            "one/pass": SamplerConfig(block, block),
+            f"{args.k}/pass": SamplerConfig(block, block // args.k),
+            f"threshold {args.threshold}": SamplerConfig(block, block, threshold=args.threshold),
+        }
+        with torch.inference_mode():
+            results = [
+                run_mode(denoiser, prompts, max_new, SamplerConfig(**{**asdict(cfg), "use_cache": cache}), mode)
+                for mode, cfg in policies.items()
+                for cache in (True, False)
+            ]
+            cached = pass_cost(denoiser, True, 256, 32, args.pass_repeats)
+            uncached = pass_cost(denoiser, False, 256, 32, args.pass_repeats)
+    except ModelError as error:
+        print(f"bench_lm: {error}", file=sys.stderr)
+        return 2
+
+    print(f"model: {name}; block {block}, {max_new} new tokens, {len(prompts)} prompts, "
+          f"{torch.get_num_threads()} torch threads, {args.device}")
+    print(f"{'policy':<16}{'cache':<7}{'tokens':>7}{'passes':>8}{'seconds':>9}{'tok/s':>8}{'tok/pass':>10}")
+    for r in results:
+        print(f"{r.mode:<16}{'on' if r.cache else 'off':<7}{r.tokens:>7}{r.passes:>8}{r.seconds:>9.2f}"
+              f"{r.tokens_per_s:>8.1f}{r.tokens_per_pass:>10.2f}")
+    print(f"one pass, 256-token prompt, 32-token block: cached {cached * 1e3:.1f} ms, uncached {uncached * 1e3:.1f} ms "
+          f"(cached/uncached = {cached / uncached:.2f})")
+    if args.json:
+        report: dict[str, Any] = {
+            "model": name,
+            "block_length": block,
+            "max_new_tokens": max_new,
+            "prompts": len(prompts),
+            "threads": torch.get_num_threads(),
+            "device": args.device,
+            "modes": [asdict(r) | {"tokens_per_s": r.tokens_per_s, "tokens_per_pass": r.tokens_per_pass}
+                      for r in results],
+            "pass_cost": {"prompt_tokens": 256, "block": 32, "cached_s": cached, "uncached_s": uncached,
+                          "ratio": cached / uncached},
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
