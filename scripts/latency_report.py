@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shlex
 import sys
@@ -108,10 +109,13 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
     report["models"] = _model_info(engines, base)
     if args.warmup:
         asyncio.run(_warm_up(engines, base, paths[0]))
-    for name, speculation, early_lm in runs:
-        config = replace(base, speculator=replace(base.speculator, enabled=speculation), early_lm=early_lm)
-        results = asyncio.run(_in_process_turns(engines, config, paths, args.realtime, name))
-        report["runs"].append(_run_entry(name, {"speculation": speculation, "early_lm": early_lm}, results))
+    configs = [
+        replace(base, speculator=replace(base.speculator, enabled=speculation), early_lm=early_lm)
+        for _, speculation, early_lm in runs
+    ]
+    results = asyncio.run(_in_process_turns(engines, configs, paths, args.realtime))
+    for (name, speculation, early_lm), run_results in zip(runs, results, strict=True):
+        report["runs"].append(_run_entry(name, {"speculation": speculation, "early_lm": early_lm}, run_results))
     return report
 
 
@@ -120,12 +124,22 @@ async def _warm_up(engines: Any, config: Any, path: Path) -> None:
         await runner.run_turn(path)
 
 
-async def _in_process_turns(engines: Any, config: Any, paths: list[Path], realtime: bool, name: str) -> list:
-    results: list[TurnResult] = []
-    async with InProcessRunner(engines, config, realtime=realtime) as runner:
-        for path in (progress := tqdm(paths, desc=name, unit="turn", file=sys.stderr)):
-            results.append(await runner.run_turn(path))
-            progress.set_postfix_str(_postfix(results[-1]))
+async def _in_process_turns(
+    engines: Any, configs: list[Any], paths: list[Path], realtime: bool
+) -> list[list[TurnResult]]:
+    """Each configuration is its own conversation; their turns are interleaved (turn 1 of each, then turn 2...), so
+    a change in the machine's load during the run touches every configuration alike."""
+    results: list[list[TurnResult]] = [[] for _ in configs]
+    async with contextlib.AsyncExitStack() as stack:
+        runners = [
+            await stack.enter_async_context(InProcessRunner(engines, config, realtime=realtime)) for config in configs
+        ]
+        with tqdm(total=len(paths) * len(configs), unit="turn", file=sys.stderr) as progress:
+            for path in paths:
+                for runner, run_results in zip(runners, results, strict=True):
+                    run_results.append(await runner.run_turn(path))
+                    progress.set_postfix_str(_postfix(run_results[-1]))
+                    progress.update()
     return results
 
 

@@ -6,6 +6,7 @@ comparison reads at a glance. Matplotlib's Agg backend: no display needed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,14 @@ def _label(turn: Mapping[str, Any]) -> str:
 
 def plot_timeline(runs: Sequence[Run], path: Path) -> Path:
     """Horizontal stacked bars, one per turn: each critical-path segment from speech end to first audio out."""
-    height = max(3.2, 0.32 * max(len(run["turns"]) for run in runs) + 2.2)
-    figure, axes = plt.subplots(1, len(runs), figsize=(7.5 * len(runs), height), sharex=True, squeeze=False)
-    for axis, run in zip(axes[0], runs, strict=True):
+    columns = min(2, len(runs))
+    rows_of_panels = math.ceil(len(runs) / columns)
+    height = max(3.2, 0.32 * max(len(run["turns"]) for run in runs) + 1.6) * rows_of_panels + 0.6
+    figure, axes = plt.subplots(rows_of_panels, columns, figsize=(7.5 * columns, height), sharex=True, squeeze=False)
+    panels = axes.flatten()
+    for axis in panels[len(runs) :]:
+        axis.set_visible(False)
+    for axis, run in zip(panels, runs, strict=False):
         turns = list(run["turns"])
         rows = np.arange(len(turns))
         left = np.zeros(len(turns))
@@ -49,10 +55,10 @@ def plot_timeline(runs: Sequence[Run], path: Path) -> Path:
         axis.set_xlabel("ms after the user stopped speaking")
         axis.set_title(str(run["name"]))
         axis.grid(axis="x", alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = panels[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(SEGMENTS), fontsize=8, frameon=False)
     figure.suptitle("Voice-to-voice latency by stage, per turn (critical path)")
-    figure.tight_layout(rect=(0, 0.07, 1, 1))
+    figure.tight_layout(rect=(0, 0.6 / height, 1, 1))
     return _save(figure, path)
 
 
