@@ -124,7 +124,10 @@ async def _run(args: argparse.Namespace, counts: list[int], clips: list[Path], p
             levels.append(level)
             print(f"  {_level_line(level)}", file=sys.stderr, flush=True)
         result["levels"] = levels
-        p95s = {lv["clients"]: lv["voice_to_voice_ms"]["p95"] for lv in levels if not lv["errors"]}
+        # a level with errors or cut short fails, whatever its p95 (failed turns have no latency to count)
+        p95s = {
+            lv["clients"]: None if lv["errors"] or lv["cut_short"] else lv["voice_to_voice_ms"]["p95"] for lv in levels
+        }
         result["bound_ms"] = args.bound_ms
         result["largest_clients_p95_under_bound"] = largest_passing(p95s, args.bound_ms)
         if args.soak:
