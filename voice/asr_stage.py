@@ -91,6 +91,13 @@ class ListenStage:
             self._resampler = StreamResampler(rate)
         await self._accept_16k(self._resampler.push(samples), arrival)
 
+    @property
+    def in_trailing_silence(self) -> bool:
+        """Speech has paused and the endpointer is waiting out its minimum silence: a decode now is the likely final
+        (the session may start the language model on it before the end of turn is decided)."""
+        ep = self._endpointer
+        return self._in_turn and self._received - ep.last_voiced_end >= ep.config.frame_samples
+
     async def flush(self) -> None:
         """End of stream: close a turn still open (no trailing silence needed) and wait for its final transcript."""
         if self._resampler is not None:

@@ -62,7 +62,7 @@ class SessionConfig:
     speculator: SpeculatorConfig = field(default_factory=SpeculatorConfig)
     dialogue: DialogueConfig = field(default_factory=DialogueConfig)
     generation: GenerationOptions = field(default_factory=lambda: GenerationOptions(max_new_tokens=64))
-    early_lm: bool = True  # start the LM on a fully committed transcript before the endpointer's final decision
+    early_lm: bool = True  # start the LM on the trailing-silence transcript before the endpointer's final decision
     full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks
     max_turn_seconds: float = 60.0
     # A turn ends when its audio has had time to play, not when the last chunk was handed out: a user who speaks
@@ -193,7 +193,9 @@ class Session:
             await self._emit(event)
         elif isinstance(event, Transcript) and not event.final:
             await self._emit(event)
-            if self.config.early_lm and event.text.strip() and _same_words(event.committed, event.text):
+            # Only in the trailing silence: the decode made there is the one the final transcript reuses, so the
+            # words rarely change; starting on mid-speech partials would waste the CPU the recogniser needs.
+            if self.config.early_lm and event.text.strip() and self._listen and self._listen.in_trailing_silence:
                 await self._start_early(event.text)
         elif isinstance(event, Transcript):
             turn.marks["asr_final"] = event.t_ns
