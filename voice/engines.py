@@ -6,11 +6,11 @@ sessions queue for the model rather than loading copies of it.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
 from model.chat import ChatModel
+from model.errors import ModelError
 from voice.asr_models import LoadedModel, load_model
 from voice.tts import PiperSynthesizer, TTSConfig, load_synthesizer
 
@@ -41,8 +41,9 @@ def load_chat(config: EngineConfig) -> ChatModel:
     if config.lm_url:
         from model.client import OpenAIChatModel
 
-        key = os.environ.get(config.lm_key_env) if config.lm_key_env else None
-        return OpenAIChatModel(config.lm_url, config.lm_remote_model or "default", api_key=key)
+        if not config.lm_remote_model:
+            raise ModelError("--llm-url needs --llm-model: the name of the model at that endpoint")
+        return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
     from model.loading import load_chat_model
 
     overrides = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
