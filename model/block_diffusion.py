@@ -158,7 +158,8 @@ class BlockDiffusionLM(nn.Module):
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Turn a bool "may attend" mask into the additive form eager and SDPA attention both accept."""
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return zeros.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
@@ -247,20 +248,21 @@ class BlockDiffusionDenoiser:
 
     def _shifted(self, first: torch.Tensor, noisy_logits: torch.Tensor, length: int) -> torch.Tensor:
         out = torch.cat([first.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.model.vocab_size]
-        return torch.cat([out, torch.full((length, 1), -torch.inf)], dim=1)
+        return torch.cat([out, torch.full((length, 1), -torch.inf, device=out.device)], dim=1)
 
     def _run(self, ids: torch.Tensor, noisy_from: int, cache: DynamicCache | None, past: int) -> torch.Tensor:
         """Forward `ids` (`[1, S]`): positions before `noisy_from` are clean (causal), the rest one noisy block."""
+        device = self.model.base.device  # the sampler's canvas lives on the CPU; the network may not
         s = ids.shape[1]
-        q = torch.arange(s)
+        q = torch.arange(s, device=device)
         causal = q.unsqueeze(1) >= q.unsqueeze(0)
         in_block = (q.unsqueeze(1) >= noisy_from) & (q.unsqueeze(0) >= noisy_from)
         allowed_new = causal | in_block
-        allowed = torch.cat([torch.ones(s, past, dtype=torch.bool), allowed_new], dim=1)
+        allowed = torch.cat([torch.ones(s, past, dtype=torch.bool, device=device), allowed_new], dim=1)
         bias = additive_mask(allowed)[None, None]
         positions = (past + q).unsqueeze(0)
         noisy = (q >= noisy_from).unsqueeze(0)
-        return self.model(ids, positions, bias, noisy, cache)
+        return self.model(ids.to(device), positions, bias, noisy, cache)
 
 
 def save_adapter(model: BlockDiffusionLM, directory: Path, extra: dict[str, object] | None = None) -> None:
