@@ -43,9 +43,14 @@ def token_texts(tokenizer: Any, tokens: Sequence[int]) -> list[str]:
     return texts
 
 
-def draft_from_refinement(tokenizer: Any, refinement: Refinement, prompt_tokens: int) -> Draft:
-    """Pieces up to the first end-of-sequence guess; a piece is committed when every token it holds is."""
+def draft_from_refinement(
+    tokenizer: Any, refinement: Refinement, prompt_tokens: int, limit: int | None = None
+) -> Draft:
+    """Pieces up to the first end-of-sequence guess (and at most `limit` tokens); a piece is committed when every
+    token it holds is."""
     cut = next((i for i, token in enumerate(refinement.tokens) if token in refinement.eos_ids), len(refinement.tokens))
+    if limit is not None:
+        cut = min(cut, limit)
     tokens = refinement.tokens[:cut]
     pieces: list[DraftPiece] = []
     group_committed = True
@@ -132,12 +137,16 @@ class DiffusionChatModel:
         """One `Draft` per pass; the last has done=True. Stop strings end the answer once they are committed."""
         prompt = self.prompt_ids(messages)
         config, length = self.sampler_for(options)
+        limit = options.max_new_tokens  # a hard cap, although the sampler works in whole blocks
         with self._lock:
             for refinement in self.refinements(prompt, length, config, cancel):
-                draft = draft_from_refinement(self.tokenizer, refinement, len(prompt))
+                draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), limit)
                 stopped = cut_at_stop(draft, options.stop) if options.stop else None
                 if stopped is not None:
                     yield stopped
+                    return
+                if not draft.done and refinement.committed_prefix >= limit:
+                    yield dataclasses.replace(draft, done=True, finish_reason="length")
                     return
                 yield draft
 

@@ -134,3 +134,14 @@ def test_concurrent_callers_queue_instead_of_interleaving(bert_folder: Path) -> 
     switches = sum(1 for a, b in itertools.pairwise(log) if a != b)
     assert switches == 1  # one whole answer, then the other
     assert results["first"].text == results["second"].text  # same seed, same answer, no shared-state corruption
+
+
+def test_max_new_tokens_is_a_hard_cap_although_blocks_are_longer(bert_folder: Path) -> None:
+    model = chat_model(bert_folder, steps_per_block=8)
+    messages = [ChatMessage("user", "hello how are you")]
+    drafts = list(model.stream_chat(messages, GenerationOptions(max_new_tokens=5, seed=0)))
+    final = drafts[-1]
+    assert final.done and final.completion_tokens <= 5
+    assert len(final.pieces) <= 5
+    if final.finish_reason != "stop":  # random weights may end early; otherwise the cap ends the answer
+        assert final.finish_reason == "length" and final.completion_tokens == 5
