@@ -63,10 +63,11 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
 
     Raises ModelError for an unknown path, an unsupported architecture, or a checkpoint with no mask token.
     """
-    if spec is None:
+    if spec is None or (Path(spec) / "adapter.json").is_file():
+        # the bundled model, or another block-diffusion adapter for the same base (e.g. one you trained)
         from model.default_model import load_default_chat_model
 
-        return load_default_chat_model(**overrides)
+        return load_default_chat_model(Path(spec) if spec else None, **overrides)
     from model.engine import DiffusionChatModel
 
     config = read_config(spec)
