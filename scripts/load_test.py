@@ -5,8 +5,9 @@
 
 For each client count: completed turns, errors, p50/p95 voice-to-voice (the server's figure, and the client's, which
 adds the socket path); then the largest count whose p95 stays under --bound-ms (2 s). `--soak N` then runs N more
-turns and compares the server's resident memory before and after (needs --spawn or --server-pid). Bounded: at most
-8 clients, at most --turns turns each, --level-timeout seconds per level; loopback servers only.
+turns (clients reconnect every --turns turns, so sessions come and go) and compares the server's resident memory
+before and after, sampled every 5 s (needs --spawn or --server-pid). Bounded: at most 8 clients, at most --turns
+turns each, --level-timeout seconds per level; loopback servers only.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from report_lib.load import (
     pid_of,
     rss_mb,
     run_level,
+    sample_rss,
 )
 from report_lib.page import machine_info
 from report_lib.runners import ServerUnreachable
@@ -38,6 +40,7 @@ from voice.errors import AudioFormatError
 from voice.report_math import largest_passing
 
 MAX_CLIENTS = 8
+SETTLE_S = 3.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,8 +146,18 @@ async def _soak(args: argparse.Namespace, url: str, clips: list[Path], pid: int 
     turns = math.ceil(args.soak / clients)
     print(f"soak: {clients} clients x {turns} turns...", file=sys.stderr, flush=True)
     before = rss_mb(pid) if pid else None
-    level = await run_level(url, clients, turns, clips, limit_s=max(args.level_timeout, 30.0 * turns))
+    samples: list[tuple[float, float]] = []
+    sampler = asyncio.create_task(sample_rss(pid, samples), name="load-rss-sampler") if pid else None
+    try:
+        limit_s = max(args.level_timeout, 30.0 * turns)
+        level = await run_level(url, clients, turns, clips, limit_s, per_connection=args.turns)
+        await asyncio.sleep(SETTLE_S)  # let closed sessions finish tearing down before the last reading
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
     after = rss_mb(pid) if pid else None
+    half = samples[len(samples) // 2][1] if samples else None
     return {
         "turns": clients * turns,
         "turns_completed": level["turns_completed"],
@@ -156,6 +169,8 @@ async def _soak(args: argparse.Namespace, url: str, clips: list[Path], pid: int 
         "rss_mb_before": _rounded(before),
         "rss_mb_after": _rounded(after),
         "rss_growth_mb": _rounded(after - before) if before is not None and after is not None else None,
+        "rss_growth_second_half_mb": _rounded(after - half) if half is not None and after is not None else None,
+        "rss_mb_samples": samples,
         "growth_bound_mb": args.max_growth_mb,
         "within_bound": memory_bound_ok(before, after, args.max_growth_mb),
     }
@@ -193,6 +208,7 @@ def _print(result: dict[str, Any]) -> None:
         print(
             f"soak: {soak['turns_completed']}/{soak['turns']} turns, {soak['errors']} errors; server RSS "
             f"{soak['rss_mb_before']} -> {soak['rss_mb_after']} MiB (growth {soak['rss_growth_mb']} MiB, "
+            f"{soak['rss_growth_second_half_mb']} MiB in the second half; "
             f"bound {soak['growth_bound_mb']:.0f} MiB: {'ok' if soak['within_bound'] else 'EXCEEDED'})"
         )
 

@@ -133,25 +133,51 @@ class ClientOutcome:
     failure: str | None = None  # the client could not connect or its connection broke
 
 
-async def _client(url: str, clips: Sequence[Path], turns: int, offset: int, delay_s: float) -> ClientOutcome:
+async def _client(
+    url: str, clips: Sequence[Path], turns: int, offset: int, delay_s: float, per_connection: int | None
+) -> ClientOutcome:
+    """`turns` spoken turns; a new connection (a new conversation) every `per_connection` turns when set."""
     outcome = ClientOutcome()
     await asyncio.sleep(delay_s)
+    per_connection = per_connection or turns
+    done = 0
     try:
-        async with WebSocketRunner(url, realtime=True) as runner:
-            for index in range(turns):
-                outcome.results.append(await runner.run_turn(clips[(offset + index) % len(clips)]))
+        while done < turns:
+            async with WebSocketRunner(url, realtime=True) as runner:
+                for _ in range(min(per_connection, turns - done)):
+                    outcome.results.append(await runner.run_turn(clips[(offset + done) % len(clips)]))
+                    done += 1
     except ServerUnreachable as err:
         outcome.failure = str(err)
     return outcome
 
 
+async def sample_rss(pid: int, samples: list[tuple[float, float]], every_s: float = 5.0) -> None:
+    """Append (seconds since start, RSS MiB) every `every_s` until cancelled: a leak grows steadily, while an
+    allocator warming up to a peak load plateaus."""
+    started = time.monotonic()
+    while True:
+        value = rss_mb(pid)
+        if value is not None:
+            samples.append((round(time.monotonic() - started, 1), round(value, 1)))
+        await asyncio.sleep(every_s)
+
+
 async def run_level(
-    url: str, clients: int, turns: int, clips: Sequence[Path], limit_s: float, stagger_s: float = 0.25
+    url: str,
+    clients: int,
+    turns: int,
+    clips: Sequence[Path],
+    limit_s: float,
+    stagger_s: float = 0.25,
+    per_connection: int | None = None,
 ) -> dict[str, Any]:
-    """`clients` concurrent conversations of `turns` spoken turns each; figures for the level."""
+    """`clients` concurrent clients of `turns` spoken turns each; figures for the level."""
     started = time.monotonic()
     tasks = [
-        asyncio.create_task(_client(url, clips, turns, index, index * stagger_s), name=f"load-client-{index}")
+        asyncio.create_task(
+            _client(url, clips, turns, index, index * stagger_s, per_connection), name=f"load-client-{index}"
+        )
         for index in range(clients)
     ]
     done, pending = await asyncio.wait(tasks, timeout=limit_s)
