@@ -123,6 +123,12 @@ class BlockDiffusionLM(nn.Module):
             for name, tensor in state.items():
                 own[name].copy_(tensor.to(own[name].dtype))
 
+    def cast_adapter(self, dtype: torch.dtype) -> None:
+        """Store the adapter in `dtype` (bf16 for CPU inference). Only the adapter: casting the whole model would also
+        cast the rotary `inv_freq` buffer and blur positions."""
+        for parameter in self.trainable_parameters():
+            parameter.data = parameter.data.to(dtype)
+
     def trainable_parameters(self) -> Iterable[nn.Parameter]:
         return (p for p in self.parameters() if p.requires_grad)
 

@@ -84,7 +84,8 @@ def teacher_answer(teacher, tokenizer, prompt_ids: list[int], max_new_tokens: in
 
 
 def evaluate(args: argparse.Namespace, threshold: float, prompts: list[str], teacher, tokenizer, teacher_runs) -> dict:
-    chat = load_default_chat_model(adapter_dir=args.adapter, threshold=threshold)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=dtype, threshold=threshold)
     eos = tokenizer.eos_token_id
     options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
     rows = []
@@ -151,15 +152,18 @@ def main() -> None:
     parser.add_argument("--thresholds", default="0.9,0.7,0.5")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="both models in bf16")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
-    teacher, tokenizer = load_base(torch.float32)
+    teacher, tokenizer = load_base(torch.float32)  # perplexities in full precision
+    # timed in the same precision as the diffusion model, so the speed ratio compares like with like
+    timed_teacher, _ = load_base(torch.bfloat16) if args.bf16 else (teacher, tokenizer)
     teacher_runs = []
     for prompt in tqdm(prompts, desc="teacher (greedy, KV cache)"):
-        ids, seconds = teacher_answer(teacher, tokenizer, chat_prompt_ids(tokenizer, VOICE_SYSTEM_PROMPT, prompt),
+        ids, seconds = teacher_answer(timed_teacher, tokenizer, chat_prompt_ids(tokenizer, VOICE_SYSTEM_PROMPT, prompt),
                                       args.max_new_tokens)
         teacher_runs.append((ids, seconds))
     results = [
@@ -177,7 +181,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {
             "command": " ".join(sys.argv),
-            "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads},
+            "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "bf16": args.bf16},
             "results": results,
         }
         args.json.write_text(json.dumps(report, indent=2) + "\n")
