@@ -356,12 +356,14 @@ class Session:
                 if draft.done:
                     turn.answer = draft.committed_text.strip() or draft.text.strip()
                     tokens = draft.completion_tokens
+                    # the end-of-sequence token is generated work too (as in scripts/eval_default_model.py)
+                    generated = tokens + (1 if draft.finish_reason == "stop" else 0)
                     turn.stats.update(
                         tokens=tokens,
                         passes=passes,
-                        tokens_per_pass=tokens / passes if passes else 0.0,
+                        tokens_per_pass=generated / passes if passes else 0.0,
                         lm_seconds=lm_seconds,
-                        tokens_per_second=tokens / lm_seconds if lm_seconds > 0 else 0.0,
+                        tokens_per_second=generated / lm_seconds if lm_seconds > 0 else 0.0,
                     )
                     await self._emit(
                         AnswerDone(
