@@ -207,6 +207,8 @@ class WebSocketRunner:
                 self._on_message(json.loads(frame), now)
         except ConnectionClosed as closed:
             heard.errors.append(f"connection closed: {closed}")
+        finally:
+            heard.ends.put_nowait({"type": "closed"})  # a turn waiting for its end must not wait out its timeout
 
     def _on_message(self, message: dict[str, Any], now: float) -> None:
         heard = self._heard
@@ -249,6 +251,10 @@ class WebSocketRunner:
                     end = await heard.ends.get()
             except TimeoutError:
                 result.errors.append(f"no turn_end within {TURN_TIMEOUT_S:g} s")
+                break
+            if end["type"] == "closed":
+                heard.ends.put_nowait(end)  # every later turn ends at once too
+                result.errors.append("the server closed the connection before the turn ended")
                 break
             if end.get("turn", -1) >= last and (end["type"] == "turn_end" or end.get("turn") in heard.no_words):
                 if end["type"] == "turn_end":
