@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (in-process)")
     parser.add_argument("--threshold", type=float, help="the LM's confidence threshold (in-process)")
     parser.add_argument("--model", help="local diffusion LM checkpoint (in-process; default: the bundled model)")
+    parser.add_argument("--adapter", type=Path,
+                        help="the bundled model with this adapter folder instead (e.g. a training checkpoint)")
     return parser
 
 
@@ -96,17 +98,17 @@ def main(argv: list[str] | None = None) -> int:
 def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tuple[str, bool, bool]]) -> dict:
     from model.chat import GenerationOptions
     from model.errors import ModelError
-    from voice.engines import EngineConfig, load_engines
+    from voice.engines import EngineConfig
     from voice.session import SessionConfig
 
     print("loading models...", file=sys.stderr, flush=True)
     try:
-        engines = load_engines(EngineConfig(lm_model=args.model, lm_threshold=args.threshold))
+        engines = load_engines(EngineConfig(lm_model=args.model, lm_threshold=args.threshold), args.adapter)
     except ModelError as err:
         raise VoiceError(f"the language model could not be loaded: {err}") from err
     base = SessionConfig(generation=GenerationOptions(max_new_tokens=args.max_new_tokens), wait_for_playback=False)
     report = _report_head(args, "in-process")
-    report["models"] = _model_info(engines, base)
+    report["models"] = _model_info(engines, base, args.adapter)
     if args.warmup:
         asyncio.run(_warm_up(engines, base, paths[0]))
     configs = [
@@ -117,6 +119,24 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
     for (name, speculation, early_lm), run_results in zip(runs, results, strict=True):
         report["runs"].append(_run_entry(name, {"speculation": speculation, "early_lm": early_lm}, run_results))
     return report
+
+
+def load_engines(config: Any, adapter: Path | None) -> Any:
+    """The engines `config` names; with `adapter`, the bundled base model carries that adapter instead (to report on
+    a training checkpoint before it is published)."""
+    from model.default_model import load_default_chat_model
+    from voice.asr_models import load_model
+    from voice.engines import Engines
+    from voice.engines import load_engines as load_configured
+    from voice.tts import load_synthesizer
+
+    if adapter is None or config.lm_model is not None:
+        return load_configured(config)
+    started = time.monotonic()
+    overrides = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
+    lm = load_default_chat_model(adapter, **overrides)
+    seconds = {"lm": time.monotonic() - started}
+    return Engines(asr=load_model(config.asr_model), tts=load_synthesizer(config.tts), lm=lm, load_seconds=seconds)
 
 
 async def _warm_up(engines: Any, config: Any, path: Path) -> None:
@@ -143,7 +163,7 @@ async def _in_process_turns(
     return results
 
 
-def _model_info(engines: Any, config: Any) -> dict[str, Any]:
+def _model_info(engines: Any, config: Any, adapter_dir: Path | None) -> dict[str, Any]:
     lm = engines.lm
     sampler = getattr(lm, "sampler", None)
     info: dict[str, Any] = {
@@ -155,9 +175,11 @@ def _model_info(engines: Any, config: Any) -> dict[str, Any]:
         "speculator": str(asdict(config.speculator)),
         "load seconds": {key: round(value, 1) for key, value in engines.load_seconds.items()},
     }
-    adapter = Path(__file__).resolve().parents[1] / "model" / "default" / "adapter.json"
-    if getattr(lm, "name", "") and adapter.is_file():
-        info["bundled adapter"] = f"{adapter.name}, modified {time.ctime(adapter.stat().st_mtime)}"
+    folder = adapter_dir or Path(__file__).resolve().parents[1] / "model" / "default"
+    card = folder / "adapter.json"
+    if card.is_file():
+        training = json.loads(card.read_text()).get("training", {})
+        info["adapter"] = f"{folder}, modified {time.ctime(card.stat().st_mtime)}, training {training or 'unknown'}"
     return info
 
 
