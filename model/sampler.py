@@ -8,7 +8,9 @@ Commit policy per pass, in one place so it can be checked:
 
 - Fixed budget (``threshold=None``): the block's `block_length` masked positions are committed over `steps_per_block`
   passes, split as evenly as the linear schedule gives (LLaDA's get_num_transfer_tokens): pass k commits
-  ``B // S + (1 if k < B % S else 0)`` positions, the most confident ones ("low_confidence") or random ones ("random").
+  ``B // S + (1 if k < B % S else 0)`` positions, the most confident ones ("low_confidence"), random ones ("random"),
+  or the leftmost ones ("left_to_right": for block-diffusion models adapted from an autoregressive checkpoint, whose
+  prediction of a position is best once everything left of it is final).
 - Threshold (``threshold=t``, Fast-dLLM): every masked position whose confidence is > t is committed, and never fewer
   than the fixed budget's count for that pass. With ``steps_per_block = block_length`` that floor is one token per pass,
   exactly Fast-dLLM's "at least one"; with fewer steps the floor guarantees the block is done within `steps_per_block`
@@ -35,7 +37,7 @@ from model.denoiser import Denoiser
 from model.errors import ModelError
 from model.refinement import Refinement
 
-REMASKING = ("low_confidence", "random")
+REMASKING = ("low_confidence", "random", "left_to_right")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,7 @@ class SamplerConfig:
 
     block_length: int = 32  # B; B = max_new_tokens decodes the whole answer as one block
     steps_per_block: int = 32  # pass budget per block (upper bound when `threshold` is set)
-    remasking: str = "low_confidence"  # which masked positions a fixed budget commits: "low_confidence" | "random"
+    remasking: str = "low_confidence"  # which masked positions a fixed budget commits (see REMASKING)
     threshold: float | None = None  # Fast-dLLM: commit every masked position with confidence > threshold
     temperature: float = 0.0  # 0 = argmax; > 0 = Gumbel-max sampling in float64
     cfg_scale: float = 0.0  # classifier-free guidance; > 0 needs an unconditional denoiser (see `generate`)
@@ -109,8 +111,12 @@ def choose_commits(
 
     confidence: [L] float, masked: [L] bool. Never selects a committed position; selects min(budget, masked) at least.
     """
-    random_order = config.remasking == "random"
-    score = torch.rand(confidence.shape, generator=generator) if random_order else confidence.clone()
+    if config.remasking == "random":
+        score = torch.rand(confidence.shape, generator=generator)
+    elif config.remasking == "left_to_right":
+        score = torch.arange(confidence.shape[0], 0, -1, dtype=torch.float32)  # leftmost first
+    else:
+        score = confidence.clone()
     score[~masked] = -1.0  # committed positions are never re-chosen
     count = min(budget, int(masked.sum()))
     chosen = torch.zeros_like(masked)

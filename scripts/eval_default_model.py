@@ -85,7 +85,7 @@ def teacher_answer(teacher, tokenizer, prompt_ids: list[int], max_new_tokens: in
 
 def evaluate(args: argparse.Namespace, threshold: float, prompts: list[str], teacher, tokenizer, teacher_runs) -> dict:
     dtype = torch.bfloat16 if args.bf16 else torch.float32
-    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=dtype, threshold=threshold)
+    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=dtype, threshold=threshold, remasking=args.remasking)
     eos = tokenizer.eos_token_id
     options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
     rows = []
@@ -131,6 +131,7 @@ def evaluate(args: argparse.Namespace, threshold: float, prompts: list[str], tea
         row["rouge_l"] = rouge_l(row["answer"], row["teacher_answer"])
     return {
         "threshold": threshold,
+        "remasking": args.remasking,
         "prompts": len(rows),
         "perplexity_ratio": ppl_d / ppl_t,
         "teacher_ppl_of_diffusion_answers": ppl_d,
@@ -152,6 +153,7 @@ def main() -> None:
     parser.add_argument("--thresholds", default="0.9,0.7,0.5")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--remasking", default="left_to_right", help="which positions a pass must commit")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="both models in bf16")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

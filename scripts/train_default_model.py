@@ -205,7 +205,7 @@ def main() -> None:
                     "final_loss": sum(h["loss"] for h in recent) / max(1, len(recent)),
                     "teacher_system_prompt": TEACHER_SYSTEM_PROMPT,
                 },
-                "sampler": {"block_length": args.block_length, "threshold": 0.9},
+                "sampler": {"block_length": args.block_length, "threshold": 0.9, "remasking": "left_to_right"},
             },
         )
         plot_losses(history, ADAPTER_DIR / "loss_curve.png")
