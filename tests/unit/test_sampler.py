@@ -85,6 +85,18 @@ def test_low_confidence_commits_most_confident_first() -> None:
     assert first.committed == (False, True, False, True)
 
 
+def test_left_to_right_commits_the_leftmost_then_anything_above_the_threshold() -> None:
+    strength = [1.0, 5.0, 2.0, 4.0]
+    denoiser = ScriptedDenoiser(plan=[1, 2, 3, 4], strength=strength)
+    passes = run(denoiser, SamplerConfig(block_length=4, steps_per_block=2, remasking="left_to_right"), 4)
+    assert [r.committed for r in passes] == [(True, True, False, False), (True, True, True, True)]
+    denoiser = ScriptedDenoiser(plan=[1, 2, 3, 4], strength=strength)
+    config = SamplerConfig(block_length=4, steps_per_block=4, remasking="left_to_right", threshold=0.9)
+    first = run(denoiser, config, 4)[0]
+    confident = tuple(c > 0.9 for c in first.confidence)
+    assert first.committed == tuple(index == 0 or confident[index] for index in range(4))
+
+
 def test_committed_tokens_never_change_and_mask_is_never_shown() -> None:
     generator = torch.Generator().manual_seed(0)
     plan = torch.randint(0, 10, (24,), generator=generator).tolist()
