@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import wave
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from voice.events import (
     SpeechStart,
     TurnEnd,
 )
-from voice.file_mode import run_files
+from voice.file_mode import run_files, write_wav
 from voice.session import Session, SessionConfig
 from voice.speculator import SpeculatorConfig
 
@@ -69,12 +68,7 @@ def with_lm(engines: Engines, lm: ChatModel) -> Engines:
 
 
 def synthesise(engines: Engines, text: str, path: Path) -> Path:
-    pcm = b"".join(engines.tts.synthesize(text))
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(engines.tts.sample_rate)
-        out.writeframes(pcm)
+    write_wav(path, list(engines.tts.synthesize(text)), engines.tts.sample_rate)
     return path
 
 
