@@ -10,7 +10,8 @@ Commit policy per pass, in one place so it can be checked:
   passes, split as evenly as the linear schedule gives (LLaDA's get_num_transfer_tokens): pass k commits
   ``B // S + (1 if k < B % S else 0)`` positions, the most confident ones ("low_confidence"), random ones ("random"),
   or the leftmost ones ("left_to_right": for block-diffusion models adapted from an autoregressive checkpoint, whose
-  prediction of a position is best once everything left of it is final).
+  prediction of a position is best once everything left of it is final; with a threshold it commits the confident run
+  that continues the committed prefix, never a confident position right of one still masked).
 - Threshold (``threshold=t``, Fast-dLLM): every masked position whose confidence is > t is committed, and never fewer
   than the fixed budget's count for that pass. With ``steps_per_block = block_length`` that floor is one token per pass,
   exactly Fast-dLLM's "at least one"; with fewer steps the floor guarantees the block is done within `steps_per_block`
@@ -122,7 +123,14 @@ def choose_commits(
     chosen = torch.zeros_like(masked)
     if count > 0:
         chosen[score.topk(count).indices] = True
-    if config.threshold is not None:
+    if config.threshold is not None and config.remasking == "left_to_right":
+        # Only a confident run that continues the committed prefix: a confident guess to the right of a position
+        # still masked was made without knowing that position, and is how parallel decoding stutters ("of of").
+        for index in range(confidence.shape[0]):
+            if masked[index] and not chosen[index] and confidence[index] <= config.threshold:
+                break
+            chosen[index] |= bool(masked[index])
+    elif config.threshold is not None:
         chosen |= masked & (confidence > config.threshold)
         if not chosen.any() and masked.any():  # Fast-dLLM: always at least one per pass
             best = torch.where(masked, confidence, torch.full_like(confidence, -1.0)).argmax()

@@ -93,8 +93,18 @@ def test_left_to_right_commits_the_leftmost_then_anything_above_the_threshold() 
     denoiser = ScriptedDenoiser(plan=[1, 2, 3, 4], strength=strength)
     config = SamplerConfig(block_length=4, steps_per_block=4, remasking="left_to_right", threshold=0.9)
     first = run(denoiser, config, 4)[0]
-    confident = tuple(c > 0.9 for c in first.confidence)
-    assert first.committed == tuple(index == 0 or confident[index] for index in range(4))
+    confident = [c > 0.9 for c in first.confidence]
+    run_end = next((i for i in range(1, 4) if not confident[i]), 4)  # the confident run after the leftmost
+    assert first.committed == tuple(index < run_end for index in range(4))
+
+
+def test_left_to_right_never_commits_a_confident_position_right_of_a_masked_one() -> None:
+    # position 1 is unsure, position 2 is sure: committing 2 first is how parallel decoding stutters
+    denoiser = ScriptedDenoiser(plan=[1, 2, 3, 4], strength=[9.0, 0.1, 9.0, 9.0])
+    config = SamplerConfig(block_length=4, steps_per_block=4, remasking="left_to_right", threshold=0.5)
+    first = run(denoiser, config, 4)[0]
+    assert first.confidence[2] > 0.5 > first.confidence[1]
+    assert first.committed == (True, False, False, False)
 
 
 def test_committed_tokens_never_change_and_mask_is_never_shown() -> None:
