@@ -109,7 +109,6 @@ class Session:
         self._listen: ListenStage | None = None
         self._turn_no = 0
         self._listening_turn: _Turn | None = None  # the user turn being spoken right now
-        self._active: _Turn | None = None  # the turn the assistant is answering
         self._turn_task: asyncio.Task[None] | None = None
         self._task_turn: _Turn | None = None
         self._early: tuple[str, LmRun] | None = None
@@ -156,8 +155,8 @@ class Session:
 
     def report_played(self, samples: int) -> None:
         """The output says how many samples of the current answer were really played (speaker callback)."""
-        if self._active is not None:
-            self._active.reported_played = samples
+        if (turn := self._answering()) is not None:
+            turn.reported_played = samples
 
     async def wait_idle(self) -> None:
         """Wait until no answer is in progress (file mode and tests)."""
@@ -268,7 +267,6 @@ class Session:
             await self._finish_turn(turn, interrupted=True)
 
     async def _run_turn(self, turn: _Turn, early: LmRun | None) -> None:
-        self._active = turn
         run = early
         if run is None:
             run = LmRun(self.engines.lm, self.dialogue.messages(), self.config.generation, f"lm-{self.id}-{turn.turn}")
@@ -295,8 +293,6 @@ class Session:
         finally:
             await run.close()
             self._speaking = False
-            if self._active is turn:
-                self._active = None
         if not interrupted:
             await self._finish_turn(turn, interrupted=False)
 
@@ -434,7 +430,13 @@ class Session:
         await self._emit(ErrorEvent(session=self.id, turn=turn.turn, code=code, message=message))
 
     def _current_turn(self) -> int:
-        return self._active.turn if self._active is not None else self._turn_no
+        turn = self._answering()
+        return turn.turn if turn is not None else self._turn_no
+
+    def _answering(self) -> _Turn | None:
+        """The turn whose answer is in progress, if any."""
+        task = self._turn_task
+        return self._task_turn if task is not None and not task.done() else None
 
     async def _emit(self, event: Event) -> None:
         if not isinstance(event, AudioOut):
