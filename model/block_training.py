@@ -72,9 +72,9 @@ def make_batch(
     ratio = torch.rand((b, copies, n // block + 1), generator=generator)[..., block_of]  # [b, K, n]
     masked = torch.rand((b, copies, n), generator=generator) < ratio
     # every block must supervise at least one position after its first
-    first_in_block = (j % block == 0).expand(b, copies, n)
+    # (a position in 1..block-1, never the first: that one is the teacher's and carries no loss)
     forced = torch.randint(1, block, (b, copies, n // block + 1), generator=generator)[..., block_of]
-    masked |= (j % block == forced) & ~first_in_block & (j % block != 0)
+    masked |= j % block == forced
     masked &= valid[:, None, :]
     noisy_ids = torch.where(masked, torch.full_like(masked, mask_id, dtype=torch.long), answer[:, None, :])
 
