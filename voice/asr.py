@@ -12,6 +12,7 @@ async stage runs them in a worker thread while holding the shared model's lock.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,9 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
     options = decode_options(config)
     if windowed:
         window_s = max(audio.size / TARGET_RATE + window_margin_s, MIN_ENCODER_WINDOW_S)
-        model.encoder_frames = int(window_s * 100)  # 100 mel frames per second
+        # whole seconds (100 mel frames each): a new input length costs CTranslate2 memory it keeps, so the
+        # windows come in at most 30 sizes
+        model.encoder_frames = math.ceil(window_s) * 100
     if audio.size <= WHISPER_WINDOW_S * TARGET_RATE:
         # Tiny models can loop ("he was he was ...", ". . . ."), most of all on short windows and near-silent
         # buffers; cap the tokens at a fast speaker's rate so a loop costs little and ends.
