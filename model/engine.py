@@ -15,6 +15,7 @@ from typing import Any
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.denoiser import Denoiser
 from model.errors import ModelError
+from model.fair_lock import FairLock
 from model.refinement import Refinement
 from model.sampler import SamplerConfig, generate
 
@@ -105,7 +106,7 @@ class DiffusionChatModel:
         self.system_prompt = system_prompt
         # classifier-free guidance needs a second state over the same weights
         self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and hasattr(denoiser, "fork") else None
-        self._lock = threading.Lock()
+        self._lock = FairLock()  # sessions take turns on the model, first come, first served
 
     def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
         """Token ids of the chat, formatted by the tokenizer's chat template and ending where the answer starts."""
@@ -138,7 +139,10 @@ class DiffusionChatModel:
         prompt = self.prompt_ids(messages)
         config, length = self.sampler_for(options)
         limit = options.max_new_tokens  # a hard cap, although the sampler works in whole blocks
-        with self._lock:
+        if not self._lock.acquire(cancel):  # cancelled while other answers held the model: nothing was computed
+            yield Draft(step=0, pieces=(), done=True, finish_reason="cancelled", prompt_tokens=len(prompt))
+            return
+        try:
             for refinement in self.refinements(prompt, length, config, cancel):
                 draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), limit)
                 stopped = cut_at_stop(draft, options.stop) if options.stop else None
@@ -149,6 +153,8 @@ class DiffusionChatModel:
                     yield dataclasses.replace(draft, done=True, finish_reason="length")
                     return
                 yield draft
+        finally:
+            self._lock.release()
 
     def refinements(
         self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None

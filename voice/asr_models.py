@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.fair_lock import FairLock
 from voice.errors import ASRError
 
 DEFAULT_MODEL = "tiny.en"
@@ -37,11 +38,12 @@ class ResolvedModel:
 @dataclass(slots=True)
 class LoadedModel:
     """A Whisper model shared by every session of the process. Hold `lock` while decoding: on a small CPU two
-    concurrent decodes only slow each other down."""
+    concurrent decodes only slow each other down. The lock is fair (first come, first served), so one session's
+    partials cannot keep another's final decode waiting."""
 
     name: str
     model: object  # faster_whisper.WhisperModel (imported lazily: loading it pulls in CTranslate2)
-    lock: threading.Lock
+    lock: FairLock
 
 
 def cache_root() -> Path:
@@ -184,6 +186,6 @@ def load_model(spec: str | None = None, cpu_threads: int = 0, allow_download: bo
         except (RuntimeError, ValueError, OSError) as err:
             hint = "" if resolved.local_folder else " (size names load only from the local Hugging Face cache)"
             raise ASRError(f"could not load ASR model {resolved.name!r} from {resolved.source}{hint}: {err}") from err
-        loaded = LoadedModel(resolved.name, model, threading.Lock())
+        loaded = LoadedModel(resolved.name, model, FairLock())
         _loaded[key] = loaded
         return loaded

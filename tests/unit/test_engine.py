@@ -145,3 +145,26 @@ def test_max_new_tokens_is_a_hard_cap_although_blocks_are_longer(bert_folder: Pa
     assert len(final.pieces) <= 5
     if final.finish_reason != "stop":  # random weights may end early; otherwise the cap ends the answer
         assert final.finish_reason == "length" and final.completion_tokens == 5
+
+
+def test_an_answer_cancelled_while_queued_for_the_model_computes_nothing(bert_folder: Path) -> None:
+    model = chat_model(bert_folder, LoggingDenoiser, steps_per_block=8)
+    LoggingDenoiser.log.clear()
+    cancel = threading.Event()
+    drafts: list[Draft] = []
+    holder = model.stream_chat([ChatMessage("user", "hi")], GenerationOptions(max_new_tokens=16, seed=1))
+    next(holder)  # this answer now holds the model
+    waiter = threading.Thread(
+        target=lambda: drafts.extend(
+            model.stream_chat([ChatMessage("user", "hello")], GenerationOptions(max_new_tokens=16), cancel)
+        )
+    )
+    waiter.start()
+    cancel.set()  # the session went away while its answer waited
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    assert [(d.done, d.finish_reason, d.text) for d in drafts] == [(True, "cancelled", "")]
+    passes = len(LoggingDenoiser.log)
+    holder.close()  # the running answer releases the model; the cancelled one never ran a pass
+    assert len(LoggingDenoiser.log) == passes == 1
+    assert list(model.stream_chat([ChatMessage("user", "hi")], GenerationOptions(max_new_tokens=8)))[-1].done
