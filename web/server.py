@@ -15,6 +15,7 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
@@ -356,6 +357,20 @@ async def serve(
         await stop.wait()
 
 
+THREADS_PER_SESSION = 6  # VAD, an ASR decode, an answer (plus a cancelled one winding down), two TTS renders
+
+
+def worker_threads(max_sessions: int) -> int:
+    """Threads for blocking work (`asyncio.to_thread`) when `max_sessions` sessions are open.
+
+    Sessions queue for the shared models inside worker threads (see `model.fair_lock`), and a thread waiting for a
+    model holds its worker. asyncio's default pool has only cpu_count + 4 workers (6 on 2 cores): eight sessions
+    waiting for the LM filled it, so a session's 1 ms VAD step waited seconds behind them, its socket stopped being
+    read, and its audio then arrived in a burst that the rate limit dropped. Idle or waiting threads cost no CPU.
+    """
+    return THREADS_PER_SESSION * max_sessions + 4
+
+
 def run_server(engines: Engines, session_config: SessionConfig, web_config: WebConfig) -> None:
     """Blocking entry point for `voice-assistant serve`: serve until SIGTERM or SIGINT, then stop accepting, close every
     session and close each socket with code 1001 and a reason. Prints the page's URL once it is listening."""
@@ -363,6 +378,9 @@ def run_server(engines: Engines, session_config: SessionConfig, web_config: WebC
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=worker_threads(web_config.max_sessions), thread_name_prefix="voice-work")
+        )
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
