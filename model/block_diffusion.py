@@ -184,6 +184,15 @@ def prefill_bucket(n: int) -> int:
     return size
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
 def crop_cache(cache: DynamicCache, length: int) -> None:
     """Keep the first `length` cached positions in every layer (drops the noisy block's keys after a pass)."""
     for layer in cache.layers:
@@ -214,6 +223,8 @@ class BlockDiffusionDenoiser:
         self._use_cache = True
         self._cache: DynamicCache | None = None
         self._cached_len = 0  # absolute positions held in the cache
+        self._cached_ids: list[int] = []  # the tokens whose keys/values the cache holds (kept for the next prompt)
+        self.reused_tokens = 0  # prompt tokens the last start() found already in the cache
         self._next_logits: torch.Tensor | None = None  # [vocab] prediction for the first uncached position
         self._pending: tuple[int, int] | None = None  # answer slice finished but not yet in the cache
         self._canvas: torch.Tensor | None = None
@@ -228,17 +239,28 @@ class BlockDiffusionDenoiser:
         self._prompt = list(prompt_ids)
         self._use_cache = use_cache
         self._pending = None
-        self._cache = None
-        self._cached_len = 0
         self._next_logits = None
-        if use_cache:
-            self._cache = DynamicCache()
-            self._next_logits = self._prefill(self._prompt)
-            self._cached_len = len(self._prompt)
+        cache, cached_ids = self._cache, self._cached_ids
+        self._cache, self._cached_ids, self._cached_len = None, [], 0  # stays empty if the prefill fails
+        self.reused_tokens = 0
+        if not use_cache:
+            return
+        # A conversation's next prompt starts with the last one (system prompt, history, even the answer just
+        # given): keep those positions' keys/values and encode only the rest. At least one token is encoded, for
+        # the logits that predict the answer's first token.
+        reuse = min(common_prefix(cached_ids, self._prompt), len(self._prompt) - 1) if cache is not None else 0
+        if cache is None or reuse == 0:
+            cache, reuse = DynamicCache(), 0
+        else:
+            crop_cache(cache, reuse)
+        self._next_logits = self._prefill(cache, self._prompt, reuse)
+        self._cache, self._cached_ids, self._cached_len = cache, list(self._prompt), len(self._prompt)
+        self.reused_tokens = reuse
 
     @torch.inference_mode()
-    def _prefill(self, prompt: list[int]) -> torch.Tensor:
-        """Encode the prompt into the cache; return the logits predicting the answer's first token.
+    def _prefill(self, cache: DynamicCache, prompt: list[int], start: int) -> torch.Tensor:
+        """Encode `prompt[start:]` into `cache` (which holds `prompt[:start]`); return the logits predicting the
+        answer's first token.
 
         Each forward is padded (with the prompt's own last token) up to a `prefill_bucket` size and the padding
         cropped from the cache afterwards, which is exact because prompt positions attend only backwards. Why:
@@ -246,15 +268,14 @@ class BlockDiffusionDenoiser:
         turn's prompt at its own length grew a server's memory by megabytes a turn. Buckets bound the shapes to a
         dozen for ~15 % more prefill work on average; prompts beyond `PREFILL_CHUNK` go in chunks of that size.
         """
-        assert self._cache is not None
         logits = torch.empty(0)
-        for lo in range(0, len(prompt), PREFILL_CHUNK):
+        for lo in range(start, len(prompt), PREFILL_CHUNK):
             part = prompt[lo : lo + PREFILL_CHUNK]
             last = len(part) - 1
             size = prefill_bucket(len(part))
             ids = torch.tensor([part + [part[-1]] * (size - len(part))])
-            logits = self._run(ids, noisy_from=size, cache=self._cache, past=lo, keep=torch.tensor([last]))
-            crop_cache(self._cache, lo + len(part))
+            logits = self._run(ids, noisy_from=size, cache=cache, past=lo, keep=torch.tensor([last]))
+            crop_cache(cache, lo + len(part))
         return logits[0, -1]
 
     @torch.inference_mode()
@@ -279,6 +300,7 @@ class BlockDiffusionDenoiser:
         if n_clean:
             self._next_logits, logits = logits[0], logits[1:]
             self._pending = None
+            self._cached_ids.extend(clean_ids.tolist())
         self._cached_len += n_clean
         crop_cache(self._cache, self._cached_len)
         assert self._next_logits is not None

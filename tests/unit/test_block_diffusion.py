@@ -118,6 +118,33 @@ def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pyte
     ]
 
 
+def test_the_next_prompt_reuses_the_cached_conversation_exactly() -> None:
+    model = adapted()
+    warm = BlockDiffusionDenoiser(model, [EOS])  # keeps its cache from one answer to the next
+    canvas = torch.tensor([10, 12, 14, 16, 18, 21, 22, 23])
+    warm.start(PROMPT, 8, use_cache=True)
+    for lo in (0, 4):
+        warm.block_logits(canvas, lo, lo + 4)
+        warm.finish_block(canvas, lo, lo + 4)
+    # the cache now holds the prompt and the first block (the second was never fused into a later pass)
+    follow_ups = {
+        "the conversation goes on": (PROMPT + canvas.tolist() + [30, 31, 5], len(PROMPT) + 4),
+        "the same prompt again": (PROMPT, len(PROMPT) - 1),  # one token is always encoded, for the logits
+        "a different start": ([7, *PROMPT[1:]], 0),
+    }
+    next_canvas = torch.full((8,), model.mask_id)
+    next_canvas[:3] = torch.tensor([40, 41, 42])
+    for case, (prompt, reused) in follow_ups.items():
+        warm.start(prompt, 8, use_cache=True)
+        assert warm.reused_tokens == reused, case
+        got = warm.block_logits(next_canvas, 0, 4)
+        fresh = BlockDiffusionDenoiser(model, [EOS])
+        fresh.start(prompt, 8, use_cache=True)
+        torch.testing.assert_close(got, fresh.block_logits(next_canvas, 0, 4), atol=1e-4, rtol=1e-4, msg=case)
+        warm.finish_block(next_canvas, 0, 4)
+        warm.block_logits(next_canvas, 4, 8)  # leaves more answer tokens in the cache for the next case
+
+
 class AdapterOff:
     """Zero the LoRA factors temporarily: what the base model alone computes."""
 
