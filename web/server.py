@@ -28,6 +28,7 @@ from websockets.http11 import Request, Response
 
 from voice import events as ev
 from voice.errors import LimitExceeded, VoiceError
+from voice.native_memory import release_free_memory
 from web import protocol
 from web.access import check_websocket_access
 from web.config import WebConfig
@@ -199,6 +200,8 @@ class VoiceServer:
             if session is not None:
                 await session.close()
             del self._sessions[slot]
+            # the session's buffers and its share of the models' working memory are free now; give them back
+            await asyncio.to_thread(release_free_memory)
         if close is not None:
             await conn.close(close.code, close.reason)
 
