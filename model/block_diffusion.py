@@ -225,6 +225,7 @@ class BlockDiffusionDenoiser:
         self._cached_len = 0  # absolute positions held in the cache
         self._cached_ids: list[int] = []  # the tokens whose keys/values the cache holds (kept for the next prompt)
         self.reused_tokens = 0  # prompt tokens the last start() found already in the cache
+        self.reuse_prompt_cache = True  # False: encode every prompt from scratch (for comparisons)
         self._next_logits: torch.Tensor | None = None  # [vocab] prediction for the first uncached position
         self._pending: tuple[int, int] | None = None  # answer slice finished but not yet in the cache
         self._canvas: torch.Tensor | None = None
@@ -248,7 +249,10 @@ class BlockDiffusionDenoiser:
         # A conversation's next prompt starts with the last one (system prompt, history, even the answer just
         # given): keep those positions' keys/values and encode only the rest. At least one token is encoded, for
         # the logits that predict the answer's first token.
-        reuse = min(common_prefix(cached_ids, self._prompt), len(self._prompt) - 1) if cache is not None else 0
+        if cache is not None and self.reuse_prompt_cache:
+            reuse = min(common_prefix(cached_ids, self._prompt), len(self._prompt) - 1)
+        else:
+            reuse = 0
         if cache is None or reuse == 0:
             cache, reuse = DynamicCache(), 0
         else:

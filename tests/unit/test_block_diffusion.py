@@ -143,6 +143,9 @@ def test_the_next_prompt_reuses_the_cached_conversation_exactly() -> None:
         torch.testing.assert_close(got, fresh.block_logits(next_canvas, 0, 4), atol=1e-4, rtol=1e-4, msg=case)
         warm.finish_block(next_canvas, 0, 4)
         warm.block_logits(next_canvas, 4, 8)  # leaves more answer tokens in the cache for the next case
+    warm.reuse_prompt_cache = False
+    warm.start(PROMPT, 8, use_cache=True)
+    assert warm.reused_tokens == 0
 
 
 class AdapterOff:
