@@ -48,6 +48,7 @@ test-fast: install
 
 bench: install
 	$(PY) scripts/bench_lm.py --json artifacts/bench_lm.json
+	$(PY) scripts/bench_conversation.py --json artifacts/bench_conversation.json
 
 report: install
 	$(PY) scripts/latency_report.py --out artifacts/latency
