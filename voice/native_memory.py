@@ -17,23 +17,33 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+def _libc_function(name: str, argtypes: tuple[type, ...]) -> Callable[..., int] | None:
+    library = ctypes.util.find_library("c")
+    if library is None:
         return None
     try:
-        trim = ctypes.CDLL(name).malloc_trim
+        function = getattr(ctypes.CDLL(library), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return function
+
+
+def limit_malloc_arenas(count: int) -> bool:
+    """Cap glibc's arenas (default 8 per core) before worker threads start: each arena keeps its own peak, so dozens
+    of threads taking turns on the models would each hold on to a copy of the largest turn's working memory."""
+    mallopt = _libc_function("mallopt", (ctypes.c_int, ctypes.c_int))
+    return mallopt is not None and mallopt(M_ARENA_MAX, count) == 1
 
 
 def release_free_memory() -> bool:
     """Return free heap pages to the OS (blocking, a few ms for a large heap); False when the C library cannot."""
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim", (ctypes.c_size_t,))
     if trim is None:
         return False
     trim(0)  # its result only says whether any page happened to be released

@@ -28,7 +28,7 @@ from websockets.http11 import Request, Response
 
 from voice import events as ev
 from voice.errors import LimitExceeded, VoiceError
-from voice.native_memory import release_free_memory
+from voice.native_memory import limit_malloc_arenas, release_free_memory
 from web import protocol
 from web.access import check_websocket_access
 from web.config import WebConfig
@@ -360,6 +360,7 @@ async def serve(
         await stop.wait()
 
 
+MALLOC_ARENAS = 2  # see voice.native_memory.limit_malloc_arenas
 THREADS_PER_SESSION = 6  # VAD, an ASR decode, an answer (plus a cancelled one winding down), two TTS renders
 
 
@@ -381,6 +382,7 @@ def run_server(engines: Engines, session_config: SessionConfig, web_config: WebC
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        limit_malloc_arenas(MALLOC_ARENAS)
         loop.set_default_executor(
             ThreadPoolExecutor(max_workers=worker_threads(web_config.max_sessions), thread_name_prefix="voice-work")
         )
