@@ -1,9 +1,10 @@
-"""Give freed native memory back to the operating system when a session ends.
+"""Keep a long-running server's native heap from creeping: fewer malloc arenas, freed pages given back.
 
 glibc's malloc keeps freed memory in per-thread arenas for reuse. A voice server runs Whisper, the LM and Piper from
 dozens of worker threads, so after a burst of concurrent turns each arena holds on to its own peak, and the process's
-resident memory stays high although nothing is allocated any more. `malloc_trim(0)` hands those pages back. Only glibc
-has it; on other C libraries this does nothing.
+resident memory stays high although nothing is allocated any more. `limit_malloc_arenas` caps the number of arenas
+(at start-up), `release_free_memory` (`malloc_trim(0)`) hands free pages back (when a session ends). Only glibc has
+them; on other C libraries both do nothing and return False.
 """
 
 from __future__ import annotations
@@ -11,11 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import logging
 from collections.abc import Callable
-
-log = logging.getLogger(__name__)
-
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
