@@ -98,12 +98,14 @@ def main(argv: list[str] | None = None) -> int:
 def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tuple[str, bool, bool]]) -> dict:
     from model.chat import GenerationOptions
     from model.errors import ModelError
-    from voice.engines import EngineConfig
+    from voice.engines import EngineConfig, load_engines
     from voice.session import SessionConfig
 
     print("loading models...", file=sys.stderr, flush=True)
     try:
-        engines = load_engines(EngineConfig(lm_model=args.model, lm_threshold=args.threshold), args.adapter)
+        # an adapter folder is a model spec of its own: the bundled base carrying that adapter (model.loading)
+        lm_model = args.model or (str(args.adapter) if args.adapter else None)
+        engines = load_engines(EngineConfig(lm_model=lm_model, lm_threshold=args.threshold))
     except ModelError as err:
         raise VoiceError(f"the language model could not be loaded: {err}") from err
     base = SessionConfig(generation=GenerationOptions(max_new_tokens=args.max_new_tokens), wait_for_playback=False)
@@ -119,24 +121,6 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
     for (name, speculation, early_lm), run_results in zip(runs, results, strict=True):
         report["runs"].append(_run_entry(name, {"speculation": speculation, "early_lm": early_lm}, run_results))
     return report
-
-
-def load_engines(config: Any, adapter: Path | None) -> Any:
-    """The engines `config` names; with `adapter`, the bundled base model carries that adapter instead (to report on
-    a training checkpoint before it is published)."""
-    from model.default_model import load_default_chat_model
-    from voice.asr_models import load_model
-    from voice.engines import Engines
-    from voice.engines import load_engines as load_configured
-    from voice.tts import load_synthesizer
-
-    if adapter is None or config.lm_model is not None:
-        return load_configured(config)
-    started = time.monotonic()
-    overrides = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
-    lm = load_default_chat_model(adapter, **overrides)
-    seconds = {"lm": time.monotonic() - started}
-    return Engines(asr=load_model(config.asr_model), tts=load_synthesizer(config.tts), lm=lm, load_seconds=seconds)
 
 
 async def _warm_up(engines: Any, config: Any, path: Path) -> None:
