@@ -52,7 +52,7 @@ class SpeculatorConfig:
     """
 
     enabled: bool = True
-    stable_passes: int = 1  # k: consecutive drafts with the same phrase text before a render (see below)
+    stable_passes: int = 1  # k: consecutive drafts with the same phrase text before a render (see the class docstring)
     min_confidence: float = 0.5  # every uncommitted token of the phrase at least this probable
     first_phrase_words: int = 5  # cut the first phrase after this many words if no punctuation came (0: never)
     min_clause_words: int = 3  # a comma/colon/dash cuts only a phrase of at least this many words
