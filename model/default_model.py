@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from model.cache import cache_root
 from model.errors import ModelError
 
 if TYPE_CHECKING:
@@ -30,12 +30,6 @@ DEFAULT_MODEL_NAME = "smollm2-135m-block-diffusion"
 ADAPTER_DIR = Path(__file__).parent / "default"
 # The prompt the teacher answered the training prompts under: the adapter learned answers of this style.
 VOICE_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one short sentence."
-
-
-def cache_root() -> Path:
-    """Where converted checkpoints live: $VOICE_ASSISTANT_CACHE, else ~/.cache/voice-assistant."""
-    configured = os.environ.get("VOICE_ASSISTANT_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "voice-assistant"
 
 
 def base_gguf_path() -> Path:

@@ -127,6 +127,15 @@ def check_chunk(chunk: np.ndarray) -> np.ndarray:
     return chunk
 
 
+def whole_word_boundaries(committed: list[Word], tentative: list[Word]) -> list[float]:
+    """End times of committed words after which a new word begins (Whisper marks one with a leading space)."""
+    following = [*committed[1:], *tentative[:1]]
+    boundaries = [word.end for word, after in zip(committed, following, strict=False) if after.text[:1].isspace()]
+    if not tentative:
+        boundaries.append(committed[-1].end)
+    return boundaries
+
+
 class StreamingTranscriber:
     """One user turn at a time: `insert_audio` as audio arrives, `process` for partials, `finish` for the final.
     `reset` starts the next turn."""
@@ -226,18 +235,24 @@ class StreamingTranscriber:
         return text[-self.config.max_prompt_chars:] if text else None
 
     def _trim(self) -> None:
-        """Cut the buffer at the last committed segment end once it grows long; force a cut before Whisper's 30 s."""
+        """Cut the buffer at the latest whole-word boundary inside the committed words once it grows long.
+
+        Cutting only at Whisper's segment ends (as whisper_streaming does) made the buffer's length depend on where
+        tiny.en happens to close a segment, which differs between CPUs (kernel rounding flips a timestamp token): on a
+        short buffer it often emits one segment that runs into the uncommitted tail, and nothing could be cut. Any
+        committed word boundary is a safe cut as long as the next word starts a new word (not a piece such as
+        "-hearted" of "cold-hearted"): the committed text before the cut becomes the prompt, and words the new buffer
+        re-hears before the committed end are dropped by `LocalAgreement.fresh_words`.
+        """
         if self.buffer_s <= self.config.trim_after_s or not self._agreement.committed:
             return
-        committed_end = self._agreement.committed_end
-        cuts = [end for end in self._segment_ends if end <= committed_end + 0.05]
-        if cuts:
-            cut_s = max(cuts)
-        elif self.buffer_s > self.config.force_trim_after_s:
-            cut_s = committed_end
-        else:
-            return
-        cut = min(round(cut_s * TARGET_RATE), self._decoded_to)
+        cuts = [end for end in self._segment_ends if end <= self._agreement.committed_end + 0.05]
+        cuts += whole_word_boundaries(self._agreement.committed, self._agreement.tentative)
+        if not cuts:
+            if self.buffer_s <= self.config.force_trim_after_s:
+                return
+            cuts = [self._agreement.committed_end]
+        cut = min(round(max(cuts) * TARGET_RATE), self._decoded_to)
         if cut > self._buffer_start:
             self._buffer = self._buffer[cut - self._buffer_start:]
             self._buffer_start = cut

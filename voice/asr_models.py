@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.cache import cache_root
 from model.fair_lock import FairLock
 from voice.errors import ASRError
 
@@ -44,15 +45,6 @@ class LoadedModel:
     name: str
     model: object  # faster_whisper.WhisperModel (imported lazily: loading it pulls in CTranslate2)
     lock: FairLock
-
-
-def cache_root() -> Path:
-    """Where joined model files live; `VOICE_ASSISTANT_CACHE` overrides `~/.cache/voice-assistant`."""
-    override = os.environ.get("VOICE_ASSISTANT_CACHE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "voice-assistant"
 
 
 def _package_dir(module: str) -> Path | None:

@@ -109,6 +109,12 @@ class ListenStage:
         if decision is not None:
             await self._end_turn(decision)
 
+    async def wait_for_decodes(self) -> None:
+        """Wait until no decode is in flight, including those a finished decode chains. A caller that feeds faster
+        than real time then sees the partials a real-time stream on a fast CPU would see, whatever this CPU's speed."""
+        while self._decode_task is not None:
+            await asyncio.shield(self._decode_task)
+
     async def aclose(self) -> None:
         """Stop background decoding (e.g. the session closed mid-turn) and wait for it to stop."""
         task, self._decode_task = self._decode_task, None

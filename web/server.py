@@ -110,6 +110,8 @@ class VoiceServer:
         self._sessions: dict[int, VoiceSession | None] = {}  # slot -> session (None while it starts)
         self._next_slot = 0
         self._closing = False
+        self._idle = asyncio.Event()  # set while no session is open
+        self._idle.set()
 
     # --- lifecycle ---------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -134,6 +136,10 @@ class VoiceServer:
     @property
     def active_sessions(self) -> int:
         return len(self._sessions)
+
+    async def wait_until_idle(self) -> None:
+        """Return once no session is open (every closed session's cleanup has finished)."""
+        await self._idle.wait()
 
     async def shutdown(self, reason: str = SHUTDOWN_REASON) -> None:
         """Stop accepting, close every session and socket (1001 with `reason`), wait for handlers (bounded)."""
@@ -190,6 +196,7 @@ class VoiceServer:
         slot = self._next_slot
         self._next_slot += 1
         self._sessions[slot] = None  # reserve before any await, so concurrent handshakes cannot overshoot the limit
+        self._idle.clear()
         session: VoiceSession | None = None
         try:
             session = self._new_session()
@@ -200,6 +207,8 @@ class VoiceServer:
             if session is not None:
                 await session.close()
             del self._sessions[slot]
+            if not self._sessions:
+                self._idle.set()
             # the session's buffers and its share of the models' working memory are free now; give them back
             await asyncio.to_thread(release_free_memory)
         if close is not None:
