@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions  # noqa: E402
 from model.errors import ModelError  # noqa: E402
 from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult  # noqa: E402
-from voice.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig  # noqa: E402
-from voice.speech_out import SpeakReport, SpeakStage  # noqa: E402
-from voice.tts import PiperSynthesizer, TTSConfig  # noqa: E402
+from voice.speak.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig  # noqa: E402
+from voice.speak.stage import SpeakReport, SpeakStage  # noqa: E402
+from voice.speak.tts import PiperSynthesizer, TTSConfig  # noqa: E402
 
 FIRST_PHRASES = [
     "Sure, I can help.", "Hello there!", "Good question.", "Of course.", "I think so.", "Yes, that works.",

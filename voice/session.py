@@ -25,8 +25,6 @@ from dataclasses import dataclass, field, replace
 
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.errors import ModelError
-from voice.asr_stage import ListenConfig, ListenStage
-from voice.dialogue import Dialogue, DialogueConfig
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
 from voice.events import (
@@ -48,10 +46,12 @@ from voice.events import (
     now_ns,
 )
 from voice.latency import breakdown
-from voice.lm_run import LmRun, cancel_and_wait
-from voice.playback import PlaybackLedger
-from voice.speculator import SpeculatorConfig
-from voice.speech_out import SpeakStage
+from voice.listen.stage import ListenConfig, ListenStage
+from voice.speak.playback_ledger import PlaybackLedger
+from voice.speak.speculator import SpeculatorConfig
+from voice.speak.stage import SpeakStage
+from voice.think.dialogue import Dialogue, DialogueConfig
+from voice.think.lm_run import LmRun, cancel_and_wait
 
 log = logging.getLogger(__name__)
 

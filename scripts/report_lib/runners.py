@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from voice.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
 from voice.events import ErrorEvent, SpeechStart, Transcript, TurnEnd
+from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
 from voice.session import Session, SessionConfig
 
 FRAME_SAMPLES = TARGET_RATE // 50  # 20 ms, what a microphone callback delivers

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from voice.asr import transcribe_file
-from voice.asr_models import base_parts_available, join_base_model, resolve_model, tiny_en_folder
 from voice.errors import ASRError
+from voice.listen.asr_models import base_parts_available, join_base_model, resolve_model, tiny_en_folder
+from voice.listen.transcriber import transcribe_file
 from voice.speech_samples import librivox_clips
 from voice.wer import word_error_rate
 

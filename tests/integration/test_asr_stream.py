@@ -14,12 +14,12 @@ import pytest
 import soundfile
 import soxr
 
-from voice.asr import StreamingTranscriber, TranscriberConfig, transcribe_file
-from voice.asr_models import LoadedModel, load_model
-from voice.asr_stage import ListenStage
-from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.errors import AudioFormatError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript
+from voice.io.audio import float32_to_pcm16, load_audio_16k
+from voice.listen.asr_models import LoadedModel, load_model
+from voice.listen.stage import ListenStage
+from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file
 from voice.speech_samples import librivox_clips
 from voice.wer import normalize_words, word_error_rate
 

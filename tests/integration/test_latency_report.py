@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from voice.audio import load_audio_16k, resample
+from voice.io.audio import load_audio_16k, resample
 from voice.report_math import LATENCY_FIELDS, MARK_FIELDS, SEGMENTS, STAGES, STAT_FIELDS, SUMMARY_FIELDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

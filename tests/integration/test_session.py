@@ -24,9 +24,9 @@ from voice.events import (
     SpeechStart,
     TurnEnd,
 )
-from voice.file_mode import run_files, write_wav
+from voice.io.file_mode import run_files, write_wav
 from voice.session import Session, SessionConfig
-from voice.speculator import SpeculatorConfig
+from voice.speak.speculator import SpeculatorConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -20,9 +20,9 @@ from voice.events import (
     SpeculationResult,
     TtsFirstChunk,
 )
-from voice.speculator import SpeculatorConfig
-from voice.speech_out import SpeakReport, SpeakStage
-from voice.tts import PiperSynthesizer, TTSConfig, load_synthesizer
+from voice.speak.speculator import SpeculatorConfig
+from voice.speak.stage import SpeakReport, SpeakStage
+from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +105,7 @@ def test_missing_or_corrupt_voice_raises_tts_error(tmp_path: Path) -> None:
     (tmp_path / "bad.onnx.json").write_text("{}")
     with pytest.raises(TTSError, match="not a valid voice config"):
         PiperSynthesizer.load(TTSConfig(voice=bad))
-    from voice.tts import default_voice_paths
+    from voice.speak.tts import default_voice_paths
 
     (tmp_path / "bad.onnx.json").write_text(default_voice_paths()[1].read_text())
     with pytest.raises(TTSError, match="corrupt"):

@@ -15,11 +15,11 @@ from model.client import OpenAIChatModel
 from model.server import ServerConfig
 from tests.integration.api_harness import serve, tiny_chat_model
 from tests.integration.ws_harness import speech_pcm16
-from voice.asr_models import load_model
 from voice.engines import Engines
 from voice.events import AnswerDone, AudioOut, DraftUpdate, Event, Transcript, TurnEnd
+from voice.listen.asr_models import load_model
 from voice.session import Session, SessionConfig
-from voice.tts import load_synthesizer
+from voice.speak.tts import load_synthesizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
+from voice.io.audio import float32_to_pcm16, load_audio_16k
 from voice.session import SessionConfig
 from web.config import WebConfig
 from web.server import VoiceServer
@@ -29,8 +29,8 @@ def load_test_engines(tmp_folder: Path) -> Engines:
     """The real ASR and TTS; the bundled LM when it has been trained, else a tiny random BERT (real code, random
     words) so the pipeline and the socket can be tested before the bundled model exists."""
     from model.loading import load_chat_model
-    from voice.asr_models import load_model
-    from voice.tts import load_synthesizer
+    from voice.listen.asr_models import load_model
+    from voice.speak.tts import load_synthesizer
 
     if DEFAULT_ADAPTER.exists():
         lm = load_chat_model(None)

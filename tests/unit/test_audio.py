@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from voice.audio import (
+from voice.errors import AudioFormatError
+from voice.io.audio import (
     StreamResampler,
     check_sample_rate,
     float32_to_pcm16,
@@ -19,7 +20,6 @@ from voice.audio import (
     to_mono,
     validate_pcm16,
 )
-from voice.errors import AudioFormatError
 
 
 def tone(frequency: float, rate: int, seconds: float = 1.0) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from voice.local_agreement import LocalAgreement, Word, common_prefix_length, join_words
+from voice.listen.local_agreement import LocalAgreement, Word, common_prefix_length, join_words
 
 
 def words(text: str, start: float = 0.0, step: float = 0.4) -> list[Word]:

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voice.asr import Hypothesis, StreamingTranscriber, TranscriberConfig
-from voice.asr_models import LoadedModel, load_model
-from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
-from voice.endpointer import EndpointDecision, Endpointer, EndpointerConfig
 from voice.errors import VoiceError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript, now_ns
-from voice.vad import SileroVad
+from voice.io.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
+from voice.listen.asr_models import LoadedModel, load_model
+from voice.listen.endpointer import EndpointDecision, Endpointer, EndpointerConfig
+from voice.listen.transcriber import Hypothesis, StreamingTranscriber, TranscriberConfig
+from voice.listen.vad import SileroVad
 
 EventSink = Callable[[Event], Awaitable[None] | None] | asyncio.Queue
 

@@ -30,9 +30,9 @@ from voice.events import (
     TtsFirstChunk,
     now_ns,
 )
-from voice.playback import PhrasePlayback, PlaybackLedger
-from voice.speculator import Action, Commit, Discard, PhraseSpeculator, Render, SpeculatorConfig
-from voice.tts import SpeechSynthesizer
+from voice.speak.playback_ledger import PhrasePlayback, PlaybackLedger
+from voice.speak.speculator import Action, Commit, Discard, PhraseSpeculator, Render, SpeculatorConfig
+from voice.speak.tts import SpeechSynthesizer
 
 __all__ = ["Emit", "PhrasePlayback", "PlaybackLedger", "SpeakReport", "SpeakStage"]
 
