@@ -28,14 +28,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from report_lib.speech_samples import SpeechClip, librivox_clips
+from report_lib.wer import word_error_rate
+
 from voice.events import Event, SpeechEnd, Transcript
 from voice.io.audio import float32_to_pcm16, load_audio_16k
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.stage import ListenConfig, ListenStage
 from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file
 from voice.listen.vad import SileroVad
-from voice.speech_samples import SpeechClip, librivox_clips
-from voice.wer import word_error_rate
 
 CHUNK_MS = 20
 LEAD_S = 0.5

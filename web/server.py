@@ -27,11 +27,12 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from voice import events as ev
-from voice.errors import LimitExceeded, VoiceError
-from voice.native_memory import limit_malloc_arenas, release_free_memory
+from voice.errors import VoiceError
 from web import protocol
 from web.access import check_websocket_access
 from web.config import WebConfig
+from web.native_memory import limit_malloc_arenas, release_free_memory
+from web.protocol import LimitExceeded
 from web.ratelimit import TokenBucket, Verdict
 from web.static_files import http_response, static_response
 
@@ -360,7 +361,7 @@ async def serve(
         await stop.wait()
 
 
-MALLOC_ARENAS = 2  # see voice.native_memory.limit_malloc_arenas
+MALLOC_ARENAS = 2  # see web.native_memory.limit_malloc_arenas
 THREADS_PER_SESSION = 6  # VAD, an ASR decode, an answer (plus a cancelled one winding down), two TTS renders
 
 

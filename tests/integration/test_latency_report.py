@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from report_lib.report_math import LATENCY_FIELDS, MARK_FIELDS, SEGMENTS, STAGES, STAT_FIELDS, SUMMARY_FIELDS
 
 from voice.io.audio import load_audio_16k, resample
-from voice.report_math import LATENCY_FIELDS, MARK_FIELDS, SEGMENTS, STAGES, STAT_FIELDS, SUMMARY_FIELDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

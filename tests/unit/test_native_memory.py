@@ -7,7 +7,7 @@ import platform
 
 import pytest
 
-from voice.native_memory import release_free_memory
+from web.native_memory import release_free_memory
 
 
 def rss_mb() -> float:

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from voice.latency import breakdown
-from voice.report_math import (
+from report_lib.report_math import (
     LATENCY_FIELDS,
     MARK_FIELDS,
     SEGMENTS,
@@ -26,6 +24,8 @@ from voice.report_math import (
     summary,
     turn_record,
 )
+
+from voice.latency import breakdown
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 

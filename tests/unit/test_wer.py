@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from voice.wer import edit_distance, normalize_words, word_error_rate
+from report_lib.wer import edit_distance, normalize_words, word_error_rate
 
 
 def test_normalisation_ignores_case_punctuation_and_hyphens():
