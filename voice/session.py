@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.errors import ModelError
+from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
 from voice.events import (
@@ -51,7 +52,7 @@ from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.stage import SpeakStage
 from voice.think.dialogue import Dialogue, DialogueConfig
-from voice.think.lm_run import LmRun, cancel_and_wait
+from voice.think.lm_run import LmRun
 
 log = logging.getLogger(__name__)
 
