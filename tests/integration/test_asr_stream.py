@@ -14,7 +14,7 @@ import pytest
 import soundfile
 import soxr
 from report_lib.speech_samples import librivox_clips
-from report_lib.wer import normalize_words, word_error_rate
+from report_lib.wer import word_error_rate
 
 from voice.errors import AudioFormatError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript
@@ -22,6 +22,7 @@ from voice.io.audio import float32_to_pcm16, load_audio_16k
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.stage import ListenStage
 from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file
+from voice.listen.words import normalize_words
 
 CLIPS = {clip.clip_id[-4:]: clip for clip in librivox_clips()}
 STREAMED = ("0880", "0930", "0890")  # 3.0 s, 3.3 s, 5.3 s
