@@ -50,7 +50,11 @@ def percentile(values: list[float], q: float) -> float:
 async def paced_turn(model: LoadedModel, config: ListenConfig, audio: np.ndarray) -> list[Event]:
     """Stream one utterance in real time through a fresh stage; return its events."""
     events: list[Event] = []
-    stage = ListenStage("bench", events.append, config=config, model=model)
+
+    async def emit(event: Event) -> None:
+        events.append(event)
+
+    stage = ListenStage("bench", emit, config=config, model=model)
     pcm = float32_to_pcm16(np.concatenate([np.zeros(int(16000 * LEAD_S), np.float32), audio,
                                            np.zeros(int(16000 * TAIL_S), np.float32)]))
     step = 16000 * CHUNK_MS // 1000 * 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -38,6 +39,15 @@ def model() -> LoadedModel:
     return load_model(cpu_threads=2)
 
 
+def recorder(events: list[Event]) -> Callable[[Event], Awaitable[None]]:
+    """An emit callback for a ListenStage that keeps its events in `events`."""
+
+    async def emit(event: Event) -> None:
+        events.append(event)
+
+    return emit
+
+
 def silence(seconds: float) -> np.ndarray:
     return np.zeros(int(16000 * seconds), dtype=np.float32)
 
@@ -45,7 +55,7 @@ def silence(seconds: float) -> np.ndarray:
 async def stream(model: LoadedModel, audio: np.ndarray, rate: int = 16000, realtime: bool = False) -> list[Event]:
     """Feed `audio` (mono float32 at `rate`) to a fresh ListenStage in 30 ms PCM16 chunks; return its events."""
     events: list[Event] = []
-    stage = ListenStage("test", events.append, model=model)
+    stage = ListenStage("test", recorder(events), model=model)
     pcm = float32_to_pcm16(audio)
     step = rate * 30 // 1000 * 2
     started = time.monotonic()
@@ -144,7 +154,7 @@ def test_same_transcript_at_any_input_rate_and_channel_count(model, tmp_path):
 def test_bad_input_raises_clear_errors_and_the_stream_goes_on(model, tmp_path):
     async def scenario() -> list[Event]:
         events: list[Event] = []
-        stage = ListenStage("bad", events.append, model=model)
+        stage = ListenStage("bad", recorder(events), model=model)
         with pytest.raises(AudioFormatError, match="odd number of bytes"):
             await stage.accept(b"\x00\x01\x02", 16000)
         with pytest.raises(AudioFormatError, match="sample rate"):
