@@ -7,7 +7,6 @@ partials arrive while the user is still speaking, which paces one short clip in 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
@@ -19,7 +18,7 @@ from report_lib.wer import word_error_rate
 
 from voice.errors import AudioFormatError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript
-from voice.io.audio import float32_to_pcm16, load_audio_16k
+from voice.io.audio import float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.stage import ListenStage
 from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file
@@ -57,12 +56,7 @@ async def stream(model: LoadedModel, audio: np.ndarray, rate: int = 16000, realt
     events: list[Event] = []
     stage = ListenStage("test", recorder(events), model=model)
     pcm = float32_to_pcm16(audio)
-    step = rate * 30 // 1000 * 2
-    started = time.monotonic()
-    for offset in range(0, len(pcm), step):
-        await stage.accept(pcm[offset:offset + step], rate)
-        if realtime:
-            await asyncio.sleep(max(0.0, started + (offset + step) / 2 / rate - time.monotonic()))
+    await stream_pcm16(lambda chunk: stage.accept(chunk, rate), pcm, rate=rate, frame_ms=30, realtime=realtime)
     await stage.flush()
     return events
 
@@ -160,8 +154,7 @@ def test_bad_input_raises_clear_errors_and_the_stream_goes_on(model, tmp_path):
         with pytest.raises(AudioFormatError, match="sample rate"):
             await stage.accept(b"\x00\x00" * 160, 1000)
         pcm = float32_to_pcm16(np.concatenate([load_audio_16k(CLIPS["0880"].path), silence(1.0)]))
-        for offset in range(0, len(pcm), 960):
-            await stage.accept(pcm[offset:offset + 960], 16000)
+        await stream_pcm16(stage.accept, pcm, frame_ms=30)
         return events
 
     assert len(finals(asyncio.run(scenario()))) == 1  # the session survived the bad chunks

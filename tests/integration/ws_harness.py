@@ -94,16 +94,6 @@ async def collect(ws, received: Received, until: str | None = None, timeout_s: f
         return received
 
 
-async def stream_realtime(ws, pcm: bytes, frame_ms: int = 20, rate: int = 16000, speed: float = 1.0) -> None:
-    """Send PCM16 in frames at (a multiple of) real time, as a microphone would."""
-    frame_bytes = rate * frame_ms // 1000 * 2
-    started = time.monotonic()
-    for index, offset in enumerate(range(0, len(pcm), frame_bytes)):
-        await ws.send(pcm[offset : offset + frame_bytes])
-        due = started + (index + 1) * frame_ms / 1000 / speed
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
-
-
 @asynccontextmanager
 async def running_server(engines: Engines, web_config: WebConfig | None = None) -> AsyncIterator[VoiceServer]:
     config = web_config or WebConfig(port=0)
