@@ -30,11 +30,9 @@ from voice.events import (
     TtsFirstChunk,
     now_ns,
 )
-from voice.speak.playback_ledger import PhrasePlayback, PlaybackLedger
+from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.speculator import Action, Commit, Discard, PhraseSpeculator, Render, SpeculatorConfig
 from voice.speak.tts import SpeechSynthesizer
-
-__all__ = ["PhrasePlayback", "PlaybackLedger", "SpeakReport", "SpeakStage"]
 
 
 @dataclass(slots=True)
