@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
+from report_lib.speech_samples import TESTDATA_DIR
 from voice.io.audio import TARGET_RATE, load_audio_16k, pcm16_to_float32, resample
 
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "voice-assistant" / "report-audio"
-TESTDATA_DIR = Path(os.environ.get("POCKETSPHINX_TESTDATA", "/usr/share/pocketsphinx/test/data"))
 QUESTIONS: tuple[str, ...] = (
     "What is the capital of France?",
     "Tell me a fun fact about octopuses.",
