@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from report_lib.speech_samples import LIBRIVOX_DIR
 
 from voice.engines import Engines
 from voice.io.audio import float32_to_pcm16, load_audio_16k
@@ -20,7 +19,9 @@ from voice.session import SessionConfig
 from web.config import WebConfig
 from web.server import VoiceServer
 
-SPEECH_CLIP = LIBRIVOX_DIR / "sense_and_sensibility_01_austen_64kb-0880.wav"  # "he was not an ill disposed young man"
+# not report_lib.speech_samples: server subprocesses import this module without scripts/ on their path
+LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
+SPEECH_CLIP = LIBRIVOX / "sense_and_sensibility_01_austen_64kb-0880.wav"  # "he was not an ill disposed young man"
 SPEECH_WORDS = {"he", "was", "not", "an", "ill", "disposed", "young", "man"}
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[2] / "model" / "default" / "adapter.json"
 
