@@ -28,14 +28,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from voice.asr import StreamingTranscriber, TranscriberConfig, transcribe_file
-from voice.asr_models import LoadedModel, load_model
-from voice.asr_stage import ListenConfig, ListenStage
-from voice.audio import float32_to_pcm16, load_audio_16k
+from report_lib.speech_samples import SpeechClip, librivox_clips
+from report_lib.wer import word_error_rate
+
 from voice.events import Event, SpeechEnd, Transcript
-from voice.speech_samples import SpeechClip, librivox_clips
-from voice.vad import SileroVad
-from voice.wer import word_error_rate
+from voice.io.audio import float32_to_pcm16, load_audio_16k
+from voice.listen.asr_models import LoadedModel, load_model
+from voice.listen.stage import ListenConfig, ListenStage
+from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file
+from voice.listen.vad import SileroVad
 
 CHUNK_MS = 20
 LEAD_S = 0.5
@@ -49,7 +50,11 @@ def percentile(values: list[float], q: float) -> float:
 async def paced_turn(model: LoadedModel, config: ListenConfig, audio: np.ndarray) -> list[Event]:
     """Stream one utterance in real time through a fresh stage; return its events."""
     events: list[Event] = []
-    stage = ListenStage("bench", events.append, config=config, model=model)
+
+    async def emit(event: Event) -> None:
+        events.append(event)
+
+    stage = ListenStage("bench", emit, config=config, model=model)
     pcm = float32_to_pcm16(np.concatenate([np.zeros(int(16000 * LEAD_S), np.float32), audio,
                                            np.zeros(int(16000 * TAIL_S), np.float32)]))
     step = 16000 * CHUNK_MS // 1000 * 2

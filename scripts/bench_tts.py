@@ -20,7 +20,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions  # noqa: E402
 from model.errors import ModelError  # noqa: E402
 from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult  # noqa: E402
-from voice.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig  # noqa: E402
-from voice.speech_out import SpeakReport, SpeakStage  # noqa: E402
-from voice.tts import PiperSynthesizer, TTSConfig  # noqa: E402
+from voice.speak.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig  # noqa: E402
+from voice.speak.stage import SpeakReport, SpeakStage  # noqa: E402
+from voice.speak.tts import PiperSynthesizer, TTSConfig  # noqa: E402
 
 FIRST_PHRASES = [
     "Sure, I can help.", "Hello there!", "Good question.", "Of course.", "I think so.", "Yes, that works.",
@@ -82,13 +81,21 @@ def bench_first_chunk(threads: int) -> dict[str, Any]:
 
 # --- 2. speculation with the live LM ---------------------------------------------------------------------------------
 async def live_drafts(
-    model: ChatModel, prompt: str, options: GenerationOptions, record: list[tuple[int, Draft]]
-) -> AsyncIterator[Draft]:
-    """The model's drafts, pulled one per thread call as the assistant's session does; each recorded with its time."""
+    model: ChatModel,
+    prompt: str,
+    options: GenerationOptions,
+    record: list[tuple[int, Draft]],
+    queue: asyncio.Queue[Draft | None],
+) -> None:
+    """The model's drafts onto `queue`, pulled one per thread call as the assistant's session does; each recorded
+    with its time; `None` at the end."""
     drafts = iter(model.stream_chat([ChatMessage("user", prompt)], options))
-    while (draft := await asyncio.to_thread(next, drafts, None)) is not None:
-        record.append((time.monotonic_ns(), draft))
-        yield draft
+    try:
+        while (draft := await asyncio.to_thread(next, drafts, None)) is not None:
+            record.append((time.monotonic_ns(), draft))
+            await queue.put(draft)
+    finally:
+        queue.put_nowait(None)
 
 
 async def speak_one(
@@ -101,8 +108,11 @@ async def speak_one(
         events.append(event)
 
     stage = SpeakStage(synthesizer, emit, session="bench", turn=0, config=config)
+    queue: asyncio.Queue[Draft | None] = asyncio.Queue()
     lm_started = time.monotonic_ns()
-    report: SpeakReport = await stage.run(live_drafts(model, prompt, options, record))
+    async with asyncio.TaskGroup() as group:
+        group.create_task(live_drafts(model, prompt, options, record, queue), name="bench-drafts")
+        report: SpeakReport = await stage.run(queue)
     committed = {e.phrase_id: e.t_ns for e in events if isinstance(e, PhraseCommitted)}
     first_audio: dict[int, int] = {}
     for event in events:
@@ -201,10 +211,11 @@ async def bench_scripted(pass_ms: float, tts_threads: int) -> dict[str, Any]:
     when its render was a hit, and when it is rendered only on commit."""
     synthesizer = PiperSynthesizer.load(TTSConfig(threads=tts_threads))
 
-    async def paced(drafts: list[Draft]) -> AsyncIterator[Draft]:
+    async def paced(drafts: list[Draft], queue: asyncio.Queue[Draft | None]) -> None:
         for draft in drafts:
             await asyncio.sleep(pass_ms / 1e3)
-            yield draft
+            await queue.put(draft)
+        await queue.put(None)
 
     results: dict[str, Any] = {"pass_ms": pass_ms, "answer_shape": "first phrase + ' How are you?'"}
     for name, config in (("speculation_on", SpeculatorConfig()), ("speculation_off", SpeculatorConfig(enabled=False))):
@@ -217,7 +228,10 @@ async def bench_scripted(pass_ms: float, tts_threads: int) -> dict[str, Any]:
                 sink.append(event)
 
             stage = SpeakStage(synthesizer, emit, session="bench", turn=0, config=config)
-            await stage.run(paced(scripted_drafts(phrase + " How are you?")))
+            queue: asyncio.Queue[Draft | None] = asyncio.Queue()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(paced(scripted_drafts(phrase + " How are you?"), queue), name="bench-drafts")
+                await stage.run(queue)
             commit = next(e.t_ns for e in events if isinstance(e, PhraseCommitted) and e.phrase_id == 0)
             audio = next(e.t_ns for e in events if isinstance(e, AudioOut) and e.phrase_id == 0)
             delays.append((audio - commit) / 1e6)

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from report_lib.inputs import InputError, check_audio, pick_turns, resolve_inputs
+from report_lib.report_math import summary, turn_record
 from report_lib.runners import InProcessRunner, ServerUnreachable, TurnResult, WebSocketRunner
 from tqdm import tqdm
 
 from voice.errors import AudioFormatError, VoiceError
-from voice.report_math import summary, turn_record
 
 # (name, speculation, early LM start)
 DEFAULT_RUN = ("speculation + early LM", True, True)

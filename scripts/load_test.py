@@ -34,10 +34,10 @@ from report_lib.load import (
     sample_rss,
 )
 from report_lib.page import machine_info
+from report_lib.report_math import largest_passing
 from report_lib.runners import ServerUnreachable
 
 from voice.errors import AudioFormatError
-from voice.report_math import largest_passing
 
 MAX_CLIENTS = 8
 SETTLE_S = 3.0

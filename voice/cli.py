@@ -16,13 +16,13 @@ from pathlib import Path
 
 from model.chat import GenerationOptions
 from model.errors import ModelError
-from voice.asr_stage import ListenConfig
-from voice.dialogue import DialogueConfig
 from voice.engines import EngineConfig, Engines, load_engines
 from voice.errors import NoAudioDevice, VoiceError
+from voice.listen.stage import ListenConfig
 from voice.session import SessionConfig
-from voice.speculator import SpeculatorConfig
-from voice.tts import TTSConfig
+from voice.speak.speculator import SpeculatorConfig
+from voice.speak.tts import TTSConfig
+from voice.think.dialogue import DialogueConfig
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         run_server(_load(args), session_config(args, full_duplex=True), web)
         return 0
     if args.command == "file":
-        from voice.file_mode import run_files, write_turns_json, write_wav
+        from voice.io.file_mode import run_files, write_turns_json, write_wav
 
         engines = _load(args)
         result = asyncio.run(run_files(engines, args.inputs, session_config(args, True), realtime=args.realtime))
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             write_turns_json(args.json, result)
         return 0
-    from voice.local_mode import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
+    from voice.io.local_mode import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
 
     if args.list_devices:
         print(list_devices())

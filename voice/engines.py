@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from model.chat import ChatModel
 from model.errors import ModelError
-from voice.asr_models import LoadedModel, load_model
-from voice.tts import PiperSynthesizer, TTSConfig, load_synthesizer
+from voice.listen.asr_models import LoadedModel, load_model
+from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
 
 
 @dataclass(frozen=True, slots=True)

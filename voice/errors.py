@@ -26,15 +26,10 @@ class TTSError(VoiceError):
 
 
 class ProtocolError(VoiceError):
-    """A client broke the WebSocket protocol (invalid JSON, unknown type, oversized frame...)."""
+    """A client broke the session's or the WebSocket's input contract (empty text turn, closed session, invalid
+    JSON, unknown type...). The WebSocket's own limits are `web.protocol.LimitExceeded`."""
 
     code = "protocol_error"
-
-
-class LimitExceeded(ProtocolError):
-    """A client exceeded a configured limit (message size, audio rate, text length, sessions...)."""
-
-    code = "limit_exceeded"
 
 
 class NoAudioDevice(VoiceError):

@@ -11,6 +11,7 @@ voice-to-voice latency = first_audio_out - speech_end.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 
@@ -27,6 +28,10 @@ class Event:
     @property
     def type(self) -> str:
         return EVENT_TYPES[type(self)]
+
+
+# How a stage hands its events on: awaited, so the receiver sees them in order before the stage goes on.
+Emit = Callable[[Event], Awaitable[None]]
 
 
 # --- listening -------------------------------------------------------------------------------------------------------

@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from voice.events import LATENCY_MARKS
 
 START_MARKS = ("speech_end", "text_in")  # a spoken turn starts at speech_end, a typed one when its text arrived
+# The stages on the critical path, in pipeline order: each is named by the mark that ends it, and their durations sum
+# to voice_to_voice. The latency report's fields and timeline are built from this list.
+STAGE_NAMES: tuple[str, ...] = LATENCY_MARKS[1:]
 
 
 def breakdown(marks: Mapping[str, int], endpoint_detected_ns: int | None = None) -> dict[str, float]:
@@ -29,7 +32,7 @@ def breakdown(marks: Mapping[str, int], endpoint_detected_ns: int | None = None)
     if endpoint_detected_ns is not None and start_name == "speech_end":
         result["endpoint_delay"] = (endpoint_detected_ns - start) / 1e6
     effective = start
-    for name in LATENCY_MARKS[1:]:
+    for name in STAGE_NAMES:
         if name not in marks:
             continue
         result[f"at_{name}"] = (marks[name] - start) / 1e6
@@ -40,5 +43,3 @@ def breakdown(marks: Mapping[str, int], endpoint_detected_ns: int | None = None)
         result["voice_to_voice"] = (marks["first_audio_out"] - start) / 1e6
     return result
 
-
-STAGE_NAMES = LATENCY_MARKS[1:]  # the stages whose durations sum to voice_to_voice

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -25,8 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.errors import ModelError
-from voice.asr_stage import ListenConfig, ListenStage
-from voice.dialogue import Dialogue, DialogueConfig
+from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
 from voice.events import (
@@ -48,10 +46,13 @@ from voice.events import (
     now_ns,
 )
 from voice.latency import breakdown
-from voice.lm_run import LmRun, cancel_and_wait
-from voice.playback import PlaybackLedger
-from voice.speculator import SpeculatorConfig
-from voice.speech_out import SpeakStage
+from voice.listen.stage import ListenConfig, ListenStage
+from voice.listen.words import same_words
+from voice.speak.playback_ledger import PlaybackLedger
+from voice.speak.speculator import SpeculatorConfig
+from voice.speak.stage import SpeakStage
+from voice.think.dialogue import Dialogue, DialogueConfig
+from voice.think.lm_run import LmRun
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,6 @@ class SessionConfig:
     wait_for_playback: bool = True
     max_text_chars: int = 2000
     log_size: int = 5000  # events kept in `Session.log` (audio chunks excluded)
-
-
-def _same_words(a: str, b: str) -> bool:
-    def words(text: str) -> list[str]:
-        return re.findall(r"[a-z0-9']+", text.lower())
-
-    return words(a) == words(b)
 
 
 @dataclass(slots=True)
@@ -215,7 +209,7 @@ class Session:
         await self._emit(replace(event, turn=self._turn_no))
 
     async def _start_early(self, text: str) -> None:
-        if self._early is not None and _same_words(self._early[0], text):
+        if self._early is not None and same_words(self._early[0], text):
             return
         await self._drop_early()
         messages = self._messages_with(text)
@@ -228,7 +222,7 @@ class Session:
             return None
         text, run = self._early
         self._early = None
-        if _same_words(text, final_text):
+        if same_words(text, final_text):
             return run
         await run.close()
         return None

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from voice import events as ev
-from voice.errors import LimitExceeded, ProtocolError
+from voice.errors import ProtocolError
+
+
+class LimitExceeded(ProtocolError):
+    """A client exceeded a configured limit (message size, audio rate, text length, sessions...)."""
+
+    code = "limit_exceeded"
+
 
 PROTOCOL_VERSION = 1
 DEFAULT_INPUT_SAMPLE_RATE = 16_000

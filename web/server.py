@@ -27,11 +27,13 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from voice import events as ev
-from voice.errors import LimitExceeded, VoiceError
-from voice.native_memory import limit_malloc_arenas, release_free_memory
+from voice.cancellation import cancel_and_wait
+from voice.errors import VoiceError
 from web import protocol
 from web.access import check_websocket_access
 from web.config import WebConfig
+from web.native_memory import limit_malloc_arenas, release_free_memory
+from web.protocol import LimitExceeded
 from web.ratelimit import TokenBucket, Verdict
 from web.static_files import http_response, static_response
 
@@ -78,16 +80,6 @@ class _TurnClock:
 
     speech_since: float | None = None
     input_sample_rate: int = protocol.DEFAULT_INPUT_SAMPLE_RATE
-
-
-async def cancel_and_wait(tasks: set[asyncio.Task[object]], grace_s: float) -> None:
-    """Cancel tasks and wait (bounded) until they have really finished, so nothing outlives its connection."""
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        _, still = await asyncio.wait(tasks, timeout=grace_s)
-        for task in still:
-            log.warning("task %s did not finish within %.1f s of cancellation", task.get_name(), grace_s)
 
 
 class VoiceServer:
@@ -226,7 +218,7 @@ class VoiceServer:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await cancel_and_wait(tasks, grace_s=self.config.shutdown_timeout_s)
+            await cancel_and_wait(*tasks, timeout_s=self.config.shutdown_timeout_s)
         for task in done:
             if task.cancelled():
                 continue
@@ -369,7 +361,7 @@ async def serve(
         await stop.wait()
 
 
-MALLOC_ARENAS = 2  # see voice.native_memory.limit_malloc_arenas
+MALLOC_ARENAS = 2  # see web.native_memory.limit_malloc_arenas
 THREADS_PER_SESSION = 6  # VAD, an ASR decode, an answer (plus a cancelled one winding down), two TTS renders
 
 

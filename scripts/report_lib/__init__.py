@@ -1,4 +1,6 @@
-"""Helpers of scripts/latency_report.py and scripts/load_test.py: inputs, runners, plots and the Markdown page.
+"""Helpers of the scripts: inputs, runners, plots and the Markdown page of the latency and load reports, plus the
+real-speech clips and the word error rate of the ASR benchmark.
 
-The arithmetic lives in voice/report_math.py (no I/O, unit-tested); these modules do the I/O around it.
+The report's arithmetic lives in report_math.py (no I/O, unit-tested); the other modules do the I/O around it. Tests
+import these modules too: tests/conftest.py puts scripts/ on the import path, as running a script does.
 """

@@ -9,7 +9,6 @@ real voices.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,10 +16,10 @@ import numpy as np
 import soundfile
 
 from model.cache import cache_root
-from voice.audio import TARGET_RATE, load_audio_16k, pcm16_to_float32, resample
+from report_lib.speech_samples import TESTDATA_DIR
+from voice.io.audio import TARGET_RATE, load_audio_16k, pcm16_to_float32, resample
 
 CACHE_DIR = cache_root() / "report-audio"
-TESTDATA_DIR = Path(os.environ.get("POCKETSPHINX_TESTDATA", "/usr/share/pocketsphinx/test/data"))
 QUESTIONS: tuple[str, ...] = (
     "What is the capital of France?",
     "Tell me a fun fact about octopuses.",
@@ -40,7 +39,7 @@ class InputError(Exception):
 
 def synthesised_questions(cache_dir: Path = CACHE_DIR, questions: Sequence[str] = QUESTIONS) -> list[Path]:
     """One 16 kHz WAV per question, synthesised with the bundled voice on first use and cached by text and voice."""
-    from voice.tts import TTSConfig, load_synthesizer, resolve_voice_paths
+    from voice.speak.tts import TTSConfig, load_synthesizer, resolve_voice_paths
 
     model_path, _ = resolve_voice_paths(TTSConfig())
     voice_tag = hashlib.sha256(f"{model_path.name}:{model_path.stat().st_size}".encode()).hexdigest()[:8]

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from report_lib.report_math import Summary, summarise
 from report_lib.runners import ServerUnreachable, TurnResult, WebSocketRunner
-from voice.report_math import Summary, summarise
 
 START_TIMEOUT_S = 180.0  # loading three models on a busy 2-core machine
 

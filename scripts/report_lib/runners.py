@@ -12,19 +12,17 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from voice.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
 from voice.events import ErrorEvent, SpeechStart, Transcript, TurnEnd
+from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.session import Session, SessionConfig
 
-FRAME_SAMPLES = TARGET_RATE // 50  # 20 ms, what a microphone callback delivers
 TRAILING_SILENCE_S = 1.2  # longer than the endpointer's minimum silence plus padding
 TURN_TIMEOUT_S = 120.0
 SPEECH_START_GRACE_S = 3.0
@@ -51,22 +49,6 @@ def turn_audio(path: Path) -> np.ndarray:
     """The clip at 16 kHz followed by trailing silence (AudioFormatError when it is not audio)."""
     silence = np.zeros(int(TRAILING_SILENCE_S * TARGET_RATE), np.float32)
     return np.concatenate([load_audio_16k(path), silence])
-
-
-async def _paced(frames: list[bytes], realtime: bool, send: Callable[[bytes], Any]) -> None:
-    """Hand each frame to `send` (awaited), at real-time pace when asked, else yielding between frames."""
-    started = time.monotonic()
-    for index, frame in enumerate(frames):
-        await send(frame)
-        if realtime:
-            due = started + (index + 1) * FRAME_SAMPLES / TARGET_RATE
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-        else:
-            await asyncio.sleep(0)
-
-
-def _frames(samples: np.ndarray) -> list[bytes]:
-    return [float32_to_pcm16(samples[i : i + FRAME_SAMPLES]) for i in range(0, len(samples), FRAME_SAMPLES)]
 
 
 # --- in-process ------------------------------------------------------------------------------------------------------
@@ -104,9 +86,9 @@ class InProcessRunner:
 
     async def run_turn(self, path: Path) -> TurnResult:
         result = TurnResult(str(path))
-        frames = _frames(turn_audio(path))
+        pcm = float32_to_pcm16(turn_audio(path))
         heard_before, errors_before = len(self._speech_turns), len(self._errors)
-        await _paced(frames, self._realtime, lambda pcm: self._session.feed_audio(pcm, TARGET_RATE))
+        await stream_pcm16(lambda frame: self._session.feed_audio(frame, TARGET_RATE), pcm, realtime=self._realtime)
         await self._session.end_of_audio()
         heard = self._speech_turns[heard_before:]
         if not heard:
@@ -230,11 +212,11 @@ class WebSocketRunner:
 
     async def run_turn(self, path: Path) -> TurnResult:
         result = TurnResult(str(path))
-        frames = _frames(turn_audio(path))
+        pcm = float32_to_pcm16(turn_audio(path))
         heard = self._heard
         starts_before, errors_before = len(heard.speech_starts), len(heard.errors)
         heard.speech_started.clear()
-        await _paced(frames, self._realtime, self._ws.send)
+        await stream_pcm16(self._ws.send, pcm, realtime=self._realtime)
         if len(heard.speech_starts) == starts_before:
             # the server may still be working through the last frames: give its speech_start a moment to arrive
             with contextlib.suppress(TimeoutError):

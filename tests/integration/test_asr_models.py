@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from report_lib.speech_samples import librivox_clips
+from report_lib.wer import word_error_rate
 
-from voice.asr import transcribe_file
-from voice.asr_models import base_parts_available, join_base_model, resolve_model, tiny_en_folder
 from voice.errors import ASRError
-from voice.speech_samples import librivox_clips
-from voice.wer import word_error_rate
+from voice.listen.asr_models import base_parts_available, join_base_model, resolve_model, tiny_en_folder
+from voice.listen.transcriber import transcribe_file
 
 pytestmark = pytest.mark.slow
 

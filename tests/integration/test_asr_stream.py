@@ -7,20 +7,22 @@ while the user is still speaking waits for each decode instead of pacing audio i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
 import soundfile
 import soxr
+from report_lib.speech_samples import librivox_clips
+from report_lib.wer import word_error_rate
 
-from voice.asr import StreamingTranscriber, TranscriberConfig, transcribe_file
-from voice.asr_models import LoadedModel, load_model
-from voice.asr_stage import ListenStage
-from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.errors import AudioFormatError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript
-from voice.speech_samples import librivox_clips
-from voice.wer import normalize_words, word_error_rate
+from voice.io.audio import float32_to_pcm16, load_audio_16k, stream_pcm16
+from voice.listen.asr_models import LoadedModel, load_model
+from voice.listen.stage import ListenStage
+from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file
+from voice.listen.words import normalize_words
 
 CLIPS = {clip.clip_id[-4:]: clip for clip in librivox_clips()}
 STREAMED = ("0880", "0930", "0890")  # 3.0 s, 3.3 s, 5.3 s
@@ -36,6 +38,15 @@ def model() -> LoadedModel:
     return load_model(cpu_threads=2)
 
 
+def recorder(events: list[Event]) -> Callable[[Event], Awaitable[None]]:
+    """An emit callback for a ListenStage that keeps its events in `events`."""
+
+    async def emit(event: Event) -> None:
+        events.append(event)
+
+    return emit
+
+
 def silence(seconds: float) -> np.ndarray:
     return np.zeros(int(16000 * seconds), dtype=np.float32)
 
@@ -46,13 +57,15 @@ async def stream(model: LoadedModel, audio: np.ndarray, rate: int = 16000, settl
     With `settle`, each chunk waits for the decodes in flight: the partials are those of a real-time stream on a CPU
     fast enough to keep up, and the same on any machine."""
     events: list[Event] = []
-    stage = ListenStage("test", events.append, model=model)
+    stage = ListenStage("test", recorder(events), model=model)
     pcm = float32_to_pcm16(audio)
-    step = rate * 30 // 1000 * 2
-    for offset in range(0, len(pcm), step):
-        await stage.accept(pcm[offset:offset + step], rate)
+
+    async def send(chunk: bytes) -> None:
+        await stage.accept(chunk, rate)
         if settle:
             await stage.wait_for_decodes()
+
+    await stream_pcm16(send, pcm, rate=rate, frame_ms=30)
     await stage.flush()
     return events
 
@@ -144,14 +157,13 @@ def test_same_transcript_at_any_input_rate_and_channel_count(model, tmp_path):
 def test_bad_input_raises_clear_errors_and_the_stream_goes_on(model, tmp_path):
     async def scenario() -> list[Event]:
         events: list[Event] = []
-        stage = ListenStage("bad", events.append, model=model)
+        stage = ListenStage("bad", recorder(events), model=model)
         with pytest.raises(AudioFormatError, match="odd number of bytes"):
             await stage.accept(b"\x00\x01\x02", 16000)
         with pytest.raises(AudioFormatError, match="sample rate"):
             await stage.accept(b"\x00\x00" * 160, 1000)
         pcm = float32_to_pcm16(np.concatenate([load_audio_16k(CLIPS["0880"].path), silence(1.0)]))
-        for offset in range(0, len(pcm), 960):
-            await stage.accept(pcm[offset:offset + 960], 16000)
+        await stream_pcm16(stage.accept, pcm, frame_ms=30)
         return events
 
     assert len(finals(asyncio.run(scenario()))) == 1  # the session survived the bad chunks

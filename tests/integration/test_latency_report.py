@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from report_lib.report_math import LATENCY_FIELDS, MARK_FIELDS, SEGMENTS, STAT_FIELDS, SUMMARY_FIELDS
 
-from voice.audio import load_audio_16k, resample
-from voice.report_math import LATENCY_FIELDS, MARK_FIELDS, SEGMENTS, STAGES, STAT_FIELDS, SUMMARY_FIELDS
+from voice.io.audio import load_audio_16k, resample
+from voice.latency import STAGE_NAMES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -82,8 +83,8 @@ def test_stage_durations_add_up_to_voice_to_voice(report_dir: Path) -> None:
     assert spoken, f"no turn produced audio: {[turn['errors'] for turn in run['turns']]}"
     for turn in spoken:
         latency = turn["latency_ms"]
-        assert all(latency[name] is not None and latency[name] >= 0 for name in STAGES), latency
-        assert sum(latency[name] for name in STAGES) == pytest.approx(latency["voice_to_voice"], abs=1.0)
+        assert all(latency[name] is not None and latency[name] >= 0 for name in STAGE_NAMES), latency
+        assert sum(latency[name] for name in STAGE_NAMES) == pytest.approx(latency["voice_to_voice"], abs=1.0)
         assert sum(turn["segments_ms"].values()) == pytest.approx(latency["voice_to_voice"], abs=1.0)
         assert list(turn["segments_ms"]) == [key for key, _ in SEGMENTS]
         assert turn["marks_ms"]["at_first_audio_out"] == pytest.approx(latency["voice_to_voice"], abs=1.0)

@@ -24,9 +24,10 @@ from voice.events import (
     SpeechStart,
     TurnEnd,
 )
-from voice.file_mode import run_files, write_wav
+from voice.io.audio import stream_pcm16
+from voice.io.file_mode import run_files, write_wav
 from voice.session import Session, SessionConfig
-from voice.speculator import SpeculatorConfig
+from voice.speak.speculator import SpeculatorConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -131,9 +132,7 @@ def test_barge_in_keeps_only_the_phrases_that_were_played(engines: Engines) -> N
         first_phrase_samples = sum(len(e.pcm) // 2 for e in events if isinstance(e, AudioOut) and e.phrase_id == 0)
         await wait_for(events, lambda e: isinstance(e, AudioOut) and e.phrase_id == 1)
         session.report_played(first_phrase_samples)  # the listener heard exactly the first phrase
-        for start in range(0, len(pcm := speech_pcm16()), 640):
-            await session.feed_audio(pcm[start : start + 640])
-            await asyncio.sleep(0)
+        await stream_pcm16(session.feed_audio, speech_pcm16())
         await wait_for(events, lambda e: isinstance(e, TurnEnd) and e.interrupted)
         await session.close()
         await collector

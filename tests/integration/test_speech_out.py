@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +19,9 @@ from voice.events import (
     SpeculationResult,
     TtsFirstChunk,
 )
-from voice.speculator import SpeculatorConfig
-from voice.speech_out import SpeakReport, SpeakStage
-from voice.tts import PiperSynthesizer, TTSConfig, load_synthesizer
+from voice.speak.speculator import SpeculatorConfig
+from voice.speak.stage import SpeakReport, SpeakStage
+from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +40,13 @@ def draft(step: int, committed: list[str], guess: list[str], done: bool = False)
     return Draft(step=step, pieces=tuple(pieces), done=done, finish_reason="stop" if done else None)
 
 
-async def paced(drafts: list[Draft], pass_s: float = 0.12) -> AsyncIterator[Draft]:
-    """Drafts at the pace of refinement passes, so speculative renders have time to run between them."""
+async def paced(drafts: list[Draft], queue: asyncio.Queue[Draft | None], pass_s: float = 0.12) -> None:
+    """Drafts onto the stage's queue at the pace of refinement passes, so speculative renders have time to run
+    between them; `None` at the end, as the session's LM pump does."""
     for item in drafts:
         await asyncio.sleep(pass_s)
-        yield item
+        await queue.put(item)
+    await queue.put(None)
 
 
 async def speak(
@@ -57,7 +58,10 @@ async def speak(
         events.append(event)
 
     stage = SpeakStage(synthesizer, emit, session="s", turn=1, config=config)
-    report = await stage.run(paced(drafts, pass_s))
+    queue: asyncio.Queue[Draft | None] = asyncio.Queue()
+    async with asyncio.TaskGroup() as group:
+        group.create_task(paced(drafts, queue, pass_s), name="drafts")
+        report = await stage.run(queue)
     return events, report
 
 
@@ -105,7 +109,7 @@ def test_missing_or_corrupt_voice_raises_tts_error(tmp_path: Path) -> None:
     (tmp_path / "bad.onnx.json").write_text("{}")
     with pytest.raises(TTSError, match="not a valid voice config"):
         PiperSynthesizer.load(TTSConfig(voice=bad))
-    from voice.tts import default_voice_paths
+    from voice.speak.tts import default_voice_paths
 
     (tmp_path / "bad.onnx.json").write_text(default_voice_paths()[1].read_text())
     with pytest.raises(TTSError, match="corrupt"):

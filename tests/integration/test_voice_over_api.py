@@ -15,11 +15,12 @@ from model.client import OpenAIChatModel
 from model.server import ServerConfig
 from tests.integration.api_harness import serve, tiny_chat_model
 from tests.integration.ws_harness import speech_pcm16
-from voice.asr_models import load_model
 from voice.engines import Engines
 from voice.events import AnswerDone, AudioOut, DraftUpdate, Event, Transcript, TurnEnd
+from voice.io.audio import stream_pcm16
+from voice.listen.asr_models import load_model
 from voice.session import Session, SessionConfig
-from voice.tts import load_synthesizer
+from voice.speak.tts import load_synthesizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -43,10 +44,7 @@ def test_spoken_turn_answered_by_dlm_serve_through_the_openai_client(tmp_path: P
                         turn_over.set()
 
             collector = asyncio.create_task(collect())
-            pcm = speech_pcm16()
-            for start in range(0, len(pcm), 640):
-                await session.feed_audio(pcm[start : start + 640])
-                await asyncio.sleep(0)
+            await stream_pcm16(session.feed_audio, speech_pcm16())
             await session.end_of_audio()
             async with asyncio.timeout(120):
                 await turn_over.wait()

@@ -19,9 +19,9 @@ from tests.integration.ws_harness import (
     load_test_engines,
     running_server,
     speech_pcm16,
-    stream_realtime,
 )
 from voice.engines import Engines
+from voice.io.audio import stream_pcm16
 from web.config import WebConfig
 from web.server import VoiceServer
 
@@ -44,7 +44,7 @@ def test_spoken_turn_typed_turn_and_interrupt(engines: Engines) -> None:
             spoken = Received()
             await collect(ws, spoken, until="ready")  # the greeting on connect
             await collect(ws, spoken, until="ready")  # the answer to hello
-            sender = asyncio.create_task(stream_realtime(ws, speech_pcm16()))
+            sender = asyncio.create_task(stream_pcm16(ws.send, speech_pcm16(), realtime=True))
             await collect(ws, spoken, until="turn_end")
             await sender
 
@@ -153,7 +153,7 @@ def test_flood_is_throttled_then_closed_while_another_session_keeps_working(engi
                 await collect(flooder, flood, timeout_s=30)
 
             flooding = asyncio.create_task(garbage_then_flood())
-            sender = asyncio.create_task(stream_realtime(good, speech_pcm16()))
+            sender = asyncio.create_task(stream_pcm16(good.send, speech_pcm16(), realtime=True))
             await collect(good, ok, until="turn_end")
             await sender
             await flooding
@@ -201,7 +201,7 @@ def test_an_utterance_over_the_limit_is_cut_and_answered(engines: Engines) -> No
         async with running_server(engines, impatient) as server, connect(url(server)) as ws:
             received = Received()
             await collect(ws, received, until="ready")
-            sender = asyncio.create_task(stream_realtime(ws, speech_pcm16()))
+            sender = asyncio.create_task(stream_pcm16(ws.send, speech_pcm16(), realtime=True))
             await collect(ws, received, until="turn_end")
             await sender
             return received

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
+from voice.io.audio import float32_to_pcm16, load_audio_16k
 from voice.session import SessionConfig
 from web.config import WebConfig
 from web.server import VoiceServer
 
+# not report_lib.speech_samples: server subprocesses import this module without scripts/ on their path
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 SPEECH_CLIP = LIBRIVOX / "sense_and_sensibility_01_austen_64kb-0880.wav"  # "he was not an ill disposed young man"
 SPEECH_WORDS = {"he", "was", "not", "an", "ill", "disposed", "young", "man"}
@@ -29,8 +30,8 @@ def load_test_engines(tmp_folder: Path) -> Engines:
     """The real ASR and TTS; the bundled LM when it has been trained, else a tiny random BERT (real code, random
     words) so the pipeline and the socket can be tested before the bundled model exists."""
     from model.loading import load_chat_model
-    from voice.asr_models import load_model
-    from voice.tts import load_synthesizer
+    from voice.listen.asr_models import load_model
+    from voice.speak.tts import load_synthesizer
 
     if DEFAULT_ADAPTER.exists():
         lm = load_chat_model(None)
@@ -92,16 +93,6 @@ async def collect(ws, received: Received, until: str | None = None, timeout_s: f
         received.close_code = closed.rcvd.code if closed.rcvd else None
         received.close_reason = closed.rcvd.reason if closed.rcvd else ""
         return received
-
-
-async def stream_realtime(ws, pcm: bytes, frame_ms: int = 20, rate: int = 16000, speed: float = 1.0) -> None:
-    """Send PCM16 in frames at (a multiple of) real time, as a microphone would."""
-    frame_bytes = rate * frame_ms // 1000 * 2
-    started = time.monotonic()
-    for index, offset in enumerate(range(0, len(pcm), frame_bytes)):
-        await ws.send(pcm[offset : offset + frame_bytes])
-        due = started + (index + 1) * frame_ms / 1000 / speed
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
 
 
 @asynccontextmanager

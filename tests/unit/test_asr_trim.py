@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from voice.asr import whole_word_boundaries
-from voice.local_agreement import Word
+from voice.listen.local_agreement import Word
+from voice.listen.transcriber import whole_word_boundaries
 
 
 def words(*spec: tuple[str, float, float]) -> list[Word]:

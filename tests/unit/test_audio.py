@@ -1,14 +1,17 @@
-"""PCM conversions, WAV reading and resampling to 16 kHz (no model)."""
+"""PCM conversions, WAV reading, resampling to 16 kHz and streaming PCM in frames (no model)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import time
 
 import numpy as np
 import pytest
 import soundfile
 
-from voice.audio import (
+from voice.errors import AudioFormatError
+from voice.io.audio import (
     StreamResampler,
     check_sample_rate,
     float32_to_pcm16,
@@ -16,10 +19,10 @@ from voice.audio import (
     pcm16_to_float32,
     read_wav,
     resample,
+    stream_pcm16,
     to_mono,
     validate_pcm16,
 )
-from voice.errors import AudioFormatError
 
 
 def tone(frequency: float, rate: int, seconds: float = 1.0) -> np.ndarray:
@@ -117,3 +120,24 @@ def test_empty_corrupt_and_non_audio_input_raise_clear_errors(tmp_path):
         read_wav(wav_bytes(np.zeros(0, dtype=np.float32), 16000, "PCM_16"))
     with pytest.raises(AudioFormatError, match="not found"):
         read_wav(tmp_path / "missing.wav")
+
+
+def test_stream_pcm16_sends_microphone_sized_frames_and_paces_them_in_real_time():
+    pcm = bytes(range(256)) * 25  # 6400 bytes: 200 ms at 16 kHz
+
+    async def frames(**pacing) -> tuple[list[bytes], float]:
+        sent: list[bytes] = []
+
+        async def send(frame: bytes) -> None:
+            sent.append(frame)
+
+        started = time.monotonic()
+        await stream_pcm16(send, pcm, **pacing)
+        return sent, time.monotonic() - started
+
+    fast, fast_s = asyncio.run(frames())
+    assert [len(frame) for frame in fast] == [640] * 10 and b"".join(fast) == pcm and fast_s < 0.1
+    slices, _ = asyncio.run(frames(rate=8000, frame_ms=30))
+    assert [len(frame) for frame in slices] == [480] * 13 + [160]  # the last frame holds what is left
+    paced, paced_s = asyncio.run(frames(realtime=True, speed=2.0))
+    assert paced == fast and 0.09 <= paced_s < 0.5  # 200 ms of audio at twice real time

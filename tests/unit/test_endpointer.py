@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from voice.endpointer import Endpointer, EndpointerConfig
+from voice.listen.endpointer import Endpointer, EndpointerConfig
 
 FRAME = 512
 CONFIG = EndpointerConfig(threshold=0.5, min_speech_ms=96, min_silence_ms=320, speech_pad_ms=64)  # 3 frames start

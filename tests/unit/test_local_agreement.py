@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from voice.local_agreement import LocalAgreement, Word, common_prefix_length, join_words
+from voice.listen.local_agreement import LocalAgreement, Word, common_prefix_length, join_words
 
 
 def words(text: str, start: float = 0.0, step: float = 0.4) -> list[Word]:
@@ -36,6 +36,9 @@ def test_case_and_punctuation_do_not_block_agreement():
     newly = agreement.update([Word(" hello,", 0.0, 0.3), Word(" world", 0.4, 0.7), Word(" again", 0.8, 1.0)])
     assert [w.key for w in newly] == ["hello", "world"]
     assert common_prefix_length(words("a b c"), words("a b d")) == 2
+    # the same normalisation as the session and the WER: hyphens and abbreviations too
+    assert Word(" Ill-disposed,", 0.0, 0.3).key == Word(" ill disposed", 0.0, 0.3).key == "ill disposed"
+    assert Word(" Mr.", 0.0, 0.3).key == Word(" mister", 0.0, 0.3).key
 
 
 def test_hypothesis_of_a_trimmed_buffer_skips_words_already_committed():

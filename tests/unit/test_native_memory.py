@@ -15,7 +15,7 @@ import pytest
 
 SCENARIO = """
 import json, os
-from voice.native_memory import release_free_memory
+from web.native_memory import release_free_memory
 
 def rss_mb():
     with open("/proc/self/statm") as statm:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from voice.playback import PlaybackLedger
+from voice.speak.playback_ledger import PlaybackLedger
 
 
 def ledger_with(phrases: list[tuple[str, int]]) -> PlaybackLedger:

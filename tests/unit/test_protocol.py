@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from voice import events as ev
-from voice.errors import LimitExceeded, ProtocolError
+from voice.errors import ProtocolError
 from web import protocol as p
+from web.protocol import LimitExceeded
 from web.ratelimit import RateLimit, TokenBucket, Verdict
 
 LIMITS = p.ProtocolLimits(max_message_bytes=1024, max_text_chars=50)

@@ -8,13 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from voice.latency import breakdown
-from voice.report_math import (
+from report_lib.report_math import (
     LATENCY_FIELDS,
     MARK_FIELDS,
     SEGMENTS,
-    STAGES,
     STAT_FIELDS,
     SUMMARY_FIELDS,
     change,
@@ -26,6 +23,8 @@ from voice.report_math import (
     summary,
     turn_record,
 )
+
+from voice.latency import STAGE_NAMES, breakdown
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -103,7 +102,7 @@ def test_turn_record_has_every_field_even_when_unmeasured() -> None:
 
 
 def test_summary_covers_every_figure_and_speculation_totals() -> None:
-    spoken = {name: 100.0 for name in STAGES} | {"endpoint_delay": 50.0, "voice_to_voice": 500.0}
+    spoken = {name: 100.0 for name in STAGE_NAMES} | {"endpoint_delay": 50.0, "voice_to_voice": 500.0}
     turns = [
         turn_record(1, "a.wav", "a", "x", spoken, {"hits": 2, "misses": 1, "saved_ms": 80.0}),
         turn_record(2, "b.wav", "b", "y", spoken | {"voice_to_voice": 700.0}, {"hits": 1, "misses": 0}),

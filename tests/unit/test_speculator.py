@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from model.chat import Draft, DraftPiece
 from model.refinement import Refinement
-from voice.speculator import (
+from voice.speak.speculator import (
     Commit,
     Discard,
     PhraseSpeculator,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from voice.text_normalize import (
+from voice.speak.text_normalize import (
     normalize_for_speech,
     number_to_words,
     ordinal_to_words,

@@ -16,10 +16,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from voice.audio import TARGET_RATE
 from voice.engines import Engines
 from voice.errors import AudioFormatError, NoAudioDevice
 from voice.events import AnswerDone, AudioOut, AudioStart, Clear, ErrorEvent, Transcript, TurnEnd
+from voice.io.audio import TARGET_RATE
 from voice.session import Session, SessionConfig
 
 BLOCK_MS = 20

@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from voice.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
 from voice.events import AudioOut, ErrorEvent, Event, SpeechStart, Transcript, TurnEnd
+from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.session import Session, SessionConfig
 
-CHUNK_SAMPLES = TARGET_RATE // 50  # 20 ms, what a microphone callback delivers
 TRAILING_SILENCE_S = 1.2  # longer than the endpointer's minimum silence plus padding
 
 
@@ -91,7 +90,8 @@ async def run_files(
             samples = load_audio_16k(path)  # AudioFormatError for anything that is not audio
             silence = np.zeros(int(TRAILING_SILENCE_S * TARGET_RATE), dtype=np.float32)
             first_event = len(events)
-            await _stream(session, np.concatenate([samples, silence]), realtime)
+            pcm = float32_to_pcm16(np.concatenate([samples, silence]))
+            await stream_pcm16(lambda frame: session.feed_audio(frame, TARGET_RATE), pcm, realtime=realtime)
             await session.end_of_audio()
             heard_speech = any(isinstance(e, SpeechStart) for e in events[first_event:])
             # a spoken turn always ends with TurnEnd (answer, error or timeout); silence or noise never starts one
@@ -108,18 +108,6 @@ async def run_files(
         else:
             collector.cancel()
     return FileRunResult(turns, audio, engines.tts.sample_rate, events)
-
-
-async def _stream(session: Session, samples: np.ndarray, realtime: bool) -> None:
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    for index, start in enumerate(range(0, len(samples), CHUNK_SAMPLES)):
-        await session.feed_audio(float32_to_pcm16(samples[start : start + CHUNK_SAMPLES]), TARGET_RATE)
-        if realtime:
-            due = started + (index + 1) * CHUNK_SAMPLES / TARGET_RATE
-            await asyncio.sleep(max(0.0, due - loop.time()))
-        else:
-            await asyncio.sleep(0)
 
 
 async def _next_turn_end(ended: asyncio.Queue[TurnEnd | None], wait_s: float) -> TurnEnd | None:

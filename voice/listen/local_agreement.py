@@ -10,11 +10,10 @@ with earlier ones: words the committed prefix already covers are dropped before 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-_NOT_WORD = re.compile(r"[^\w']+")
+from voice.listen.words import normalize_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +27,7 @@ class Word:
     @property
     def key(self) -> str:
         """What agreement compares: case and punctuation often flip between hypotheses without changing the word."""
-        return _NOT_WORD.sub("", self.text.lower())
+        return " ".join(normalize_words(self.text))
 
 
 def join_words(words: Sequence[Word]) -> str:

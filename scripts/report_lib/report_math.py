@@ -14,11 +14,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Stage durations on the critical path, in pipeline order; they sum to voice_to_voice (voice.latency.STAGE_NAMES).
-STAGES: tuple[str, ...] = ("asr_final", "lm_first_pass", "first_phrase_committed", "tts_first_chunk", "first_audio_out")
-# Every latency figure a turn record carries, in ms (None when the turn could not measure it).
-LATENCY_FIELDS: tuple[str, ...] = ("endpoint_delay", *STAGES, "voice_to_voice")
-MARK_FIELDS: tuple[str, ...] = tuple(f"at_{name}" for name in STAGES)
+from voice.latency import STAGE_NAMES
+
+# Every latency figure a turn record carries, in ms (None when the turn could not measure it); the stages are
+# voice.latency.STAGE_NAMES.
+LATENCY_FIELDS: tuple[str, ...] = ("endpoint_delay", *STAGE_NAMES, "voice_to_voice")
+MARK_FIELDS: tuple[str, ...] = tuple(f"at_{name}" for name in STAGE_NAMES)
 STAT_FIELDS: tuple[str, ...] = (
     "tokens",
     "passes",
@@ -134,7 +135,7 @@ def stage_sum(latency_ms: Mapping[str, Any]) -> float | None:
     """Sum of the stage durations (equals voice_to_voice up to rounding); None when the turn never spoke."""
     if _number(latency_ms.get("voice_to_voice")) is None:
         return None
-    return sum(_number(latency_ms.get(name)) or 0.0 for name in STAGES)
+    return sum(_number(latency_ms.get(name)) or 0.0 for name in STAGE_NAMES)
 
 
 def segments(latency_ms: Mapping[str, Any]) -> dict[str, float] | None:
@@ -148,7 +149,7 @@ def segments(latency_ms: Mapping[str, Any]) -> dict[str, float] | None:
     asr = _number(latency_ms.get("asr_final")) or 0.0
     endpoint = min(max(_number(latency_ms.get("endpoint_delay")) or 0.0, 0.0), asr)
     result = {"endpoint_delay": endpoint, "asr_decode": asr - endpoint}
-    for name in STAGES[1:]:
+    for name in STAGE_NAMES[1:]:
         result[name] = _number(latency_ms.get(name)) or 0.0
     return result
 

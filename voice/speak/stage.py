@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from model.chat import Draft
@@ -24,19 +24,15 @@ from voice.events import (
     AudioEnd,
     AudioOut,
     AudioStart,
-    Event,
+    Emit,
     PhraseCommitted,
     SpeculationResult,
     TtsFirstChunk,
     now_ns,
 )
-from voice.playback import PhrasePlayback, PlaybackLedger
-from voice.speculator import Action, Commit, Discard, PhraseSpeculator, Render, SpeculatorConfig
-from voice.tts import SpeechSynthesizer
-
-__all__ = ["Emit", "PhrasePlayback", "PlaybackLedger", "SpeakReport", "SpeakStage"]
-
-Emit = Callable[[Event], Awaitable[None]]
+from voice.speak.playback_ledger import PlaybackLedger
+from voice.speak.speculator import Action, Commit, Discard, PhraseSpeculator, Render, SpeculatorConfig
+from voice.speak.tts import SpeechSynthesizer
 
 
 @dataclass(slots=True)
@@ -122,11 +118,11 @@ class SpeakStage:
     def sample_rate(self) -> int:
         return self._synthesizer.sample_rate
 
-    async def run(self, drafts: AsyncIterable[Draft] | asyncio.Queue[Draft | None]) -> SpeakReport:
-        """Speak the answer whose drafts arrive from `drafts` (an async iterator, or a queue ended by a done draft or
-        `None`). Cancelling the task stops rendering between chunks and waits for the chunk in flight, so no work is
-        left behind. A single failure (a `TTSError` from synthesis, a `ModelError` from the drafts) is raised as
-        itself, not wrapped in an exception group."""
+    async def run(self, drafts: asyncio.Queue[Draft | None]) -> SpeakReport:
+        """Speak the answer whose drafts arrive on `drafts`, a queue ended by a done draft or `None` (the producer
+        puts `None` when it stops early, e.g. on a model error). Cancelling the task stops rendering between chunks
+        and waits for the chunk in flight, so no work is left behind. A single failure (a `TTSError` from synthesis)
+        is raised as itself, not wrapped in an exception group."""
         if self._ran:
             raise RuntimeError("a SpeakStage speaks one answer; create a new one")
         self._ran = True
@@ -144,18 +140,12 @@ class SpeakStage:
         return self._report()
 
     # --- drafts -> actions -----------------------------------------------------------------------------------------
-    async def _consume(self, drafts: AsyncIterable[Draft] | asyncio.Queue[Draft | None]) -> None:
+    async def _consume(self, drafts: asyncio.Queue[Draft | None]) -> None:
         try:
-            if isinstance(drafts, asyncio.Queue):
-                while (draft := await drafts.get()) is not None:
-                    await self._apply(self._speculator.feed(draft))
-                    if draft.done:
-                        break
-            else:
-                async for draft in drafts:
-                    await self._apply(self._speculator.feed(draft))
-                    if draft.done:
-                        break
+            while (draft := await drafts.get()) is not None:
+                await self._apply(self._speculator.feed(draft))
+                if draft.done:
+                    break
             await self._apply(self._speculator.finish())
         finally:
             self._feeding_done = True

@@ -1,16 +1,19 @@
-"""Audio conversions every stage shares: PCM16 <-> float32, WAV reading, and resampling to the 16 kHz the models want.
+"""Audio conversions every stage shares: PCM16 <-> float32, WAV reading, resampling to the 16 kHz the models want,
+and streaming PCM in microphone-sized frames.
 
 The whole pipeline works on mono float32 in [-1, 1] at `TARGET_RATE`. Anything else (another rate, stereo, 8/24/32-bit
 WAV) is converted here, once, at the edge; a mistake in this module silently turns speech into nonsense transcripts, so
 every bad input raises `AudioFormatError` with a message that says what was wrong.
 
 Public API: `TARGET_RATE`, `validate_pcm16`, `pcm16_to_float32`, `float32_to_pcm16`, `check_sample_rate`, `to_mono`,
-`resample`, `StreamResampler`, `read_wav`, `load_audio_16k`.
+`resample`, `StreamResampler`, `read_wav`, `load_audio_16k`, `stream_pcm16`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +129,30 @@ def load_audio_16k(source: str | Path | bytes) -> np.ndarray:
     """Read a WAV file and return mono float32 at 16 kHz, the form the VAD and Whisper expect."""
     samples, rate = read_wav(source)
     return resample(to_mono(samples), rate, TARGET_RATE)
+
+
+async def stream_pcm16(
+    send: Callable[[bytes], Awaitable[object]],
+    pcm: bytes,
+    *,
+    rate: int = TARGET_RATE,
+    frame_ms: int = 20,
+    realtime: bool = False,
+    speed: float = 1.0,
+) -> None:
+    """Hand PCM16 to `send` in `frame_ms` frames, as a microphone callback delivers it (file mode, reports, tests).
+
+    With `realtime` each frame is sent when it would have been recorded (`speed` times faster when asked), so the
+    streaming ASR, the endpointer and the early LM start behave as they do live; otherwise frames go as fast as `send`
+    takes them, yielding to the event loop between frames so the pipeline's tasks keep up.
+    """
+    frame_bytes = rate * frame_ms // 1000 * 2
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for index, offset in enumerate(range(0, len(pcm), frame_bytes)):
+        await send(pcm[offset : offset + frame_bytes])
+        if realtime:
+            due = started + (index + 1) * frame_ms / 1000 / speed
+            await asyncio.sleep(max(0.0, due - loop.time()))
+        else:
+            await asyncio.sleep(0)

@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import inspect
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from voice.asr import Hypothesis, StreamingTranscriber, TranscriberConfig
-from voice.asr_models import LoadedModel, load_model
-from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
-from voice.endpointer import EndpointDecision, Endpointer, EndpointerConfig
 from voice.errors import VoiceError
-from voice.events import Event, SpeechEnd, SpeechStart, Transcript, now_ns
-from voice.vad import SileroVad
-
-EventSink = Callable[[Event], Awaitable[None] | None] | asyncio.Queue
+from voice.events import Emit, SpeechEnd, SpeechStart, Transcript, now_ns
+from voice.io.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
+from voice.listen.asr_models import LoadedModel, load_model
+from voice.listen.endpointer import EndpointDecision, Endpointer, EndpointerConfig
+from voice.listen.transcriber import Hypothesis, StreamingTranscriber, TranscriberConfig
+from voice.listen.vad import SileroVad
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +40,7 @@ class ListenConfig:
 
 
 class ListenStage:
-    """One session's ears. Call `accept` with each PCM16 chunk, `flush` at end of stream; events go to `sink`.
+    """One session's ears. Call `accept` with each PCM16 chunk, `flush` at end of stream; events are awaited on `emit`.
 
     Emits, per turn: `SpeechStart`, zero or more partial `Transcript(final=False)` (only when the text changed),
     `SpeechEnd`, then exactly one `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then
@@ -53,12 +49,12 @@ class ListenStage:
     on), `ASRError` from the `accept`/`flush` that ends a turn whose decode failed (that turn has no final).
     """
 
-    def __init__(self, session: str, sink: EventSink, config: ListenConfig | None = None,
+    def __init__(self, session: str, emit: Emit, config: ListenConfig | None = None,
                  model: LoadedModel | None = None, first_turn: int = 1) -> None:
         self.session = session
         self.config = config or ListenConfig()
         self.turn = first_turn
-        self._sink = sink
+        self._emit = emit
         self._model = model or load_model(self.config.model, self.config.cpu_threads)
         self._vad = SileroVad()
         self._endpointer = Endpointer(self.config.endpointer)
@@ -257,11 +253,3 @@ class ListenStage:
         if cut > 1:
             del self._chunk_ends[:cut - 1]
             del self._chunk_arrivals[:cut - 1]
-
-    async def _emit(self, event: Event) -> None:
-        if isinstance(self._sink, asyncio.Queue):
-            self._sink.put_nowait(event)
-            return
-        result = self._sink(event)
-        if inspect.isawaitable(result):
-            await result

@@ -1,23 +1,14 @@
 """Word error rate, for comparing streaming against offline transcripts (tests and the ASR benchmark).
 
-Both sides go through the same normalisation (case, punctuation, hyphens, a few spoken forms of abbreviations), so a
-difference in WER is a difference in words, not in Whisper's punctuation.
+Both sides go through the pipeline's word normalisation (`voice.listen.words`: case, punctuation, hyphens, a few
+spoken forms of abbreviations), so a difference in WER is a difference in words, not in Whisper's punctuation.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
-_SPOKEN = {"mr": "mister", "mrs": "missus", "dr": "doctor", "st": "saint"}
-_SEPARATORS = re.compile(r"[-–—/]")
-_NOT_WORD = re.compile(r"[^a-z0-9' ]+")
-
-
-def normalize_words(text: str) -> list[str]:
-    """Lower-case words without punctuation; hyphenated words split ("ill-disposed" -> "ill disposed")."""
-    text = _NOT_WORD.sub(" ", _SEPARATORS.sub(" ", text.lower()))
-    return [_SPOKEN.get(word, word) for word in (w.strip("'") for w in text.split()) if word]
+from voice.listen.words import normalize_words
 
 
 def edit_distance(reference: list[str], hypothesis: list[str]) -> int:

@@ -83,16 +83,3 @@ class LmRun:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self.task
 
-
-CANCEL_WAIT_SECONDS = 10.0
-
-
-async def cancel_and_wait(task: asyncio.Task | None) -> None:
-    """Cancel `task` and wait (bounded) until it has really finished."""
-    if task is None or task.done():
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-        await asyncio.wait_for(asyncio.shield(task), CANCEL_WAIT_SECONDS)
-    if not task.done():
-        log.warning("task %s did not stop within %.0f s", task.get_name(), CANCEL_WAIT_SECONDS)

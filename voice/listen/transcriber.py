@@ -2,9 +2,9 @@
 
 Whisper is not a streaming model, so this re-decodes a growing buffer of the current turn's audio each time enough new
 audio has arrived (`partial_step_s`), and commits the words two consecutive decodes agree on (LocalAgreement-2, see
-`voice.local_agreement`). Long turns stay cheap: once the buffer passes `trim_after_s`, it is cut at the end of the last
-fully committed Whisper segment, and the committed text before the cut becomes the initial prompt so the model keeps
-its context. `finish` reuses the last decode when no audio arrived since; otherwise it decodes exactly once more.
+`voice.listen.local_agreement`). Long turns stay cheap: once the buffer passes `trim_after_s`, it is cut at the end of
+the last fully committed Whisper segment, and the committed text before the cut becomes the initial prompt so the model
+keeps its context. `finish` reuses the last decode when no audio arrived since; otherwise it decodes exactly once more.
 
 The caller owns threading: `process` and `finish` block for one decode (~0.3 s for tiny.en on two busy cores), so the
 async stage runs them in a worker thread while holding the shared model's lock.
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from voice.audio import TARGET_RATE, load_audio_16k
 from voice.errors import ASRError, AudioFormatError
-from voice.local_agreement import LocalAgreement, Word, join_words
+from voice.io.audio import TARGET_RATE, load_audio_16k
+from voice.listen.local_agreement import LocalAgreement, Word, join_words
 
 # Below a few seconds of encoder window, tiny.en starts to hallucinate; above, the encoder cost grows ~linearly.
 MIN_ENCODER_WINDOW_S = 5.0
@@ -84,7 +84,7 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
     """Decode `audio` once; return its words and segment end times, shifted by `offset_s` into turn time.
 
     `window_margin_s` shows the encoder only the audio plus that margin instead of Whisper's 30 s window (see
-    `voice.asr_models.windowed_model_class`); ignored by a model without `encoder_frames`.
+    `voice.listen.asr_models.windowed_model_class`); ignored by a model without `encoder_frames`.
     """
     windowed = window_margin_s is not None and hasattr(model, "encoder_frames")
     options = decode_options(config)
@@ -266,7 +266,7 @@ class StreamingTranscriber:
 def transcribe_file(path: str | Path, model: Any | None = None, config: TranscriberConfig | None = None) -> str:
     """Offline transcript of a whole WAV file with the same model and decode options as streaming (for WER checks)."""
     if model is None:
-        from voice.asr_models import load_model
+        from voice.listen.asr_models import load_model
 
         model = load_model().model
     audio = load_audio_16k(path)

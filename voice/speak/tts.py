@@ -20,7 +20,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from piper import PiperConfig, PiperVoice, SynthesisConfig
 
 from voice.errors import TTSError
-from voice.text_normalize import normalize_for_speech
+from voice.speak.text_normalize import normalize_for_speech
 
 _ORT_ERRORS = (
     ort_errors.Fail,

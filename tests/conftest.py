@@ -1,0 +1,10 @@
+"""Make scripts/ importable as it is when a script runs (`import report_lib...`): the tests check its helpers too."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SCRIPTS = str(Path(__file__).resolve().parents[1] / "scripts")
+if SCRIPTS not in sys.path:
+    sys.path.insert(0, SCRIPTS)

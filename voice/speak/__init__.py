@@ -1,0 +1,1 @@
+"""Speak: drafts in, committed audio out (phrase speculator, text normalisation, Piper, playback ledger)."""
