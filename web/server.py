@@ -134,6 +134,9 @@ class VoiceServer:
             process_request=self._process_request,
             max_size=self.config.max_message_bytes,
             max_queue=self.config.max_queued_messages,
+            # no permessage-deflate: a 256 KiB socket read of compressed zeros would inflate into hundreds of
+            # max-size frames at once, past max_queue; PCM hardly compresses anyway
+            compression=None,
             close_timeout=2,
             server_header="voice-assistant",
             ssl=server_ssl_context(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None,
