@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", default=None, help="access token (default: $VOICE_ASSISTANT_TOKEN)")
     serve.add_argument("--allow-origin", action="append", default=[], help="extra allowed Origin for WebSockets")
     serve.add_argument("--max-sessions", type=int, default=8)
+    serve.add_argument(
+        "--max-sessions-per-client", type=int, default=3, help="sessions one client address may hold (default 3)"
+    )
     tls = serve.add_argument_group("HTTPS (a browser on another device grants the microphone only over HTTPS)")
     tls.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) to serve HTTPS and WSS with")
     tls.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
@@ -138,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             token=args.token or os.environ.get(TOKEN_ENV) or None,
             allowed_origins=tuple(args.allow_origin),
             max_sessions=args.max_sessions,
+            max_sessions_per_client=args.max_sessions_per_client,
             tls_cert=cert,
             tls_key=key,
         )
@@ -175,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         args.command, args.host, args.port, args.allow_remote = "serve", "127.0.0.1", 8765, False
         args.token, args.allow_origin, args.max_sessions = None, [], 8
         args.tls_cert, args.tls_key, args.self_signed = None, None, False
+        args.max_sessions_per_client = 3
         return run(args)
     asyncio.run(run_local(_load(args), session_config(args, full_duplex=args.headset), audio))
     return 0

@@ -17,6 +17,7 @@ import logging
 import math
 import signal
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,6 +125,7 @@ class VoiceServer:
         self._next_slot = 0
         self._closing = False
         self._origins: frozenset[str] = frozenset()
+        self._refused: weakref.WeakKeyDictionary[ServerConnection, Denied] = weakref.WeakKeyDictionary()
 
     # --- lifecycle ---------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -202,11 +204,21 @@ class VoiceServer:
         denied = check_websocket_access(self.config, self.port, request.path, request.headers, self._origins)
         if denied is not None:
             log.info("refused WebSocket from %s: %s", connection.remote_address, denied.reason)
+            if "Origin" in request.headers and upgrade:
+                # A browser shows a script nothing of a refused handshake (code 1006, no reason), so the user would
+                # never learn why: open the socket only to close it at once with 1008 and the reason. No session is
+                # made and nothing the client sends is read.
+                self._refused[connection] = denied
+                return None
             return _refusal(denied)
         return None  # websockets answers a plain GET /ws with 426 Upgrade Required
 
     # --- one connection ----------------------------------------------------------------------------------------------
     async def _handle(self, conn: ServerConnection) -> None:
+        refused = self._refused.pop(conn, None)
+        if refused is not None:
+            await conn.close(CloseCode.POLICY_VIOLATION, _close_reason(refused.reason))
+            return
         client = str(conn.remote_address[0]) if conn.remote_address else "?"
         busy = None
         if len(self._sessions) >= self.config.max_sessions:
@@ -375,6 +387,12 @@ class VoiceServer:
 
 def _send_error(state: _Connection, exc: VoiceError, turn: int | None = None) -> None:
     state.send(protocol.error_message(exc.code, str(exc), turn))
+
+
+def _close_reason(text: str) -> str:
+    """A close reason fits in 123 bytes of UTF-8 (RFC 6455)."""
+    data = text.encode()
+    return text if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."
 
 
 def _refusal(denied: Denied) -> Response:

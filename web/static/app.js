@@ -80,6 +80,7 @@ function inputRate() {
 }
 
 function sendHello() {
+  window.__inputRate = inputRate();
   send(JSON.stringify({ type: "hello", sample_rate: inputRate(), protocol: 1 }));
 }
 
