@@ -140,12 +140,14 @@ async def spoken_turn(browser, port: int) -> dict[str, object]:
     assert response is not None
     redirected_from = response.request.redirected_from
     redirect = await redirected_from.response() if redirected_from is not None else None
-    await page.wait_for_function("window.__state === 'ready'", timeout=20_000)
+    # predicates are functions, not expressions: Playwright evaluates an expression with eval(), which the page's CSP
+    # (rightly) forbids
+    await page.wait_for_function("() => window.__state === 'ready'", timeout=20_000)
     await page.click("#start")
-    await page.wait_for_function("window.__state === 'listening'", timeout=20_000)
+    await page.wait_for_function("() => window.__state === 'listening'", timeout=20_000)
     await page.wait_for_selector(".user-turn", timeout=120_000)
     await page.wait_for_selector(".assistant-turn .latency", timeout=180_000)
-    await page.wait_for_function("window.__playedSamples > 2000", timeout=60_000)
+    await page.wait_for_function("() => window.__playedSamples > 2000", timeout=60_000)
     cookies = [c for c in await context.cookies() if c["name"].startswith("voice_assistant_token")]
     result = {
         "user": await page.inner_text(".user-turn"),
@@ -175,7 +177,7 @@ async def other_device_state(browser, port: int) -> str:
     page = await context.new_page()
     try:
         await page.goto(f"https://{OTHER_DEVICE}:{port}/?token={TOKEN}")
-        await page.wait_for_function("['ready', 'closed'].includes(window.__state)", timeout=20_000)
+        await page.wait_for_function("() => ['ready', 'closed'].includes(window.__state)", timeout=20_000)
         state = await page.evaluate("window.__state")
         return "ready" if state == "ready" else f"{state}: {await page.inner_text('#error')}"
     finally:
