@@ -70,11 +70,14 @@ class ScriptedSession:
         self._out.put_nowait(None)
 
 
-def scripted_server(config: WebConfig, **session_args: float) -> tuple[VoiceServer, list[ScriptedSession]]:
+def scripted_server(
+    config: WebConfig, session_class: type[ScriptedSession] = ScriptedSession, **session_args: float
+) -> tuple[VoiceServer, list[ScriptedSession]]:
+    """A server whose every connection gets a new `session_class(**session_args)`; the list collects them."""
     sessions: list[ScriptedSession] = []
 
     def factory() -> ScriptedSession:
-        sessions.append(ScriptedSession(**session_args))
+        sessions.append(session_class(**session_args))
         return sessions[-1]
 
     return VoiceServer(None, None, config, session_factory=factory), sessions
