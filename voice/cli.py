@@ -59,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", default=None, help="access token (default: $VOICE_ASSISTANT_TOKEN)")
     serve.add_argument("--allow-origin", action="append", default=[], help="extra allowed Origin for WebSockets")
     serve.add_argument("--max-sessions", type=int, default=8)
+    serve.add_argument(
+        "--max-sessions-per-client", type=int, default=3, help="sessions one client address may hold (default 3)"
+    )
+    tls = serve.add_argument_group("HTTPS (a browser on another device grants the microphone only over HTTPS)")
+    tls.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) to serve HTTPS and WSS with")
+    tls.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    tls.add_argument(
+        "--self-signed",
+        action="store_true",
+        help="serve HTTPS with a self-signed certificate made once and kept in the cache (home network)",
+    )
 
     file = commands.add_parser("file", help="run WAV files as user turns and write the assistant's audio")
     _common(file)
@@ -109,6 +120,20 @@ def run(args: argparse.Namespace) -> int:
         from web.config import TOKEN_ENV, WebConfig
         from web.server import run_server
 
+        cert, key = args.tls_cert, args.tls_key
+        if args.self_signed:
+            if cert or key:
+                raise ValueError("use either --self-signed or --tls-cert/--tls-key, not both")
+            from model.default_model import cache_root
+            from web.tls import names_to_cover, self_signed_certificate
+
+            made = self_signed_certificate(cache_root() / "tls", names_to_cover(args.host))
+            cert, key = made.cert_file, made.key_file
+            print(
+                f"{'made' if made.created else 'reusing'} a self-signed certificate for {', '.join(made.names)}",
+                file=sys.stderr,
+                flush=True,
+            )
         web = WebConfig(
             host=args.host,
             port=args.port,
@@ -116,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
             token=args.token or os.environ.get(TOKEN_ENV) or None,
             allowed_origins=tuple(args.allow_origin),
             max_sessions=args.max_sessions,
+            max_sessions_per_client=args.max_sessions_per_client,
+            tls_cert=cert,
+            tls_key=key,
         )
         run_server(_load(args), session_config(args, full_duplex=True), web)
         return 0
@@ -150,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"voice-assistant: {err}\nserving the browser client instead.", file=sys.stderr)
         args.command, args.host, args.port, args.allow_remote = "serve", "127.0.0.1", 8765, False
         args.token, args.allow_origin, args.max_sessions = None, [], 8
+        args.tls_cert, args.tls_key, args.self_signed = None, None, False
+        args.max_sessions_per_client = 3
         return run(args)
     asyncio.run(run_local(_load(args), session_config(args, full_duplex=args.headset), audio))
     return 0

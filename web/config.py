@@ -2,7 +2,12 @@
 
 Defaults are safe for a laptop: loopback only, no token needed, limits that a real microphone never reaches. Listening
 elsewhere is an explicit decision (`allow_remote`) and then a token is mandatory, because the socket gives anyone who
-reaches it a microphone-to-model pipeline on this machine.
+reaches it a microphone-to-model pipeline on this machine. A browser on another device also needs HTTPS (`tls_cert`
+and `tls_key`, see web/tls.py) before it grants the microphone.
+
+Memory per connection is bounded by these limits: at most `max_queued_messages` received frames of at most
+`max_message_bytes` each wait for the session (plus one socket read), and at most `max_queued_audio_s` of speech and
+`max_queued_control` messages wait to be sent.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from web.outbound import OutboundLimits
 from web.protocol import ProtocolLimits
 from web.ratelimit import RateLimit
 
@@ -38,13 +44,16 @@ class WebConfig:
     port: int = 8765
     allow_remote: bool = False
     token: str | None = None
-    allowed_origins: tuple[str, ...] = ()  # besides the server's own http://host:port origins
+    allowed_origins: tuple[str, ...] = ()  # besides the server's own origins (see web.access.own_origins)
     static_dir: Path = STATIC_DIR
+    tls_cert: Path | None = None  # PEM certificate chain: serve HTTPS and WSS
+    tls_key: Path | None = None
 
-    max_message_bytes: int = 64 * 1024  # larger frames get an `error` and are dropped
-    hard_max_message_bytes: int = 1024 * 1024  # larger frames close the socket (1009) before they are even buffered
+    max_message_bytes: int = 64 * 1024  # larger frames close the socket (1009) before they are buffered
+    max_queued_messages: int = 16  # received frames waiting for the session before the socket stops being read
     max_text_chars: int = 2_000
     max_sessions: int = 8
+    max_sessions_per_client: int = 3  # per client IP address: one device cannot hold every slot
     max_utterance_s: float = 60.0  # one user utterance; the assistant's turn: SessionConfig.max_turn_seconds
     idle_timeout_s: float = 300.0  # no message at all from the client for this long closes the socket
 
@@ -54,6 +63,10 @@ class WebConfig:
     max_messages_per_s: float = 100.0
     message_burst: float = 200.0
     messages_close_after: float = 500.0
+
+    max_queued_audio_s: float = 60.0  # assistant speech waiting to be sent; the rest of a longer answer is dropped
+    max_queued_control: int = 1_000  # JSON messages waiting to be sent; more means the client stopped reading: close
+    audio_lead_s: float = 1.0  # speech sent ahead of real time, so a `clear` is never stuck behind seconds of audio
 
     shutdown_timeout_s: float = 5.0
 
@@ -69,9 +82,16 @@ class WebConfig:
             raise WebConfigError("the access token must be at least 16 characters")
         if not 0 <= self.port <= 65535:
             raise WebConfigError(f"port {self.port} is out of range")
-        if not 0 < self.max_message_bytes <= self.hard_max_message_bytes:
-            raise WebConfigError("need 0 < max_message_bytes <= hard_max_message_bytes")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise WebConfigError("HTTPS needs both a certificate and its key (--tls-cert and --tls-key)")
+        if self.audio_lead_s < 0:
+            raise WebConfigError("audio_lead_s must not be negative")
         positive = {
+            "max_message_bytes": self.max_message_bytes,
+            "max_queued_messages": self.max_queued_messages,
+            "max_sessions_per_client": self.max_sessions_per_client,
+            "max_queued_audio_s": self.max_queued_audio_s,
+            "max_queued_control": self.max_queued_control,
             "max_text_chars": self.max_text_chars,
             "max_sessions": self.max_sessions,
             "max_utterance_s": self.max_utterance_s,
@@ -94,6 +114,21 @@ class WebConfig:
         if overrides.get("token") is None and os.environ.get(TOKEN_ENV):
             overrides["token"] = os.environ[TOKEN_ENV]
         return cls(**overrides)  # type: ignore[arg-type]
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def scheme(self) -> str:
+        """The page's scheme: what a browser shows in the address bar and sends in `Origin`."""
+        return "https" if self.tls else "http"
+
+    @property
+    def outbound_limits(self) -> OutboundLimits:
+        return OutboundLimits(
+            max_control_messages=self.max_queued_control, max_audio_s=self.max_queued_audio_s, lead_s=self.audio_lead_s
+        )
 
     @property
     def protocol_limits(self) -> ProtocolLimits:

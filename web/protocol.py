@@ -25,7 +25,7 @@ class LimitExceeded(ProtocolError):
 PROTOCOL_VERSION = 1
 DEFAULT_INPUT_SAMPLE_RATE = 16_000
 MIN_INPUT_SAMPLE_RATE = 8_000
-MAX_INPUT_SAMPLE_RATE = 48_000
+MAX_INPUT_SAMPLE_RATE = 96_000  # a browser sends its audio context's own rate; some interfaces run at 88.2 or 96 kHz
 
 
 @dataclass(frozen=True, slots=True)

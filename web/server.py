@@ -1,10 +1,12 @@
 """The WebSocket server: one process, many voice sessions sharing the loaded models, plus the browser page.
 
-Per connection there is one `Session` and three named tasks: a consumer (client frames -> session), a producer
-(session events -> client frames) and a watchdog (utterance length). They are joined with FIRST_COMPLETED: whichever
-ends first (client gone, flood, idle, session over) ends the others, and the session is closed in every case, so a
-client that disconnects mid-turn frees its model work at once. Bad input costs the client one `error` message and that
-frame, never the session or the server. Everything protocol-shaped lives in web/protocol.py; this file moves bytes.
+Per connection there is one `Session` and four named tasks: a consumer (client frames -> session), a producer
+(session events -> the connection's bounded outbound queue, web/outbound.py), a sender (that queue -> the socket:
+control messages first, speech paced near real time) and a watchdog (utterance length). They are joined with
+FIRST_COMPLETED: whichever ends first (client gone, flood, idle, session over) ends the others, and the session is
+closed in every case, so a client that disconnects mid-turn frees its model work at once. Bad input costs the client
+one `error` message and that frame, never the session or the server. Everything protocol-shaped lives in
+web/protocol.py; this file moves bytes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,12 +34,14 @@ from voice import events as ev
 from voice.cancellation import cancel_and_wait
 from voice.errors import VoiceError
 from web import protocol
-from web.access import check_websocket_access
+from web.access import Denied, check_websocket_access, own_origins, page_token_redirect
 from web.config import WebConfig
 from web.native_memory import limit_malloc_arenas, release_free_memory
+from web.outbound import ClientTooSlow, OutboundQueue
 from web.protocol import LimitExceeded
 from web.ratelimit import TokenBucket, Verdict
-from web.static_files import http_response, static_response
+from web.static_files import http_response, redirect_response, static_response
+from web.tls import fingerprint_sha256, local_addresses, names_to_cover, server_ssl_context
 
 if TYPE_CHECKING:
     from voice.engines import Engines
@@ -74,12 +80,19 @@ class CloseWith:
 
 
 @dataclass(slots=True)
-class _TurnClock:
-    """Per-connection state shared by its tasks: when the current user utterance began (monotonic seconds, for the
-    utterance watchdog) and the client's audio rate."""
+class _Connection:
+    """Per-connection state shared by its tasks: the outbound queue (and the event that wakes its sender), when the
+    current user utterance began (monotonic seconds, for the utterance watchdog) and the client's audio rate."""
 
+    out: OutboundQueue
+    wake: asyncio.Event
     speech_since: float | None = None
     input_sample_rate: int = protocol.DEFAULT_INPUT_SAMPLE_RATE
+
+    def send(self, frame: str) -> None:
+        """Queue a control message; raises ClientTooSlow when the client has stopped reading."""
+        self.out.push_control(frame)
+        self.wake.set()
 
 
 class VoiceServer:
@@ -100,10 +113,13 @@ class VoiceServer:
         self._new_session = session_factory
         self._server: Server | None = None
         self._sessions: dict[int, VoiceSession | None] = {}  # slot -> session (None while it starts)
+        self._per_client: dict[str, int] = {}  # client address -> open sessions
         self._next_slot = 0
         self._closing = False
         self._idle = asyncio.Event()  # set while no session is open
         self._idle.set()
+        self._origins: frozenset[str] = frozenset()
+        self._refused: weakref.WeakKeyDictionary[ServerConnection, Denied] = weakref.WeakKeyDictionary()
 
     # --- lifecycle ---------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -112,18 +128,30 @@ class VoiceServer:
             self.config.host,
             self.config.port,
             process_request=self._process_request,
-            max_size=self.config.hard_max_message_bytes,
-            max_queue=64,
+            max_size=self.config.max_message_bytes,
+            max_queue=self.config.max_queued_messages,
+            # no permessage-deflate: a 256 KiB socket read of compressed zeros would inflate into hundreds of
+            # max-size frames at once, past max_queue; PCM hardly compresses anyway
+            compression=None,
             close_timeout=2,
             server_header="voice-assistant",
+            ssl=server_ssl_context(self.config.tls_cert, self.config.tls_key) if self.config.tls_cert else None,
         )
-        log.info("serving http://%s:%d/ (WebSocket at %s)", self.config.host, self.port, WS_PATH)
+        # the machine's names and addresses are looked up once, not on every handshake
+        self._origins = own_origins(self.config, self.port, names_to_cover(self.config.host))
+        log.info("serving %s (WebSocket at %s)", self.url, WS_PATH)
 
     @property
     def port(self) -> int:
         if self._server is None:
             raise RuntimeError("server not started")
         return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = self.config.host if self.config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"{self.config.scheme}://{host}:{self.port}/"
 
     @property
     def active_sessions(self) -> int:
@@ -163,32 +191,50 @@ class VoiceServer:
         if path != WS_PATH:
             if upgrade:
                 return http_response(404, "Not Found", f"the WebSocket is at {WS_PATH}\n".encode(), "text/plain")
+            moved = page_token_redirect(self.config, self.port, request.path)
+            if isinstance(moved, Denied):
+                return _refusal(moved)
+            if moved is not None:
+                return redirect_response(moved.location, moved.set_cookie)
             return static_response(self.config.static_dir, request.path)
         if self._closing:
             return http_response(503, "Service Unavailable", SHUTDOWN_REASON.encode(), "text/plain")
-        denied = check_websocket_access(self.config, self.port, request.path, request.headers)
+        denied = check_websocket_access(self.config, self.port, request.path, request.headers, self._origins)
         if denied is not None:
             log.info("refused WebSocket from %s: %s", connection.remote_address, denied.reason)
-            return http_response(
-                denied.status,
-                "Forbidden" if denied.status == 403 else "Unauthorized",
-                (denied.reason + "\n").encode(),
-                "text/plain; charset=utf-8",
-            )
+            if "Origin" in request.headers and upgrade:
+                # A browser shows a script nothing of a refused handshake (code 1006, no reason), so the user would
+                # never learn why: open the socket only to close it at once with 1008 and the reason. No session is
+                # made and nothing the client sends is read.
+                self._refused[connection] = denied
+                return None
+            return _refusal(denied)
         return None  # websockets answers a plain GET /ws with 426 Upgrade Required
 
     # --- one connection ----------------------------------------------------------------------------------------------
     async def _handle(self, conn: ServerConnection) -> None:
+        refused = self._refused.pop(conn, None)
+        if refused is not None:
+            await conn.close(CloseCode.POLICY_VIOLATION, _close_reason(refused.reason))
+            return
+        client = str(conn.remote_address[0]) if conn.remote_address else "?"
+        busy = None
         if len(self._sessions) >= self.config.max_sessions:
             message = f"server busy: {len(self._sessions)} of {self.config.max_sessions} sessions in use, try later"
+            busy = ("server busy", message)
+        elif self._per_client.get(client, 0) >= self.config.max_sessions_per_client:
+            limit = self.config.max_sessions_per_client
+            busy = ("too many sessions from your address", f"{limit} sessions are already open from {client}")
+        if busy is not None:
             with contextlib.suppress(ConnectionClosed):
-                await conn.send(protocol.error_message("server_busy", message))
-            await conn.close(CloseCode.TRY_AGAIN_LATER, "server busy")
+                await conn.send(protocol.error_message("server_busy", busy[1]))
+            await conn.close(CloseCode.TRY_AGAIN_LATER, busy[0])
             return
         slot = self._next_slot
         self._next_slot += 1
         self._sessions[slot] = None  # reserve before any await, so concurrent handshakes cannot overshoot the limit
         self._idle.clear()
+        self._per_client[client] = self._per_client.get(client, 0) + 1
         session: VoiceSession | None = None
         try:
             session = self._new_session()
@@ -201,19 +247,23 @@ class VoiceServer:
             del self._sessions[slot]
             if not self._sessions:
                 self._idle.set()
+            self._per_client[client] -= 1
+            if not self._per_client[client]:
+                del self._per_client[client]
             # the session's buffers and its share of the models' working memory are free now; give them back
             await asyncio.to_thread(release_free_memory)
         if close is not None:
             await conn.close(close.code, close.reason)
 
     async def _run_connection(self, conn: ServerConnection, session: VoiceSession) -> CloseWith | None:
-        clock = _TurnClock()
+        state = _Connection(OutboundQueue(self.config.outbound_limits, session.output_sample_rate), asyncio.Event())
         limits = self.config.protocol_limits
-        await conn.send(protocol.ready_message(session.id, session.output_sample_rate, clock.input_sample_rate, limits))
+        state.send(protocol.ready_message(session.id, session.output_sample_rate, state.input_sample_rate, limits))
         tasks = {
-            asyncio.create_task(self._consume(conn, session, clock), name=f"ws-consumer-{session.id}"),
-            asyncio.create_task(self._produce(conn, session, clock), name=f"ws-producer-{session.id}"),
-            asyncio.create_task(self._watch_utterance(conn, session, clock), name=f"ws-watchdog-{session.id}"),
+            asyncio.create_task(self._consume(conn, session, state), name=f"ws-consumer-{session.id}"),
+            asyncio.create_task(self._produce(session, state), name=f"ws-producer-{session.id}"),
+            asyncio.create_task(self._send_out(conn, state), name=f"ws-sender-{session.id}"),
+            asyncio.create_task(self._watch_utterance(session, state), name=f"ws-watchdog-{session.id}"),
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -223,6 +273,8 @@ class VoiceServer:
             if task.cancelled():
                 continue
             exc = task.exception()
+            if isinstance(exc, ClientTooSlow):
+                return CloseWith(CloseCode.POLICY_VIOLATION, str(exc))
             if exc is not None and not isinstance(exc, ConnectionClosed):
                 log.error("session %s: %s failed", session.id, task.get_name(), exc_info=exc)
                 return CloseWith(CloseCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
@@ -231,7 +283,7 @@ class VoiceServer:
                 return result
         return CloseWith(CloseCode.NORMAL_CLOSURE, "session ended")
 
-    async def _consume(self, conn: ServerConnection, session: VoiceSession, clock: _TurnClock) -> CloseWith | None:
+    async def _consume(self, conn: ServerConnection, session: VoiceSession, state: _Connection) -> CloseWith | None:
         """Client frames -> session calls. Returns how to close, or None when the client went away."""
         cfg = self.config
         limits = cfg.protocol_limits
@@ -254,21 +306,22 @@ class VoiceServer:
             if decision.verdict is Verdict.DROP:
                 if decision.notify:
                     flood = f"more than {cfg.max_messages_per_s:g} messages per second; frames are being dropped"
-                    await self._send_error(conn, LimitExceeded(flood))
+                    _send_error(state, LimitExceeded(flood))
                 continue
             try:
                 message = protocol.parse_client_message(data, limits)
-                await self._dispatch(conn, session, clock, audio, message, now)
+                await self._dispatch(session, state, audio, message, now)
             except _CloseRequested as close:
                 return close.close
+            except ClientTooSlow:
+                raise
             except VoiceError as exc:  # ProtocolError, LimitExceeded, AudioFormatError...: this frame only
-                await self._send_error(conn, exc)
+                _send_error(state, exc)
 
     async def _dispatch(
         self,
-        conn: ServerConnection,
         session: VoiceSession,
-        clock: _TurnClock,
+        state: _Connection,
         audio: TokenBucket,
         message: protocol.ClientMessage,
         now: float,
@@ -276,7 +329,7 @@ class VoiceServer:
         limits = self.config.protocol_limits
         match message:
             case protocol.AudioFrame(pcm=pcm):
-                decision = audio.take(len(pcm) / 2 / clock.input_sample_rate, now)
+                decision = audio.take(len(pcm) / 2 / state.input_sample_rate, now)
                 if decision.verdict is Verdict.CLOSE:
                     raise _CloseRequested(CloseWith(CloseCode.POLICY_VIOLATION, "audio sent faster than real time"))
                 if decision.verdict is Verdict.DROP:
@@ -286,25 +339,39 @@ class VoiceServer:
                             "frames are being dropped"
                         )
                     return
-                await session.feed_audio(pcm, clock.input_sample_rate)
+                await session.feed_audio(pcm, state.input_sample_rate)
             case protocol.Hello(sample_rate=rate):
-                clock.input_sample_rate = rate
-                await conn.send(protocol.ready_message(session.id, session.output_sample_rate, rate, limits))
+                state.input_sample_rate = rate
+                state.send(protocol.ready_message(session.id, session.output_sample_rate, rate, limits))
             case protocol.TextTurn(text=text):
                 await session.send_text(text)
             case protocol.Interrupt():
                 await session.interrupt()
 
-    async def _produce(self, conn: ServerConnection, session: VoiceSession, clock: _TurnClock) -> CloseWith:
-        """Session events -> client frames, in order, until the session's event stream ends."""
+    async def _produce(self, session: VoiceSession, state: _Connection) -> CloseWith:
+        """Session events -> the outbound queue, until the session's event stream ends. Never waits for the client,
+        so a slow link cannot back up into the session."""
         async for event in session.events():
-            _track_turn(clock, event)
-            frame = protocol.encode_event(event)
-            if frame is not None:
-                await conn.send(frame)
+            _track_turn(state, event)
+            _queue_event(state, event)
         return CloseWith(CloseCode.NORMAL_CLOSURE, "session ended")
 
-    async def _watch_utterance(self, conn: ServerConnection, session: VoiceSession, clock: _TurnClock) -> None:
+    @staticmethod
+    async def _send_out(conn: ServerConnection, state: _Connection) -> None:
+        """The outbound queue -> the socket: whatever `pop` releases now, else sleep until it may or a push wakes us."""
+        out = state.out
+        while True:
+            frame = out.pop(time.monotonic())
+            if frame is not None:
+                await conn.send(frame)
+                continue
+            state.wake.clear()
+            wait = out.wait_s(time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if math.isinf(wait) else wait):
+                    await state.wake.wait()
+
+    async def _watch_utterance(self, session: VoiceSession, state: _Connection) -> None:
         """Cut a user utterance that runs past max_utterance_s (a television that never pauses, a stuck VAD): tell
         the client and force an endpoint, so the session transcribes what it has instead of buffering forever. The
         assistant's turn has its own bound in the session (SessionConfig.max_turn_seconds)."""
@@ -312,15 +379,47 @@ class VoiceServer:
         period = min(1.0, limit / 4)
         while True:
             await asyncio.sleep(period)
-            since = clock.speech_since
+            since = state.speech_since
             if since is not None and time.monotonic() - since > limit:
-                clock.speech_since = None
-                await self._send_error(conn, LimitExceeded(f"utterance longer than {limit:g} s; it was cut off here"))
+                state.speech_since = None
+                _send_error(state, LimitExceeded(f"utterance longer than {limit:g} s; it was cut off here"))
                 await session.end_of_audio()
 
-    @staticmethod
-    async def _send_error(conn: ServerConnection, exc: VoiceError) -> None:
-        await conn.send(protocol.error_message(exc.code, str(exc)))
+
+def _send_error(state: _Connection, exc: VoiceError, turn: int | None = None) -> None:
+    state.send(protocol.error_message(exc.code, str(exc), turn))
+
+
+def _close_reason(text: str) -> str:
+    """A close reason fits in 123 bytes of UTF-8 (RFC 6455)."""
+    data = text.encode()
+    return text if len(data) <= 123 else data[:120].decode(errors="ignore") + "..."
+
+
+def _refusal(denied: Denied) -> Response:
+    reason = "Forbidden" if denied.status == 403 else "Unauthorized"
+    return http_response(denied.status, reason, (denied.reason + "\n").encode(), "text/plain; charset=utf-8")
+
+
+def _queue_event(state: _Connection, event: ev.Event) -> None:
+    """One session event into the outbound queue, in the lane it belongs to (see web/outbound.py)."""
+    out = state.out
+    match event:
+        case ev.AudioOut(pcm=pcm, turn=turn):
+            overflow = out.push_audio(pcm, turn)
+            if overflow is not None:
+                _send_error(state, overflow, turn)
+        case ev.AudioStart(turn=turn, sample_rate=rate):
+            out.push_audio_marker(protocol.encode_event(event), turn, rate)  # type: ignore[arg-type]
+        case ev.AudioEnd(turn=turn):
+            out.push_audio_marker(protocol.encode_event(event), turn)  # type: ignore[arg-type]
+        case ev.Clear(turn=turn):
+            out.push_clear(protocol.encode_event(event), turn)  # type: ignore[arg-type]
+        case _:
+            frame = protocol.encode_event(event)
+            if isinstance(frame, str):
+                out.push_control(frame)
+    state.wake.set()
 
 
 class _CloseRequested(Exception):
@@ -331,12 +430,12 @@ class _CloseRequested(Exception):
         self.close = close
 
 
-def _track_turn(clock: _TurnClock, event: ev.Event) -> None:
+def _track_turn(state: _Connection, event: ev.Event) -> None:
     match event:
         case ev.SpeechStart():
-            clock.speech_since = time.monotonic()
+            state.speech_since = time.monotonic()
         case ev.SpeechEnd() | ev.Transcript(final=True):
-            clock.speech_since = None
+            state.speech_since = None
 
 
 def _real_session_factory(engines: Engines, session_config: SessionConfig) -> SessionFactory:
@@ -376,6 +475,20 @@ def worker_threads(max_sessions: int) -> int:
     return THREADS_PER_SESSION * max_sessions + 4
 
 
+def _start_notes(config: WebConfig, port: int) -> list[str]:
+    """What a user needs to reach the page from another device: its addresses and the certificate's fingerprint."""
+    notes = []
+    if config.host in ("0.0.0.0", "::", ""):
+        addresses = sorted(a for a in local_addresses() if not a.startswith(("127.", "::1")))
+        hosts = [f"[{a}]" if ":" in a else a for a in addresses]
+        notes += [f"on this network: {config.scheme}://{host}:{port}/" for host in hosts]
+    if config.tls_cert is not None:
+        notes.append(f"certificate SHA-256 fingerprint {fingerprint_sha256(config.tls_cert.read_bytes())}")
+    if config.token is not None:
+        notes.append("open the page once as /?token=YOUR_TOKEN; it then keeps the token in a cookie")
+    return notes
+
+
 def run_server(engines: Engines, session_config: SessionConfig, web_config: WebConfig) -> None:
     """Blocking entry point for `voice-assistant serve`: serve until SIGTERM or SIGINT, then stop accepting, close every
     session and close each socket with code 1001 and a reason. Prints the page's URL once it is listening."""
@@ -391,7 +504,9 @@ def run_server(engines: Engines, session_config: SessionConfig, web_config: WebC
             loop.add_signal_handler(sig, stop.set)
         try:
             async with VoiceServer(engines, session_config, web_config) as server:
-                print(f"voice-assistant: serving http://{web_config.host}:{server.port}/", flush=True)
+                print(f"voice-assistant: serving {server.url}", flush=True)
+                for line in _start_notes(web_config, server.port):
+                    print(f"voice-assistant: {line}", flush=True)
                 await stop.wait()
                 print("voice-assistant: shutting down", flush=True)
         finally:

@@ -1,9 +1,11 @@
 // Browser client for protocol v1 (web/PROTOCOL.md): microphone -> WebSocket -> live transcript, refining answer,
 // gapless audio. No build step, no dependencies.
 
-const INPUT_RATE = 16000;
+const DEFAULT_INPUT_RATE = 16000; // what the server assumes until a hello says otherwise
 const FRAME_MS = 20;
 const MAX_BACKOFF_MS = 10000;
+// Policy closes (flood, frame too large): reconnecting would only repeat what got the socket closed.
+const NO_RECONNECT_CODES = new Set([1008, 1009]);
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -33,6 +35,7 @@ const app = {
   thinking: false,
   pendingTyped: null,
   assistantByTurn: new Map(),
+  lastDraft: null, // { turn, committed, draft }: what an interrupted answer had reached
 };
 
 window.__playedSamples = 0;
@@ -64,12 +67,21 @@ function clearError() {
   ui.error.textContent = "";
 }
 
+// The access token, if the server wants one, travels in an HttpOnly cookie that the server set when the page was
+// first opened as /?token=...; the browser adds it to the handshake, so this script never sees it.
 function socketUrl() {
   const url = new URL("ws", window.location.href);
   url.protocol = window.location.protocol === "https:" ? "wss:" : "ws:";
-  const token = new URLSearchParams(window.location.search).get("token");
-  if (token) url.searchParams.set("token", token);
   return url.toString();
+}
+
+function inputRate() {
+  return app.mic ? Math.round(app.audioContext.sampleRate) : DEFAULT_INPUT_RATE;
+}
+
+function sendHello() {
+  window.__inputRate = inputRate();
+  send(JSON.stringify({ type: "hello", sample_rate: inputRate(), protocol: 1 }));
 }
 
 function connect() {
@@ -78,7 +90,7 @@ function connect() {
   const ws = new WebSocket(socketUrl());
   ws.binaryType = "arraybuffer";
   app.ws = ws;
-  ws.onopen = () => ws.send(JSON.stringify({ type: "hello", sample_rate: INPUT_RATE, protocol: 1 }));
+  ws.onopen = sendHello;
   ws.onmessage = (event) => {
     if (typeof event.data === "string") onServerMessage(JSON.parse(event.data));
     else onAudio(event.data);
@@ -90,7 +102,14 @@ function connect() {
     ui.send.disabled = true;
     app.serverSpeaking = false;
     app.thinking = false;
+    window.__closeCode = event.code;
     if (event.reason) showError(`connection closed (${event.code}): ${event.reason}`);
+    if (NO_RECONNECT_CODES.has(event.code)) {
+      if (app.mic) stopMic();
+      ui.start.disabled = true;
+      setState("closed", event.reason || `code ${event.code}`);
+      return; // reload the page to start again
+    }
     scheduleReconnect();
   };
 }
@@ -204,6 +223,7 @@ function addUserTurn(text) {
 }
 
 function renderDraft(msg) {
+  app.lastDraft = { turn: msg.turn, committed: msg.committed, draft: msg.draft };
   ui.liveAnswer.hidden = false;
   const pieces = msg.pieces && msg.pieces.length ? msg.pieces : [[msg.committed, true], [msg.draft.slice(msg.committed.length), false]];
   const spans = pieces.map(([text, committed]) =>
@@ -240,7 +260,8 @@ function finishAnswer(turn, text) {
 function onTurnEnd(msg) {
   app.thinking = false;
   ui.liveAnswer.hidden = true;
-  if (!msg.answer && !app.assistantByTurn.has(msg.turn)) {
+  const drafted = app.lastDraft && app.lastDraft.turn === msg.turn;
+  if (!msg.answer && !msg.spoken && !drafted && !app.assistantByTurn.has(msg.turn)) {
     refreshState();
     return; // nothing was answered (empty transcript, cancelled before the model ran)
   }
@@ -249,11 +270,16 @@ function onTurnEnd(msg) {
   if (!textBox.textContent) textBox.textContent = msg.answer;
   if (msg.interrupted) {
     item.classList.add("interrupted");
-    if (msg.spoken !== msg.answer && msg.answer.startsWith(msg.spoken)) {
+    // Cut before the model finished: `answer` is empty, so show what had been written by then (the last draft).
+    const draft = app.lastDraft && app.lastDraft.turn === msg.turn ? app.lastDraft.draft.trim() : "";
+    const written = msg.answer || draft;
+    if (written && msg.spoken !== written && written.startsWith(msg.spoken)) {
       textBox.replaceChildren(
         document.createTextNode(msg.spoken),
-        Object.assign(document.createElement("span"), { className: "unheard", textContent: msg.answer.slice(msg.spoken.length) }),
+        Object.assign(document.createElement("span"), { className: "unheard", textContent: written.slice(msg.spoken.length) }),
       );
+    } else if (!textBox.textContent) {
+      textBox.textContent = msg.spoken || written;
     }
   }
   item.querySelector(".latency")?.remove();
@@ -334,13 +360,15 @@ async function startMic() {
     audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
   });
   const source = ctx.createMediaStreamSource(stream);
+  // The worklet sends the context's own rate (often 48 kHz); the server resamples with a proper filter (soxr).
   const node = new AudioWorkletNode(ctx, "mic-capture", {
     numberOfOutputs: 0,
-    processorOptions: { targetRate: INPUT_RATE, frameMs: FRAME_MS },
+    processorOptions: { frameMs: FRAME_MS },
   });
   node.port.onmessage = (event) => send(event.data);
-  source.connect(node);
   app.mic = { stream, source, node };
+  sendHello(); // before the first frame: the server must know the rate of what follows
+  source.connect(node);
   ui.start.textContent = "Stop";
   ui.start.setAttribute("aria-pressed", "true");
   refreshState();

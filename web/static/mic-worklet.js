@@ -1,33 +1,19 @@
-// Microphone capture: mixes to mono, resamples from the context rate to 16 kHz and posts PCM16 LE frames of
-// `frameMs` (20 ms = 320 samples) to the main thread, which sends them on the WebSocket as binary messages.
-// Resampling: a box filter as wide as the decimation ratio (cheap anti-aliasing), then linear interpolation.
+// Microphone capture: mixes to mono and posts PCM16 LE frames of `frameMs` at the context's own rate (the global
+// `sampleRate`, announced to the server in `hello`) to the main thread, which sends them as binary WebSocket
+// messages. No resampling here: the server does it with a band-limited filter (soxr), which a worklet cannot match
+// cheaply (a box filter loses about 3.5 dB at 8 kHz and aliases above it).
 
 class MicCaptureProcessor extends AudioWorkletProcessor {
   constructor(options) {
     super();
     const opts = (options && options.processorOptions) || {};
-    this.targetRate = opts.targetRate || 16000;
-    this.frameSamples = Math.round((this.targetRate * (opts.frameMs || 20)) / 1000);
-    this.step = sampleRate / this.targetRate; // input samples per output sample
-    this.boxWidth = Math.max(1, Math.round(this.step));
-    this.history = new Float32Array(this.boxWidth); // ring for the box filter
-    this.historyIndex = 0;
-    this.historySum = 0;
-    this.prev = 0; // last filtered input sample, left end of the interpolation interval
-    this.phase = 0; // position of the next output sample after `prev`, in input samples
+    this.frameSamples = Math.round((sampleRate * (opts.frameMs || 20)) / 1000);
     this.frame = new Int16Array(this.frameSamples);
     this.filled = 0;
     this.running = true;
     this.port.onmessage = (event) => {
       if (event.data === "stop") this.running = false;
     };
-  }
-
-  filter(x) {
-    this.historySum += x - this.history[this.historyIndex];
-    this.history[this.historyIndex] = x;
-    this.historyIndex = (this.historyIndex + 1) % this.boxWidth;
-    return this.historySum / this.boxWidth;
   }
 
   emit(sample) {
@@ -50,14 +36,7 @@ class MicCaptureProcessor extends AudioWorkletProcessor {
     for (let i = 0; i < n; i++) {
       let x = 0;
       for (let c = 0; c < channels; c++) x += input[c][i];
-      const current = this.filter(x / channels);
-      // Output samples that fall between prev (position 0) and current (position 1).
-      while (this.phase < 1) {
-        this.emit(this.prev + (current - this.prev) * this.phase);
-        this.phase += this.step;
-      }
-      this.phase -= 1;
-      this.prev = current;
+      this.emit(x / channels);
     }
     return true;
   }

@@ -1,0 +1,83 @@
+"""A scripted stand-in for voice.session.Session, so the server's socket, limits and HTTPS can be tested over real
+loopback sockets in seconds, without models."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+from voice import events as ev
+from web.config import WebConfig
+from web.server import VoiceServer
+
+RATE = 16_000
+CHUNK = b"\x00\x10" * (RATE // 10)  # 100 ms of speech
+
+
+class ScriptedSession:
+    """Stands in for voice.session.Session: a typed turn answers with `speech_s` of audio produced at once (as a fast
+    TTS does); `interrupt` clears it, and a late chunk of the cancelled turn still arrives, as from a TTS thread."""
+
+    output_sample_rate = RATE
+
+    def __init__(self, speech_s: float = 5.0, drafts: int = 0) -> None:
+        self.id = uuid.uuid4().hex[:12]
+        self.speech_s = speech_s
+        self.drafts = drafts
+        self.gate = asyncio.Event()  # feed_audio waits on it: a session busy decoding
+        self.gate.set()
+        self.fed = 0
+        self._out: asyncio.Queue[ev.Event | None] = asyncio.Queue()
+
+    async def start(self) -> None:
+        pass
+
+    async def feed_audio(self, pcm16: bytes, sample_rate: int = RATE) -> None:
+        await self.gate.wait()
+        self.fed += 1
+
+    async def send_text(self, text: str) -> None:
+        emit = self._out.put_nowait
+        for step in range(self.drafts):
+            emit(ev.DraftUpdate(session=self.id, turn=1, step=step, committed="", draft="x" * 1000, pieces=()))
+        emit(ev.AudioStart(session=self.id, turn=1, sample_rate=RATE))
+        for _ in range(round(self.speech_s * 10)):
+            emit(ev.AudioOut(session=self.id, turn=1, pcm=CHUNK, sample_rate=RATE, phrase_id=0))
+        emit(
+            ev.AnswerDone(session=self.id, turn=1, text=text, tokens=1, passes=1, lm_seconds=0.1, finish_reason="stop")
+        )
+        emit(ev.AudioEnd(session=self.id, turn=1))
+
+    async def interrupt(self) -> None:
+        emit = self._out.put_nowait
+        emit(ev.Clear(session=self.id, turn=1, reason="interrupt"))
+        emit(ev.AudioOut(session=self.id, turn=1, pcm=CHUNK, sample_rate=RATE, phrase_id=1))
+        emit(
+            ev.TurnEnd(
+                session=self.id, turn=1, user_text="", answer="", spoken="", interrupted=True, latency_ms={}, stats={}
+            )
+        )
+
+    async def end_of_audio(self) -> None:
+        pass
+
+    async def events(self) -> AsyncIterator[ev.Event]:
+        while (event := await self._out.get()) is not None:
+            yield event
+
+    async def close(self) -> None:
+        self._out.put_nowait(None)
+
+
+def scripted_server(
+    config: WebConfig, session_class: type[ScriptedSession] = ScriptedSession, **session_args: float
+) -> tuple[VoiceServer, list[ScriptedSession]]:
+    """A server whose every connection gets a new `session_class(**session_args)`; the list collects them."""
+    sessions: list[ScriptedSession] = []
+
+    def factory() -> ScriptedSession:
+        sessions.append(session_class(**session_args))
+        return sessions[-1]
+
+    return VoiceServer(None, None, config, session_factory=factory), sessions
