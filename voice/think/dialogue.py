@@ -3,6 +3,13 @@
 No I/O. The session appends what the user said and what the assistant *actually said* (after barge-in, only the phrases
 whose audio was played), and asks for the messages to send to the model. When the history outgrows the budget the
 oldest exchanges are dropped first, always keeping the system prompt and the newest user message.
+
+History is dropped in large steps, not one exchange a turn. The LM keeps its KV cache between answers and encodes only
+what the new prompt does not share with the last one; dropping the oldest exchange every turn shifts the whole history
+and forces a re-encoding of all of it every turn (measured: scripts/bench_dialogue.py). Once the history outgrows
+`context_chars`, the oldest messages go until at most `keep_after_drop` of the budget remains; the prompt then grows
+turn by turn on top of a cached prefix until the budget is reached again. The window is a pure function of the history,
+so a copy of the dialogue (the session's early LM start) sends exactly the prompt the real one would.
 """
 
 from __future__ import annotations
@@ -17,6 +24,13 @@ class DialogueConfig:
     system_prompt: str | None = None  # None: the model's own (the bundled model's is tuned for short spoken answers)
     context_chars: int = 2400  # about 600 tokens: the bundled model's answers degrade on long contexts
     max_user_chars: int = 2000  # longer user input is cut (typed text can be arbitrarily long)
+    keep_after_drop: float = 0.5  # share of the budget left after a drop: lower drops more, less often
+
+    def __post_init__(self) -> None:
+        if self.context_chars < 1:
+            raise ValueError(f"context_chars must be at least 1, got {self.context_chars}")
+        if not 0.0 <= self.keep_after_drop <= 1.0:
+            raise ValueError(f"keep_after_drop must be between 0 and 1, got {self.keep_after_drop}")
 
 
 class Dialogue:
@@ -52,16 +66,26 @@ class Dialogue:
         return ""
 
     def messages(self) -> list[ChatMessage]:
-        """System prompt + as many of the newest messages as fit the budget (always the newest one)."""
-        kept: list[ChatMessage] = []
-        used = 0
-        for message in reversed(self._turns):
-            used += len(message.content)
-            if kept and used > self.config.context_chars:
-                break
-            kept.append(message)
-        kept.reverse()
-        while kept and kept[0].role == "assistant":  # a history must not open with the assistant
-            kept.pop(0)
+        """System prompt + the history window (see `window_start`); the newest message is always in it."""
+        kept = self._turns[window_start(self._turns, self.config.context_chars, self.config.keep_after_drop) :]
         system = [ChatMessage("system", self.config.system_prompt)] if self.config.system_prompt else []
         return system + kept
+
+
+def window_start(turns: list[ChatMessage], budget: int, keep_after_drop: float) -> int:
+    """Index of the oldest message the model still sees.
+
+    Replays the conversation: whenever the window outgrows `budget` characters, its oldest messages are dropped until
+    at most `keep_after_drop * budget` remain (never the newest message), and a window never opens with the
+    assistant. Between drops the window only grows, so each prompt starts with the previous one.
+    """
+    low = int(budget * keep_after_drop)
+    start, used = 0, 0
+    for newest, message in enumerate(turns):
+        used += len(message.content)
+        if used <= budget:
+            continue
+        while start < newest and (used > low or turns[start].role == "assistant"):
+            used -= len(turns[start].content)
+            start += 1
+    return start
