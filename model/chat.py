@@ -57,6 +57,9 @@ class Draft:
     finish_reason: str | None = None  # "stop", "length" or "cancelled" once done
     elapsed_s: float = 0.0  # time of this pass
     prompt_tokens: int = 0
+    # Of those, how many the model found already encoded in its cache (OpenAI's `cached_tokens`): the prompt cost
+    # of this answer is prompt_tokens - cached_prompt_tokens.
+    cached_prompt_tokens: int = 0
     completion_tokens: int = 0  # committed answer tokens so far (for usage counts)
     refinement: Refinement | None = None  # the raw pass, for local models
 

@@ -145,6 +145,9 @@ class DiffusionChatModel:
         try:
             for refinement in self.refinements(prompt, length, config, cancel):
                 draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), limit)
+                # read after the first pass: the denoiser looks at its cache when the sampler starts it
+                cached = int(getattr(self.denoiser, "reused_tokens", 0))
+                draft = dataclasses.replace(draft, cached_prompt_tokens=cached)
                 stopped = cut_at_stop(draft, options.stop) if options.stop else None
                 if stopped is not None:
                     yield stopped

@@ -71,12 +71,20 @@ def visible(messages: list[ChatMessage], history: str) -> list[ChatMessage]:
     return system + rest[-1:]
 
 
-def converse(lm: Any, dialogue: Dialogue, texts: list[str], history: str, max_new_tokens: int) -> list[dict]:
+def converse(
+    lm: Any, dialogue: Dialogue, texts: list[str], history: str, max_new_tokens: int, teacher: Any = None
+) -> list[dict]:
+    """The conversation, answered by the diffusion LM (or, with `teacher`, by the base model's greedy decoding)."""
     turns = []
     options = GenerationOptions(max_new_tokens=max_new_tokens, seed=0)
     for index, text in enumerate(texts, 1):
         dialogue.add_user(text)
         messages = visible(dialogue.messages(), history)
+        if teacher is not None:
+            turns.append(teacher_turn(index, text, lm, teacher, messages, max_new_tokens))
+            dialogue.add_assistant(turns[-1]["answer"])
+            print(f"{index:>3} teacher {turns[-1]['answer'][:90]!r}", flush=True)
+            continue
         started = time.perf_counter()
         drafts = lm.stream_chat(messages, options)
         first = next(drafts)
@@ -115,6 +123,28 @@ def converse(lm: Any, dialogue: Dialogue, texts: list[str], history: str, max_ne
 
 
 @torch.inference_mode()
+def teacher_turn(index: int, text: str, lm: Any, teacher: Any, messages: list, max_new_tokens: int) -> dict:
+    """One turn answered by the base model's greedy decoding: what a lossless decoding mode would say."""
+    prompt_ids = lm.prompt_ids(messages)
+    eos = lm.tokenizer.eos_token_id
+    started = time.perf_counter()
+    out = teacher.generate(
+        input_ids=torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=eos, pad_token_id=eos,
+    )  # fmt: skip
+    answer_ids = out[0, len(prompt_ids) :].tolist()
+    answer = lm.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
+    alone = lm.prompt_ids([ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", text)])
+    return {
+        "turn": index, "user": text, "answer": answer, "prompt_tokens": len(prompt_ids), "reused_tokens": 0,
+        "encoded_tokens": len(prompt_ids), "history_messages": len(messages) - 1, "first_draft_ms": 0.0,
+        "answer_ms": round((time.perf_counter() - started) * 1000, 1), "answer_words": len(answer.split()),
+        "repeated_3gram_rate": round(repeated_ngram_rate(answer), 3), "loop_3gram": has_ngram_loop(answer),
+        "non_words": non_words(answer), "_prompt_ids": prompt_ids, "_alone_ids": alone, "_answer_ids": answer_ids,
+    }  # fmt: skip
+
+
+@torch.inference_mode()
 def perplexity(teacher: Any, prompt_ids: list[int], answer_ids: list[int]) -> float | None:
     """exp(mean NLL) of the answer's tokens after the prompt, under the base model."""
     if not answer_ids:
@@ -131,14 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-after-drop", type=float, default=DialogueConfig().keep_after_drop)
     parser.add_argument("--history", choices=("full", "users", "none"), default="full")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="the voice session's answer limit")
+    parser.add_argument(
+        "--decoder", choices=("diffusion", "teacher"), default="diffusion",
+        help="teacher: the base model's greedy answers (what a lossless decoding mode gives)",
+    )  # fmt: skip
     parser.add_argument("--perplexity", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     lm = load_default_chat_model()
     dialogue = Dialogue(DialogueConfig(context_chars=args.context_chars, keep_after_drop=args.keep_after_drop))
-    turns = converse(lm, dialogue, user_texts(args.turns), args.history, args.max_new_tokens)
-    if args.perplexity:
-        teacher, _ = load_base(torch.float32)
+    teacher = load_base(torch.float32)[0] if args.perplexity or args.decoder == "teacher" else None
+    answerer = teacher if args.decoder == "teacher" else None
+    turns = converse(lm, dialogue, user_texts(args.turns), args.history, args.max_new_tokens, answerer)
+    if teacher is not None and args.perplexity:
         for row in turns:
             in_context = perplexity(teacher, row["_prompt_ids"], row["_answer_ids"])
             alone = perplexity(teacher, row["_alone_ids"], row["_answer_ids"])

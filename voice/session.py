@@ -354,6 +354,8 @@ class Session:
                         tokens_per_pass=generated / passes if passes else 0.0,
                         lm_seconds=lm_seconds,
                         tokens_per_second=generated / lm_seconds if lm_seconds > 0 else 0.0,
+                        prompt_tokens=draft.prompt_tokens,
+                        prompt_tokens_encoded=draft.prompt_tokens - draft.cached_prompt_tokens,
                     )
                     await self._emit(
                         AnswerDone(

@@ -116,13 +116,15 @@ def comparison_table(runs: list[Mapping[str, Any]]) -> str:
 
 
 def turns_table(run: Mapping[str, Any]) -> str:
-    header = "| # | input | heard | " + " | ".join(LATENCY_FIELDS) + " | tok/s | tok/pass | hits | misses |"
+    header = "| # | input | heard | " + " | ".join(LATENCY_FIELDS)
+    header += " | prompt tok (encoded) | tok/s | tok/pass | hits | misses |"
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for turn in run["turns"]:
         latency, stats = turn["latency_ms"], turn["stats"]
         heard = (turn["transcript"] or "–").replace("|", "/")[:48]
         cells = [str(turn["index"]), Path(turn["source"]).name, heard]
         cells += [_fmt(latency[name]) for name in LATENCY_FIELDS]
+        cells.append(f"{_fmt(stats['prompt_tokens'])} ({_fmt(stats['prompt_tokens_encoded'])})")
         cells += [_fmt(stats["tokens_per_second"], 1), _fmt(stats["tokens_per_pass"], 2)]
         cells += [_fmt(stats["hits"]), _fmt(stats["misses"])]
         lines.append("| " + " | ".join(cells) + " |")

@@ -31,6 +31,8 @@ STAT_FIELDS: tuple[str, ...] = (
     "saved_ms",
     "wasted_ms",
     "early_lm",
+    "prompt_tokens",
+    "prompt_tokens_encoded",
 )
 # The figures summarised over turns (percentiles); client_voice_to_voice exists only for WebSocket runs.
 SUMMARY_FIELDS: tuple[str, ...] = (

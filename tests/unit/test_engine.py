@@ -125,6 +125,23 @@ class EndlessDenoiser(MaskedLMDenoiser):
         super().__init__(model, mask_id, frozenset({int(model.config.vocab_size)}))
 
 
+class PrefixCachingDenoiser(MaskedLMDenoiser):
+    """Claims to have found all but the last prompt token in its cache, as BlockDiffusionDenoiser does on a repeat."""
+
+    def start(self, prompt_ids, max_new_tokens, use_cache) -> None:
+        super().start(prompt_ids, max_new_tokens, use_cache)
+        self.reused_tokens = len(prompt_ids) - 1
+
+
+def test_drafts_report_the_prompt_tokens_found_in_the_cache(bert_folder: Path) -> None:
+    chat = [ChatMessage("user", "hello there")]
+    cached = chat_model(bert_folder, PrefixCachingDenoiser, steps_per_block=4)
+    drafts = list(cached.stream_chat(chat, GenerationOptions(max_new_tokens=8)))
+    assert {d.cached_prompt_tokens for d in drafts} == {drafts[-1].prompt_tokens - 1}
+    plain = list(chat_model(bert_folder, steps_per_block=4).stream_chat(chat, GenerationOptions(max_new_tokens=8)))
+    assert plain[-1].cached_prompt_tokens == 0  # a denoiser without a prompt cache encodes the whole prompt
+
+
 @pytest.fixture(autouse=True)
 def fresh_pass_log():
     """The pass log is shared by every LoggingDenoiser: start each test with it empty, whatever ran before."""
