@@ -12,7 +12,10 @@ what the history policy and the decoding do to a long conversation shows in a mi
 * the base model's (SmolLM2, fp32) perplexity of the answer given the prompt it answered, and given the system prompt
   and the question alone (does the history pull the answers away from what the base model would say?).
 
-`--history none|users|full` is an ablation: what the model sees of earlier turns. Figures are printed, not asserted.
+`--history none|users|full` is an ablation: what the model sees of earlier turns; `--decoder teacher` answers with the
+base model's greedy decoding instead (what a lossless decoding mode says). `--from-soak FILE` scores the answers of a
+soak (scripts/soak_session.py --json) instead: the prompts are rebuilt from its transcripts and answers through the same
+`Dialogue`. Figures are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -154,6 +157,30 @@ def perplexity(teacher: Any, prompt_ids: list[int], answer_ids: list[int]) -> fl
     return math.exp(float(torch.nn.functional.cross_entropy(logits, torch.tensor(answer_ids))))
 
 
+def soak_rows(path: Path, lm: Any, dialogue: Dialogue) -> list[dict]:
+    """A soak's turns with the prompts the server built for them (replayed through `Dialogue`)."""
+    rows = []
+    for turn in json.loads(path.read_text())["turns"]:
+        text, answer = turn["transcript"], turn["answer"]
+        if not text.strip():
+            continue
+        dialogue.add_user(text)
+        messages = dialogue.messages()
+        dialogue.add_assistant(answer)
+        alone = [ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", text)]
+        answer_ids = lm.tokenizer.encode(answer, add_special_tokens=False)  # an answer cut at the limit has no EOS
+        rows.append(
+            {
+                "turn": turn["index"], "user": text, "answer": answer, "prompt_tokens": turn["prompt_tokens"] or 0,
+                "reused_tokens": 0, "encoded_tokens": turn["prompt_tokens_encoded"] or 0, "first_draft_ms": 0.0,
+                "answer_words": len(answer.split()), "repeated_3gram_rate": repeated_ngram_rate(answer),
+                "loop_3gram": has_ngram_loop(answer), "non_words": non_words(answer),
+                "_prompt_ids": lm.prompt_ids(messages), "_alone_ids": lm.prompt_ids(alone), "_answer_ids": answer_ids,
+            }
+        )  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=60)
@@ -165,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "--decoder", choices=("diffusion", "teacher"), default="diffusion",
         help="teacher: the base model's greedy answers (what a lossless decoding mode gives)",
     )  # fmt: skip
+    parser.add_argument("--from-soak", type=Path, help="score the answers of this soak JSON instead of generating")
     parser.add_argument("--perplexity", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -172,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     dialogue = Dialogue(DialogueConfig(context_chars=args.context_chars, keep_after_drop=args.keep_after_drop))
     teacher = load_base(torch.float32)[0] if args.perplexity or args.decoder == "teacher" else None
     answerer = teacher if args.decoder == "teacher" else None
-    turns = converse(lm, dialogue, user_texts(args.turns), args.history, args.max_new_tokens, answerer)
+    if args.from_soak:
+        turns = soak_rows(args.from_soak, lm, dialogue)
+    else:
+        turns = converse(lm, dialogue, user_texts(args.turns), args.history, args.max_new_tokens, answerer)
     if teacher is not None and args.perplexity:
         for row in turns:
             in_context = perplexity(teacher, row["_prompt_ids"], row["_answer_ids"])

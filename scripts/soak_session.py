@@ -40,6 +40,7 @@ from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
 FRAME_MS = 20
 FRAME_BYTES = TARGET_RATE * FRAME_MS // 1000 * 2
 SILENCE = bytes(FRAME_BYTES)
+MAX_LAG_S = 0.1  # the server refuses audio faster than 1.5x real time
 TURN_TIMEOUT_S = 120.0
 TURN_OUTPUT = {"draft", "answer", "audio_start", "turn_end"}  # what an answer sends: late when its turn is over
 WARMUP_TURNS = 5  # memory is compared from the end of the warm-up (model kernels, caches of first use)
@@ -151,7 +152,11 @@ class Microphone:
                 self.idle.set()
             await self._send(frame)
             index += 1
-            await asyncio.sleep(max(0.0, started + index * FRAME_MS / 1000 - loop.time()))
+            due = started + index * FRAME_MS / 1000
+            if loop.time() - due > MAX_LAG_S:  # a busy client must not catch up in a burst: a microphone can't
+                started, index = loop.time(), 0
+                continue
+            await asyncio.sleep(max(0.0, due - loop.time()))
 
 
 async def soak(url: str, clips: list[Path], pid: int | None, quiet_s: float) -> list[SoakTurn]:
