@@ -71,6 +71,13 @@ def visible(messages: list[ChatMessage], history: str) -> list[ChatMessage]:
     rest = [m for m in messages if m.role != "system"]
     if history == "users":
         return system + [m for m in rest if m.role == "user"]
+    if history == "last":  # the previous exchange only
+        return system + rest[-3:]
+    if history == "notes":  # earlier turns as background in the system prompt, then a one-question chat
+        said = " ".join(f'{"The user" if m.role == "user" else "You"} said: "{m.content}"' for m in rest[:-1])
+        base = system[0].content if system else VOICE_SYSTEM_PROMPT
+        note = f"{base} Earlier in this conversation: {said}" if said else base
+        return [ChatMessage("system", note), rest[-1]]
     return system + rest[-1:]
 
 
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--context-chars", type=int, default=DialogueConfig().context_chars)
     parser.add_argument("--keep-after-drop", type=float, default=DialogueConfig().keep_after_drop)
-    parser.add_argument("--history", choices=("full", "users", "none"), default="full")
+    parser.add_argument("--history", choices=("full", "users", "last", "notes", "none"), default="full")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="the voice session's answer limit")
     parser.add_argument(
         "--decoder", choices=("diffusion", "teacher"), default="diffusion",
