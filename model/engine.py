@@ -67,7 +67,8 @@ def draft_from_refinement(
     tokens = refinement.tokens[:cut]
     pieces: list[DraftPiece] = []
     group_committed, group_tokens = True, 0
-    for index, text in enumerate(token_texts(tokenizer, tokens, final=done)):
+    ends_here = done and finish_reason != "cancelled"  # a cancelled answer was cut short, not ended: keep holding
+    for index, text in enumerate(token_texts(tokenizer, tokens, final=ends_here)):
         group_committed = group_committed and refinement.committed[index]
         group_tokens += 1
         if text == "" and index + 1 < len(tokens):

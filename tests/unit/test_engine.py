@@ -196,13 +196,14 @@ def test_an_unfinished_character_shows_only_when_the_answer_ends_on_it() -> None
     caf, first_byte = tokenizer.encode("Caf"), tokenizer.encode("é")[0]
     tokens = (*caf, first_byte)
 
-    def refinement(done: bool) -> Refinement:
+    def refinement(done: bool, reason: str = "length") -> Refinement:
         return Refinement(step=0, block=0, tokens=tokens, committed=(True,) * 4, confidence=(1.0,) * 4,
-                          elapsed_s=0.0, done=done, finish_reason="length" if done else None,
+                          elapsed_s=0.0, done=done, finish_reason=reason if done else None,
                           eos_ids=frozenset({BYTE_EOS}))
 
     assert draft_from_refinement(tokenizer, refinement(False), 1).committed_text == "Caf"
     assert draft_from_refinement(tokenizer, refinement(True), 1).text == "Caf\ufffd"  # final: nothing will complete it
+    assert draft_from_refinement(tokenizer, refinement(True, "cancelled"), 1).text == "Caf"  # cut short: not shown
     cut = draft_from_refinement(tokenizer, refinement(False), 1, limit=4)  # the max_tokens cut ends the answer too
     assert cut.done and cut.finish_reason == "length" and cut.text == "Caf\ufffd"
 
