@@ -7,7 +7,7 @@ Each recording gives one complete utterance and several incomplete ones, all end
   turns mid-thought;
 - cut mid-phrase: cut between two words right after a function word ("the", "to", "for"...), which leaves the sentence
   unfinished whatever the prosody; word boundaries from faster-whisper word timestamps, moved to the quietest 10 ms
-  nearby so that no cut lands inside a word.
+  nearby and checked by transcribing what is left (see `word_cuts`).
 Recordings: the LibriVox clips of pocketsphinx-testdata, the spoken alsa-utils test sounds (complete only: two words
 each), and Piper sentences of this script's own with a comma pause inside (none of them is used by the tests).
 The trailing silence is the recording's own room tone (its lead-in before speech), digital silence for Piper.
@@ -113,6 +113,7 @@ def speech_bounds_and_pauses(audio: np.ndarray) -> tuple[int, int, list[int]]:
 def quietest_point(audio: np.ndarray, start: int, end: int) -> int:
     """Middle of the quietest 10 ms between `start` and `end`: a cut there lands between words, not inside one."""
     frame = SAMPLE_RATE // 100
+    start, end = max(start, 0), min(end, audio.size)
     if end - start <= frame:
         return (start + end) // 2
     energies = [float(np.mean(audio[i : i + frame] ** 2)) for i in range(start, end - frame, frame // 4)]
@@ -131,20 +132,23 @@ def bare(word: str) -> str:
 
 
 def word_cuts(audio: np.ndarray, whisper: object) -> list[tuple[int, str]]:
-    """Cut points right after a function word, with the words before the cut. Whisper's word edges are only roughly
-    right, so each cut is checked by transcribing what is left: kept only when it ends with that function word."""
+    """Cut points right after a function word, with the words before the cut.
+
+    Whisper's word edges are rough (tiny.en puts each word's end at the next word's start, often after its onset), so
+    the cut is the quietest 10 ms a little before that edge, and it is kept only when the audio before it is
+    transcribed ending with that function word; a second, earlier window is tried when the first fails."""
     words = transcribe_words(audio, whisper)
     cuts = []
-    for index, (word, following) in enumerate(itertools.pairwise(words)):
+    for index, (word, _following) in enumerate(itertools.pairwise(words)):
         if bare(word.word) not in FUNCTION_WORDS:
             continue
-        margin = SAMPLE_RATE * 40 // 1000  # Whisper's word edges are only roughly right
-        start = int(word.end * SAMPLE_RATE) - margin
-        end = max(int(following.start * SAMPLE_RATE), start + 2 * margin) + margin
-        cut = quietest_point(audio, start, end)
-        left = transcribe_words(np.concatenate([audio[:cut], np.zeros(SAMPLE_RATE // 2, dtype=np.float32)]), whisper)
-        if left and bare(left[-1].word) == bare(word.word):
-            cuts.append((cut, "".join(w.word for w in words[: index + 1]).strip()))
+        edge = int(word.end * SAMPLE_RATE)
+        for start_ms, end_ms in ((-200, 10), (-320, -100)):
+            cut = quietest_point(audio, edge + SAMPLE_RATE * start_ms // 1000, edge + SAMPLE_RATE * end_ms // 1000)
+            left = transcribe_words(np.concatenate([audio[:cut], np.zeros(SAMPLE_RATE // 2, np.float32)]), whisper)
+            if left and bare(left[-1].word) == bare(word.word):
+                cuts.append((cut, "".join(w.word for w in words[: index + 1]).strip()))
+                break
     return cuts
 
 
