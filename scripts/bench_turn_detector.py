@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 from voice.audio import load_audio_16k, pcm16_to_float32, resample  # noqa: E402
 from voice.speech_samples import librivox_clips  # noqa: E402
-from voice.turn_detector import SAMPLE_RATE, SmartTurn, TurnDetectorConfig, log_mel_features, model_window  # noqa: E402
 from voice.vad import FRAME_SAMPLES, SileroVad  # noqa: E402
+
+from voice.listen.turn_detector import SAMPLE_RATE, SmartTurn, TurnDetectorConfig, log_mel_features, model_window  # noqa: E402
 
 ALSA_DIR = Path("/usr/share/sounds/alsa")
 PIPER_SENTENCES = [

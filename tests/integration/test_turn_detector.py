@@ -14,11 +14,11 @@ import statistics
 
 import numpy as np
 import pytest
-
 from voice.audio import load_audio_16k, resample
 from voice.speech_samples import LIBRIVOX_DIR, librivox_clips
-from voice.turn_detector import SAMPLE_RATE, SmartTurn, TurnDetectorError, find_smart_turn_model
 from voice.vad import FRAME_SAMPLES, SileroVad
+
+from voice.listen.turn_detector import SAMPLE_RATE, SmartTurn, TurnDetectorError, find_smart_turn_model
 
 pytestmark = pytest.mark.skipif(find_smart_turn_model() is None, reason="pipecat-ai==1.14.0 not installed")
 
@@ -89,7 +89,6 @@ def test_librivox_sentences_score_higher_than_the_same_sentences_cut_mid_phrase(
 def piper_speech(texts: list[str]) -> list[np.ndarray]:
     """The bundled voice with its sampling noise off, so the audio (and the verdicts) are the same on every run."""
     from piper import PiperVoice, SynthesisConfig
-
     from voice.tts import default_voice_paths
 
     model_path, config_path = default_voice_paths()

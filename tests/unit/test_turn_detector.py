@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import voice.turn_detector as turn_detector
-from voice.turn_detector import (
+import voice.listen.turn_detector as turn_detector
+from voice.listen.turn_detector import (
     EndOfTurnAction,
     EndOfTurnConfig,
     EndOfTurnPolicy,
