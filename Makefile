@@ -17,7 +17,7 @@ system-packages:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml | system-packages
+$(STAMP): pyproject.toml Makefile | system-packages
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned, so nothing later can pull a CUDA build
