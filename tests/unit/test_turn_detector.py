@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import voice.listen.turn_detector as turn_detector
+from voice.errors import AudioFormatError
 from voice.listen.turn_detector import (
     EndOfTurnAction,
     EndOfTurnConfig,
@@ -196,7 +197,7 @@ def test_threshold_decides_is_complete() -> None:
 )
 def test_bad_audio_is_a_clear_typed_error(audio: np.ndarray, message: str) -> None:
     session = FakeSession(0.5)
-    with pytest.raises(TurnDetectorError, match=message):
+    with pytest.raises(AudioFormatError, match=message):
         SmartTurn(session, TurnDetectorConfig()).probability(audio)
     assert session.inputs == []
 

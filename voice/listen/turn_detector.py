@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voice.errors import VoiceError
+from voice.errors import AudioFormatError, VoiceError
+from voice.io.audio import check_float32_mono
 
 SAMPLE_RATE = 16_000
 MODEL_PACKAGE = "pipecat"  # from the wheel pipecat-ai==1.14.0
@@ -196,16 +197,9 @@ class SmartTurn:
 
 
 def _check_audio(audio: np.ndarray) -> None:
-    if not isinstance(audio, np.ndarray):
-        raise TurnDetectorError(f"audio must be a numpy array, got {type(audio).__name__}")
-    if audio.ndim != 1:
-        raise TurnDetectorError(f"audio must be mono (1-D) at 16 kHz, got shape {audio.shape}")
-    if audio.dtype != np.float32:
-        raise TurnDetectorError(f"audio must be float32 in [-1, 1], got {audio.dtype}")
+    check_float32_mono(audio, "audio")
     if audio.size == 0:
-        raise TurnDetectorError("audio is empty: there is nothing to judge")
-    if not np.all(np.isfinite(audio)):
-        raise TurnDetectorError("audio contains NaN or infinite samples")
+        raise AudioFormatError("audio is empty: there is nothing to judge")
 
 
 def load_turn_detector(config: TurnDetectorConfig = TurnDetectorConfig()) -> SmartTurn | None:
