@@ -18,7 +18,8 @@ from voice.audio import load_audio_16k, resample
 from voice.speech_samples import LIBRIVOX_DIR, librivox_clips
 from voice.vad import FRAME_SAMPLES, SileroVad
 
-from voice.listen.turn_detector import SAMPLE_RATE, SmartTurn, TurnDetectorError, find_smart_turn_model
+from voice.errors import AudioFormatError
+from voice.listen.turn_detector import SAMPLE_RATE, SmartTurn, find_smart_turn_model
 
 pytestmark = pytest.mark.skipif(find_smart_turn_model() is None, reason="pipecat-ai==1.14.0 not installed")
 
@@ -153,5 +154,5 @@ def test_verdict_does_not_depend_on_the_microphone_gain(detector: SmartTurn) -> 
 
 
 def test_bad_audio_never_reaches_the_model(detector: SmartTurn) -> None:
-    with pytest.raises(TurnDetectorError, match="float32"):
+    with pytest.raises(AudioFormatError, match="float32"):
         detector.probability(np.zeros(16_000, dtype=np.float64))
