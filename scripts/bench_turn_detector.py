@@ -35,11 +35,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from voice.audio import load_audio_16k, pcm16_to_float32, resample  # noqa: E402
-from voice.speech_samples import librivox_clips  # noqa: E402
-from voice.vad import FRAME_SAMPLES, SileroVad  # noqa: E402
+from report_lib.speech_samples import librivox_clips  # noqa: E402
 
-from voice.listen.turn_detector import SAMPLE_RATE, SmartTurn, TurnDetectorConfig, log_mel_features, model_window  # noqa: E402
+from voice.io.audio import load_audio_16k, pcm16_to_float32, resample  # noqa: E402
+from voice.listen.turn_detector import (  # noqa: E402
+    SAMPLE_RATE,
+    SmartTurn,
+    TurnDetectorConfig,
+    log_mel_features,
+    model_window,
+)
+from voice.listen.vad import FRAME_SAMPLES, SileroVad  # noqa: E402
 
 ALSA_DIR = Path("/usr/share/sounds/alsa")
 PIPER_SENTENCES = [
@@ -172,7 +178,7 @@ def load_recordings(piper: bool) -> list[Recording]:
         tone = audio[: first - SAMPLE_RATE // 20] if first > SAMPLE_RATE // 10 else np.zeros(160, dtype=np.float32)
         recordings.append(Recording(path.stem, "alsa", audio, tone, cuts_mid_phrase=False))
     if piper:
-        from voice.tts import load_synthesizer
+        from voice.speak.tts import load_synthesizer
 
         synthesizer = load_synthesizer()
         for index, sentence in enumerate(PIPER_SENTENCES):
@@ -270,7 +276,7 @@ def main() -> None:
         sys.exit("no recordings: install pocketsphinx-testdata and alsa-utils (make system-packages)")
     whisper = None
     if not args.no_word_cuts:
-        from voice.asr_models import load_model
+        from voice.listen.asr_models import load_model
 
         whisper = load_model().model
     cases = evaluate(detector, recordings, trailing, whisper)

@@ -14,12 +14,12 @@ import statistics
 
 import numpy as np
 import pytest
-from voice.audio import load_audio_16k, resample
-from voice.speech_samples import LIBRIVOX_DIR, librivox_clips
-from voice.vad import FRAME_SAMPLES, SileroVad
+from report_lib.speech_samples import LIBRIVOX_DIR, librivox_clips
 
 from voice.errors import AudioFormatError
+from voice.io.audio import load_audio_16k, resample
 from voice.listen.turn_detector import SAMPLE_RATE, SmartTurn, find_smart_turn_model
+from voice.listen.vad import FRAME_SAMPLES, SileroVad
 
 pytestmark = pytest.mark.skipif(find_smart_turn_model() is None, reason="pipecat-ai==1.14.0 not installed")
 
@@ -90,7 +90,8 @@ def test_librivox_sentences_score_higher_than_the_same_sentences_cut_mid_phrase(
 def piper_speech(texts: list[str]) -> list[np.ndarray]:
     """The bundled voice with its sampling noise off, so the audio (and the verdicts) are the same on every run."""
     from piper import PiperVoice, SynthesisConfig
-    from voice.tts import default_voice_paths
+
+    from voice.speak.tts import default_voice_paths
 
     model_path, config_path = default_voice_paths()
     voice = PiperVoice.load(model_path, config_path)
@@ -104,7 +105,7 @@ def piper_speech(texts: list[str]) -> list[np.ndarray]:
 
 
 def words_of(audio: np.ndarray) -> list:  # -> list[faster_whisper Word]
-    from voice.asr_models import load_model
+    from voice.listen.asr_models import load_model
 
     segments, _ = load_model().model.transcribe(audio, language="en", beam_size=1, word_timestamps=True)
     return [word for segment in segments for word in segment.words]
