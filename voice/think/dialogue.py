@@ -10,6 +10,13 @@ and forces a re-encoding of all of it every turn (measured: scripts/bench_dialog
 `context_chars`, the oldest messages go until at most `keep_after_drop` of the budget remains; the prompt then grows
 turn by turn on top of a cached prefix until the budget is reached again. The window is a pure function of the history,
 so a copy of the dialogue (the session's early LM start) sends exactly the prompt the real one would.
+
+The model also sees at most `max_exchanges` earlier exchanges (1 by default). The bundled 135M model copies its own
+earlier answers: with the whole budget of history its answers decayed within a few turns into copies of an earlier
+one ("A cat's a cat. A cat's name is a cat's." to every question from turn 7 on, in self-speculative decoding, which
+says exactly what the base model says) or "X is a X" loops (diffusion decoding); with the previous exchange only it
+answered the questions (scripts/bench_dialogue.py --history full|last). One exchange keeps what a follow-up needs
+("What is my name?" after "My name is Alice."); a capable remote model can be given more (`None`: the budget only).
 """
 
 from __future__ import annotations
@@ -25,12 +32,15 @@ class DialogueConfig:
     context_chars: int = 2400  # about 600 tokens: the bundled model's answers degrade on long contexts
     max_user_chars: int = 2000  # longer user input is cut (typed text can be arbitrarily long)
     keep_after_drop: float = 0.5  # share of the budget left after a drop: lower drops more, less often
+    max_exchanges: int | None = 1  # earlier user/assistant exchanges the model sees (None: as many as the budget holds)
 
     def __post_init__(self) -> None:
         if self.context_chars < 1:
             raise ValueError(f"context_chars must be at least 1, got {self.context_chars}")
         if not 0.0 <= self.keep_after_drop <= 1.0:
             raise ValueError(f"keep_after_drop must be between 0 and 1, got {self.keep_after_drop}")
+        if self.max_exchanges is not None and self.max_exchanges < 0:
+            raise ValueError(f"max_exchanges must be >= 0 or None, got {self.max_exchanges}")
 
 
 class Dialogue:
@@ -67,7 +77,10 @@ class Dialogue:
 
     def messages(self) -> list[ChatMessage]:
         """System prompt + the history window (see `window_start`); the newest message is always in it."""
-        kept = self._turns[window_start(self._turns, self.config.context_chars, self.config.keep_after_drop) :]
+        start = window_start(self._turns, self.config.context_chars, self.config.keep_after_drop)
+        if self.config.max_exchanges is not None:
+            start = max(start, recent_start(self._turns, self.config.max_exchanges))
+        kept = self._turns[start:]
         system = [ChatMessage("system", self.config.system_prompt)] if self.config.system_prompt else []
         return system + kept
 
@@ -89,3 +102,13 @@ def window_start(turns: list[ChatMessage], budget: int, keep_after_drop: float) 
             used -= len(turns[start].content)
             start += 1
     return start
+
+
+def recent_start(turns: list[ChatMessage], exchanges: int) -> int:
+    """Index of the user message that opens the last `exchanges` exchanges before the newest message."""
+    user_indices = [i for i, message in enumerate(turns) if message.role == "user"]
+    newest_is_user = bool(turns) and turns[-1].role == "user"
+    earlier = user_indices[:-1] if newest_is_user else user_indices
+    if exchanges == 0:
+        return user_indices[-1] if newest_is_user else len(turns)
+    return earlier[-exchanges] if len(earlier) >= exchanges else 0
