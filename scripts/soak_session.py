@@ -62,6 +62,7 @@ class SoakTurn:
     loop_3gram: bool = False
     non_words: list[str] = field(default_factory=list)
     audio_s: float = 0.0
+    interrupted: bool = False  # the server ended the turn as interrupted (barge-in or cancelled)
     turns_started: int = 0  # speech starts the server saw during this clip (2: the clip was split)
     late_messages: int = 0  # messages of an earlier turn that arrived after this clip's speech began
     in_step: bool = False
@@ -228,6 +229,7 @@ async def one_turn(index: int, clip: Path, listener: Listener, mic: Microphone, 
     end = listener.turn_ends[turn]
     stats, latency = end.get("stats", {}), end.get("latency_ms", {})
     result.transcript, result.answer = end.get("user_text", ""), end.get("answer", "")
+    result.interrupted = bool(end.get("interrupted"))
     result.voice_to_voice_ms = latency.get("voice_to_voice")
     spoke, speech_end = listener.first_audio_at.get(turn), listener.speech_end_at.get(turn)
     if spoke is not None and speech_end is not None:
