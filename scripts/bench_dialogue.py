@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--context-chars", type=int, default=DialogueConfig().context_chars)
     parser.add_argument("--keep-after-drop", type=float, default=DialogueConfig().keep_after_drop)
+    parser.add_argument(
+        "--max-exchanges", type=lambda v: None if v == "none" else int(v), default=DialogueConfig().max_exchanges,
+        help="earlier exchanges the model sees ('none': as many as the budget holds)",
+    )  # fmt: skip
     parser.add_argument("--history", choices=("full", "users", "last", "notes", "none"), default="full")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="the voice session's answer limit")
     parser.add_argument(
@@ -204,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     lm = load_default_chat_model()
-    dialogue = Dialogue(DialogueConfig(context_chars=args.context_chars, keep_after_drop=args.keep_after_drop))
+    dialogue = Dialogue(
+        DialogueConfig(
+            context_chars=args.context_chars, keep_after_drop=args.keep_after_drop, max_exchanges=args.max_exchanges
+        )
+    )
     teacher = load_base(torch.float32)[0] if args.perplexity or args.decoder == "teacher" else None
     answerer = teacher if args.decoder == "teacher" else None
     if args.from_soak:
