@@ -39,6 +39,7 @@ from model.errors import ModelError
 from model.refinement import Refinement
 
 REMASKING = ("low_confidence", "random", "left_to_right")
+DECODING_MODES = ("self-speculative", "autoregressive", "diffusion")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,11 @@ class SamplerConfig:
     cfg_scale: float = 0.0  # classifier-free guidance; > 0 needs an unconditional denoiser (see `generate`)
     seed: int | None = None  # same seed, same output
     use_cache: bool = True  # passed to `Denoiser.start`
+    # "diffusion": this file's threshold/budget sampler; "self-speculative" / "autoregressive": model/speculative.py
+    decoding: str = "diffusion"
+    draft_masks: int = 4  # self-speculative: mask tokens per pass, i.e. how many tokens it drafts ahead
+    no_repeat_ngram: int = 0  # speculative/autoregressive: never repeat an n-gram of the answer (0: off)
+    end_after: int = 0  # speculative/autoregressive: end at the first sentence end after this many tokens (0: off)
 
     def __post_init__(self) -> None:
         if self.block_length < 1:
@@ -70,6 +76,12 @@ class SamplerConfig:
             raise ModelError(f"temperature must be >= 0, got {self.temperature}")
         if self.cfg_scale < 0:
             raise ModelError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        if self.decoding not in DECODING_MODES:
+            raise ModelError(f"decoding must be one of {DECODING_MODES}, got {self.decoding!r}")
+        if self.draft_masks < 1:
+            raise ModelError(f"draft_masks must be at least 1, got {self.draft_masks}")
+        if self.no_repeat_ngram < 0 or self.end_after < 0:
+            raise ModelError("no_repeat_ngram and end_after must be >= 0 (0 turns them off)")
 
 
 def commit_schedule(masked: int, steps: int) -> list[int]:
