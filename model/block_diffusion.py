@@ -89,7 +89,7 @@ class GatedLoRALinear(nn.Module):
                 return out
             if start == 0:
                 return out + self._delta(x)
-            out[:, start:] = out[:, start:] + self._delta(x[:, start:])
+            out[:, start:].add_(self._delta(x[:, start:]))  # in place: Linear's backward never needs its output
             return out
         delta = self._delta(x)
         if self._gate.mask is not None:

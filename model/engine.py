@@ -175,7 +175,7 @@ class DiffusionChatModel:
     ) -> Iterator[Refinement]:
         """The passes of one answer; models that are not masked (DiffusionGemma) override this."""
         if config.decoding == "diffusion":
-            return generate(self.denoiser, prompt, length, config, cancel, self._unconditional)
+            return generate(self.denoiser, prompt, length, config, cancel, self._unconditional, self.speech_guard())
         if not config.use_cache:
             raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
@@ -183,8 +183,10 @@ class DiffusionChatModel:
             self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(), cancel
         )
 
-    def speech_guard(self) -> SpeechGuard:
-        """The sampler's anti-loop rules with this tokenizer's sentence-end tokens."""
+    def speech_guard(self) -> SpeechGuard | None:
+        """The sampler's anti-loop rules with this tokenizer's sentence-end tokens (None when both are off)."""
+        if not (self.sampler.no_repeat_ngram or self.sampler.end_after):
+            return None
         if self._guard is None:
             self._guard = SpeechGuard(
                 no_repeat_ngram=self.sampler.no_repeat_ngram,

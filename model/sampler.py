@@ -37,6 +37,7 @@ import torch
 from model.denoiser import Denoiser
 from model.errors import ModelError
 from model.refinement import Refinement
+from model.speculative import SpeechGuard
 
 REMASKING = ("low_confidence", "random", "left_to_right")
 DECODING_MODES = ("self-speculative", "autoregressive", "diffusion")
@@ -173,6 +174,28 @@ def fill_after_eos(canvas: torch.Tensor, committed: torch.Tensor, eos: torch.Ten
     committed[start:hi] |= tail
 
 
+def guarded_proposal(
+    logits: torch.Tensor,
+    before: list[int],
+    block: torch.Tensor,
+    done: torch.Tensor,
+    guard: SpeechGuard,
+    temperature: float,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """`sample_tokens` left to right through the block, each masked position guarded given the tokens left of it.
+
+    logits: [B, V] (edited in place), block: [B] long, done: [B] bool (committed) -> [B] long.
+    """
+    prefix, proposal = list(before), block.clone()
+    for i in range(block.shape[0]):
+        if not done[i]:
+            guard.apply(logits[i], prefix)
+            proposal[i] = sample_tokens(logits[i : i + 1], temperature, generator)[0]
+        prefix.append(int(proposal[i]))
+    return proposal
+
+
 def validate_request(denoiser: Denoiser, prompt_ids: list[int], max_new_tokens: int, config: SamplerConfig) -> None:
     """Raise `ModelError` with a clear message for anything `generate` cannot do."""
     if not prompt_ids:
@@ -199,6 +222,7 @@ def generate(
     config: SamplerConfig,
     cancel: threading.Event | None = None,
     unconditional: Denoiser | None = None,
+    guard: SpeechGuard | None = None,
 ) -> Iterator[Refinement]:
     """Denoise an answer of at most `max_new_tokens` after `prompt_ids`, yielding one `Refinement` per pass.
 
@@ -206,6 +230,8 @@ def generate(
     with its own state (adapters offer `fork()`). It is started on the prompt with every token replaced by the mask id,
     as in LLaDA, and the logits are combined as ``uncond + (scale + 1) * (cond - uncond)``.
     Setting `cancel` stops after the pass in flight; that pass's Refinement is the last, with finish_reason "cancelled".
+    `guard` (no repeated n-grams, end at a sentence end) edits each masked position's logits given the tokens to its
+    left (committed, or this pass's guesses), the same rule the autoregressive and self-speculative modes apply.
     """
     validate_request(denoiser, prompt_ids, max_new_tokens, config)
     if config.cfg_scale > 0 and unconditional is None:
@@ -254,7 +280,11 @@ def generate(
                 logits = uncond + (config.cfg_scale + 1.0) * (logits - uncond)
             logits[:, mask_id] = -torch.inf  # the mask is never an answer, whatever the adapter did
 
-            proposal = sample_tokens(logits, config.temperature, generator)  # [B]
+            if guard is None:
+                proposal = sample_tokens(logits, config.temperature, generator)  # [B]
+            else:
+                proposal = guarded_proposal(logits, canvas[:lo].tolist(), canvas[lo:hi], committed[lo:hi], guard,
+                                            config.temperature, generator)
             proposal_conf = token_confidence(logits, proposal)  # [B]
             masked = ~committed[lo:hi]  # [B]
             chosen = choose_commits(proposal_conf, masked, budget, config, generator)

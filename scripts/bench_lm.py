@@ -4,6 +4,7 @@
     python scripts/bench_lm.py --model tiny          # a random SmolLM2-135M-shaped block-diffusion model
     python scripts/bench_lm.py --model tiny-masked   # a random ModernBERT of similar size (approximate cache)
     python scripts/bench_lm.py --model PATH --json artifacts/bench_lm.json
+    python scripts/bench_lm.py --pass-costs 1,4,8,12,16,24 --cache-length 200   # self-speculative pass costs
 
 Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
 pass). Each runs over the prompt set with the cache on and off. Separately it times single passes for a 256-token
@@ -151,6 +152,54 @@ def pass_cost(denoiser: Denoiser, use_cache: bool, prompt_tokens: int, block: in
     return statistics.median(times)
 
 
+def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
+    """Median seconds of one self-speculative pass after `cache_length` cached tokens, for each input size n: the
+    autoregressive form (n clean tokens, gate off) and the drafting form (1 clean token + n - 1 masks, gate on for
+    the masks). The pass's keys/values are dropped after each timing, so the cache length stays fixed."""
+    prompt = torch.randint(10, 1000, (cache_length + 1,), generator=torch.Generator().manual_seed(2)).tolist()
+    denoiser.start_verify(prompt)
+    shapes = {"clean": [(n, 0) for n in sizes], "one clean + masks": [(1, n - 1) for n in sizes]}
+    times: dict[tuple[int, int], list[float]] = {shape: [] for forms in shapes.values() for shape in forms}
+    for round_ in range(repeats + 1):  # round-robin over shapes, so a busy moment of the machine hits them all
+        for clean, masks in times:
+            started = time.perf_counter()
+            denoiser.verify(prompt[-1:] * clean, masks)
+            if round_:  # the first round builds each shape's kernels: not timed
+                times[(clean, masks)].append(time.perf_counter() - started)
+            denoiser.keep(0)
+    return {form: [statistics.median(times[shape]) for shape in forms] for form, forms in shapes.items()}
+
+
+def pass_cost_main(args: argparse.Namespace) -> int:
+    """--pass-costs: the table the self-speculative layout is chosen from (bundled model, bf16)."""
+    import model.block_diffusion as block_diffusion
+    from model.loading import load_chat_model
+
+    chat = load_chat_model(args.model)
+    denoiser = chat.denoiser
+    sizes = [int(n) for n in args.pass_costs.split(",")]
+    with torch.inference_mode():
+        gated = verify_pass_costs(denoiser, args.cache_length, sizes, args.pass_repeats)
+        suffix_start = block_diffusion.noisy_suffix_start
+        block_diffusion.noisy_suffix_start = lambda noisy: None  # the old way: LoRA for every row, times the gate
+        try:
+            everywhere = verify_pass_costs(denoiser, args.cache_length, sizes, args.pass_repeats)
+        finally:
+            block_diffusion.noisy_suffix_start = suffix_start
+    print(f"one cached pass after {args.cache_length} tokens, {torch.get_num_threads()} threads, median of "
+          f"{args.pass_repeats} (ms); LoRA only on masked rows | LoRA on every row, gated")
+    print(f"{'tokens':>6} {'clean':>8} {'1+masks':>8} | {'clean':>8} {'1+masks':>8}")
+    for i, n in enumerate(sizes):
+        print(f"{n:>6} {gated['clean'][i] * 1e3:>8.1f} {gated['one clean + masks'][i] * 1e3:>8.1f} | "
+              f"{everywhere['clean'][i] * 1e3:>8.1f} {everywhere['one clean + masks'][i] * 1e3:>8.1f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"cache_length": args.cache_length, "sizes": sizes, "threads":
+                                         torch.get_num_threads(), "gated_rows_only": gated,
+                                         "lora_every_row": everywhere}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="spec, 'tiny' or 'tiny-masked' (default: the bundled model)")
@@ -163,9 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="cpu, or e.g. cuda for masked-LM models")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--pass-costs", default=None, help="e.g. 1,4,8,12,16,24: time self-speculative passes only")
+    parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.pass_costs:
+        return pass_cost_main(args)
 
     try:
         denoiser, prompts, block, name = build(args.model, args.block_length, args.device)

@@ -226,3 +226,19 @@ def test_self_speculative_is_refused_for_a_model_that_cannot_verify() -> None:
         DiffusionChatModel("toy", None, MaskedOnly(), SamplerConfig(decoding="self-speculative"))
     with pytest.raises(ModelError, match="decoding must be one of"):
         SamplerConfig(decoding="beam")
+
+
+def test_the_speech_guard_holds_in_diffusion_decoding_too() -> None:
+    from model.sampler import generate
+
+    model = adapted(seed=1)
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    guard = SpeechGuard(no_repeat_ngram=2)
+    config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.3, remasking="left_to_right", seed=0)
+    repeats = []
+    for prompt in prompts(8, seed=3):
+        tokens = final_tokens(list(generate(denoiser, prompt, 24, config, guard=guard)))
+        answer = tokens[: tokens.index(EOS)] if EOS in tokens else tokens
+        bigrams = list(itertools.pairwise(answer))
+        repeats.append(len(bigrams) - len(set(bigrams)))
+    assert repeats == [0] * 8
