@@ -6,6 +6,7 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,3 +243,17 @@ def test_the_speech_guard_holds_in_diffusion_decoding_too() -> None:
         bigrams = list(itertools.pairwise(answer))
         repeats.append(len(bigrams) - len(set(bigrams)))
     assert repeats == [0] * 8
+
+
+def test_dlm_generate_refuses_self_speculative_for_a_masked_lm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from model.cli import main
+    from tests.unit.tiny_models import tiny_bert
+
+    folder = tiny_bert(tmp_path / "bert")
+    for mode in ("self-speculative", "autoregressive"):
+        assert main(["generate", "hello there", "--model", str(folder), "--decoding", mode]) == 2
+        assert f"cannot decode {mode}" in capsys.readouterr().err
+    assert main(["generate", "hello there", "--model", str(folder), "--decoding", "diffusion",
+                 "--max-new-tokens", "4", "--block-length", "4"]) == 0
