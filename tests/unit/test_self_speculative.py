@@ -257,3 +257,28 @@ def test_dlm_generate_refuses_self_speculative_for_a_masked_lm(
         assert f"cannot decode {mode}" in capsys.readouterr().err
     assert main(["generate", "hello there", "--model", str(folder), "--decoding", "diffusion",
                  "--max-new-tokens", "4", "--block-length", "4"]) == 0
+
+
+def test_the_drafting_batch_masks_whole_shifted_blocks_and_weights_near_drafts_more() -> None:
+    generator = torch.Generator().manual_seed(5)
+    prompt, answer = [5, 9, 11, 3, 7, 20], [10, 11, 12, 13, 14, 15, 16, 17, 18, EOS]
+    mask_id = VOCAB
+    batch = make_batch([(prompt, answer)], 4, mask_id, EOS, 3, generator, drafting=True, near_weight=0.5)
+    n = len(answer) + 2  # rounded up to whole blocks of 4
+    t = batch.clean_ids.shape[1]
+    assert (batch.noisy_ids == mask_id).all()
+    allowed = batch.noisy_bias[0, 0] == 0
+    offsets = set()
+    for copy in range(3):
+        rows = range(copy * n, (copy + 1) * n)
+        clean_sees = [int(allowed[q, :t].sum()) for q in rows]  # the clean prefix each row attends to
+        starts = sorted(set(clean_sees))
+        offsets.add((starts[1] - len(prompt)) % 4 if len(starts) > 1 else 0)
+        for q in rows:  # a row predicts the next token only inside its block; the first of a block is the teacher's
+            j = q - copy * n
+            same_block = j + 1 < n and clean_sees[j + 1] == clean_sees[j]
+            assert (batch.targets[0, q] != -100) == same_block
+            if same_block:
+                assert batch.targets[0, q] == (answer + [EOS, EOS])[j + 1]
+                assert batch.weights[0, q] == 0.5 ** (j + len(prompt) - clean_sees[j])
+    assert len(offsets) > 1  # copies start their blocks at different answer positions
