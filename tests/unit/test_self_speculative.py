@@ -279,6 +279,6 @@ def test_the_drafting_batch_masks_whole_shifted_blocks_and_weights_near_drafts_m
             same_block = j + 1 < n and clean_sees[j + 1] == clean_sees[j]
             assert (batch.targets[0, q] != -100) == same_block
             if same_block:
-                assert batch.targets[0, q] == (answer + [EOS, EOS])[j + 1]
+                assert batch.targets[0, q] == [*answer, EOS, EOS][j + 1]
                 assert batch.weights[0, q] == 0.5 ** (j + len(prompt) - clean_sees[j])
     assert len(offsets) > 1  # copies start their blocks at different answer positions
