@@ -180,6 +180,7 @@ def main() -> None:
     parser.add_argument("--modes", default="self-speculative", help="compared with autoregressive (comma-separated)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--draft-masks", type=int, default=None, help="masks per self-speculative pass")
     parser.add_argument("--verify-fp32", action="store_true", help="decode each differing prompt again in fp32")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -188,7 +189,8 @@ def main() -> None:
     modes = ["autoregressive", *[m for m in args.modes.split(",") if m and m != "autoregressive"]]
 
     prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
-    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.bfloat16)
+    overrides = {} if args.draft_masks is None else {"draft_masks": args.draft_masks}
+    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.bfloat16, **overrides)
     eos_id = chat.tokenizer.eos_token_id
     for prompt in WARMUP_PROMPTS:  # kernels, allocator, the guard's vocabulary scan, the system prompt's cache
         for mode in modes:
@@ -211,7 +213,7 @@ def main() -> None:
                 first = next((i for i, (x, y) in enumerate(zip(a, m, strict=False)) if x != y), min(len(a), len(m)))
                 gaps[(row["prompt"], mode)] = top2_gap(teacher_bf16, ids, a[:first])
     if args.verify_fp32 and gaps:
-        chat32 = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.float32)
+        chat32 = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.float32, **overrides)
         for row in rows:
             for mode in modes[1:]:
                 if (row["prompt"], mode) in gaps:
