@@ -155,48 +155,51 @@ def pass_cost(denoiser: Denoiser, use_cache: bool, prompt_tokens: int, block: in
 def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
     """Median seconds of one self-speculative pass after `cache_length` cached tokens, for each input size n: the
     autoregressive form (n clean tokens, gate off) and the drafting form (1 clean token + n - 1 masks, gate on for
-    the masks). The pass's keys/values are dropped after each timing, so the cache length stays fixed."""
+    the masks), each with the LoRA computed only for the masked rows and, as before, for every row then gated. The
+    pass's keys/values are dropped after each timing, so the cache length stays fixed."""
+    import model.block_diffusion as block_diffusion
+
+    suffix_start = block_diffusion.noisy_suffix_start
+    variants = {"masked rows": suffix_start, "every row": lambda noisy: None}  # None: the general gated path
     prompt = torch.randint(10, 1000, (cache_length + 1,), generator=torch.Generator().manual_seed(2)).tolist()
     denoiser.start_verify(prompt)
-    shapes = {"clean": [(n, 0) for n in sizes], "one clean + masks": [(1, n - 1) for n in sizes]}
-    times: dict[tuple[int, int], list[float]] = {shape: [] for forms in shapes.values() for shape in forms}
-    for round_ in range(repeats + 1):  # round-robin over shapes, so a busy moment of the machine hits them all
-        for clean, masks in times:
-            started = time.perf_counter()
-            denoiser.verify(prompt[-1:] * clean, masks)
-            if round_:  # the first round builds each shape's kernels: not timed
-                times[(clean, masks)].append(time.perf_counter() - started)
-            denoiser.keep(0)
-    return {form: [statistics.median(times[shape]) for shape in forms] for form, forms in shapes.items()}
+    shapes = [(n, 0) for n in sizes] + [(1, n - 1) for n in sizes]
+    times: dict[tuple[str, int, int], list[float]] = {(v, *shape): [] for v in variants for shape in shapes}
+    try:
+        for round_ in range(repeats + 1):  # round-robin over everything, so a busy moment of the machine hits all
+            for variant, clean, masks in times:
+                block_diffusion.noisy_suffix_start = variants[variant]
+                started = time.perf_counter()
+                denoiser.verify(prompt[-1:] * clean, masks)
+                if round_:  # the first round builds each shape's kernels: not timed
+                    times[(variant, clean, masks)].append(time.perf_counter() - started)
+                denoiser.keep(0)
+    finally:
+        block_diffusion.noisy_suffix_start = suffix_start
+    return {
+        f"{form}, LoRA on {variant}": [statistics.median(times[(variant, *shape)]) for shape in forms]
+        for variant in variants
+        for form, forms in (("clean", shapes[: len(sizes)]), ("1 + masks", shapes[len(sizes) :]))
+    }
 
 
 def pass_cost_main(args: argparse.Namespace) -> int:
     """--pass-costs: the table the self-speculative layout is chosen from (bundled model, bf16)."""
-    import model.block_diffusion as block_diffusion
     from model.loading import load_chat_model
 
     chat = load_chat_model(args.model)
-    denoiser = chat.denoiser
     sizes = [int(n) for n in args.pass_costs.split(",")]
     with torch.inference_mode():
-        gated = verify_pass_costs(denoiser, args.cache_length, sizes, args.pass_repeats)
-        suffix_start = block_diffusion.noisy_suffix_start
-        block_diffusion.noisy_suffix_start = lambda noisy: None  # the old way: LoRA for every row, times the gate
-        try:
-            everywhere = verify_pass_costs(denoiser, args.cache_length, sizes, args.pass_repeats)
-        finally:
-            block_diffusion.noisy_suffix_start = suffix_start
+        costs = verify_pass_costs(chat.denoiser, args.cache_length, sizes, args.pass_repeats)
     print(f"one cached pass after {args.cache_length} tokens, {torch.get_num_threads()} threads, median of "
-          f"{args.pass_repeats} (ms); LoRA only on masked rows | LoRA on every row, gated")
-    print(f"{'tokens':>6} {'clean':>8} {'1+masks':>8} | {'clean':>8} {'1+masks':>8}")
+          f"{args.pass_repeats} (ms)")
+    print("tokens | " + " | ".join(costs))
     for i, n in enumerate(sizes):
-        print(f"{n:>6} {gated['clean'][i] * 1e3:>8.1f} {gated['one clean + masks'][i] * 1e3:>8.1f} | "
-              f"{everywhere['clean'][i] * 1e3:>8.1f} {everywhere['one clean + masks'][i] * 1e3:>8.1f}")
+        print(f"{n:>6} | " + " | ".join(f"{column[i] * 1e3:.1f}" for column in costs.values()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"cache_length": args.cache_length, "sizes": sizes, "threads":
-                                         torch.get_num_threads(), "gated_rows_only": gated,
-                                         "lora_every_row": everywhere}, indent=2))
+        report = {"cache_length": args.cache_length, "sizes": sizes, "threads": torch.get_num_threads(), **costs}
+        args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 
