@@ -159,7 +159,7 @@ def generate_speculative(
     step = 0
     while True:
         started = time.perf_counter()
-        drafts = drafts[: max(0, max_new_tokens - len(answer) - 1)]  # never draft past the length limit
+        drafts = drafts[: max_new_tokens - len(answer) - 1]  # k + 1 new tokens at most: never past the length limit
         clean_logits, mask_logits = verifier.verify([last, *drafts], masks)  # [k + 1, V], [m, V]
         logits = guarded(clean_logits, answer, drafts, guard)
         draft_ids = torch.tensor(drafts, dtype=torch.long)  # [k]
@@ -175,7 +175,6 @@ def generate_speculative(
         stop = first_eos(new, eos_ids)
         if stop is not None:
             new, new_conf = new[: stop + 1], new_conf[: stop + 1]
-        new, new_conf = new[: max_new_tokens - len(answer)], new_conf[: max_new_tokens - len(answer)]
         answer += new
         confidence += new_conf
         last = answer[-1]
