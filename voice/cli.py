@@ -32,6 +32,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     lm.add_argument("--llm-model", help="model name at --llm-url")
     lm.add_argument("--llm-key-env", help="environment variable that holds the API key for --llm-url")
     lm.add_argument("--threshold", type=float, help="confidence threshold of parallel decoding (local model)")
+    lm.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"),
+                    help="local model's decoding mode (default: the model's own)")
     lm.add_argument("--max-new-tokens", type=int, default=64)
     lm.add_argument("--system-prompt", help="replace the model's default system prompt")
     speech = parser.add_argument_group("speech")
@@ -87,6 +89,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_remote_model=args.llm_model,
         lm_key_env=args.llm_key_env,
         lm_threshold=args.threshold,
+        lm_decoding=args.decoding,
         asr_model=args.asr_model,
         tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
     )

