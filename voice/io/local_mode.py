@@ -389,7 +389,11 @@ def show_turn_end(event: TurnEnd) -> None:
     parts = []
     if "voice_to_voice" in event.latency_ms:
         parts.append(f"voice-to-voice {event.latency_ms['voice_to_voice']:.0f} ms")
-    parts.append(f"underruns {event.stats.get('output_underflows', 0):.0f}")
+    underruns = f"underruns {event.stats.get('output_underflows', 0):.0f}"
+    if event.stats.get("output_underflows"):
+        gap, latency = event.stats.get("output_callback_gap_ms", 0.0), event.stats.get("output_latency_ms", 0.0)
+        underruns += f" (longest speaker callback gap {gap:.0f} ms, output latency {latency:.0f} ms)"
+    parts.append(underruns)
     if event.stats.get("input_overflows"):
         parts.append(f"microphone overflows {event.stats['input_overflows']:.0f}")
     if event.interrupted:
