@@ -8,7 +8,9 @@ unreported warm-up turn), and records the virtual speaker. Per turn: the session
 first answer sample handed to the device), voice-to-voice as heard (the last speech sample written into the microphone
 pipe, less the clip's trailing silence, to the first answer energy on the speaker monitor: it adds the device
 buffers), and the underruns the speaker
-callback counted. The same clips through the browser path: `python scripts/load_test.py --spawn --clients 1`.
+callback counted. `--compare-browser` then runs the same clips through the browser path (`scripts/load_test.py --spawn
+--clients 1`: a WebSocket client streaming in real time; its server figure is the same session mark, its client figure
+adds the socket) for the same number of turns.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--output-latency", type=float, help="speaker latency in ms (default: local mode's)")
     parser.add_argument("--json", type=Path, help="write every turn and the summary here")
+    parser.add_argument("--compare-browser", action="store_true",
+                        help="then the same clips and turns over the WebSocket (scripts/load_test.py --spawn)")
     parser.add_argument("extra", nargs="*", help="more voice-assistant arguments (after --)")
     return parser
 
@@ -77,9 +82,30 @@ def run_turn(devices: VirtualDevices, assistant: LocalAssistant, pcm: bytes) -> 
     said = [line for _, line in assistant.lines[console:] if line.startswith(("you: ", "assistant: "))]
     return {
         "console": said,
+        "summary": summary.string.strip(),
         "voice_to_voice_ms": float(summary["v2v"]) if summary["v2v"] else None,
         "heard_voice_to_voice_ms": (heard_at - speech_end) * 1000 if heard_at is not None else None,
         "underruns": int(summary["underruns"]),
+    }
+
+
+def browser_figures(turns: int, max_new_tokens: int) -> dict[str, Any]:
+    """p50 voice-to-voice of the same clips over the WebSocket path (one client, a spawned server)."""
+    with tempfile.TemporaryDirectory(prefix="bench-browser-") as folder:
+        out = Path(folder) / "load.json"
+        command = [sys.executable, str(Path(__file__).with_name("load_test.py")), "--spawn", "--clients", "1",
+                   "--turns", str(turns), "--max-new-tokens", str(max_new_tokens), "--json", str(out),
+                   "--server-log", str(Path(folder) / "server.log")]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0 or not out.exists():
+            return {"error": (done.stderr or done.stdout).strip()[-500:]}
+        level = json.loads(out.read_text())["levels"][0]
+    return {
+        "command": "python scripts/load_test.py " + " ".join(command[2:-4]),
+        "turns_completed": level["turns_completed"],
+        "errors": level["errors"],
+        "voice_to_voice_p50_ms": level["voice_to_voice_ms"]["p50"],
+        "client_voice_to_voice_p50_ms": level["client_voice_to_voice_ms"]["p50"],
     }
 
 
@@ -108,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     turns.append(turn)
                     print(f"turn {index + 1}: {turn['voice_to_voice_ms']} ms in the session, "
                           f"{turn['heard_voice_to_voice_ms'] or float('nan'):.0f} ms heard, "
-                          f"{turn['underruns']} underruns  {turn['console']}", flush=True)  # fmt: skip
+                          f"{turn['summary']}  {turn['console']}", flush=True)  # fmt: skip
                 code, exit_s = assistant.stop(signal.SIGINT)
                 alsa_lines = sum("ALSA lib" in line for _, line in assistant.lines)
             finally:
@@ -130,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         "exit_s": exit_s,
         "per_turn": turns,
     }
+    if args.compare_browser:
+        result["browser"] = browser_figures(args.turns, args.max_new_tokens)
     print(json.dumps({k: v for k, v in result.items() if k != "per_turn"}, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -172,11 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from voice.io.local_mode import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
 
     if args.list_devices:
-        try:
-            print(list_devices())
-        except NoAudioDevice as err:  # PortAudio itself is missing
-            print(f"voice-assistant: {err}", file=sys.stderr)
-            return 2
+        print(list_devices())
         return 0
     audio = LocalAudioConfig(
         _device(args.input_device), _device(args.output_device), headset=args.headset,

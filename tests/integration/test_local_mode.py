@@ -27,7 +27,7 @@ BARGE_IN = LIBRIVOX_DIR / "sense_and_sensibility_01_austen_64kb-0930.wav"  # "he
 TURN_TIMEOUT_S = 90.0
 EXIT_WITHIN_S = 1.0
 # Barge-in: the endpointer needs ~0.25 s of speech to call it speech, the session cancels and clears, and what is
-# already queued in the device (the output latency, 100 ms) still plays out.
+# already queued in the device (the output latency, 150 ms) still plays out.
 SPEAKER_STOPS_WITHIN_S = 1.0
 BARGE_IN_AFTER_S = 1.5  # into the answer
 LONG_ANSWERS = "You are a storyteller. Answer every message with a long story of at least five sentences."

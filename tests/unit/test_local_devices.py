@@ -119,3 +119,8 @@ def test_speaker_buffer_pads_with_silence_and_counts_what_it_handed_over() -> No
     assert bytes(out) == b"\x01\x00\x02\x00" + bytes(4)
     assert buffer.played == 2
     assert buffer.busy(1.1) and not buffer.busy(2.0)
+
+
+def test_output_latency_out_of_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="5-2000 ms, got 0 ms"):
+        LocalAudioConfig(output_latency_s=0.0)

@@ -6,11 +6,12 @@ thread. With open speakers (the default) the microphone is muted while the assis
 assistant cannot interrupt itself; with `--headset` it listens all the time and you can barge in.
 
 No underruns: the speaker stream keeps `OUTPUT_LATENCY_S` of audio queued in the device ahead of playback, so a
-callback that runs late (the GIL, two busy cores) still finds the device fed. The size is measured, not guessed: on
-PulseAudio over ALSA with the LM, ASR and TTS busy, PortAudio's default "high" latency (35 ms) underran several times
-a turn while 100 ms never did; each turn's `TurnEnd.stats` carries the underflow and overflow flags the callbacks saw
-and the longest gap between speaker callbacks, so a machine that needs more shows it. ALSA's own error messages
-("underrun occurred") go to the log at debug level instead of the console.
+callback that runs late (the GIL, two busy cores) still finds the device fed, and the audio threads ask for real-time
+scheduling where they may. The size is measured, not guessed (scripts/bench_local_mode.py, 10 turns each, PulseAudio
+over ALSA, a 2-core machine at load 6): PortAudio's default "high" latency (35 ms) underran during most turns, 100 ms
+still 1-4 times in 10 turns, 150 ms never. Each turn's `TurnEnd.stats` carries the underflow and overflow flags the
+callbacks saw and the longest gap between speaker callbacks, so a machine that needs more shows it. ALSA's own error
+messages ("underrun occurred") go to the log at debug level instead of the console.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from voice.session import Session, SessionConfig
 log = logging.getLogger(__name__)
 
 BLOCK_MS = 20
-OUTPUT_LATENCY_S = 0.1  # audio queued in the device ahead of playback (see the module docstring for the measurement)
+OUTPUT_LATENCY_S = 0.15  # audio queued in the device ahead of playback (see the module docstring for the measurement)
 ECHO_TAIL_S = 0.3  # keep the microphone muted this long after the speaker went quiet (room echo)
 COMMON_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000, 88200, 96000)
 
@@ -49,6 +50,10 @@ class LocalAudioConfig:
     output_device: int | str | None = None
     headset: bool = False  # full duplex: barge-in works, but open speakers would make the assistant hear itself
     output_latency_s: float = OUTPUT_LATENCY_S
+
+    def __post_init__(self) -> None:
+        if not 0.005 <= self.output_latency_s <= 2.0:
+            raise ValueError(f"the output latency must be 5-2000 ms, got {self.output_latency_s * 1000:g} ms")
 
 
 # --- ALSA's console messages ----------------------------------------------------------------------------------------
