@@ -124,3 +124,20 @@ def test_speaker_buffer_pads_with_silence_and_counts_what_it_handed_over() -> No
 def test_output_latency_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="5-2000 ms, got 0 ms"):
         LocalAudioConfig(output_latency_s=0.0)
+
+
+def test_alsa_messages_go_to_the_log_not_the_console(capfd: pytest.CaptureFixture[str]) -> None:
+    import ctypes
+    import ctypes.util
+
+    from voice.io import local_mode
+
+    if not local_mode.quiet_alsa():
+        pytest.skip("no ALSA library on this machine")
+    alsa = ctypes.CDLL(ctypes.util.find_library("asound"))
+    before = local_mode.alsa_messages
+    handle = ctypes.c_void_p()
+    # an unknown PCM name: ALSA reports "Unknown PCM no-such-device" through its error handler
+    assert alsa.snd_pcm_open(ctypes.byref(handle), b"no-such-device", 0, 0) < 0
+    assert local_mode.alsa_messages > before
+    assert "ALSA lib" not in capfd.readouterr().err
