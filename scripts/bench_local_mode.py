@@ -86,6 +86,7 @@ def run_turn(devices: VirtualDevices, assistant: LocalAssistant, pcm: bytes) -> 
         "voice_to_voice_ms": float(summary["v2v"]) if summary["v2v"] else None,
         "heard_voice_to_voice_ms": (heard_at - speech_end) * 1000 if heard_at is not None else None,
         "underruns": int(summary["underruns"]),
+        "underruns_while_speaking": int(summary["audible"] or 0),
     }
 
 
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "turns": len(turns),
         "underruns": sum(t["underruns"] for t in turns),
         "turns_with_underruns": sum(1 for t in turns if t["underruns"]),
+        "underruns_while_speaking": sum(t["underruns_while_speaking"] for t in turns),
         "alsa_console_lines": alsa_lines,
         "voice_to_voice_p50_ms": percentile(session, 50) if session else None,
         "heard_voice_to_voice_p50_ms": percentile(heard, 50) if heard else None,

@@ -18,7 +18,9 @@ from report_lib.pulse_devices import VirtualDevices
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # three models on a busy 2-core machine
 # The summary line local mode prints at the end of every turn
-TURN_SUMMARY = re.compile(r"\[(?:voice-to-voice (?P<v2v>\d+) ms, )?underruns (?P<underruns>\d+)")
+TURN_SUMMARY = re.compile(
+    r"\[(?:voice-to-voice (?P<v2v>\d+) ms, )?underruns (?P<underruns>\d+)(?: \((?P<audible>\d+) while speaking)?"
+)
 
 
 class AssistantFailed(RuntimeError):

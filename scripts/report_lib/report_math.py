@@ -33,6 +33,7 @@ STAT_FIELDS: tuple[str, ...] = (
     "early_lm",
     # local mode only (the speaker callback's flags; see voice/io/local_mode.py); None for socket and in-process runs
     "output_underflows",
+    "audible_underflows",
     "input_overflows",
 )
 # The figures summarised over turns (percentiles); client_voice_to_voice exists only for WebSocket runs.

@@ -93,16 +93,16 @@ def status(**flags: bool) -> SimpleNamespace:
 def test_counters_report_each_turns_flags_and_longest_callback_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("voice.io.local_mode.boost_audio_thread", lambda: None)
     counters = StreamCounters()
-    counters.on_output(status(), 10.00)
-    counters.on_output(status(out_under=True), 10.25)
-    counters.on_output(status(), 10.27)
+    counters.on_output(status(), 10.00, sounding=False)
+    counters.on_output(status(out_under=True), 10.25, sounding=False)  # silence ran dry: nobody hears it
+    counters.on_output(status(out_under=True), 10.27, sounding=True)
     counters.on_input(status(in_over=True))
     first = counters.since_last_report()
-    assert first["output_underflows"] == 1 and first["input_overflows"] == 1
+    assert first["output_underflows"] == 2 and first["audible_underflows"] == 1 and first["input_overflows"] == 1
     assert first["output_callback_gap_ms"] == pytest.approx(250)
-    counters.on_output(status(), 10.29)
+    counters.on_output(status(), 10.29, sounding=True)
     second = counters.since_last_report()
-    assert second["output_underflows"] == 0 and second["input_overflows"] == 0
+    assert second["output_underflows"] == 0 and second["audible_underflows"] == 0 and second["input_overflows"] == 0
     assert second["output_callback_gap_ms"] == pytest.approx(20)
 
 
@@ -119,6 +119,7 @@ def test_speaker_buffer_pads_with_silence_and_counts_what_it_handed_over() -> No
     assert bytes(out) == b"\x01\x00\x02\x00" + bytes(4)
     assert buffer.played == 2
     assert buffer.busy(1.1) and not buffer.busy(2.0)
+    assert buffer.sounding(1.1, device_latency_s=0.15) and not buffer.sounding(1.2, device_latency_s=0.15)
 
 
 def test_output_latency_out_of_range_is_refused() -> None:

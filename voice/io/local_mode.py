@@ -203,6 +203,7 @@ class StreamCounters:
     """What the PortAudio callbacks saw. Written only by the audio threads, read by the event loop."""
 
     output_underflows: int = 0
+    audible_underflows: int = 0  # while the answer's audio was in the device: a gap or click the listener hears
     input_overflows: int = 0
     input_underflows: int = 0
     output_callbacks: int = 0
@@ -211,12 +212,13 @@ class StreamCounters:
     max_output_gap: float = 0.0
     _reported: dict[str, float] = field(default_factory=dict)
 
-    def on_output(self, status: Any, now: float) -> None:
+    def on_output(self, status: Any, now: float, sounding: bool) -> None:
         if not self.output_callbacks:
             boost_audio_thread()
         self.output_callbacks += 1
         if status.output_underflow:
             self.output_underflows += 1
+            self.audible_underflows += sounding
         if self.last_output_at:
             self.max_output_gap = max(self.max_output_gap, now - self.last_output_at)
         self.last_output_at = now
@@ -232,8 +234,12 @@ class StreamCounters:
 
     def since_last_report(self) -> dict[str, float]:
         """The counts since the previous call (one turn's worth), plus the longest callback gap in ms."""
-        now = {"output_underflows": float(self.output_underflows), "input_overflows": float(self.input_overflows),
-               "input_underflows": float(self.input_underflows)}  # fmt: skip
+        now = {
+            "output_underflows": float(self.output_underflows),
+            "audible_underflows": float(self.audible_underflows),
+            "input_overflows": float(self.input_overflows),
+            "input_underflows": float(self.input_underflows),
+        }
         delta = {name: value - self._reported.get(name, 0.0) for name, value in now.items()}
         self._reported = now
         delta["output_callback_gap_ms"] = self.max_output_gap * 1000
@@ -268,6 +274,11 @@ class SpeakerBuffer:
     def new_answer(self) -> None:
         with self._lock:
             self.played = 0
+
+    def sounding(self, now: float, device_latency_s: float) -> bool:
+        """Answer audio is queued here or still playing out of the device."""
+        with self._lock:
+            return bool(self._chunks) or now - self.last_audio_at < device_latency_s
 
     def busy(self, now: float) -> bool:
         with self._lock:
@@ -315,7 +326,7 @@ async def run_local(engines: Engines, session_config: SessionConfig, audio: Loca
 
     def on_speaker(outdata: Any, frames: int, time_info: Any, status: Any) -> None:
         now = time.monotonic()
-        counters.on_output(status, now)
+        counters.on_output(status, now, speaker.sounding(now, device_latency_s))
         speaker.fill(memoryview(outdata).cast("B"), now)
 
     block = TARGET_RATE * BLOCK_MS // 1000
@@ -397,7 +408,8 @@ def show_turn_end(event: TurnEnd) -> None:
     underruns = f"underruns {event.stats.get('output_underflows', 0):.0f}"
     if event.stats.get("output_underflows"):
         gap, latency = event.stats.get("output_callback_gap_ms", 0.0), event.stats.get("output_latency_ms", 0.0)
-        underruns += f" (longest speaker callback gap {gap:.0f} ms, output latency {latency:.0f} ms)"
+        underruns += (f" ({event.stats.get('audible_underflows', 0):.0f} while speaking; longest speaker callback gap "
+                      f"{gap:.0f} ms, output latency {latency:.0f} ms)")  # fmt: skip
     parts.append(underruns)
     if event.stats.get("input_overflows"):
         parts.append(f"microphone overflows {event.stats['input_overflows']:.0f}")
