@@ -150,6 +150,7 @@ def test_headset_barge_in_stops_the_speaker_and_keeps_what_was_heard(
     assert speaking[-1][1] > barge_in_at - 0.3, "the answer was over before the barge-in: nothing to interrupt"
     stopped_after = speaking[-1][1] - barge_in_at
     assert stopped_after < SPEAKER_STOPS_WITHIN_S, f"speaker went on {stopped_after:.2f} s after the barge-in"
+    print(f"the speaker stopped {stopped_after:.2f} s after the barge-in began; heard: {end.group(1)!r}")
     # the history keeps what was heard: the start of the answer, not all of it (the answer line comes when the LM
     # finished, which may be after the barge-in or never)
     heard = words(end.group(1))
