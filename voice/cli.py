@@ -18,6 +18,7 @@ from model.chat import GenerationOptions
 from model.errors import ModelError
 from voice.engines import EngineConfig, Engines, load_engines
 from voice.errors import NoAudioDevice, VoiceError
+from voice.io.local_mode import OUTPUT_LATENCY_S
 from voice.listen.stage import ListenConfig
 from voice.session import SessionConfig
 from voice.speak.speculator import SpeculatorConfig
@@ -49,8 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voice-assistant", description=__doc__)
     _common(parser)
     parser.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
-    parser.add_argument("--input-device", help="microphone (index or name)")
-    parser.add_argument("--output-device", help="speaker (index or name)")
+    parser.add_argument("--input-device", help="microphone: an index or (part of) a name from --list-devices")
+    parser.add_argument("--output-device", help="speaker: an index or (part of) a name from --list-devices")
+    parser.add_argument(
+        "--output-latency", type=float, default=OUTPUT_LATENCY_S * 1000, metavar="MS",
+        help=f"audio kept queued in the speaker ahead of playback (default {OUTPUT_LATENCY_S * 1000:.0f} ms); raise it "
+        "if the turn summary reports underruns",
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command")
 
     serve = commands.add_parser("serve", help="serve the browser client and the WebSocket API")
@@ -171,7 +177,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list_devices:
         print(list_devices())
         return 0
-    audio = LocalAudioConfig(_device(args.input_device), _device(args.output_device), headset=args.headset)
+    audio = LocalAudioConfig(
+        _device(args.input_device), _device(args.output_device), headset=args.headset,
+        output_latency_s=args.output_latency / 1000,
+    )  # fmt: skip
     try:
         check_devices(sounddevice_module(), audio)  # fail fast, before the models load
     except NoAudioDevice as err:
@@ -185,7 +194,12 @@ def run(args: argparse.Namespace) -> int:
         args.max_sessions_per_client = 3
         return run(args)
     asyncio.run(run_local(_load(args), session_config(args, full_duplex=args.headset), audio))
-    return 0
+    # The devices and the session are closed. Freeing the models' native memory at interpreter exit takes 1-3 s on
+    # two cores, which a Ctrl+C or a service manager's SIGTERM should not wait for: flush and leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:

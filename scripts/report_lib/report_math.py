@@ -31,6 +31,10 @@ STAT_FIELDS: tuple[str, ...] = (
     "saved_ms",
     "wasted_ms",
     "early_lm",
+    # local mode only (the speaker callback's flags; see voice/io/local_mode.py); None for socket and in-process runs
+    "output_underflows",
+    "audible_underflows",
+    "input_overflows",
 )
 # The figures summarised over turns (percentiles); client_voice_to_voice exists only for WebSocket runs.
 SUMMARY_FIELDS: tuple[str, ...] = (
