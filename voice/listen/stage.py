@@ -88,11 +88,11 @@ class ListenStage:
         await self._accept_16k(self._resampler.push(samples), arrival)
 
     @property
-    def in_trailing_silence(self) -> bool:
-        """Speech has paused and the endpointer is waiting out its minimum silence: a decode now is the likely final
-        (the session may start the language model on it before the end of turn is decided)."""
-        ep = self._endpointer
-        return self._in_turn and self._received - ep.last_voiced_end >= ep.config.frame_samples
+    def silence_ms(self) -> float:
+        """Milliseconds of audio since the last voiced sample, on the stream's own clock (0 while speech goes on)."""
+        if self._endpointer.speaking:
+            return 0.0
+        return max(0, self._received - self._endpointer.last_voiced_end) * 1000 / TARGET_RATE
 
     async def flush(self) -> None:
         """End of stream: close a turn still open (no trailing silence needed) and wait for its final transcript."""
