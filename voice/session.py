@@ -329,6 +329,10 @@ class Session:
             self._emit(Clear(session=self.id, turn=answer.turn, reason=action.reason))
         self._speaking = False
         await self._stop_answer(answer)
+        if action.continues_as is not None:
+            record = self._records.pop(answer.turn, answer.record)
+            record.turn = action.continues_as
+            self._records[record.turn] = record
         if action.ends_turn:
             answer.stats.update(speculations=action.speculations, speculations_dropped=action.dropped)
             self._end_turn(answer.record, answer, interrupted=True, stats=answer.stats)

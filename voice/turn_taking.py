@@ -142,6 +142,9 @@ class CancelAnswer:
     ends_turn: bool
     speculations: int = 0
     dropped: int = 0
+    # A continued turn whose answer was already heard (and cleared) goes on under a new number: outputs refuse a
+    # cleared turn's later audio, and the merged answer must be heard.
+    continues_as: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +228,9 @@ class TurnTaking:
 
     @property
     def user_turn(self) -> int:
-        """The turn number that the listener's events belong to now."""
+        """The turn number that the listener's events belong to now (contested speech: the turn it would open)."""
+        if self.state is State.BARGE_IN_PENDING and not self._continues(self._pending_start_ns):
+            return self.turn_no + 1
         return self._user.turn if self._user is not None else self.turn_no
 
     @property
@@ -432,12 +437,17 @@ class TurnTaking:
             return []
         self._answer = None
         user = self._user
+        continues_as = None
         if not ends_turn and user is not None:
             user.dropped += 1
+            if clear:
+                self.turn_no += 1
+                user.turn = continues_as = self.turn_no
         speculations, dropped = (user.speculations, user.dropped) if user is not None else (0, 0)
         if ends_turn:
             self._user = None
-        return [CancelAnswer(answer.answer_id, answer.turn, reason, clear, ends_turn, speculations, dropped)]
+        return [CancelAnswer(answer.answer_id, answer.turn, reason, clear, ends_turn, speculations, dropped,
+                             continues_as)]
 
     def _is_current(self, answer_id: int) -> bool:
         return self._answer is not None and self._answer.answer_id == answer_id

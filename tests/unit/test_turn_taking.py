@@ -81,8 +81,10 @@ def test_speech_resuming_while_the_answer_speaks_continues_the_turn_once_it_is_w
     drive(machine, *segment(0, 1000, "Two clips"), Silence(400), AnswerAudio(1))
     assert drive(machine, UserSpeechStarted(1800 * MS)) == []  # a cough? wait for words
     actions = drive(machine, UserWords())
-    assert actions == [CancelAnswer(1, 1, "user_continued", clear=True, ends_turn=False, speculations=1, dropped=1)]
-    assert drive(machine, UserSpeechEnded(3000 * MS), UserFinal("and more."))[0].text == "Two clips and more."
+    assert actions == [CancelAnswer(1, 1, "user_continued", clear=True, ends_turn=False, speculations=1, dropped=1,
+                                    continues_as=2)]  # a cleared turn's audio is refused: the rest gets a new number
+    assert drive(machine, UserSpeechEnded(3000 * MS), UserFinal("and more.")) == [
+        StartAnswer(2, 2, "Two clips and more.", held=True)]
 
 
 def test_a_late_new_question_cancels_a_stale_answer_instead_of_queueing_it():
