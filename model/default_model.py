@@ -107,18 +107,26 @@ def load_default_chat_model(
     bf16 by default: on CPUs with AVX512-BF16 or AMX a refinement pass is about twice as fast as in fp32 (measured by
     scripts/bench_lm.py), and the answers match the fp32 ones almost token for token (scripts/eval_default_model.py).
     """
-    from model.block_diffusion import BlockDiffusionDenoiser, load_adapter
-    from model.engine import DiffusionChatModel
+    from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
+    from model.engine import DiffusionChatModel, context_length_of
     from model.sampler import SamplerConfig
 
     directory = adapter_dir or ADAPTER_DIR
     meta = adapter_meta(directory)
+    trained_block = AdapterConfig.from_json(meta["adapter"]).block_length
+    asked_block = sampler_overrides.get("block_length", trained_block)
+    if asked_block != trained_block:  # refused before the slow load of the base model
+        # the adapter learned to fill blocks of exactly this size: other sizes attend over spans it never saw
+        raise ModelError(
+            f"block length {asked_block} does not match the block-diffusion adapter in {directory}, which was trained "
+            f"with blocks of {trained_block} tokens: leave --block-length unset or pass {trained_block}"
+        )
     base, tokenizer = load_base(dtype)
     model = load_adapter(base, directory)
     model.cast_adapter(dtype)
     model.eval()
     settings: dict[str, Any] = dict(meta.get("sampler", {}))
-    settings.setdefault("block_length", model.config.block_length)
+    settings["block_length"] = trained_block
     settings.setdefault("steps_per_block", settings["block_length"])
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
@@ -128,6 +136,7 @@ def load_default_chat_model(
         denoiser=denoiser,
         sampler=SamplerConfig(**settings),
         system_prompt=VOICE_SYSTEM_PROMPT,
+        context_length=context_length_of(base.config),
     )
 
 

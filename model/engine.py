@@ -14,7 +14,7 @@ from typing import Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.denoiser import Denoiser
-from model.errors import ModelError
+from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
 from model.refinement import Refinement
 from model.sampler import SamplerConfig, generate
@@ -24,11 +24,14 @@ from model.sampler import SamplerConfig, generate
 DECODE_CONTEXT = 4
 
 
-def token_texts(tokenizer: Any, tokens: Sequence[int]) -> list[str]:
+def token_texts(tokenizer: Any, tokens: Sequence[int], final: bool = False) -> list[str]:
     """Text of each token, decoded incrementally so characters spanning several tokens come out whole.
 
     A token whose text ends inside an unfinished UTF-8 character gets "" and the character goes to the token that
-    completes it (the streaming-detokenizer trick: decode a short window and take what it adds).
+    completes it (the streaming-detokenizer trick: decode a short window and take what it adds). The last token is
+    held back the same way unless `final` (the answer ends there): its completing token may simply not be drafted yet
+    (a block end, a `max_tokens` cut, an end-of-sequence guess), and text once shown must not turn from "\ufffd" into
+    a character later. A token's text depends only on the tokens up to it, so committed text never changes.
     """
     texts: list[str] = []
     emitted = 0  # first token whose text has not been emitted yet
@@ -36,7 +39,7 @@ def token_texts(tokenizer: Any, tokens: Sequence[int]) -> list[str]:
         left = max(0, emitted - DECODE_CONTEXT)
         before = tokenizer.decode(list(tokens[left:emitted]))
         after = tokenizer.decode(list(tokens[left : index + 1]))
-        if after.endswith("\ufffd") and index + 1 < len(tokens):
+        if after.endswith("\ufffd") and (index + 1 < len(tokens) or not final):
             texts.append("")
             continue
         texts.append(after[len(before) :] if after.startswith(before) else after)
@@ -48,24 +51,35 @@ def draft_from_refinement(
     tokenizer: Any, refinement: Refinement, prompt_tokens: int, limit: int | None = None
 ) -> Draft:
     """Pieces up to the first end-of-sequence guess (and at most `limit` tokens); a piece is committed when every
-    token it holds is."""
-    cut = next((i for i, token in enumerate(refinement.tokens) if token in refinement.eos_ids), len(refinement.tokens))
-    if limit is not None:
-        cut = min(cut, limit)
+    token it holds is.
+
+    The draft is done when the pass is, or when the first `limit` tokens are all committed: the answer is then cut at
+    `max_tokens`, and its finish reason is "length" unless it really ended there (a committed end-of-sequence right
+    after the last token kept).
+    """
+    end = next((i for i, token in enumerate(refinement.tokens) if token in refinement.eos_ids), len(refinement.tokens))
+    cut = end if limit is None else min(end, limit)
+    reached_limit = limit is not None and refinement.committed_prefix >= limit
+    done = refinement.done or reached_limit
+    finish_reason = refinement.finish_reason
+    if reached_limit and not (refinement.finish_reason == "stop" and refinement.answer_length <= limit):
+        finish_reason = "length"
     tokens = refinement.tokens[:cut]
     pieces: list[DraftPiece] = []
-    group_committed = True
-    for index, text in enumerate(token_texts(tokenizer, tokens)):
+    group_committed, group_tokens = True, 0
+    ends_here = done and finish_reason != "cancelled"  # a cancelled answer was cut short, not ended: keep holding
+    for index, text in enumerate(token_texts(tokenizer, tokens, final=ends_here)):
         group_committed = group_committed and refinement.committed[index]
+        group_tokens += 1
         if text == "" and index + 1 < len(tokens):
             continue  # part of a character completed by a later token
-        pieces.append(DraftPiece(text, group_committed, refinement.confidence[index]))
-        group_committed = True
+        pieces.append(DraftPiece(text, group_committed, refinement.confidence[index], group_tokens))
+        group_committed, group_tokens = True, 0
     return Draft(
         step=refinement.step,
         pieces=tuple(pieces),
-        done=refinement.done,
-        finish_reason=refinement.finish_reason,
+        done=done,
+        finish_reason=finish_reason,
         elapsed_s=refinement.elapsed_s,
         prompt_tokens=prompt_tokens,
         completion_tokens=sum(refinement.committed[:cut]),
@@ -74,7 +88,8 @@ def draft_from_refinement(
 
 
 def cut_at_stop(draft: Draft, stop: Sequence[str]) -> Draft | None:
-    """The draft ended at the first stop string found in its committed text, or None if there is none."""
+    """The draft ended at the first stop string found in its committed text, or None if there is none. Its usage
+    counts only the tokens whose text it still holds."""
     committed = draft.committed_text
     found = [index for index in (committed.find(s) for s in stop if s) if index >= 0]
     if not found:
@@ -85,7 +100,19 @@ def cut_at_stop(draft: Draft, stop: Sequence[str]) -> Draft | None:
             break
         pieces.append(dataclasses.replace(piece, text=piece.text[: keep - length]))
         length += len(piece.text)
-    return dataclasses.replace(draft, pieces=tuple(pieces), done=True, finish_reason="stop")
+    return dataclasses.replace(
+        draft, pieces=tuple(pieces), done=True, finish_reason="stop",
+        completion_tokens=sum(piece.tokens for piece in pieces),
+    )
+
+
+def context_length_of(config: Any) -> int | None:
+    """The number of positions a transformers config says its model was built for (None when it does not say)."""
+    for source in (config, getattr(config, "text_config", None)):
+        value = getattr(source, "max_position_embeddings", None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 class DiffusionChatModel:
@@ -98,12 +125,14 @@ class DiffusionChatModel:
         denoiser: Denoiser | None,
         sampler: SamplerConfig,
         system_prompt: str | None = None,
+        context_length: int | None = None,
     ) -> None:
         self.name = name
         self.tokenizer = tokenizer
         self.denoiser = denoiser
         self.sampler = sampler
         self.system_prompt = system_prompt
+        self.context_length = context_length  # positions the network was built for; None: not known, not checked
         # classifier-free guidance needs a second state over the same weights
         self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and hasattr(denoiser, "fork") else None
         self._lock = FairLock()  # sessions take turns on the model, first come, first served
@@ -116,7 +145,12 @@ class DiffusionChatModel:
         if not any(m["content"].strip() for m in chat if m["role"] != "system"):
             raise ModelError("the chat is empty: nothing to answer")
         if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            from jinja2 import TemplateError
+
+            try:
+                text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            except TemplateError as error:  # e.g. a template that demands alternating user/assistant roles
+                raise ModelError(f"the model's chat template refuses this chat: {error}") from error
         else:  # plain masked LMs (BERT) ship no template
             text = "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant:"
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -129,6 +163,24 @@ class DiffusionChatModel:
         blocks = -(-options.max_new_tokens // config.block_length)
         return config, blocks * config.block_length
 
+    def check_context(self, prompt_tokens: int, max_new_tokens: int, limit: int | None = None) -> None:
+        """Raise `ContextLengthExceeded` when the prompt and the answer do not fit the model's context, or `limit`
+        (a server's own cap) when that is smaller. The answer counts as the sampler computes it: whole blocks."""
+        budgets = [size for size in (self.context_length, limit) if size is not None]
+        if not budgets:
+            return
+        context = min(budgets)
+        block = self.sampler.block_length
+        answer = -(-max(max_new_tokens, 1) // block) * block
+        if prompt_tokens + answer <= context:
+            return
+        rounded = f", rounded up to whole blocks of {block}" if answer != max_new_tokens else ""
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + answer} tokens ({prompt_tokens} in the messages, {answer} in the completion{rounded}). "
+            "Please reduce the length of the messages or completion."
+        )
+
     def stream_chat(
         self,
         messages: Sequence[ChatMessage],
@@ -136,30 +188,47 @@ class DiffusionChatModel:
         cancel: threading.Event | None = None,
     ) -> Iterator[Draft]:
         """One `Draft` per pass; the last has done=True. Stop strings end the answer once they are committed."""
-        prompt = self.prompt_ids(messages)
+        return self.stream_prompt(self.prompt_ids(messages), options, cancel)
+
+    def stream_prompt(
+        self, prompt: Sequence[int], options: GenerationOptions, cancel: threading.Event | None = None
+    ) -> Iterator[Draft]:
+        """`stream_chat` for a tokenized prompt. Refuses (`ModelError`) before taking the model's lock."""
+        prompt = list(prompt)
         config, length = self.sampler_for(options)
-        limit = options.max_new_tokens  # a hard cap, although the sampler works in whole blocks
+        self.check_context(len(prompt), options.max_new_tokens)
+        return self._drafts(prompt, options, config, length, cancel)
+
+    def _drafts(
+        self, prompt: list[int], options: GenerationOptions, config: SamplerConfig, length: int,
+        cancel: threading.Event | None,
+    ) -> Iterator[Draft]:
+        cancelled = Draft(step=0, pieces=(), done=True, finish_reason="cancelled", prompt_tokens=len(prompt))
         if not self._lock.acquire(cancel):  # cancelled while other answers held the model: nothing was computed
-            yield Draft(step=0, pieces=(), done=True, finish_reason="cancelled", prompt_tokens=len(prompt))
+            yield cancelled
             return
         try:
             for refinement in self.refinements(prompt, length, config, cancel):
-                draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), limit)
+                draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), options.max_new_tokens)
                 stopped = cut_at_stop(draft, options.stop) if options.stop else None
-                if stopped is not None:
-                    yield stopped
+                yield stopped or draft
+                if stopped is not None or draft.done:
                     return
-                if not draft.done and refinement.committed_prefix >= limit:
-                    yield dataclasses.replace(draft, done=True, finish_reason="length")
-                    return
-                yield draft
+        except GenerationCancelled:  # cancelled during the prompt's prefill, before the first pass
+            yield cancelled
         finally:
             self._lock.release()
 
     def refinements(
         self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None
     ) -> Iterator[Refinement]:
-        """The passes of one answer; models that are not masked (DiffusionGemma) override this."""
+        """The passes of one answer; models that are not masked (DiffusionGemma) override this.
+
+        A denoiser with a `prefill_cancel` attribute checks that event between the chunks of a long prompt's
+        prefill and raises `GenerationCancelled`, so a cancel does not wait for the whole prompt to be encoded.
+        """
+        if hasattr(self.denoiser, "prefill_cancel"):
+            self.denoiser.prefill_cancel = cancel
         return generate(self.denoiser, prompt, length, config, cancel, self._unconditional)
 
     def generate_text(self, prompt: str, options: GenerationOptions | None = None) -> str:

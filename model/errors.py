@@ -13,3 +13,8 @@ class ModelError(Exception):
 
 class GenerationCancelled(ModelError):
     """Generation stopped because its cancel flag was set; raised only where a caller asked for an exception."""
+
+
+class ContextLengthExceeded(ModelError):
+    """The prompt and the answer asked for do not fit the model's context: the request's fault, refused before any
+    pass (the API answers 400 `context_length_exceeded`)."""

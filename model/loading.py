@@ -68,7 +68,7 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
         from model.default_model import load_default_chat_model
 
         return load_default_chat_model(Path(spec) if spec else None, **overrides)
-    from model.engine import DiffusionChatModel
+    from model.engine import DiffusionChatModel, context_length_of
 
     config = read_config(spec)
     kind = architecture(config)
@@ -90,4 +90,5 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
 
         tokenizer, denoiser = load_masked_lm(spec, device=device)
     sampler = SamplerConfig(**overrides)
-    return DiffusionChatModel(Path(spec).name or spec, tokenizer, denoiser, sampler, system_prompt)
+    context = context_length_of(denoiser.model.config)
+    return DiffusionChatModel(Path(spec).name or spec, tokenizer, denoiser, sampler, system_prompt, context)

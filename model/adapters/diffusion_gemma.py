@@ -12,6 +12,8 @@ the device every step (256 x 262k floats for the released model), so draft posit
 accepted blocks 1.0. Temperature follows the model's own t_max -> t_min schedule (GenerationOptions.temperature is
 not used). A seed seeds torch's global generator for this answer, which DiffusionGemma's sampler draws from.
 Cancel is checked at every pass: the streamer raises inside `generate`, which stops the worker after that pass.
+However `generate` ends (returns, is cancelled, raises anything at all), the worker puts exactly one final event on
+the queue, and the consumer re-raises the worker's exception: a consumer never waits forever with the model's lock.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from model.adapters.masked_lm import end_ids
-from model.engine import DiffusionChatModel
+from model.engine import DiffusionChatModel, context_length_of
 from model.errors import ModelError
 from model.refinement import Refinement
 from model.sampler import SamplerConfig
@@ -56,7 +58,7 @@ class _QueueStreamer(BaseStreamer):
             raise _Cancelled
 
     def end(self) -> None:
-        self.events.put(("end", None))
+        """Nothing: the worker reports how `generate` ended (returned, cancelled or raised) once it has."""
 
 
 def diffusion_gemma_refinements(
@@ -80,6 +82,8 @@ def diffusion_gemma_refinements(
         kwargs["max_denoising_steps"] = max_denoising_steps
 
     def work() -> None:
+        # Exactly one final event, whatever happens: the consumer holds the model's lock while it waits for it.
+        outcome: tuple[str, Any] = ("end", None)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 if seed is not None:
@@ -87,9 +91,11 @@ def diffusion_gemma_refinements(
                 device = next(model.parameters()).device
                 model.generate(torch.tensor([prompt_ids], device=device), **kwargs)
         except _Cancelled:
-            events.put(("cancelled", None))
-        except (RuntimeError, ValueError, IndexError) as error:
-            events.put(("error", error))
+            outcome = ("cancelled", None)
+        except BaseException as error:  # every failure is the consumer's to report (it is re-raised there)
+            outcome = ("error", error)
+        finally:
+            events.put(outcome)
 
     worker = threading.Thread(target=work, name="diffusion-gemma-generate", daemon=True)
     worker.start()
@@ -128,8 +134,8 @@ def diffusion_gemma_refinements(
             elif kind == "cancelled":
                 yield refinement("cancelled")
                 return
-            else:
-                raise ModelError(f"DiffusionGemma generation failed: {payload}") from payload
+            else:  # the worker's own exception: a ModelError stays a refusal, anything else is a crash
+                raise payload
     finally:
         stop.set()  # a consumer that stops early must not leave the model busy behind the lock
         worker.join()
@@ -147,7 +153,7 @@ class DiffusionGemmaChatModel(DiffusionChatModel):
         canvas = int(model.config.canvas_length)
         steps = min(max_denoising_steps or canvas, canvas)
         super().__init__(name, tokenizer, None, SamplerConfig(block_length=canvas, steps_per_block=steps),
-                         system_prompt)
+                         system_prompt, context_length_of(model.config))
         self.model = model.eval()
         self.max_denoising_steps = max_denoising_steps
         self.eos_ids = end_ids(tokenizer, getattr(model.config, "text_config", model.config))
@@ -164,15 +170,21 @@ def load_diffusion_gemma(
     spec: str, device: str | None = None, system_prompt: str | None = None, **sampler: Any
 ) -> DiffusionGemmaChatModel:
     """DiffusionGemma from a local folder or hub id. `steps_per_block` maps to max_denoising_steps."""
-    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+    from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     unsupported = set(sampler) - {"steps_per_block", "block_length"}
     if unsupported:
         raise ModelError(f"DiffusionGemma has its own sampler; these options do not apply: {sorted(unsupported)}")
     try:
+        canvas = int(AutoConfig.from_pretrained(spec).canvas_length)
+        if sampler.get("block_length", canvas) != canvas:  # refused before the weights are loaded
+            raise ModelError(
+                f"block length {sampler['block_length']} does not match {spec!r}, whose blocks (canvas_length) are "
+                f"{canvas} tokens: leave --block-length unset or pass {canvas}"
+            )
         tokenizer = AutoTokenizer.from_pretrained(spec)
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(spec, dtype=torch.bfloat16)
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, AttributeError) as error:
         raise ModelError(f"could not load DiffusionGemma from {spec!r}: {error}") from error
     if device:
         model = model.to(device)

@@ -11,7 +11,10 @@ committed text only (text that never changes); `diffusing: true` streams replace
   a chunk with `finish_reason`, the usage chunk if `stream_options.include_usage`, and `data: [DONE]`.
 
 Errors are OpenAI error objects `{"error": {"message", "type", "param", "code"}}`, FastAPI's 422 included (as 400).
-See model/server/API.md for the full contract.
+Every refusal is an HTTP error before the stream starts: the handler validates, tokenizes the chat and checks it
+against the context (400 `context_length_exceeded`), queues the job in the same step as the queue-full check, and a
+stream answers 200 only once the job's first pass arrived. A failure after that ends the stream with one error event
+and `data: [DONE]`. See model/server/API.md for the full contract.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -32,8 +36,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
-from model.errors import ModelError
+from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
+from model.errors import ContextLengthExceeded, ModelError
 from model.server.answer import view_of
 from model.server.config import ServerConfig
 from model.server.protocol import (
@@ -46,6 +50,8 @@ from model.server.protocol import (
     usage_of,
 )
 from model.server.scheduler import GenerationCrashed, Job, QueueFull, Scheduler, ShuttingDown
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -198,10 +204,32 @@ async def _first_of(work: Awaitable[Any], request: Request, poll_s: float) -> An
         task.cancel()
 
 
-def _error_payload(error: ModelError) -> dict[str, Any]:
-    """A model's refusal (prompt too long...) is the request's fault; a crash or a shutdown is the server's."""
-    type_ = "invalid_request_error" if type(error) is ModelError else "server_error"
-    return error_object(str(error), type_, code="generation_failed")
+def _api_error(error: ModelError) -> ApiError:
+    """The HTTP error for a model-side failure: a refusal is the request's fault, a crash or a shutdown the server's."""
+    if isinstance(error, QueueFull):
+        return ApiError(503, str(error), "server_error", code="server_overloaded")
+    if isinstance(error, ShuttingDown):
+        return ApiError(503, str(error), "server_error", code="shutting_down")
+    if isinstance(error, GenerationCrashed):
+        return ApiError(500, str(error), "server_error", code="generation_failed")
+    if isinstance(error, ContextLengthExceeded):
+        return ApiError(400, str(error), param="messages", code="context_length_exceeded")
+    return ApiError(400, str(error), code="generation_failed")
+
+
+async def _prompt_of(
+    model: ChatModel, messages: tuple[ChatMessage, ...], options: GenerationOptions, config: ServerConfig
+) -> list[int] | None:
+    """The chat's token ids, checked against the context before any work (None for a model that tokenizes on its own,
+    such as a remote endpoint). Tokenizing 32,000 characters takes milliseconds, in a thread all the same."""
+    if not isinstance(model, TokenizingChatModel):
+        return None
+    try:
+        prompt = await asyncio.to_thread(model.prompt_ids, messages)
+        model.check_context(len(prompt), options.max_new_tokens, config.max_context_tokens)
+    except ModelError as error:
+        raise _api_error(error) from error
+    return prompt
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
@@ -209,21 +237,40 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+class _JobStream(StreamingResponse):
+    """An SSE response that cancels its job however the response ends: sent in full, client gone, or never started
+    (the body generator's own clean-up does not run when the client leaves before the first byte)."""
+
+    def __init__(self, job: Job, content: AsyncIterator[bytes]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel.set()  # a no-op once the job has finished
+
+
 async def _stream_events(
-    scheduler: Scheduler, messages: tuple[ChatMessage, ...], options: GenerationOptions, request: ChatCompletionRequest
+    drafts: AsyncIterator[Draft], first: Draft, options: GenerationOptions, request: ChatCompletionRequest
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streaming request. Starlette cancels it when the client disconnects; the job then stops."""
+    """The SSE body of a streaming request whose first draft is already known (refusals happened before the 200).
+
+    A failure from here on ends the stream with one error event and then `data: [DONE]`.
+    """
     completion_id, created, model = new_completion_id(), int(time.time()), request.model
     include_usage = request.stream_options is not None and request.stream_options.include_usage
 
     def chunk(delta: dict[str, str] | None, **fields: Any) -> bytes:
         return _sse(chunk_object(completion_id, model, created, delta, include_usage_field=include_usage, **fields))
 
-    try:
-        job = scheduler.submit(messages, options)
-    except QueueFull as error:
-        yield _sse(error_object(str(error), "server_error", code="server_overloaded"))
-        return
+    async def every_draft() -> AsyncIterator[Draft]:
+        yield first
+        async for draft in drafts:
+            yield draft
+
     yield chunk({"role": "assistant", "content": ""}, **({"diffusion": {"step": -1, "committed_chars": 0}}
                                                           if request.diffusing else {}))
     sent = ""  # append mode: committed text already sent; diffusing mode: the last draft sent
@@ -231,8 +278,8 @@ async def _stream_events(
     last: Draft | None = None
     finish: str | None = None
     try:
-        async with contextlib.aclosing(job.stream()) as drafts:
-            async for draft in drafts:
+        async with contextlib.aclosing(drafts), contextlib.aclosing(every_draft()) as stream:
+            async for draft in stream:
                 last = draft
                 view = view_of(draft, options.stop)
                 if request.diffusing:
@@ -251,7 +298,14 @@ async def _stream_events(
         if finish is None:
             raise ShuttingDown("the generation ended without a final draft (the server is shutting down)")
     except ModelError as error:
-        yield _sse(_error_payload(error))
+        error_ = _api_error(error)
+        yield _sse(error_object(error_.message, error_.type, error_.param, error_.code))
+        yield _sse("[DONE]")
+        return
+    except Exception as error:  # a bug here must still end the stream the way the API promises
+        log.exception("stream failed")
+        yield _sse(error_object(f"the stream failed: {type(error).__name__}: {error}", "server_error",
+                                code="generation_failed"))
         yield _sse("[DONE]")
         return
     yield chunk({}, finish_reason=finish)
@@ -329,28 +383,25 @@ def create_app(model: ChatModel, config: ServerConfig) -> FastAPI:
                            param="model", code="model_not_found")
         messages = _messages_of(body, config)
         options = _options_of(body, config)
-        if body.stream:
-            try:
-                scheduler.ensure_room()  # checked here so a full queue is a 503, not an error inside a 200 stream
-            except QueueFull as error:
-                raise ApiError(503, str(error), "server_error", code="server_overloaded") from error
-            return StreamingResponse(
-                _stream_events(scheduler, messages, options, body),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+        prompt = await _prompt_of(model, messages, options, config)
         try:
-            job = scheduler.submit(messages, options)
+            job = scheduler.submit(messages, options, prompt)  # room check and queueing in one step
         except QueueFull as error:
-            raise ApiError(503, str(error), "server_error", code="server_overloaded") from error
+            raise _api_error(error) from error
+        if body.stream:
+            # Wait for the first pass before answering 200, so that whatever the model refuses is an HTTP error.
+            drafts = job.stream()
+            try:
+                first = await _first_of(anext(drafts, None), raw, config.disconnect_poll_s)
+            except ModelError as error:
+                raise _api_error(error) from error
+            if first is None:
+                raise _api_error(ShuttingDown("the generation was cancelled (the server is shutting down)"))
+            return _JobStream(job, _stream_events(drafts, first, options, body))
         try:
             text, finish, last = await _first_of(_collect(job, options.stop), raw, config.disconnect_poll_s)
-        except ShuttingDown as error:
-            raise ApiError(503, str(error), "server_error", code="shutting_down") from error
-        except GenerationCrashed as error:
-            raise ApiError(500, str(error), "server_error", code="generation_failed") from error
         except ModelError as error:
-            raise ApiError(400, str(error), code="generation_failed") from error
+            raise _api_error(error) from error
         return completion_object(new_completion_id(), body.model, text, finish, last)
 
     app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)

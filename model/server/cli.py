@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-queue", type=int, default=defaults.max_queue)
     parser.add_argument("--max-tokens-limit", type=int, default=defaults.max_tokens_limit)
     parser.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
+    parser.add_argument("--max-context-tokens", type=int, default=defaults.max_context_tokens,
+                        help="largest prompt + max_tokens in tokens (the model's own context if that is smaller)")
     parser.add_argument("--graceful-timeout", type=float, default=10.0,
                         help="seconds running answers may finish after SIGTERM/SIGINT")
     parser.add_argument("--log-level", default="info")
@@ -65,6 +67,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Serve
             max_queue=args.max_queue,
             max_tokens_limit=args.max_tokens_limit,
             default_max_tokens=args.default_max_tokens,
+            max_context_tokens=args.max_context_tokens,
         )
     except ValueError as error:
         raise SystemExit(f"dlm-serve: {error}") from error

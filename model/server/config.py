@@ -21,11 +21,14 @@ class ServerConfig:
     default_max_tokens: int = 128  # used when a request sets neither max_tokens nor max_completion_tokens
     max_messages: int = 256
     max_prompt_chars: int = 32_000  # sum of all message contents
+    # prompt + max_tokens, in tokens, when the model's own context is larger: on a laptop CPU a prompt this long
+    # already holds the single model for seconds while every other client and voice session waits (see API.md)
+    max_context_tokens: int = 4096
     max_stop_sequences: int = 4
     disconnect_poll_s: float = 0.1  # how often a non-streaming request checks that its client is still there
 
     def __post_init__(self) -> None:
-        if self.max_body_bytes <= 0 or self.max_queue <= 0 or self.max_tokens_limit <= 0:
-            raise ValueError("max_body_bytes, max_queue and max_tokens_limit must be positive")
+        if min(self.max_body_bytes, self.max_queue, self.max_tokens_limit, self.max_context_tokens) <= 0:
+            raise ValueError("max_body_bytes, max_queue, max_tokens_limit and max_context_tokens must be positive")
         if not 0 < self.default_max_tokens <= self.max_tokens_limit:
             raise ValueError("default_max_tokens must be in 1..max_tokens_limit")

@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
+from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
 from model.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class Job:
 
     messages: tuple[ChatMessage, ...]
     options: GenerationOptions
+    prompt: tuple[int, ...] | None = None  # the chat already tokenized (and checked) by the request handler
     cancel: threading.Event = field(default_factory=threading.Event)
     drafts: asyncio.Queue[Draft | None] = field(default_factory=asyncio.Queue)
     error: ModelError | None = None
@@ -89,19 +90,19 @@ class Scheduler:
         """Jobs queued or running."""
         return self._pending
 
-    def ensure_room(self) -> None:
-        """Raise `QueueFull` (and count a rejection) when one more job would exceed the limit or we are closing."""
+    def submit(
+        self, messages: Sequence[ChatMessage], options: GenerationOptions, prompt: Sequence[int] | None = None
+    ) -> Job:
+        """Queue a generation (of `prompt`, the tokenized chat, when given). Raises `QueueFull` when the server is at
+        its limit or shutting down. The check and the queueing are one synchronous step on the event loop, so two
+        requests can never both take the last place."""
         if self._closed or self._pending >= self.max_queue:
             self.stats.rejected += 1
             reason = "the server is shutting down" if self._closed else f"{self._pending} generations are queued"
             raise QueueFull(f"Server busy: {reason}; retry later")
-
-    def submit(self, messages: Sequence[ChatMessage], options: GenerationOptions) -> Job:
-        """Queue a generation. Raises `QueueFull` when the server is at its limit or shutting down."""
-        self.ensure_room()
         if self._worker is None:
             self._worker = asyncio.create_task(self._run(), name="dlm-scheduler-worker")
-        job = Job(messages=tuple(messages), options=options)
+        job = Job(messages=tuple(messages), options=options, prompt=None if prompt is None else tuple(prompt))
         self._pending += 1
         self._idle.clear()
         self.stats.submitted += 1
@@ -156,8 +157,12 @@ class Scheduler:
 
     def _generate(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
         """Worker thread: iterate the model, hand each draft to the loop, stop at once when cancelled."""
-        drafts = self.model.stream_chat(job.messages, job.options, job.cancel)
+        drafts: Iterator[Draft] | None = None
         try:
+            if job.prompt is not None and isinstance(self.model, TokenizingChatModel):
+                drafts = self.model.stream_prompt(job.prompt, job.options, job.cancel)
+            else:
+                drafts = self.model.stream_chat(job.messages, job.options, job.cancel)
             for draft in drafts:
                 try:
                     loop.call_soon_threadsafe(job.drafts.put_nowait, draft)
@@ -176,6 +181,6 @@ class Scheduler:
             log.exception("generation failed")
             job.error = GenerationCrashed(f"generation failed: {type(error).__name__}: {error}")
         finally:
-            close = getattr(drafts, "close", None)
+            close = getattr(drafts, "close", None)  # releases the model's lock at once if we stopped early
             if close is not None:
                 close()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from model.chat import ChatModel
+from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
 from model.server.background import RunningServer
 from model.server.background import serve_in_thread as serve
 
-__all__ = ["RunningServer", "serve", "tiny_chat_model"]
+__all__ = ["PacedModel", "RunningServer", "serve", "tiny_chat_model"]
 
 
 def tiny_chat_model(folder: Path, block_length: int = 8) -> ChatModel:
@@ -18,3 +21,20 @@ def tiny_chat_model(folder: Path, block_length: int = 8) -> ChatModel:
     from tests.unit.tiny_models import tiny_bert
 
     return load_chat_model(str(tiny_bert(folder)), block_length=block_length, steps_per_block=block_length)
+
+
+class PacedModel:
+    """The real tiny model, held to at least `pass_s` per refinement pass, so that a client leaving mid-answer does not
+    depend on how fast this machine runs the tiny model (200 passes can finish within the client's patience)."""
+
+    def __init__(self, inner: ChatModel, pass_s: float) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.pass_s = pass_s
+
+    def stream_chat(
+        self, messages: Sequence[ChatMessage], options: GenerationOptions, cancel: threading.Event | None = None
+    ) -> Iterator[Draft]:
+        for draft in self.inner.stream_chat(messages, options, cancel):
+            time.sleep(self.pass_s)
+            yield draft

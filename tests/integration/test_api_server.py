@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
 
 import httpx
 import openai
 import pytest
 
-from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
+from model.chat import ChatModel
 from model.server import ServerConfig
-from tests.integration.api_harness import RunningServer, serve, tiny_chat_model
+from tests.integration.api_harness import PacedModel, RunningServer, serve, tiny_chat_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,23 +135,6 @@ def wait_for(predicate, timeout_s: float = 30.0) -> bool:
             return False
         time.sleep(0.01)
     return True
-
-
-class PacedModel:
-    """The real tiny model, held to at least `pass_s` per refinement pass, so that a client leaving mid-answer does not
-    depend on how fast this machine runs the tiny model (200 passes can finish within the client's patience)."""
-
-    def __init__(self, inner: ChatModel, pass_s: float) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.pass_s = pass_s
-
-    def stream_chat(
-        self, messages: Sequence[ChatMessage], options: GenerationOptions, cancel: threading.Event | None = None
-    ) -> Iterator[Draft]:
-        for draft in self.inner.stream_chat(messages, options, cancel):
-            time.sleep(self.pass_s)
-            yield draft
 
 
 def test_client_closing_a_stream_cancels_its_generation(model: ChatModel) -> None:

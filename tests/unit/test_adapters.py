@@ -141,3 +141,22 @@ def test_causal_lm_checkpoint_has_no_masked_adapter(tmp_path: Path) -> None:
 def test_unknown_option_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="unknown model options"):
         load_chat_model(str(tiny_bert(tmp_path / "bert")), blok_length=4)
+
+
+def test_a_block_length_other_than_the_adapters_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import model.default_model as default_model
+
+    def no_base(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the base model must not be loaded for a request that is refused anyway")
+
+    monkeypatch.setattr(default_model, "load_base", no_base)
+    (tmp_path / "adapter.json").write_text(json.dumps({"adapter": {"block_length": 4}, "sampler": {}}))
+    with pytest.raises(ModelError, match=r"block length 8 does not match .* trained with blocks of 4 tokens"):
+        load_chat_model(str(tmp_path), block_length=8, steps_per_block=8)
+
+
+def test_a_tiny_masked_model_knows_its_context(tmp_path: Path) -> None:
+    model = load_chat_model(str(tiny_bert(tmp_path / "bert")), block_length=8, steps_per_block=8)
+    assert model.context_length == 256  # the tiny BERT's max_position_embeddings

@@ -12,10 +12,11 @@ from model.block_diffusion import (
     AdapterConfig,
     BlockDiffusionDenoiser,
     BlockDiffusionLM,
+    additive_mask,
     load_adapter,
     save_adapter,
 )
-from model.block_training import block_diffusion_loss, make_batch
+from model.block_training import batch_logits, block_diffusion_loss, make_batch
 from model.errors import ModelError
 from model.sampler import SamplerConfig, generate
 
@@ -197,28 +198,69 @@ def test_training_batch_attention_and_targets() -> None:
     examples = [(PROMPT, [10, 11, 12, 13, 14, EOS]), (PROMPT[:3], [20, 21, EOS])]
     block, copies, mask_id = 4, 2, VOCAB
     batch = make_batch(examples, block, mask_id, EOS, copies, generator)
-    b, kn = batch.noisy_ids.shape
+    kn = batch.noisy_ids.shape[1]
     n = kn // copies
     t = batch.clean_ids.shape[1]
     allowed = batch.noisy_bias[:, 0] == 0  # [b, K*n, T + K*n]
-    for row, (prompt, _answer) in enumerate(examples):
+    for row, (prompt, answer) in enumerate(examples):
+        padded = answer + [EOS] * (-len(answer) % block)  # the answer region, EOS-filled to whole blocks
+        assert batch.clean_ids[row, : len(prompt) + len(padded)].tolist() == prompt + padded
         for q in range(kn):
             copy, j = divmod(q, n)
-            if batch.noisy_pos[row, q] - len(prompt) != j:
-                raise AssertionError("noisy positions must continue the prompt")
+            assert batch.noisy_pos[row, q] == len(prompt) + j, "noisy positions must continue the prompt"
             block_start = len(prompt) + (j // block) * block
-            clean_keys = allowed[row, q, :t].nonzero().flatten().tolist()
-            assert all(k < block_start for k in clean_keys)
-            noisy_keys = allowed[row, q, t:].nonzero().flatten().tolist()
-            assert all(k // n == copy and (k % n) // block == j // block for k in noisy_keys)
-    # a target is the next token of the same block, and only where that token is masked in the input
-    for row in range(b):
-        for q in range(kn):
-            target = int(batch.targets[row, q])
-            if target == -100:
-                continue
-            assert (q % n) % block != block - 1
-            assert batch.noisy_ids[row, q + 1] == mask_id
+            keys = set(allowed[row, q].nonzero().flatten().tolist())
+            if j < len(padded):
+                # exactly: the clean prompt and answer before its block, and its own block in its own copy
+                own_block = {t + copy * n + k for k in range(len(padded)) if k // block == j // block}
+                assert keys == set(range(block_start)) | own_block, (row, q)
+                token = int(batch.noisy_ids[row, q])
+                assert token in (mask_id, padded[j])  # the input is the answer, some positions masked
+            else:  # padding past this row's answer: itself (and clean keys), and no loss
+                assert keys == set(range(block_start)) | {t + q}, (row, q)
+            # position j predicts the NEXT token j + 1, inside its block, wherever that token is masked in the input
+            supervised = j + 1 < len(padded) and (j + 1) % block != 0 and int(batch.noisy_ids[row, q + 1]) == mask_id
+            assert int(batch.targets[row, q]) == (padded[j + 1] if supervised else -100), (row, q)
+        for copy in range(copies):  # every block of every copy carries loss somewhere
+            for lo in range(0, len(padded), block):
+                assert (batch.targets[row, copy * n + lo : copy * n + lo + block] != -100).any()
+
+
+def test_the_adapter_is_on_at_noisy_positions_and_off_at_clean_ones() -> None:
+    model = adapted()
+    ids = torch.tensor([[*PROMPT, 10, 12, model.mask_id, 14]])
+    s, p = ids.shape[1], len(PROMPT)
+    q = torch.arange(s)
+    causal = additive_mask(q[:, None] >= q[None, :])[None, None]  # one attention pattern: only the gate differs
+    noisy = (q >= p)[None]
+    with torch.no_grad():
+        gated = model(ids, q[None], causal, noisy, None)[0]
+        all_noisy = model(ids, q[None], causal, torch.ones_like(noisy), None)[0]
+        with AdapterOff(model):
+            base = model(ids, q[None], causal, noisy, None)[0]
+    torch.testing.assert_close(gated[:p], base[:p], atol=1e-5, rtol=1e-5)  # clean rows: exactly the base model
+    assert (all_noisy[:p] - base[:p]).abs().amax() > 1e-2  # ...which is the gate's doing: the adapter is not trivial
+    assert (gated[p:] - base[p:]).abs().amax(dim=-1).min() > 1e-2  # every noisy row: the adapter is on
+
+
+def test_a_training_batch_and_a_decoding_pass_give_the_same_logits_for_the_same_canvas() -> None:
+    model = adapted()
+    answer = [10, 11, 12, 13, 14, 15, 16, EOS]  # two blocks of 4
+    batch = make_batch([(PROMPT, answer)], 4, model.mask_id, EOS, 1, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        training = batch_logits(model, batch)[0]  # [8, VOCAB]: row i predicts answer position i + 1
+    noisy = batch.noisy_ids[0]
+    assert (noisy == model.mask_id).any()
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    denoiser.start(PROMPT, 8, use_cache=True)
+    for lo in (0, 4):
+        canvas = torch.full((8,), model.mask_id)
+        canvas[:lo] = torch.tensor(answer[:lo])  # finished blocks hold the answer, as the clean pass does
+        canvas[lo : lo + 4] = noisy[lo : lo + 4]  # the active block exactly as the training copy masked it
+        decoded = denoiser.block_logits(canvas, lo, lo + 4)  # row j predicts answer position lo + j
+        torch.testing.assert_close(decoded[1:, :VOCAB], training[lo : lo + 3], atol=1e-4, rtol=1e-4)
+        canvas[lo : lo + 4] = torch.tensor(answer[lo : lo + 4])
+        denoiser.finish_block(canvas, lo, lo + 4)
 
 
 def test_training_step_updates_only_the_adapter_and_reduces_loss() -> None:

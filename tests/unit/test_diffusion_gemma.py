@@ -92,3 +92,32 @@ def test_chat_model_streams_drafts(tiny_gemma) -> None:
 def test_empty_prompt_is_refused(tiny_gemma) -> None:
     with pytest.raises(ModelError, match="empty"):
         list(diffusion_gemma_refinements(tiny_gemma, [], 8, frozenset({EOS})))
+
+
+class Boom(Exception):
+    """Not one of the exception types the worker used to forward (RuntimeError, ValueError, IndexError)."""
+
+
+@pytest.mark.timeout(60)
+def test_any_failure_of_generate_reaches_the_consumer_and_ends_the_stream(tiny_gemma, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise Boom("out of something")
+
+    monkeypatch.setattr(tiny_gemma, "generate", broken)
+    with pytest.raises(Boom, match="out of something"):
+        list(diffusion_gemma_refinements(tiny_gemma, [2, 7], 8, frozenset({EOS})))
+
+    def silent(*args, **kwargs):  # returns without a single draft and without ending its streamer
+        return None
+
+    monkeypatch.setattr(tiny_gemma, "generate", silent)
+    refinements = list(diffusion_gemma_refinements(tiny_gemma, [2, 7], 8, frozenset({EOS})))
+    assert [(r.done, r.finish_reason, r.tokens) for r in refinements] == [(True, "length", ())]
+
+
+def test_a_block_length_other_than_the_canvas_is_refused(tiny_gemma, tmp_path) -> None:
+    from model.adapters.diffusion_gemma import load_diffusion_gemma
+
+    tiny_gemma.config.save_pretrained(tmp_path)  # the check reads only the config: no weights are loaded
+    with pytest.raises(ModelError, match=rf"block length 4 does not match .*\(canvas_length\) are {CANVAS} tokens"):
+        load_diffusion_gemma(str(tmp_path), block_length=4)

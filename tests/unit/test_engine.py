@@ -8,25 +8,14 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
 from model.engine import DiffusionChatModel, cut_at_stop, draft_from_refinement, token_texts
-from model.errors import ModelError
+from model.errors import ContextLengthExceeded, ModelError
 from model.refinement import Refinement
 from model.sampler import SamplerConfig
-from tests.unit.tiny_models import tiny_bert
-
-
-def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per UTF-8 byte, so "é" is two tokens, like byte-level BPE on rare characters."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend)
+from tests.unit.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +170,109 @@ def test_an_answer_cancelled_while_queued_for_the_model_computes_nothing(bert_fo
     holder.close()  # the running answer releases the model; the cancelled one never ran a pass
     assert len(LoggingDenoiser.log) == passes == 1
     assert list(model.stream_chat([ChatMessage("user", "hi")], GenerationOptions(max_new_tokens=8)))[-1].done
+
+
+STRADDLING = "Café au lait. Très bien, merci!"  # bytes of "é" are tokens 3 and 4: across the end of the first block
+
+
+def assert_committed_text_is_final(drafts: list[Draft]) -> None:
+    final = drafts[-1].text
+    previous = ""
+    for draft in drafts:
+        committed = draft.committed_text
+        assert "\ufffd" not in draft.text, f"pass {draft.step} shows half a character: {draft.text!r}"
+        assert committed.startswith(previous) and final.startswith(committed), (draft.step, committed, previous)
+        previous = committed
+
+
+def test_a_character_split_by_a_block_end_is_committed_only_whole() -> None:
+    model = scripted_byte_model(STRADDLING, block_length=4)
+    drafts = list(model.stream_chat([ChatMessage("user", "hi")], GenerationOptions(max_new_tokens=64)))
+    # the pass that finishes the first block ends on the first byte of "é": it must not be shown yet
+    block_end = next(d for d in drafts if len(d.refinement.tokens) == 4 and d.refinement.committed_prefix == 4)
+    assert block_end.committed_text == "Caf"
+    assert_committed_text_is_final(drafts)
+    assert drafts[-1].text == STRADDLING and drafts[-1].finish_reason == "stop"
+
+
+def test_a_character_before_an_end_of_sequence_guess_is_held_back() -> None:
+    model = scripted_byte_model(STRADDLING, block_length=8, eos_ahead=True)  # every draft ends in an EOS guess
+    drafts = list(model.stream_chat([ChatMessage("user", "hi")], GenerationOptions(max_new_tokens=64)))
+    half = next(d for d in drafts if d.refinement.committed_prefix == 4)  # "Caf" and the first byte of "é"
+    assert half.text == half.committed_text == "Caf"
+    assert_committed_text_is_final(drafts)
+    assert drafts[-1].text == STRADDLING
+
+
+def test_an_unfinished_character_shows_only_when_the_answer_ends_on_it() -> None:
+    tokenizer = byte_tokenizer()
+    caf, first_byte = tokenizer.encode("Caf"), tokenizer.encode("é")[0]
+    tokens = (*caf, first_byte)
+
+    def refinement(done: bool, reason: str = "length") -> Refinement:
+        return Refinement(step=0, block=0, tokens=tokens, committed=(True,) * 4, confidence=(1.0,) * 4,
+                          elapsed_s=0.0, done=done, finish_reason=reason if done else None,
+                          eos_ids=frozenset({BYTE_EOS}))
+
+    assert draft_from_refinement(tokenizer, refinement(False), 1).committed_text == "Caf"
+    assert draft_from_refinement(tokenizer, refinement(True), 1).text == "Caf\ufffd"  # final: nothing will complete it
+    assert draft_from_refinement(tokenizer, refinement(True, "cancelled"), 1).text == "Caf"  # cut short: not shown
+    cut = draft_from_refinement(tokenizer, refinement(False), 1, limit=4)  # the max_tokens cut ends the answer too
+    assert cut.done and cut.finish_reason == "length" and cut.text == "Caf\ufffd"
+
+
+@pytest.mark.parametrize(("max_tokens", "reason", "text"), [(3, "length", "hel"), (5, "stop", "hello")])
+def test_finish_reason_is_length_when_max_tokens_cut_the_answer(max_tokens: int, reason: str, text: str) -> None:
+    # one pass commits the whole block of 8, EOS included: the sampler itself reports "stop"
+    model = scripted_byte_model("hello", block_length=8, steps_per_block=1)
+    final = list(model.stream_chat([ChatMessage("user", "hi")], GenerationOptions(max_new_tokens=max_tokens)))[-1]
+    assert final.refinement.finish_reason == "stop"
+    assert (final.finish_reason, final.text, final.completion_tokens) == (reason, text, len(text))
+
+
+def test_usage_after_a_stop_string_counts_only_the_tokens_returned() -> None:
+    model = scripted_byte_model(STRADDLING, block_length=4)
+    options = GenerationOptions(max_new_tokens=64, stop=(" au",))
+    final = list(model.stream_chat([ChatMessage("user", "hi")], options))[-1]
+    assert final.text == "Café" and final.finish_reason == "stop"
+    assert final.completion_tokens == 5  # "C", "a", "f" and the two bytes of "é"; not " au" nor what followed
+
+
+def test_prompt_and_answer_beyond_the_context_are_refused_before_the_model_is_touched() -> None:
+    model = scripted_byte_model("hi", block_length=4, context_length=32)
+    model.check_context(20, 9)  # 9 tokens are computed as 3 blocks: 20 + 12 = 32 fits
+    with pytest.raises(ContextLengthExceeded, match=r"maximum context length is 32 tokens.*33 tokens"):
+        model.check_context(21, 9)
+    with pytest.raises(ContextLengthExceeded, match="maximum context length is 16 tokens"):
+        model.check_context(13, 4, limit=16)  # a server's own cap, smaller than the model's
+    long_chat = [ChatMessage("user", "x" * 40)]
+    with pytest.raises(ContextLengthExceeded):
+        model.stream_chat(long_chat, GenerationOptions(max_new_tokens=4))  # raised at the call, before any pass
+    assert model.denoiser.prompts == []
+
+
+def test_cancel_during_a_long_prefill_stops_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import model.block_diffusion as block_diffusion
+    from model.block_diffusion import BlockDiffusionDenoiser
+    from tests.unit.test_block_diffusion import EOS, adapted
+
+    network = adapted()
+    denoiser = BlockDiffusionDenoiser(network, [EOS])
+    model = DiffusionChatModel("tiny-llama", byte_tokenizer(), denoiser, SamplerConfig(4, 4))
+    monkeypatch.setattr(block_diffusion, "PREFILL_CHUNK", 32)
+    cancel = threading.Event()
+    chunks: list[int] = []
+    forward = network.forward
+
+    def counting(input_ids, *args, **kwargs):
+        chunks.append(input_ids.shape[1])
+        cancel.set()  # the client leaves while the first chunk is encoded
+        return forward(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(network, "forward", counting)
+    prompt = [5 + i % 40 for i in range(200)]  # seven chunks of 32
+    drafts = list(model.stream_prompt(prompt, GenerationOptions(max_new_tokens=4), cancel))
+    assert [(d.done, d.finish_reason) for d in drafts] == [(True, "cancelled")]
+    assert chunks == [32]  # stopped before the second chunk
+    monkeypatch.setattr(network, "forward", forward)
+    assert list(model.stream_prompt(prompt, GenerationOptions(max_new_tokens=4)))[-1].done  # the model is free

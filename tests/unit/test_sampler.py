@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
 import torch
 
 from model.errors import ModelError
-from model.sampler import SamplerConfig, commit_schedule, generate
+from model.sampler import SamplerConfig, commit_schedule, generate, sample_tokens
 
 VOCAB = 12
 MASK = 11
@@ -93,9 +94,11 @@ def test_left_to_right_commits_the_leftmost_then_anything_above_the_threshold() 
     denoiser = ScriptedDenoiser(plan=[1, 2, 3, 4], strength=strength)
     config = SamplerConfig(block_length=4, steps_per_block=4, remasking="left_to_right", threshold=0.9)
     first = run(denoiser, config, 4)[0]
-    confident = [c > 0.9 for c in first.confidence]
-    run_end = next((i for i in range(1, 4) if not confident[i]), 4)  # the confident run after the leftmost
-    assert first.committed == tuple(index < run_end for index in range(4))
+    # probability of the planned token, logit s against 10 zeros (the mask is -inf): e^s / (e^s + 10)
+    expected = [math.exp(s) / (math.exp(s) + 10) for s in strength]  # 0.21, 0.94, 0.42, 0.85
+    assert first.confidence == pytest.approx(expected, abs=1e-6)
+    # the leftmost is the pass's budget of one; 0.94 > 0.9 continues the run; 0.42 ends it (0.85 is right of it)
+    assert first.committed == (True, True, False, False)
 
 
 def test_left_to_right_never_commits_a_confident_position_right_of_a_masked_one() -> None:
@@ -228,3 +231,16 @@ def test_bad_configs_raise_model_error(config_args, message) -> None:
 def test_guidance_without_unconditional_denoiser_is_refused() -> None:
     with pytest.raises(ModelError, match="unconditional"):
         run(ScriptedDenoiser([1] * 4), SamplerConfig(4, 4, cfg_scale=1.0), 4)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_gumbel_sampling_draws_tokens_with_softmax_of_logits_over_temperature(temperature: float) -> None:
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])
+    samples = 40_000
+    tokens = sample_tokens(logits.expand(samples, -1).clone(), temperature, torch.Generator().manual_seed(1234))
+    observed = torch.bincount(tokens, minlength=5).double()
+    expected = torch.softmax(logits.double() / temperature, dim=0) * samples
+    chi_square = float(((observed - expected) ** 2 / expected).sum())
+    # 18.47 is the chi-square value with 4 degrees of freedom that chance exceeds once in 1,000
+    assert chi_square < 18.47, (observed.tolist(), expected.tolist())
+    assert torch.equal(sample_tokens(logits[None], 0.0, torch.Generator()), torch.tensor([0]))  # T = 0: argmax

@@ -204,3 +204,22 @@ def test_commits_are_only_ever_committed_text(final: list[str], data: st.DataObj
     final_text = "".join(final)
     assert commits == [s.text for s in split_phrases(final_text, config, final=True)[0]]
     assert " ".join(commits).split() == final_text.split()
+
+
+def test_engine_drafts_with_a_character_split_across_tokens_never_feed_half_a_character() -> None:
+    from model.chat import ChatMessage, GenerationOptions
+    from tests.unit.tiny_models import scripted_byte_model
+
+    answer = "Café au lait, très bien. Merci beaucoup!"  # "é" straddles the end of the first block of 4
+    actions: list[object] = []
+    for block_length, eos_ahead in ((4, False), (8, True)):  # block ends; end-of-sequence guesses after each token
+        model = scripted_byte_model(answer, block_length=block_length, eos_ahead=eos_ahead)
+        config = SpeculatorConfig(stable_passes=1, min_confidence=0.0)
+        speculator = PhraseSpeculator(config)
+        for draft in model.stream_chat([ChatMessage("user", "hi")], GenerationOptions(max_new_tokens=64)):
+            actions.extend(speculator.feed(draft))
+        phrases = tuple(span.text for span in split_phrases(answer, config, final=True)[0])
+        assert speculator.committed_phrases == phrases and phrases[0] == "Café au lait,"
+    texts = [action.text for action in actions if isinstance(action, Render | Commit)]
+    assert any(isinstance(action, Render) for action in actions)
+    assert not [text for text in texts if "\ufffd" in text]  # nothing half-decoded ever reaches the voice

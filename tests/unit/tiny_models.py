@@ -123,3 +123,68 @@ def tiny_remote_code(folder: Path, seed: int = 0) -> Path:
     (folder / "config.json").write_text(json.dumps(data))
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per UTF-8 byte, so "é" is two tokens, like byte-level BPE on rare characters. No chat template."""
+    from tokenizers import decoders
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+BYTE_EOS, BYTE_MASK = 256, 257  # just past the byte tokenizer's 256 ids
+
+
+class ScriptedDenoiser:
+    """A `Denoiser` that writes a fixed answer: the planned token of each position, with confidence `strength`.
+
+    With `eos_ahead`, a masked position whose left neighbour is still masked guesses end-of-sequence instead, as a
+    model unsure of what follows does: every draft then ends in an end-of-sequence guess.
+    """
+
+    block_causal = True
+
+    def __init__(self, plan: list[int], eos_ahead: bool = False, strength: float = 9.0) -> None:
+        self.plan = plan
+        self.eos_ahead = eos_ahead
+        self.strength = strength
+        self.mask_id = BYTE_MASK
+        self.eos_ids = frozenset({BYTE_EOS})
+        self.vocab_size = BYTE_MASK + 1
+        self.prompts: list[list[int]] = []
+
+    def start(self, prompt_ids: list[int], max_new_tokens: int, use_cache: bool) -> None:
+        self.prompts.append(list(prompt_ids))
+
+    def block_logits(self, canvas: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        logits = torch.zeros(hi - lo, self.vocab_size)
+        for j in range(lo, hi):
+            unsure = self.eos_ahead and j > 0 and int(canvas[j - 1]) == self.mask_id
+            token = BYTE_EOS if unsure or j >= len(self.plan) else self.plan[j]
+            logits[j - lo, token] = self.strength
+        logits[:, self.mask_id] = -torch.inf
+        return logits
+
+    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
+        pass
+
+
+def scripted_byte_model(
+    answer: str, block_length: int = 4, eos_ahead: bool = False, context_length: int | None = None,
+    steps_per_block: int | None = None,
+):  # -> DiffusionChatModel (imported lazily: this module must stay cheap to import)
+    """A `DiffusionChatModel` over the byte tokenizer that answers `answer` (then EOS) to anything, committing one
+    token per pass from left to right (unless `steps_per_block` is smaller), so every block end and every character
+    boundary shows up in some draft."""
+    from model.engine import DiffusionChatModel
+    from model.sampler import SamplerConfig
+
+    tokenizer = byte_tokenizer()
+    denoiser = ScriptedDenoiser(list(tokenizer.encode(answer)), eos_ahead)
+    steps = steps_per_block or block_length
+    config = SamplerConfig(block_length=block_length, steps_per_block=steps, remasking="left_to_right")
+    return DiffusionChatModel("scripted", tokenizer, denoiser, config, context_length=context_length)

@@ -35,6 +35,19 @@ def validate_pcm16(frame: bytes) -> None:
         raise AudioFormatError(f"PCM16 frame has an odd number of bytes ({len(frame)}); each sample is 2 bytes")
 
 
+def check_float32_mono(samples: object, what: str = "audio chunk") -> np.ndarray:
+    """Models take mono float32 16 kHz samples; anything else is a caller bug worth a clear `AudioFormatError`."""
+    if not isinstance(samples, np.ndarray):
+        raise AudioFormatError(f"{what} must be a numpy array, got {type(samples).__name__}")
+    if samples.ndim != 1:
+        raise AudioFormatError(f"{what} must be mono (1-D), got shape {samples.shape}; mix down first")
+    if samples.dtype != np.float32:
+        raise AudioFormatError(f"{what} must be float32 at 16 kHz, got {samples.dtype}")
+    if not np.all(np.isfinite(samples)):
+        raise AudioFormatError(f"{what} contains NaN or infinite samples")
+    return samples
+
+
 def pcm16_to_float32(frame: bytes) -> np.ndarray:
     """PCM16 LE bytes -> float32 samples in [-1, 1)."""
     validate_pcm16(frame)

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from voice.errors import ASRError, AudioFormatError
-from voice.io.audio import TARGET_RATE, load_audio_16k
+from voice.errors import ASRError
+from voice.io.audio import TARGET_RATE, check_float32_mono, load_audio_16k
 from voice.listen.local_agreement import LocalAgreement, Word, join_words
 
 # Below a few seconds of encoder window, tiny.en starts to hallucinate; above, the encoder cost grows ~linearly.
@@ -114,19 +114,6 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
     return words, segment_ends
 
 
-def check_chunk(chunk: np.ndarray) -> np.ndarray:
-    """The transcriber takes mono float32 16 kHz; anything else is a caller bug worth a clear message."""
-    if not isinstance(chunk, np.ndarray):
-        raise AudioFormatError(f"audio chunk must be a numpy array, got {type(chunk).__name__}")
-    if chunk.ndim != 1:
-        raise AudioFormatError(f"audio chunk must be mono (1-D), got shape {chunk.shape}; mix down first")
-    if chunk.dtype != np.float32:
-        raise AudioFormatError(f"audio chunk must be float32 at 16 kHz, got {chunk.dtype}")
-    if not np.all(np.isfinite(chunk)):
-        raise AudioFormatError("audio chunk contains NaN or infinite samples")
-    return chunk
-
-
 def whole_word_boundaries(committed: list[Word], tentative: list[Word]) -> list[float]:
     """End times of committed words after which a new word begins (Whisper marks one with a leading space)."""
     following = [*committed[1:], *tentative[:1]]
@@ -173,7 +160,7 @@ class StreamingTranscriber:
 
     def insert_audio(self, chunk: np.ndarray) -> None:
         """Append mono float32 16 kHz samples of the current turn."""
-        chunk = check_chunk(chunk)
+        chunk = check_float32_mono(chunk)
         if chunk.size:
             self._chunks.append(chunk)
             self._total += chunk.size
