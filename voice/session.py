@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
@@ -67,6 +69,7 @@ from voice.turn_taking import (
     TurnEvent,
     TurnTaking,
     TurnTakingConfig,
+    TurnVerdict,
     TypedText,
     UserDone,
     UserFinal,
@@ -153,6 +156,9 @@ class Session:
         self._idle = asyncio.Event()
         self._idle.set()
         self._segment_end: tuple[int, int] | None = None  # (last voiced sample, decided) of the latest segment
+        self._turn_audio: list[np.ndarray] = []  # the open user turn's segments, for the turn detector
+        self._audio_turn = 0  # the turn `_turn_audio` belongs to
+        self._verdict_task: asyncio.Task[None] | None = None
         self._speaking = False
         self._closed = False
 
@@ -231,7 +237,7 @@ class Session:
         if answer is not None:
             answer.cancelled = True
             await self._stop_answer(answer)
-        await cancel_and_wait(*self._answers_running)
+        await cancel_and_wait(*self._answers_running, self._verdict_task)
         async with self._listen_lock:
             if self._listen is not None:
                 await self._listen.aclose()
@@ -242,6 +248,7 @@ class Session:
         """The listener's events become the core's; they go out tagged with the turn the core says they belong to."""
         machine = self.turn_taking
         if isinstance(event, SpeechStart):
+            await cancel_and_wait(self._verdict_task)  # that pause's verdict is moot: the user spoke again
             await self._dispatch(UserSpeechStarted(event.t_ns))
             self._emit(replace(event, turn=machine.user_turn))
         elif isinstance(event, SpeechEnd):
@@ -263,6 +270,31 @@ class Session:
             self._segment_end = None
             self._emit(replace(event, turn=turn))
             await self._execute(actions)
+            if machine.state is State.USER_PAUSED:
+                self._judge_turn(turn)
+
+    def _judge_turn(self, turn: int) -> None:
+        """Ask the turn detector, in a thread, whether the paused turn sounds finished; its verdict arrives as an
+        event and moves the end of turn earlier or later (no detector: the silence rule alone)."""
+        detector, listen = self.engines.turn_detector, self._listen
+        if detector is None or listen is None:
+            return
+        if self._audio_turn != turn:
+            self._turn_audio, self._audio_turn = [], turn
+        self._turn_audio.append(listen.last_segment_audio)
+        window = int(detector.config.max_seconds * 16000)
+        audio = np.concatenate(self._turn_audio)[-window:]
+        self._turn_audio = [audio]
+
+        async def judge() -> None:
+            try:
+                complete = await asyncio.to_thread(detector.is_complete, audio)
+            except VoiceError as err:  # audio it cannot judge: the silence rule decides this pause
+                log.warning("turn detector: %s", err)
+                return
+            await self._dispatch(TurnVerdict(complete))
+
+        self._verdict_task = asyncio.create_task(judge(), name=f"turn-verdict-{self.id}-{turn}")
 
     async def _dispatch(self, event: TurnEvent) -> None:
         await self._execute(self.turn_taking.handle(event))

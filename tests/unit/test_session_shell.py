@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
+import numpy as np
 import pytest
 
 import voice.session as session_module
@@ -76,6 +77,7 @@ class FakeListen:
         self.inside = 0
         self.overlaps = 0
         self.silence_ms = 0.0
+        self.last_segment_audio = np.zeros(16000, dtype=np.float32)
         FakeListen.instances.append(self)
 
     async def _enter(self) -> None:
@@ -94,13 +96,27 @@ class FakeListen:
         pass
 
 
+class FakeDetector:
+    """Smart Turn's interface with a fixed opinion; remembers how much audio it was shown."""
+
+    def __init__(self, complete: bool) -> None:
+        self.complete = complete
+        self.config = type("Config", (), {"max_seconds": 8.0})()
+        self.heard_s: list[float] = []
+
+    def is_complete(self, audio: np.ndarray) -> bool:
+        self.heard_s.append(audio.size / 16000)
+        return self.complete
+
+
 @pytest.fixture
 def make_session(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(session_module, "ListenStage", FakeListen)
     FakeListen.instances.clear()
 
-    def make(lm: FakeLM | None = None, **config) -> Session:
-        engines = Engines(asr=None, tts=FakeTTS(), lm=lm or FakeLM(), load_seconds={})  # type: ignore[arg-type]
+    def make(lm: FakeLM | None = None, detector: FakeDetector | None = None, **config) -> Session:
+        engines = Engines(asr=None, tts=FakeTTS(), lm=lm or FakeLM(), load_seconds={},  # type: ignore[arg-type]
+                          turn_detector=detector)  # type: ignore[arg-type]
         config.setdefault("wait_for_playback", False)
         return Session(engines, SessionConfig(generation=GenerationOptions(max_new_tokens=32), **config))
 
@@ -282,3 +298,24 @@ def test_lm_run_close_never_swallows_the_callers_cancellation() -> None:
 
     cancelled, after = asyncio.run(scenario())
     assert cancelled and after == []
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_the_turn_detector_releases_a_complete_turn_early_and_holds_an_incomplete_one(make_session, complete) -> None:
+    async def scenario() -> tuple[list[Event], FakeDetector]:
+        detector = FakeDetector(complete)
+        session = make_session(detector=detector)
+        listen, events, collector = await started(session)
+        await say(listen, "Is it raining")
+        listen.silence_ms = 350.0  # past the detector's 200 ms, well short of the 600 ms silence rule
+        await until(lambda: detector.heard_s)
+        await asyncio.sleep(0.3)
+        await session.feed_audio(b"\x00\x00" * 320)
+        await asyncio.sleep(0.3)
+        await session.close()
+        await collector
+        return events, detector
+
+    events, detector = asyncio.run(scenario())
+    assert detector.heard_s == [1.0]
+    assert any(isinstance(e, AudioOut) for e in events) is complete

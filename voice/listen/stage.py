@@ -75,6 +75,8 @@ class ListenStage:
         self._decode_task: asyncio.Task[None] | None = None
         self._decode_error: VoiceError | None = None
         self._last_partial_text = ""  # partials are emitted only when their text changes (never empty ones)
+        self._segment_audio: list[np.ndarray] = []  # the padded audio of the current segment, as fed to Whisper
+        self.last_segment_audio = np.zeros(0, dtype=np.float32)  # ... of the segment that ended last (turn detector)
 
     # --- input ---------------------------------------------------------------------------------------------------
     async def accept(self, pcm: bytes, sample_rate: int = TARGET_RATE, arrival_ns: int | None = None) -> None:
@@ -150,6 +152,7 @@ class ListenStage:
         self._transcriber.reset()
         self._fed_to = self._decoded_from = max(decision.audio_from, self._history_start)
         self._pending = []
+        self._segment_audio = []
         self._last_partial_text = ""
         await self._emit(SpeechStart(session=self.session, turn=self.turn, t_ns=self._arrival_of(decision.sample)))
 
@@ -159,6 +162,8 @@ class ListenStage:
         detected = now_ns()
         self._feed(decision.audio_to)
         self._in_turn = False
+        segment, self._segment_audio = self._segment_audio, []
+        self.last_segment_audio = np.concatenate(segment) if segment else np.zeros(0, dtype=np.float32)
         last_voiced = self._arrival_of(max(decision.sample - 1, 0))
         await self._emit(SpeechEnd(session=self.session, turn=self.turn, t_ns=last_voiced, detected_ns=detected))
         try:
@@ -185,7 +190,9 @@ class ListenStage:
     def _feed(self, target: int) -> None:
         start = max(self._fed_to, self._history_start)
         if target > start:
-            self._pending.append(self._history[start - self._history_start:target - self._history_start].copy())
+            chunk = self._history[start - self._history_start:target - self._history_start].copy()
+            self._pending.append(chunk)
+            self._segment_audio.append(chunk)
             self._fed_to = target
 
     def _maybe_decode(self) -> None:
