@@ -212,9 +212,10 @@ class Session:
         """Stop speaking now: `Clear`, cancel the turn; the history keeps what was played."""
         await self._dispatch(ClientInterrupt())
 
-    def report_played(self, samples: int) -> None:
-        """The output says how many samples of the current answer were really played (speaker callback)."""
-        if self._answer is not None:
+    def report_played(self, samples: int, turn: int | None = None) -> None:
+        """The output says how many samples of the current answer were really played (speaker callback, or the
+        browser's `played` message for `turn`; a report about another turn is stale and ignored)."""
+        if self._answer is not None and (turn is None or turn == self._answer.turn):
             self._answer.reported_played = samples
 
     async def wait_idle(self) -> None:

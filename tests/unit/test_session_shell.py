@@ -319,3 +319,21 @@ def test_the_turn_detector_releases_a_complete_turn_early_and_holds_an_incomplet
     events, detector = asyncio.run(scenario())
     assert detector.heard_s == [1.0]
     assert any(isinstance(e, AudioOut) for e in events) is complete
+
+
+def test_the_played_report_of_the_turn_decides_what_the_history_keeps(make_session) -> None:
+    async def scenario() -> tuple[TurnEnd, Session]:
+        session = make_session(FakeLM(pass_s=0.01))
+        _, events, collector = await started(session)
+        await session.send_text("Tell me a story.")
+        await until(lambda: any(isinstance(e, AudioOut) for e in events))
+        session.report_played(10**9, turn=99)  # a stale report about another turn changes nothing
+        session.report_played(0, turn=1)  # the browser has played nothing of turn 1 yet
+        await session.interrupt()
+        await session.close()
+        await collector
+        return next(e for e in events if isinstance(e, TurnEnd)), session
+
+    end, session = asyncio.run(scenario())
+    assert end.interrupted and end.spoken == ""
+    assert session.dialogue.history[-1].content == ""
