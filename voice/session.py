@@ -250,11 +250,11 @@ class Session:
         machine = self.turn_taking
         if isinstance(event, SpeechStart):
             await cancel_and_wait(self._verdict_task)  # that pause's verdict is moot: the user spoke again
-            await self._dispatch(UserSpeechStarted(event.t_ns))
+            await self._dispatch(UserSpeechStarted(self._listen.speech_start_ms if self._listen else 0.0))
             self._emit(replace(event, turn=machine.user_turn))
         elif isinstance(event, SpeechEnd):
             self._segment_end = (event.t_ns, event.detected_ns)
-            await self._dispatch(UserSpeechEnded(event.t_ns))
+            await self._dispatch(UserSpeechEnded(self._listen.speech_end_ms if self._listen else 0.0))
             self._emit(replace(event, turn=machine.user_turn))
         elif isinstance(event, Transcript) and not event.final:
             self._emit(replace(event, turn=machine.user_turn))

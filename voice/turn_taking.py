@@ -40,16 +40,17 @@ class State(enum.Enum):
 # --- events (into the machine) ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class UserSpeechStarted:
-    """The endpointer heard speech begin; `t_ns` is when its first voiced sample arrived."""
+    """The endpointer heard speech begin; `at_ms` is its first voiced sample's place on the audio stream's own clock
+    (milliseconds of audio since the stream began), so a slow decode that delays processing never stretches a pause."""
 
-    t_ns: int
+    at_ms: float
 
 
 @dataclass(frozen=True, slots=True)
 class UserSpeechEnded:
-    """The current speech segment ended; `t_ns` is when its last voiced sample arrived."""
+    """The current speech segment ended; `at_ms`: its last voiced sample on the stream's clock."""
 
-    t_ns: int
+    at_ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +203,7 @@ class _Answer:
 class _UserTurn:
     turn: int
     segments: list[str] = field(default_factory=list)
-    last_voiced_ns: int | None = None  # end of the latest segment
+    last_voiced_ms: float | None = None  # end of the latest segment, on the stream's clock
     speculations: int = 0
     dropped: int = 0
     done: bool = False  # UserDone arrived: the next segment end confirms at once
@@ -224,12 +225,12 @@ class TurnTaking:
         self._user: _UserTurn | None = None  # the user turn being spoken, paused or answered
         self._answer: _Answer | None = None
         self._answer_ids = 0
-        self._pending_start_ns = 0  # BARGE_IN_PENDING: when the contested speech began
+        self._pending_start_ms = 0.0  # BARGE_IN_PENDING: when the contested speech began
 
     @property
     def user_turn(self) -> int:
         """The turn number that the listener's events belong to now (contested speech: the turn it would open)."""
-        if self.state is State.BARGE_IN_PENDING and not self._continues(self._pending_start_ns):
+        if self.state is State.BARGE_IN_PENDING and not self._continues(self._pending_start_ms):
             return self.turn_no + 1
         return self._user.turn if self._user is not None else self.turn_no
 
@@ -242,9 +243,9 @@ class TurnTaking:
         match event:
             case UserSpeechStarted():
                 return self._speech_started(event)
-            case UserSpeechEnded(t_ns=t_ns):
+            case UserSpeechEnded(at_ms=at_ms):
                 if self.state is State.USER_SPEAKING and self._user is not None:
-                    self._user.last_voiced_ns = t_ns
+                    self._user.last_voiced_ms = at_ms
                 return []  # a contested segment's end counts only if it proves to be words (see _confirm_barge_in)
             case UserWords():
                 if self.state is State.BARGE_IN_PENDING:
@@ -289,7 +290,7 @@ class TurnTaking:
             self.state = State.USER_SPEAKING
             return actions
         if state is State.ANSWERING:  # no audio out yet: the answer is dropped either way, never queued
-            if self._continues(event.t_ns):
+            if self._continues(event.at_ms):
                 actions = self._cancel("user_continued", ends_turn=False)
             else:
                 actions = self._cancel("new_turn", ends_turn=True)
@@ -297,12 +298,12 @@ class TurnTaking:
             self.state = State.USER_SPEAKING
             return actions
         # SPEAKING: maybe a barge-in, maybe a cough or the assistant's own echo; wait for words
-        self._pending_start_ns = event.t_ns
+        self._pending_start_ms = event.at_ms
         self.state = State.BARGE_IN_PENDING
         return []
 
     def _confirm_barge_in(self) -> list[TurnAction]:
-        if self._continues(self._pending_start_ns):
+        if self._continues(self._pending_start_ms):
             actions = self._cancel("user_continued", ends_turn=False, clear=True)
         else:
             actions = self._cancel("barge_in", ends_turn=True, clear=True)
@@ -424,12 +425,12 @@ class TurnTaking:
         self._answer = _Answer(self._answer_ids, turn, held, spoken_turn)
         return self._answer
 
-    def _continues(self, start_ns: int) -> bool:
-        """Speech starting at `start_ns` continues the user's turn: it follows their last word closely."""
+    def _continues(self, start_ms: float) -> bool:
+        """Speech starting at `start_ms` continues the user's turn: it follows their last word closely."""
         answer, user = self._answer, self._user
-        if answer is None or not answer.spoken_turn or user is None or user.last_voiced_ns is None:
+        if answer is None or not answer.spoken_turn or user is None or user.last_voiced_ms is None:
             return False
-        return start_ns - user.last_voiced_ns <= self.config.continuation_ms * 1e6
+        return start_ms - user.last_voiced_ms <= self.config.continuation_ms
 
     def _cancel(self, reason: str, ends_turn: bool, clear: bool = False) -> list[TurnAction]:
         answer = self._answer

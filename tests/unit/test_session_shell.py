@@ -77,6 +77,7 @@ class FakeListen:
         self.inside = 0
         self.overlaps = 0
         self.silence_ms = 0.0
+        self.speech_start_ms = self.speech_end_ms = 0.0
         self.last_segment_audio = np.zeros(16000, dtype=np.float32)
         FakeListen.instances.append(self)
 

@@ -27,7 +27,7 @@ from voice.turn_taking import (
     UserWords,
 )
 
-MS = 1_000_000
+MS = 1  # the turn-taking clock is the audio stream's, in milliseconds
 
 
 def drive(machine: TurnTaking, *events) -> list:

@@ -90,6 +90,16 @@ class ListenStage:
         await self._accept_16k(self._resampler.push(samples), arrival)
 
     @property
+    def speech_start_ms(self) -> float:
+        """The current (or last) segment's first voiced sample, in ms of audio since the stream began."""
+        return self._endpointer.speech_start * 1000 / TARGET_RATE
+
+    @property
+    def speech_end_ms(self) -> float:
+        """One past the current (or last) segment's last voiced sample, in ms of audio since the stream began."""
+        return self._endpointer.last_voiced_end * 1000 / TARGET_RATE
+
+    @property
     def silence_ms(self) -> float:
         """Milliseconds of audio since the last voiced sample, on the stream's own clock (0 while speech goes on)."""
         if self._endpointer.speaking:
