@@ -37,6 +37,9 @@ class ListenConfig:
     transcriber: TranscriberConfig = field(default_factory=TranscriberConfig)
     model: str | None = None
     cpu_threads: int = 0
+    # Audio Whisper hears before the first voiced window: Silero opens speech late on soft onsets (a plosive's
+    # closure, a breathy "w"), so the endpointer's 160 ms padding can clip a turn's first sound.
+    lead_in_ms: int = 300
 
 
 class ListenStage:
@@ -62,7 +65,8 @@ class ListenStage:
         self._resampler: StreamResampler | None = None
         ep = self.config.endpointer
         # Audio kept while idle: a speech_start reaches back min_speech + padding (+ one window of slack).
-        self._keep = ep.samples(ep.min_speech_ms + ep.speech_pad_ms) + 2 * ep.frame_samples
+        self._lead_in = ep.samples(max(ep.speech_pad_ms, self.config.lead_in_ms))
+        self._keep = ep.samples(ep.min_speech_ms) + self._lead_in + 2 * ep.frame_samples
         self._history = np.zeros(0, dtype=np.float32)
         self._history_start = 0  # stream sample index of _history[0]
         self._received = 0  # 16 kHz samples received this stream
@@ -160,7 +164,7 @@ class ListenStage:
     async def _start_turn(self, decision: EndpointDecision) -> None:
         self._in_turn = True
         self._transcriber.reset()
-        self._fed_to = self._decoded_from = max(decision.audio_from, self._history_start)
+        self._fed_to = self._decoded_from = max(decision.sample - self._lead_in, self._history_start)
         self._pending = []
         self._segment_audio = []
         self._last_partial_text = ""
