@@ -2,7 +2,8 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium
+# pulseaudio, pulseaudio-utils and libasound2-plugins: the virtual microphone and speaker of the local-mode test
+APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins
 STAMP := $(VENV)/.installed
 
 .PHONY: install system-packages models run serve api test test-fast lint bench report train eval clean

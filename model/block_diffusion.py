@@ -58,10 +58,13 @@ class AdapterConfig:
 
 
 class _Gate:
-    """Per-token LoRA gate shared by every adapted layer: `[batch, seq, 1]` of 0/1, or None for "adapter on"."""
+    """Which tokens get the LoRA, shared by every adapted layer: `mask` `[batch, seq, 1]` of 0/1 for any pattern, or
+    `suffix_from` when they are the last rows of every sequence (every decoding pass), so only those rows pay for it.
+    Both None: the adapter is on everywhere."""
 
     def __init__(self) -> None:
-        self.value: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+        self.suffix_from: int | None = None
 
 
 class GatedLoRALinear(nn.Module):
@@ -76,13 +79,23 @@ class GatedLoRALinear(nn.Module):
         self.scale = alpha / rank
         self._gate = gate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _delta(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * ((x @ self.lora_a.t().to(x.dtype)) @ self.lora_b.t().to(x.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, S, in]
         out = self.base(x)
-        delta = (x @ self.lora_a.t().to(x.dtype)) @ self.lora_b.t().to(x.dtype)
-        gate = self._gate.value
-        if gate is not None:
-            delta = delta * gate.to(delta.dtype)
-        return out + self.scale * delta
+        start = self._gate.suffix_from
+        if start is not None:  # clean rows [0, start) are exactly the base layer: no LoRA work for them
+            if start >= x.shape[1]:
+                return out
+            if start == 0:
+                return out + self._delta(x)
+            out[:, start:].add_(self._delta(x[:, start:]))  # in place: Linear's backward never needs its output
+            return out
+        delta = self._delta(x)
+        if self._gate.mask is not None:
+            delta = delta * self._gate.mask.to(delta.dtype)
+        return out + delta
 
 
 class BlockDiffusionLM(nn.Module):
@@ -157,7 +170,9 @@ class BlockDiffusionLM(nn.Module):
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
         many (the prefill) asks for it.
         """
-        self._gate.value = noisy.unsqueeze(-1).float()
+        self._gate.mask, self._gate.suffix_from = None, noisy_suffix_start(noisy)
+        if self._gate.suffix_from is None:
+            self._gate.mask = noisy.unsqueeze(-1).float()
         try:
             out = self.base(
                 inputs_embeds=self.embed(input_ids),
@@ -168,8 +183,18 @@ class BlockDiffusionLM(nn.Module):
                 logits_to_keep=keep,
             )
         finally:
-            self._gate.value = None
+            self._gate.mask, self._gate.suffix_from = None, None
         return out.logits
+
+
+def noisy_suffix_start(noisy: torch.Tensor) -> int | None:
+    """Where the noisy tokens start when every row of `noisy` ([B, S] bool) is clean tokens followed by the same number
+    of noisy ones (S when none is noisy); None for any other pattern."""
+    counts = noisy.sum(dim=1)  # [B]
+    start = noisy.shape[1] - int(counts[0])
+    if bool((counts == counts[0]).all()) and bool(noisy[:, start:].all()):
+        return start
+    return None
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -230,6 +255,7 @@ class BlockDiffusionDenoiser:
         self._next_logits: torch.Tensor | None = None  # [vocab] prediction for the first uncached position
         self._pending: tuple[int, int] | None = None  # answer slice finished but not yet in the cache
         self.prefill_cancel: threading.Event | None = None  # checked between prefill chunks (set by the engine)
+        self._fed: list[int] = []  # clean tokens of the last verify() pass
 
     @property
     def dtype(self) -> torch.dtype:
@@ -315,6 +341,48 @@ class BlockDiffusionDenoiser:
         crop_cache(self._cache, len(self._cached_ids))
         assert self._next_logits is not None
         return self._shifted(self._next_logits, logits, hi - lo)
+
+    # --- self-speculative and autoregressive decoding (model/speculative.py) ----------------------------------------
+    def start_verify(self, prompt_ids: list[int]) -> None:
+        """Cache every prompt token but the last, reusing what the cache already holds of it (the conversation so
+        far); the first pass feeds the last prompt token, whose row predicts the answer's first token."""
+        if not prompt_ids:
+            raise ModelError("the prompt is empty: nothing to condition the answer on")
+        self._prompt = list(prompt_ids)
+        self._use_cache = True
+        self._pending, self._next_logits = None, None
+        cache, cached_ids = self._cache, self._cached_ids
+        self._cache, self._cached_ids = None, []  # stays empty if the prefill fails
+        prefix = self._prompt[:-1]
+        reuse = 0
+        if cache is not None and self.reuse_prompt_cache:
+            reuse = common_prefix(cached_ids, prefix)
+        if reuse == 0:
+            cache = DynamicCache()
+        else:
+            crop_cache(cache, reuse)
+        if reuse < len(prefix):
+            self._prefill(cache, prefix, reuse)
+        self._cache, self._cached_ids = cache, prefix
+        self.reused_tokens = reuse
+
+    @torch.inference_mode()
+    def verify(self, tokens: list[int], masks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over `[tokens | masks]`: tokens clean and causal with the gate off (exactly the teacher), masks
+        with the gate on, bidirectional among themselves and attending to every clean token; clean rows never see
+        the masks. Returns (clean logits `[len(tokens), V]`, mask logits `[masks, V]`); all of it stays cached until
+        `keep`."""
+        if self._cache is None:
+            raise ModelError("verify() before start_verify(): there is no cache to extend")
+        self._fed = list(tokens)
+        ids = torch.tensor([tokens + [self.mask_id] * masks])  # [1, k + 1 + m]
+        logits = self._run(ids, noisy_from=len(tokens), cache=self._cache, past=len(self._cached_ids))[0]
+        return logits[: len(tokens)], logits[len(tokens) :]
+
+    def keep(self, count: int) -> None:
+        """Keep the first `count` tokens of the last `verify` pass in the cache; drop the rejected drafts and masks."""
+        self._cached_ids.extend(self._fed[:count])
+        crop_cache(self._cache, len(self._cached_ids))
 
     def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
         # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.

@@ -34,6 +34,7 @@ class Batch:
     noisy_pos: torch.Tensor  # [b, K*N]
     noisy_bias: torch.Tensor  # [b, 1, K*N, T + K*N]
     targets: torch.Tensor  # [b, K*N]  token predicted from each noisy position, -100 where unsupervised
+    weights: torch.Tensor  # [b, K*N]  loss weight of each supervised position
 
 
 def make_batch(
@@ -43,7 +44,13 @@ def make_batch(
     eos_id: int,
     copies: int,
     generator: torch.Generator,
+    drafting: bool = False,
+    near_weight: float = 1.0,
 ) -> Batch:
+    """A training batch. `drafting`: every block fully masked and each copy's blocks shifted by its own random offset,
+    which is what self-speculative decoding asks of the masks (draft a whole block after a clean prefix, at any
+    position); `near_weight` < 1 weights the j-th drafted token of a block near_weight ** (j - 1), nearer ones more
+    (a draft is only accepted after every draft before it)."""
     b = len(examples)
     prompt_lens = [len(p) for p, _ in examples]
     # answer regions rounded up to whole blocks, EOS-filled
@@ -61,40 +68,49 @@ def make_batch(
     clean_bias = additive_mask(q[:, None] >= q[None, :])[None, None].expand(b, 1, t, t)
 
     j = torch.arange(n)  # answer position
-    block_of = j // block
+    offset = torch.zeros(copies, dtype=torch.long)
+    if drafting:
+        offset = torch.randint(0, block, (copies,), generator=generator)
+    shifted = j[None, :] + offset[:, None]  # [K, n]
+    block_of, in_block = shifted // block, shifted % block  # [K, n] each copy's own block boundaries
     valid = torch.zeros((b, n), dtype=torch.bool)
     answer = torch.full((b, n), eos_id)
     for row, a in enumerate(answers):
         valid[row, : len(a)] = True
         answer[row, : len(a)] = torch.tensor(a)
 
-    # --- mask each (copy, block) with its own ratio ---
-    ratio = torch.rand((b, copies, n // block + 1), generator=generator)[..., block_of]  # [b, K, n]
+    # --- mask each (copy, block) with its own ratio, or everything when drafting ---
+    blocks = n // block + 2
+    index = block_of[None].expand(b, copies, n)
+    ratio = torch.rand((b, copies, blocks), generator=generator).gather(2, index)  # [b, K, n]
     masked = torch.rand((b, copies, n), generator=generator) < ratio
     # every block must supervise at least one position after its first
     # (a position in 1..block-1, never the first: that one is the teacher's and carries no loss)
-    forced = torch.randint(1, block, (b, copies, n // block + 1), generator=generator)[..., block_of]
-    masked |= j % block == forced
+    forced = torch.randint(1, block, (b, copies, blocks), generator=generator).gather(2, index)
+    masked |= in_block[None] == forced
+    if drafting:
+        masked[:] = True
     masked &= valid[:, None, :]
     noisy_ids = torch.where(masked, torch.full_like(masked, mask_id, dtype=torch.long), answer[:, None, :])
 
     # targets: position j predicts j+1 inside the same block, where j+1 is masked
-    nxt = j + 1
-    same_block = (nxt < n) & ((nxt // block) == block_of)
-    nxt_clamped = nxt.clamp(max=n - 1)
-    target_tok = answer[:, nxt_clamped][:, None, :].expand(b, copies, n)
-    supervised = same_block & masked[:, :, nxt_clamped] & valid[:, None, nxt_clamped]
+    nxt = (j + 1).clamp(max=n - 1)
+    same_block = (j + 1 < n) & (block_of[:, nxt] == block_of)  # [K, n]
+    target_tok = answer[:, nxt][:, None, :].expand(b, copies, n)
+    supervised = same_block[None] & masked[:, :, nxt] & valid[:, None, nxt]
     targets = torch.where(supervised, target_tok, torch.full_like(target_tok, -100))
+    start = (j - in_block).clamp(min=0)  # [K, n] answer position where each block starts (a shifted first one is short)
+    weights = (near_weight ** (j - start).float())[None].expand(b, copies, n) * supervised  # j - start: draft index - 1
 
     prompt = torch.tensor(prompt_lens)
     noisy_pos = (prompt[:, None] + j[None, :])[:, None, :].expand(b, copies, n)
 
     # attention of noisy queries: clean keys strictly before the block start; noisy keys of the same copy and block
-    block_start = prompt[:, None] + block_of[None, :] * block  # [b, n]
-    clean_allowed = q[None, None, :] < block_start[:, :, None]  # [b, n, T]
-    clean_allowed = clean_allowed[:, None].expand(b, copies, n, t).reshape(b, copies * n, t)
+    block_start = prompt[:, None, None] + start[None]  # [b, K, n]
+    clean_allowed = q[None, None, None, :] < block_start[..., None]  # [b, K, n, T]
+    clean_allowed = clean_allowed.reshape(b, copies * n, t)
     copy_idx = torch.arange(copies).repeat_interleave(n)
-    blk = block_of.repeat(copies)
+    blk = block_of.reshape(copies * n)
     noisy_allowed = (copy_idx[:, None] == copy_idx[None, :]) & (blk[:, None] == blk[None, :])
     noisy_allowed = noisy_allowed[None].expand(b, -1, -1).clone()
     valid_k = valid.repeat(1, copies)  # [b, K*n]
@@ -112,6 +128,7 @@ def make_batch(
         noisy_pos=noisy_pos.reshape(b, copies * n),
         noisy_bias=noisy_bias,
         targets=targets.reshape(b, copies * n),
+        weights=weights.reshape(b, copies * n),
     )
 
 
@@ -132,7 +149,9 @@ def block_diffusion_loss(model: BlockDiffusionLM, batch: Batch) -> tuple[torch.T
     """Mean cross-entropy over supervised positions, plus accuracy for the progress bar."""
     logits = batch_logits(model, batch)
     supervised = batch.targets != -100
-    loss = F.cross_entropy(logits[supervised], batch.targets[supervised])
+    per_token = F.cross_entropy(logits[supervised], batch.targets[supervised], reduction="none")
+    weights = batch.weights[supervised]
+    loss = (per_token * weights).sum() / weights.sum()
     with torch.no_grad():
         accuracy = (logits[supervised].argmax(-1) == batch.targets[supervised]).float().mean().item()
     return loss, {"loss": loss.item(), "acc": accuracy, "tokens": float(supervised.sum().item())}

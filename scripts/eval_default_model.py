@@ -1,23 +1,31 @@
-"""Evaluate the bundled block-diffusion model against its own teacher on held-out prompts (quality and speed).
+"""Evaluate the bundled model's decoding modes against its own autoregressive decoding, on held-out prompts.
 
-    python scripts/eval_default_model.py [--adapter model/default] [--limit 100] [--thresholds 0.9,0.7] --json PATH
+    python scripts/eval_default_model.py [--adapter model/default] [--limit 120] [--modes self-speculative]
+        [--verify-fp32] --json artifacts/eval_default_model.json
 
-For every held-out prompt (tests/data/heldout_prompts.txt, never trained on) the teacher (SmolLM2-135M-Instruct) answers
-greedily with its KV cache, and the diffusion model answers with the sampler. Reported per threshold:
+Every mode runs in the same runtime (same weights, dtype, prompt-cache policy, speech guard) as the autoregressive
+baseline (gate off, one token per pass). Both are warmed up first, and the modes run interleaved prompt by prompt, in
+alternating order, so neither gets the warmer cache or the quieter machine. Reported per mode, against autoregressive:
 
-* quality: the teacher's perplexity of the diffusion answers divided by its perplexity of its own answers (goal <= 1.5),
-  ROUGE-L F1 against the teacher's answers, and the share of answers that end with EOS within 64 tokens (goal >= 90 %);
-* speed, in the same run on the same cores: tokens per pass (goal >= 2.5) and tokens/s against the teacher
-  (goal >= 2.5x).
+* exact-match rate (self-speculative decoding is lossless: it should be 100 % up to bf16 near-ties), the first
+  differing position of each difference and the teacher's top-2 logit gap there (a near-tie or not);
+* tokens per pass, drafted tokens ahead of the committed text, per-position draft agreement with the final answer;
+* decode tokens/s ratio (passes only: the prompt's prefill is the same work in both) and wall-clock ratio;
+* EOS rate, answer-length ratio, repeated word 3-gram rate, and the teacher's perplexity ratio (fp32).
+
+With --verify-fp32 every differing prompt is decoded again in fp32 by both modes, which tells a bf16 near-tie (equal in
+fp32) from a real bug (different in fp32).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,32 +38,51 @@ sys.path.insert(0, str(ROOT))
 
 from model.chat import ChatMessage, GenerationOptions  # noqa: E402
 from model.default_model import ADAPTER_DIR, VOICE_SYSTEM_PROMPT, load_base, load_default_chat_model  # noqa: E402
-from model.teacher_data import chat_prompt_ids  # noqa: E402
+from model.engine import DiffusionChatModel  # noqa: E402
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
-EXAMPLE_COUNT = 5  # the first five held-out prompts, fixed by position before any output was seen
+WARMUP_PROMPTS = ("Hello! How are you today?", "What is the capital of France?", "Tell me a joke.")
+
 
 
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9']+", text.lower())
 
 
-def rouge_l(candidate: str, reference: str) -> float:
-    """ROUGE-L F1 over lower-cased words (longest common subsequence)."""
-    a, b = words(candidate), words(reference)
-    if not a or not b:
-        return float(a == b)
-    previous = [0] * (len(b) + 1)
-    for x in a:
-        current = [0]
-        for j, y in enumerate(b, start=1):
-            current.append(previous[j - 1] + 1 if x == y else max(previous[j], current[j - 1]))
-        previous = current
-    lcs = previous[-1]
-    if lcs == 0:
-        return 0.0
-    precision, recall = lcs / len(a), lcs / len(b)
-    return 2 * precision * recall / (precision + recall)
+def has_repeated_trigram(text: str) -> bool:
+    w = words(text)
+    grams = [tuple(w[i : i + 3]) for i in range(len(w) - 2)]
+    return len(grams) != len(set(grams))
+
+
+def answer_of(chat: DiffusionChatModel, prompt: str, decoding: str, options: GenerationOptions) -> dict:
+    """One answer in one decoding mode: tokens, passes, timings, and the drafts each pass showed."""
+    chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding)
+    messages = [ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", prompt)]
+    prompt_ids = chat.prompt_ids(messages)
+    config, length = chat.sampler_for(options)
+    started = time.perf_counter()
+    refinements = list(chat.refinements(prompt_ids, length, config, None))
+    wall = time.perf_counter() - started
+    final = refinements[-1]
+    n = final.answer_length
+    drafts = []  # (committed length, drafted tokens) of every pass that drafted
+    for r in refinements:
+        c = r.committed_prefix
+        if c < len(r.tokens):
+            drafts.append((c, list(r.tokens[c:])))
+    ended = final.finish_reason == "stop"
+    return {
+        "ids": list(final.tokens[:n]),
+        "text": chat.tokenizer.decode(list(final.tokens[:n]), skip_special_tokens=True).strip(),
+        "ended_with_eos": ended,
+        "tokens": n + (1 if ended else 0),  # the EOS is a decoded token too
+        "passes": len(refinements),
+        "decode_s": sum(r.elapsed_s for r in refinements),
+        "wall_s": wall,
+        "ahead": [len(r.tokens) - r.committed_prefix for r in refinements if not r.done],
+        "drafts": drafts,
+    }
 
 
 @torch.inference_mode()
@@ -70,121 +97,154 @@ def answer_nll(teacher, prompt_ids: list[int], answer_ids: list[int]) -> tuple[f
 
 
 @torch.inference_mode()
-def teacher_answer(teacher, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
-    started = time.perf_counter()
-    out = teacher.generate(
-        input_ids=torch.tensor([prompt_ids]),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
-    )
-    seconds = time.perf_counter() - started
-    return out[0, len(prompt_ids) :].tolist(), seconds
+def top2_gap(teacher, prompt_ids: list[int], prefix: list[int]) -> float:
+    """The teacher's (bf16) gap between its two best logits for the token after `prefix`: small = a near-tie."""
+    logits = teacher(input_ids=torch.tensor([prompt_ids + prefix])).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
 
 
-def evaluate(args: argparse.Namespace, threshold: float, prompts: list[str], teacher, tokenizer, teacher_runs) -> dict:
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=dtype, threshold=threshold, remasking=args.remasking)
-    eos = tokenizer.eos_token_id
-    options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
-    rows = []
-    for prompt, (teacher_ids, _teacher_s) in tqdm(
-        list(zip(prompts, teacher_runs, strict=True)), desc=f"diffusion @ {threshold}"
-    ):
-        messages = [ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", prompt)]
-        started = time.perf_counter()
-        passes, final = 0, None
-        for draft in chat.stream_chat(messages, options):
-            passes += 1
-            final = draft
-        seconds = time.perf_counter() - started
-        if final is None or final.refinement is None:
-            raise RuntimeError("the diffusion model produced no refinement")
-        refinement = final.refinement
-        answer_ids = list(refinement.tokens[: refinement.answer_length])
-        ended = final.finish_reason == "stop"
-        rows.append(
-            {
-                "prompt": prompt,
-                "answer": final.text.strip(),
-                "answer_ids": answer_ids + ([eos] if ended else []),
-                "teacher_ids": teacher_ids,
-                "ended_with_eos": ended,
-                "passes": passes,
-                "tokens": len(answer_ids) + (1 if ended else 0),
-                "seconds": seconds,
-            }
-        )
-    prompt_ids = [chat_prompt_ids(tokenizer, VOICE_SYSTEM_PROMPT, p) for p in prompts]
-    nll_d = [answer_nll(teacher, p, r["answer_ids"]) for p, r in zip(prompt_ids, rows, strict=True)]
-    nll_t = [answer_nll(teacher, p, r["teacher_ids"]) for p, r in zip(prompt_ids, rows, strict=True)]
-    ppl_d = math.exp(sum(n for n, _ in nll_d) / max(1, sum(c for _, c in nll_d)))
-    ppl_t = math.exp(sum(n for n, _ in nll_t) / max(1, sum(c for _, c in nll_t)))
-    teacher_tokens = sum(len(ids) for ids, _ in teacher_runs)
-    teacher_seconds = sum(s for _, s in teacher_runs)
-    tokens = sum(r["tokens"] for r in rows)
-    seconds = sum(r["seconds"] for r in rows)
-    passes = sum(r["passes"] for r in rows)
+def draft_agreement(rows: list[dict], mode: str, width: int, eos_id: int) -> tuple[list[float], list[float]]:
+    """Per position of the drafts: share equal to the final (= autoregressive) answer, and share accepted (equal and
+    every draft before it equal)."""
+    equal = [[0, 0] for _ in range(width)]
+    accepted = [[0, 0] for _ in range(width)]
     for row in rows:
-        row["teacher_answer"] = tokenizer.decode(row["teacher_ids"], skip_special_tokens=True).strip()
-        row["rouge_l"] = rouge_l(row["answer"], row["teacher_answer"])
+        final = row["autoregressive"]["ids"] + [eos_id]
+        for start, drafted in row[mode]["drafts"]:
+            run = True
+            for j, token in enumerate(drafted[:width]):
+                if start + j >= len(final):
+                    break
+                same = token == final[start + j]
+                run = run and same
+                equal[j][0] += same
+                equal[j][1] += 1
+                accepted[j][0] += run
+                accepted[j][1] += 1
+    return [a / max(1, b) for a, b in equal], [a / max(1, b) for a, b in accepted]
+
+
+def summarize(rows: list[dict], mode: str, teacher, prompt_ids: list[list[int]], gaps: dict, eos_id: int) -> dict:
+    ar = [row["autoregressive"] for row in rows]
+    md = [row[mode] for row in rows]
+    same = [a["ids"] == m["ids"] for a, m in zip(ar, md, strict=True)]
+
+    def rate(side: list[dict]) -> float:
+        return sum(s["tokens"] for s in side) / sum(s["decode_s"] for s in side)
+
+    def ppl(side: list[dict]) -> float:
+        nll = [answer_nll(teacher, p, s["ids"] + ([eos_id] if s["ended_with_eos"] else [])) for p, s in
+               zip(prompt_ids, side, strict=True)]
+        return math.exp(sum(n for n, _ in nll) / max(1, sum(c for _, c in nll)))
+
+    equal, accepted = draft_agreement(rows, mode, 8, eos_id)
+    ahead = [a for m in md for a in m["ahead"]]
+    differences = []
+    for row, a, m, ok in zip(rows, ar, md, same, strict=True):
+        if ok:
+            continue
+        first = next((i for i, (x, y) in enumerate(zip(a["ids"], m["ids"], strict=False)) if x != y),
+                     min(len(a["ids"]), len(m["ids"])))
+        differences.append({
+            "prompt": row["prompt"], "first_difference": first,
+            "autoregressive": a["text"], mode: m["text"], "teacher_top2_gap_bf16": gaps.get((row["prompt"], mode)),
+            "equal_in_fp32": row.get(f"{mode}_fp32_equal"),
+        })
     return {
-        "threshold": threshold,
-        "remasking": args.remasking,
+        "mode": mode,
         "prompts": len(rows),
-        "perplexity_ratio": ppl_d / ppl_t,
-        "teacher_ppl_of_diffusion_answers": ppl_d,
-        "teacher_ppl_of_teacher_answers": ppl_t,
-        "rouge_l": sum(r["rouge_l"] for r in rows) / len(rows),
-        "eos_within_limit": sum(r["ended_with_eos"] for r in rows) / len(rows),
-        "tokens_per_pass": tokens / passes,
-        "tokens_per_second": tokens / seconds,
-        "teacher_tokens_per_second": teacher_tokens / teacher_seconds,
-        "speedup_vs_teacher": (tokens / seconds) / (teacher_tokens / teacher_seconds),
-        "examples": [{k: row[k] for k in ("prompt", "teacher_answer", "answer")} for row in rows[:EXAMPLE_COUNT]],
+        "exact_match_vs_autoregressive": sum(same) / len(rows),
+        "tokens_per_pass": sum(m["tokens"] for m in md) / sum(m["passes"] for m in md),
+        "drafted_ahead_mean": statistics.fmean(ahead) if ahead else 0.0,
+        "draft_equal_by_position": equal,
+        "draft_accepted_by_position": accepted,
+        "tokens_per_s": rate(md),
+        "autoregressive_tokens_per_s": rate(ar),
+        "speedup_decode": rate(md) / rate(ar),
+        "speedup_wall": sum(a["wall_s"] for a in ar) / sum(m["wall_s"] for m in md),
+        "eos_rate": sum(m["ended_with_eos"] for m in md) / len(rows),
+        "autoregressive_eos_rate": sum(a["ended_with_eos"] for a in ar) / len(rows),
+        "answer_length_ratio": sum(len(m["ids"]) for m in md) / max(1, sum(len(a["ids"]) for a in ar)),
+        "repeated_trigram_rate": sum(has_repeated_trigram(m["text"]) for m in md) / len(rows),
+        "autoregressive_repeated_trigram_rate": sum(has_repeated_trigram(a["text"]) for a in ar) / len(rows),
+        "perplexity_ratio_vs_autoregressive": ppl(md) / ppl(ar),
+        "differences": differences,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapter", type=Path, default=ADAPTER_DIR)
-    parser.add_argument("--limit", type=int, default=100)
-    parser.add_argument("--thresholds", default="0.9,0.7,0.5")
+    parser.add_argument("--limit", type=int, default=120)
+    parser.add_argument("--modes", default="self-speculative", help="compared with autoregressive (comma-separated)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--remasking", default="left_to_right", help="which positions a pass must commit")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="both models in bf16")
+    parser.add_argument("--draft-masks", type=int, default=None, help="masks per self-speculative pass")
+    parser.add_argument("--verify-fp32", action="store_true", help="decode each differing prompt again in fp32")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
+    modes = ["autoregressive", *[m for m in args.modes.split(",") if m and m != "autoregressive"]]
 
     prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
-    teacher, tokenizer = load_base(torch.float32)  # perplexities in full precision
-    # timed in the same precision as the diffusion model, so the speed ratio compares like with like
-    timed_teacher, _ = load_base(torch.bfloat16) if args.bf16 else (teacher, tokenizer)
-    teacher_runs = []
-    for prompt in tqdm(prompts, desc="teacher (greedy, KV cache)"):
-        ids, seconds = teacher_answer(timed_teacher, tokenizer, chat_prompt_ids(tokenizer, VOICE_SYSTEM_PROMPT, prompt),
-                                      args.max_new_tokens)
-        teacher_runs.append((ids, seconds))
-    results = [
-        evaluate(args, float(t), prompts, teacher, tokenizer, teacher_runs) for t in args.thresholds.split(",")
-    ]
-    header = ("threshold", "ppl ratio", "ROUGE-L", "EOS<=64", "tok/pass", "tok/s", "vs AR")
-    print("\n" + " ".join(f"{h:>9}" for h in header))
+    overrides = {} if args.draft_masks is None else {"draft_masks": args.draft_masks}
+    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.bfloat16, **overrides)
+    eos_id = chat.tokenizer.eos_token_id
+    for prompt in WARMUP_PROMPTS:  # kernels, allocator, the guard's vocabulary scan, the system prompt's cache
+        for mode in modes:
+            answer_of(chat, prompt, mode, options)
+    rows = []
+    for index, prompt in enumerate(tqdm(prompts, desc="interleaved " + " / ".join(modes))):
+        row: dict = {"prompt": prompt}
+        for mode in modes if index % 2 == 0 else modes[::-1]:
+            row[mode] = answer_of(chat, prompt, mode, options)
+        rows.append(row)
+
+    prompt_ids = [chat.prompt_ids([ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", p)])
+                  for p in prompts]
+    teacher_bf16, _ = load_base(torch.bfloat16)  # a plain copy: the adapted model's LoRA is on outside its passes
+    gaps = {}
+    for row, ids in zip(rows, prompt_ids, strict=True):
+        for mode in modes[1:]:
+            a, m = row["autoregressive"]["ids"], row[mode]["ids"]
+            if a != m:
+                first = next((i for i, (x, y) in enumerate(zip(a, m, strict=False)) if x != y), min(len(a), len(m)))
+                gaps[(row["prompt"], mode)] = top2_gap(teacher_bf16, ids, a[:first])
+    if args.verify_fp32 and gaps:
+        chat32 = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.float32, **overrides)
+        for row in rows:
+            for mode in modes[1:]:
+                if (row["prompt"], mode) in gaps:
+                    ar32 = answer_of(chat32, row["prompt"], "autoregressive", options)["ids"]
+                    md32 = answer_of(chat32, row["prompt"], mode, options)["ids"]
+                    row[f"{mode}_fp32_equal"] = ar32 == md32
+    teacher32, _ = load_base(torch.float32)  # perplexities in full precision
+    results = [summarize(rows, mode, teacher32, prompt_ids, gaps, eos_id) for mode in modes[1:]]
+
     for r in results:
-        print(
-            f"{r['threshold']:>9.2f} {r['perplexity_ratio']:>9.2f} {r['rouge_l']:>9.3f} {r['eos_within_limit']:>9.1%} "
-            f"{r['tokens_per_pass']:>9.2f} {r['tokens_per_second']:>9.1f} {r['speedup_vs_teacher']:>8.2f}x"
-        )
-    print(f"teacher: {results[0]['teacher_tokens_per_second']:.1f} tokens/s greedy with KV cache")
+        print(f"\n{r['mode']} vs autoregressive on {r['prompts']} held-out prompts (bf16, {args.threads} threads)")
+        print(f"  exact match {r['exact_match_vs_autoregressive']:.1%}; {r['tokens_per_pass']:.2f} tokens/pass; "
+              f"{r['drafted_ahead_mean']:.2f} drafted ahead; decode {r['tokens_per_s']:.1f} vs "
+              f"{r['autoregressive_tokens_per_s']:.1f} tokens/s = {r['speedup_decode']:.2f}x "
+              f"(wall {r['speedup_wall']:.2f}x)")
+        print(f"  EOS {r['eos_rate']:.1%} (AR {r['autoregressive_eos_rate']:.1%}); length ratio "
+              f"{r['answer_length_ratio']:.3f}; repeated 3-gram {r['repeated_trigram_rate']:.1%} "
+              f"(AR {r['autoregressive_repeated_trigram_rate']:.1%}); ppl ratio "
+              f"{r['perplexity_ratio_vs_autoregressive']:.3f}")
+        print("  draft equal by position   " + " ".join(f"{x:.2f}" for x in r["draft_equal_by_position"]))
+        print("  draft accepted by position " + " ".join(f"{x:.2f}" for x in r["draft_accepted_by_position"]))
+        for d in r["differences"]:
+            print(f"  differs at token {d['first_difference']} (top-2 gap {d['teacher_top2_gap_bf16']:.3f}, "
+                  f"equal in fp32: {d['equal_in_fp32']}): {d['prompt']!r}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {
             "command": " ".join(sys.argv),
-            "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "bf16": args.bf16},
+            "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "dtype": "bf16"},
             "results": results,
+            "answers": [{"prompt": row["prompt"], **{m: row[m]["text"] for m in modes}} for row in rows],
         }
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

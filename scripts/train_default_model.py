@@ -1,6 +1,7 @@
 """Train the bundled block-diffusion adapter on SmolLM2-135M-Instruct's own answers (CPU, resumable).
 
     python scripts/train_default_model.py [--out runs/default] [--minutes 90] [--publish]
+    python scripts/train_default_model.py --out runs/drafting --init model/default --drafting --near-weight 0.7
 
 Stages, each resumable: (1) the held-out prompts are fixed and written to tests/data/heldout_prompts.txt; (2) the
 teacher answers the training prompts greedily (appended to OUT/teacher.jsonl as it goes); (3) the adapter trains,
@@ -23,7 +24,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.block_diffusion import AdapterConfig, BlockDiffusionLM, save_adapter  # noqa: E402
+from model.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter  # noqa: E402
 from model.block_training import block_diffusion_loss, make_batch  # noqa: E402
 from model.default_model import ADAPTER_DIR, VOICE_SYSTEM_PROMPT, load_base  # noqa: E402
 from model.teacher_data import (  # noqa: E402
@@ -56,6 +57,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--publish", action="store_true", help="write the adapter to model/default/ when done")
+    p.add_argument("--drafting", action="store_true",
+                   help="one-shot drafting objective: whole blocks masked at random offsets (self-speculative)")
+    p.add_argument("--near-weight", type=float, default=1.0, help="loss weight ratio of each further draft (< 1)")
+    p.add_argument("--init", type=Path, default=None, help="warm start from this adapter folder (e.g. model/default)")
     return p.parse_args()
 
 
@@ -127,7 +132,10 @@ def main() -> None:
     examples = ensure_teacher_data(args, base, tokenizer)
     pairs = [(ex.prompt_ids, ex.answer_ids) for ex in examples]
 
-    model = BlockDiffusionLM(base, AdapterConfig(block_length=args.block_length, lora_rank=args.rank))
+    if args.init is not None:
+        model = load_adapter(base, args.init)  # the fp16 factors are copied into fp32 parameters
+    else:
+        model = BlockDiffusionLM(base, AdapterConfig(block_length=args.block_length, lora_rank=args.rank))
     optimizer = torch.optim.AdamW(list(model.trainable_parameters()), lr=args.lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(args.seed)
     step, history = 0, []
@@ -163,7 +171,8 @@ def main() -> None:
     started, seen_tokens = time.monotonic(), 0.0
     while step < args.max_steps and time.monotonic() < deadline:
         batch_pairs = order_rng.sample(pairs, args.batch)
-        batch = make_batch(batch_pairs, args.block_length, model.mask_id, eos, args.copies, generator)
+        batch = make_batch(batch_pairs, args.block_length, model.mask_id, eos, args.copies, generator,
+                           drafting=args.drafting, near_weight=args.near_weight)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
@@ -204,6 +213,9 @@ def main() -> None:
                     "final_masked_accuracy": sum(h["acc"] for h in recent) / max(1, len(recent)),
                     "final_loss": sum(h["loss"] for h in recent) / max(1, len(recent)),
                     "teacher_system_prompt": TEACHER_SYSTEM_PROMPT,
+                    "drafting_objective": args.drafting,
+                    "near_weight": args.near_weight,
+                    "warm_start": str(args.init) if args.init else None,
                 },
                 "sampler": {"block_length": args.block_length, "threshold": 0.9, "remasking": "left_to_right"},
             },

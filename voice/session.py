@@ -1,15 +1,15 @@
 """One conversation: listen, understand, answer while refining, speak, and stop the instant the user interrupts.
 
-The session wires the stages together as asyncio tasks:
+The session is the async shell around the turn-taking core (`voice.turn_taking.TurnTaking`): it turns what the stages
+report into the core's events, and executes the actions the core returns. It decides nothing itself.
 
-    feed_audio -> ListenStage (VAD, endpointer, streaming ASR) -> _on_listen
-    final transcript -> turn task (one TaskGroup): LmRun (diffusion LM in a worker thread) -> drafts -> SpeakStage
+    feed_audio -> ListenStage (VAD, endpointer, streaming ASR) -> _on_listen -> TurnTaking.handle -> actions
+    StartAnswer -> one answer task: LmRun (diffusion LM in a worker thread) -> drafts -> SpeakStage -> audio
     every stage's events -> the session's event queue -> `events()` (the WebSocket server, the speaker, file mode)
 
-Turn-taking rules live here: a turn starts at the final transcript (or a typed message); with early LM start the model
-already began on the committed transcript while the endpointer was waiting out its silence, and that work is kept
-when the final transcript matches. User speech while the assistant is speaking is a barge-in: the turn is cancelled,
-a `Clear` tells the output to stop at once, and the history keeps only the phrases whose audio was played.
+An answer starts at a pause, before the end of turn is sure (speculative end of turn); its events, audio included,
+are held back until the core releases it, and vanish if the user goes on speaking. A cancelled answer's events are
+dropped from the moment of the decision, so no audio ever follows its `Clear`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.errors import ModelError
@@ -47,12 +49,34 @@ from voice.events import (
 )
 from voice.latency import breakdown
 from voice.listen.stage import ListenConfig, ListenStage
-from voice.listen.words import same_words
 from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.stage import SpeakStage
 from voice.think.dialogue import Dialogue, DialogueConfig
 from voice.think.lm_run import LmRun
+from voice.turn_taking import (
+    AbandonTurn,
+    AnswerAudio,
+    AnswerFinished,
+    CancelAnswer,
+    ClientInterrupt,
+    FinishTurn,
+    ReleaseAnswer,
+    Silence,
+    StartAnswer,
+    State,
+    TurnAction,
+    TurnEvent,
+    TurnTaking,
+    TurnTakingConfig,
+    TurnVerdict,
+    TypedText,
+    UserDone,
+    UserFinal,
+    UserSpeechEnded,
+    UserSpeechStarted,
+    UserWords,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +87,9 @@ class SessionConfig:
     speculator: SpeculatorConfig = field(default_factory=SpeculatorConfig)
     dialogue: DialogueConfig = field(default_factory=DialogueConfig)
     generation: GenerationOptions = field(default_factory=lambda: GenerationOptions(max_new_tokens=64))
-    early_lm: bool = True  # start the LM on the trailing-silence transcript before the endpointer's final decision
+    turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
+    # Speculative end of turn: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure.
+    early_lm: bool = True
     full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks
     max_turn_seconds: float = 60.0
     # A turn ends when its audio has had time to play, not when the last chunk was handed out: a user who speaks
@@ -74,19 +100,40 @@ class SessionConfig:
 
 
 @dataclass(slots=True)
-class _Turn:
+class _TurnRecord:
+    """What the session knows of one user turn (spoken or typed) until its TurnEnd."""
+
     turn: int
-    user_text: str
+    user_text: str = ""
     marks: dict[str, int] = field(default_factory=dict)
     endpoint_detected_ns: int | None = None
+
+
+@dataclass(slots=True)
+class _Answer:
+    """One answer being generated and spoken. Its events pass through `_answer_event`: held while `held`, dropped
+    once `cancelled`."""
+
+    answer_id: int
+    record: _TurnRecord
+    held: bool
+    early: bool  # started before the end of turn was confirmed
+    task: asyncio.Task[None] | None = None
+    run: LmRun | None = None
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    held_events: list[Event] = field(default_factory=list)
+    cancelled: bool = False
+    marks: dict[str, int] = field(default_factory=dict)
     ledger: PlaybackLedger = field(default_factory=PlaybackLedger)
     sample_rate: int = 0
     first_audio_ns: int | None = None
     reported_played: int | None = None  # exact playback position from the output, when it reports one
     answer: str = ""
     stats: dict[str, float] = field(default_factory=dict)
-    ended: bool = False  # its TurnEnd was emitted
-    run: LmRun | None = None  # the answer's generation, once started (or adopted from the early start)
+
+    @property
+    def turn(self) -> int:
+        return self.record.turn
 
 
 class Session:
@@ -99,19 +146,26 @@ class Session:
         self.output_sample_rate = engines.tts.sample_rate
         self.dialogue = Dialogue(self.config.dialogue)
         self.log: deque[Event] = deque(maxlen=self.config.log_size)
+        self.turn_taking = TurnTaking(replace(self.config.turn_taking, speculate=self.config.early_lm))
         self._out: asyncio.Queue[Event | None] = asyncio.Queue()
         self._listen: ListenStage | None = None
-        self._turn_no = 0
-        self._listening_turn: _Turn | None = None  # the user turn being spoken right now
-        self._turn_task: asyncio.Task[None] | None = None
-        self._task_turn: _Turn | None = None
-        self._early: tuple[str, LmRun] | None = None
+        self._listen_lock = asyncio.Lock()  # the stage takes one call at a time: audio, flush (watchdog), close
+        self._records: dict[int, _TurnRecord] = {}
+        self._answer: _Answer | None = None
+        self._answers_running: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._segment_end: tuple[int, int] | None = None  # (last voiced sample, decided) of the latest segment
+        self._turn_audio: list[np.ndarray] = []  # the open user turn's segments, for the turn detector
+        self._audio_turn = 0  # the turn `_turn_audio` belongs to
+        self._verdict_task: asyncio.Task[None] | None = None
         self._speaking = False
         self._closed = False
 
     # --- public API ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._listen = ListenStage(self.id, self._on_listen, self.config.listen, model=self.engines.asr)
+        if self._listen is None:
+            self._listen = ListenStage(self.id, self._on_listen, self.config.listen, model=self.engines.asr)
 
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None:
         """Microphone audio (PCM16 LE mono). Raises `AudioFormatError` for a bad frame; the session goes on."""
@@ -121,41 +175,56 @@ class Session:
             await self.start()
         if self._speaking and not self.config.full_duplex:
             return  # half duplex: the assistant must not hear (and interrupt) itself through open speakers
-        if self._listen is not None:
+        async with self._listen_lock:
+            if self._listen is None:
+                return
             await self._listen.accept(pcm16, sample_rate)
+            if self.turn_taking.state is State.USER_PAUSED:
+                await self._dispatch(Silence(self._listen.silence_ms))
+
+    async def user_done(self) -> None:
+        """The user's turn ends with the speech heard so far (a file's end, push-to-talk released)."""
+        await self._dispatch(UserDone())
 
     async def end_of_audio(self) -> None:
-        """The audio stream ended (end of a file): close a turn still open and wait for its final transcript."""
-        if self._listen is not None:
-            await self._listen.flush()
+        """The audio stream ended (end of a file, or an utterance cut off): close a turn still open, wait for its
+        final transcript, and end the user's turn there."""
+        async with self._listen_lock:
+            if self._listen is not None:
+                await self._listen.flush()
+        await self._dispatch(UserDone())
 
     async def send_text(self, text: str) -> None:
-        """A typed user turn; interrupts an answer in progress."""
+        """A typed user turn; interrupts an answer in progress and takes the floor from an open spoken turn."""
         text = text.strip()
         if not text:
             raise ProtocolError("the text turn is empty")
         if len(text) > self.config.max_text_chars:
             raise ProtocolError(f"the text turn is longer than {self.config.max_text_chars} characters")
-        await self.interrupt("new_text")
-        self._turn_no += 1
-        turn = _Turn(self._turn_no, text)
-        turn.marks["text_in"] = now_ns()
-        await self._emit(Transcript(session=self.id, turn=turn.turn, text=text, committed=text, final=True))
-        self._begin_answer(turn, None)
+        arrived = now_ns()
+        actions = self.turn_taking.handle(TypedText(text))
+        record = self._record(self.turn_taking.turn_no)
+        record.marks["text_in"] = arrived
+        await self._execute(actions)
+        self._emit(Transcript(session=self.id, turn=record.turn, text=text, committed=text, final=True))
 
     async def interrupt(self, reason: str = "interrupt") -> None:
         """Stop speaking now: `Clear`, cancel the turn; the history keeps what was played."""
-        await self._cancel_turn(reason)
+        await self._dispatch(ClientInterrupt())
 
-    def report_played(self, samples: int) -> None:
-        """The output says how many samples of the current answer were really played (speaker callback)."""
-        if (turn := self._answering()) is not None:
-            turn.reported_played = samples
+    def report_played(self, samples: int, turn: int | None = None) -> None:
+        """The output says how many samples of the current answer were really played (speaker callback, or the
+        browser's `played` message for `turn`; a report about another turn is stale and ignored)."""
+        if self._answer is not None and (turn is None or turn == self._answer.turn):
+            self._answer.reported_played = samples
 
     async def wait_idle(self) -> None:
-        """Wait until no answer is in progress (file mode and tests)."""
-        while self._turn_task is not None and not self._turn_task.done():
-            await asyncio.wait({self._turn_task})
+        """Wait until nobody holds the floor and no answer is in progress (file mode and tests)."""
+        while True:
+            await self._idle.wait()
+            await asyncio.sleep(0)  # let a task that just finished deliver its last events
+            if self._idle.is_set():
+                return
 
     async def events(self) -> AsyncIterator[Event]:
         while (event := await self._out.get()) is not None:
@@ -165,75 +234,98 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        await cancel_and_wait(self._turn_task)
-        await self._drop_early()
-        if self._listen is not None:
-            await self._listen.aclose()
+        answer, self._answer = self._answer, None
+        if answer is not None:
+            answer.cancelled = True
+            await self._stop_answer(answer)
+        await cancel_and_wait(*self._answers_running, self._verdict_task)
+        async with self._listen_lock:
+            if self._listen is not None:
+                await self._listen.aclose()
         self._out.put_nowait(None)
 
     # --- listening -------------------------------------------------------------------------------------------------
     async def _on_listen(self, event: Event) -> None:
+        """The listener's events become the core's; they go out tagged with the turn the core says they belong to."""
+        machine = self.turn_taking
         if isinstance(event, SpeechStart):
-            await self._user_started(event)
-            return
-        turn = self._listening_turn
-        if turn is None:  # a decode finishing after its turn was abandoned
-            return
-        event = replace(event, turn=turn.turn)
-        if isinstance(event, SpeechEnd):
-            turn.marks["speech_end"] = event.t_ns
-            turn.endpoint_detected_ns = event.detected_ns
-            await self._emit(event)
+            await cancel_and_wait(self._verdict_task)  # that pause's verdict is moot: the user spoke again
+            await self._dispatch(UserSpeechStarted(self._listen.speech_start_ms if self._listen else 0.0))
+            self._emit(replace(event, turn=machine.user_turn))
+        elif isinstance(event, SpeechEnd):
+            self._segment_end = (event.t_ns, event.detected_ns)
+            await self._dispatch(UserSpeechEnded(self._listen.speech_end_ms if self._listen else 0.0))
+            self._emit(replace(event, turn=machine.user_turn))
         elif isinstance(event, Transcript) and not event.final:
-            await self._emit(event)
-            # Only in the trailing silence: the decode made there is the one the final transcript reuses, so the
-            # words rarely change; starting on mid-speech partials would waste the CPU the recogniser needs.
-            if self.config.early_lm and event.text.strip() and self._listen and self._listen.in_trailing_silence:
-                await self._start_early(event.text)
+            self._emit(replace(event, turn=machine.user_turn))
+            if event.text.strip():
+                await self._dispatch(UserWords())
         elif isinstance(event, Transcript):
-            turn.marks["asr_final"] = event.t_ns
-            self._listening_turn = None
-            await self._emit(event)
-            if not event.text.strip():
-                await self._drop_early()  # noise that looked like speech: no words, no turn
-                return
-            turn.user_text = event.text.strip()
-            early = await self._take_early(turn.user_text)
-            self._begin_answer(turn, early)
+            actions = machine.handle(UserFinal(event.text))
+            turn = machine.user_turn
+            if machine.state in (State.USER_PAUSED, State.ANSWERING) and self._segment_end is not None:
+                # the turn's timing is its last segment's: voice-to-voice counts from the last word said
+                record = self._record(turn)
+                record.marks["speech_end"], record.endpoint_detected_ns = self._segment_end
+                record.marks["asr_final"] = event.t_ns
+            self._segment_end = None
+            self._emit(replace(event, turn=turn))
+            await self._execute(actions)
+            if machine.state is State.USER_PAUSED:
+                self._judge_turn(turn)
 
-    async def _user_started(self, event: SpeechStart) -> None:
-        await self._cancel_turn("barge_in")  # before any audio this just means the user kept talking
-        await self._drop_early()
-        self._turn_no += 1
-        self._listening_turn = _Turn(self._turn_no, "")
-        await self._emit(replace(event, turn=self._turn_no))
-
-    async def _start_early(self, text: str) -> None:
-        if self._early is not None and same_words(self._early[0], text):
+    def _judge_turn(self, turn: int) -> None:
+        """Ask the turn detector, in a thread, whether the paused turn sounds finished; its verdict arrives as an
+        event and moves the end of turn earlier or later (no detector: the silence rule alone)."""
+        detector, listen = self.engines.turn_detector, self._listen
+        if detector is None or listen is None:
             return
-        await self._drop_early()
-        messages = self._messages_with(text)
-        run = LmRun(self.engines.lm, messages, self.config.generation, name=f"lm-early-{self.id}-{self._turn_no}")
-        self._early = (text, run)
+        if self._audio_turn != turn:
+            self._turn_audio, self._audio_turn = [], turn
+        self._turn_audio.append(listen.last_segment_audio)
+        window = int(detector.config.max_seconds * 16000)
+        audio = np.concatenate(self._turn_audio)[-window:]
+        self._turn_audio = [audio]
 
-    async def _take_early(self, final_text: str) -> LmRun | None:
-        """The early run, if it answered the words that were finally said; otherwise stop it (it holds the model)."""
-        if self._early is None:
-            return None
-        text, run = self._early
-        self._early = None
-        if same_words(text, final_text):
-            return run
-        await run.close()
-        return None
+        async def judge() -> None:
+            try:
+                complete = await asyncio.to_thread(detector.is_complete, audio)
+            except VoiceError as err:  # audio it cannot judge: the silence rule decides this pause
+                log.warning("turn detector: %s", err)
+                return
+            await self._dispatch(TurnVerdict(complete))
 
-    async def _drop_early(self) -> None:
-        if self._early is not None:
-            _, run = self._early
-            self._early = None
-            await run.close()
+        self._verdict_task = asyncio.create_task(judge(), name=f"turn-verdict-{self.id}-{turn}")
+
+    async def _dispatch(self, event: TurnEvent) -> None:
+        await self._execute(self.turn_taking.handle(event))
+
+    async def _execute(self, actions: list[TurnAction]) -> None:
+        for action in actions:
+            match action:
+                case StartAnswer():
+                    self._start_answer(action)
+                case ReleaseAnswer(answer_id=answer_id):
+                    if self._answer is not None and self._answer.answer_id == answer_id:
+                        self._release(self._answer)
+                case CancelAnswer():
+                    await self._cancel_answer(action)
+                case FinishTurn():
+                    self._finish_answered(action)
+                case AbandonTurn(turn=turn, text=text):
+                    record = self._record(turn)
+                    record.user_text = text
+                    self._end_turn(record, None, interrupted=True, stats={})
+        self._update_idle()
+
+    def _record(self, turn: int) -> _TurnRecord:
+        record = self._records.get(turn)
+        if record is None:
+            record = self._records[turn] = _TurnRecord(turn)
+        return record
 
     def _messages_with(self, user_text: str) -> list[ChatMessage]:
+        """The history plus this turn's words; the history itself changes only when the turn ends."""
         probe = Dialogue(self.dialogue.config)
         for message in self.dialogue.history:
             (probe.add_user if message.role == "user" else probe.add_assistant)(message.content)
@@ -241,69 +333,107 @@ class Session:
         return probe.messages()
 
     # --- answering -------------------------------------------------------------------------------------------------
-    def _begin_answer(self, turn: _Turn, early: LmRun | None) -> None:
-        self._task_turn = turn
-        turn.run = early
-        self.dialogue.add_user(turn.user_text)
-        self._turn_task = asyncio.create_task(self._run_turn(turn, early), name=f"turn-{self.id}-{turn.turn}")
+    def _start_answer(self, action: StartAnswer) -> None:
+        record = self._record(action.turn)
+        record.user_text = action.text
+        answer = _Answer(action.answer_id, record, held=action.held, early=action.held)
+        if not action.held:
+            answer.released.set()
+        self._answer = answer
+        answer.task = asyncio.create_task(self._run_answer(answer, self._messages_with(action.text)),
+                                          name=f"answer-{self.id}-{action.turn}-{action.answer_id}")
+        self._answers_running.add(answer.task)
+        answer.task.add_done_callback(self._answers_running.discard)
 
-    async def _cancel_turn(self, reason: str) -> None:
-        """Cancel the answer in progress; its TurnEnd is emitted even if the task was cancelled before it ran."""
-        task, turn = self._turn_task, self._task_turn
-        if task is None or task.done():
+    def _release(self, answer: _Answer) -> None:
+        answer.held = False
+        held, answer.held_events = answer.held_events, []
+        for event in held:
+            self._deliver(answer, event)
+        answer.released.set()
+
+    async def _cancel_answer(self, action: CancelAnswer) -> None:
+        answer = self._answer
+        if answer is None or answer.answer_id != action.answer_id:
             return
-        if self._speaking:
-            await self._emit(Clear(session=self.id, turn=self._current_turn(), reason=reason))
-        await cancel_and_wait(task)
-        if turn is not None and not turn.ended:
-            if turn.run is not None:
-                await turn.run.close()
-            await self._finish_turn(turn, interrupted=True)
+        self._answer = None
+        answer.cancelled = True  # from now on nothing of this answer goes out: no audio after the Clear
+        if action.clear and answer.first_audio_ns is not None:
+            self._emit(Clear(session=self.id, turn=answer.turn, reason=action.reason))
+        self._speaking = False
+        await self._stop_answer(answer)
+        if action.continues_as is not None:
+            record = self._records.pop(answer.turn, answer.record)
+            record.turn = action.continues_as
+            self._records[record.turn] = record
+        if action.ends_turn:
+            answer.stats.update(speculations=action.speculations, speculations_dropped=action.dropped)
+            self._end_turn(answer.record, answer, interrupted=True, stats=answer.stats)
 
-    async def _run_turn(self, turn: _Turn, early: LmRun | None) -> None:
-        run = early
-        if run is None:
-            run = LmRun(self.engines.lm, self.dialogue.messages(), self.config.generation, f"lm-{self.id}-{turn.turn}")
-            turn.run = run
-        turn.stats["early_lm"] = 1.0 if early is not None else 0.0
-        await self._emit(LmStarted(session=self.id, turn=turn.turn, t_ns=run.started_ns, early=early is not None))
-        interrupted = False
+    async def _stop_answer(self, answer: _Answer) -> None:
+        await cancel_and_wait(answer.task)
+        if answer.run is not None:
+            await answer.run.close()
+
+    def _finish_answered(self, action: FinishTurn) -> None:
+        answer = self._answer
+        if answer is None or answer.answer_id != action.answer_id:
+            return
+        self._answer = None
+        answer.stats.update(speculations=action.speculations, speculations_dropped=action.dropped)
+        self._end_turn(answer.record, answer, interrupted=False, stats=answer.stats)
+
+    async def _run_answer(self, answer: _Answer, messages: list[ChatMessage]) -> None:
+        run = LmRun(self.engines.lm, messages, self.config.generation, f"lm-{self.id}-{answer.turn}")
+        answer.run = run
+        answer.stats["early_lm"] = 1.0 if answer.early else 0.0
+        self._answer_event(answer, LmStarted(session=self.id, turn=answer.turn, t_ns=run.started_ns,
+                                             early=answer.early))
         try:
             async with asyncio.timeout(self.config.max_turn_seconds):
-                await self._answer(turn, run)
+                await self._answer_body(answer, run)
+            await answer.released.wait()  # an answer ready before its end of turn was confirmed waits for it
             if self.config.wait_for_playback:
-                await asyncio.sleep(self._playback_left(turn))
-        except asyncio.CancelledError:
-            interrupted = True
-            await self._finish_turn(turn, interrupted=True)
-            raise
+                await asyncio.sleep(self._playback_left(answer))
         except TimeoutError:
-            await self._emit_error(turn, "turn_timeout", f"the turn took longer than {self.config.max_turn_seconds} s")
+            self._emit_error(answer, "turn_timeout", f"the turn took longer than {self.config.max_turn_seconds} s")
         except (ModelError, VoiceError) as err:
-            await self._emit_error(turn, getattr(err, "code", "model_error"), str(err))
+            self._emit_error(answer, getattr(err, "code", "model_error"), str(err))
         except Exception as err:  # the turn boundary: a bug in one stage ends this turn, never the session
-            log.exception("turn %s failed", turn.turn)
-            await self._emit_error(turn, "internal_error", f"{type(err).__name__}: {err}")
+            log.exception("turn %s failed", answer.turn)
+            self._emit_error(answer, "internal_error", f"{type(err).__name__}: {err}")
         finally:
             await run.close()
+        if answer.cancelled:
+            return
+        await answer.released.wait()  # a failed answer still waits: its error belongs to a confirmed turn
+        if self._answer is answer:
             self._speaking = False
-        if not interrupted:
-            await self._finish_turn(turn, interrupted=False)
+        # synchronous from here: the core learns of the end and the turn ends, with no other step in between
+        self._execute_now(self.turn_taking.handle(AnswerFinished(answer.answer_id)))
 
-    async def _answer(self, turn: _Turn, run: LmRun) -> None:
+    def _execute_now(self, actions: list[TurnAction]) -> None:
+        for action in actions:
+            if isinstance(action, FinishTurn):
+                self._finish_answered(action)
+            else:  # the core answers an answer's end with FinishTurn only
+                raise RuntimeError(f"unexpected action at an answer's end: {action!r}")
+        self._update_idle()
+
+    async def _answer_body(self, answer: _Answer, run: LmRun) -> None:
         drafts: asyncio.Queue[Draft | None] = asyncio.Queue(maxsize=256)
         speaker = SpeakStage(
             self.engines.tts,
-            lambda event: self._on_speech(turn, event),
+            lambda event: self._on_speech(answer, event),
             session=self.id,
-            turn=turn.turn,
+            turn=answer.turn,
             config=self.config.speculator,
-            ledger=turn.ledger,
+            ledger=answer.ledger,
         )
-        turn.sample_rate = speaker.sample_rate
+        answer.sample_rate = speaker.sample_rate
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._pump(turn, run, drafts), name=f"lm-pump-{self.id}-{turn.turn}")
+                group.create_task(self._pump(answer, run, drafts), name=f"lm-pump-{self.id}-{answer.turn}")
                 report = await speaker.run(drafts)
         except BaseExceptionGroup as failures:
             # One failing stage (the model, the voice) ends the turn with its own typed error, not a group.
@@ -311,7 +441,7 @@ class Session:
             if first is None:
                 raise
             raise first from None
-        turn.stats.update(
+        answer.stats.update(
             hits=report.hits,
             misses=report.misses,
             speculation_none=report.nones,
@@ -320,7 +450,7 @@ class Session:
             wasted_cpu_ms=report.wasted_cpu_ms,
         )
 
-    async def _pump(self, turn: _Turn, run: LmRun, drafts: asyncio.Queue[Draft | None]) -> None:
+    async def _pump(self, answer: _Answer, run: LmRun, drafts: asyncio.Queue[Draft | None]) -> None:
         first = True
         passes = 0
         lm_seconds = 0.0
@@ -330,25 +460,26 @@ class Session:
                 lm_seconds += draft.elapsed_s
                 if first:
                     first = False
-                    turn.marks["lm_first_pass"] = t_ns
-                    await self._emit(LmFirstPass(session=self.id, turn=turn.turn, t_ns=t_ns))
-                await self._emit(
+                    answer.marks["lm_first_pass"] = t_ns
+                    self._answer_event(answer, LmFirstPass(session=self.id, turn=answer.turn, t_ns=t_ns))
+                self._answer_event(
+                    answer,
                     DraftUpdate(
                         session=self.id,
-                        turn=turn.turn,
+                        turn=answer.turn,
                         step=draft.step,
                         committed=draft.committed_text,
                         draft=draft.text,
                         pieces=tuple((piece.text, piece.committed) for piece in draft.pieces),
-                    )
+                    ),
                 )
                 await drafts.put(draft)
                 if draft.done:
-                    turn.answer = draft.committed_text.strip() or draft.text.strip()
+                    answer.answer = draft.committed_text.strip() or draft.text.strip()
                     tokens = draft.completion_tokens
                     # the end-of-sequence token is generated work too (as in scripts/eval_default_model.py)
                     generated = tokens + (1 if draft.finish_reason == "stop" else 0)
-                    turn.stats.update(
+                    answer.stats.update(
                         tokens=tokens,
                         passes=passes,
                         tokens_per_pass=generated / passes if passes else 0.0,
@@ -357,84 +488,100 @@ class Session:
                         prompt_tokens=draft.prompt_tokens,
                         prompt_tokens_encoded=draft.prompt_tokens - draft.cached_prompt_tokens,
                     )
-                    await self._emit(
+                    self._answer_event(
+                        answer,
                         AnswerDone(
                             session=self.id,
-                            turn=turn.turn,
-                            text=turn.answer,
+                            turn=answer.turn,
+                            text=answer.answer,
                             tokens=tokens,
                             passes=passes,
                             lm_seconds=lm_seconds,
                             finish_reason=draft.finish_reason or "stop",
-                        )
+                        ),
                     )
         finally:
             with contextlib.suppress(asyncio.QueueFull):
                 drafts.put_nowait(None)
 
-    async def _on_speech(self, turn: _Turn, event: Event) -> None:
-        if isinstance(event, PhraseCommitted) and "first_phrase_committed" not in turn.marks:
-            turn.marks["first_phrase_committed"] = event.t_ns
+    async def _on_speech(self, answer: _Answer, event: Event) -> None:
+        if isinstance(event, PhraseCommitted):
+            answer.marks.setdefault("first_phrase_committed", event.t_ns)
         elif isinstance(event, TtsFirstChunk):
-            turn.marks.setdefault("tts_first_chunk", event.t_ns)
-        elif isinstance(event, AudioOut) and turn.first_audio_ns is None:
-            self._speaking = True
-            turn.first_audio_ns = now_ns()
-            turn.marks["first_audio_out"] = turn.first_audio_ns
-            await self._emit(FirstAudioOut(session=self.id, turn=turn.turn, t_ns=turn.first_audio_ns))
-        await self._emit(event)
+            answer.marks.setdefault("tts_first_chunk", event.t_ns)
+        self._answer_event(answer, event)
 
-    async def _finish_turn(self, turn: _Turn, interrupted: bool) -> None:
-        if turn.ended:
+    def _answer_event(self, answer: _Answer, event: Event) -> None:
+        """Every event of an answer comes through here: dropped once cancelled, held until released."""
+        if answer.cancelled:
             return
-        turn.ended = True
-        if interrupted:
-            turn.ledger.played_total(self._played_estimate(turn))
-            spoken = turn.ledger.spoken_text()
+        if answer.held:
+            answer.held_events.append(event)
+            return
+        self._deliver(answer, event)
+
+    def _deliver(self, answer: _Answer, event: Event) -> None:
+        if isinstance(event, AudioOut) and answer.first_audio_ns is None:
+            self._speaking = True
+            answer.first_audio_ns = now_ns()
+            answer.marks["first_audio_out"] = answer.first_audio_ns
+            self._emit(FirstAudioOut(session=self.id, turn=answer.turn, t_ns=answer.first_audio_ns))
+            self.turn_taking.handle(AnswerAudio(answer.answer_id))  # no actions: it only moves to SPEAKING
+        self._emit(event)
+
+    def _end_turn(self, record: _TurnRecord, answer: _Answer | None, interrupted: bool,
+                  stats: dict[str, float]) -> None:
+        self._records.pop(record.turn, None)
+        if answer is None:
+            answer_text, spoken, marks = "", "", dict(record.marks)
         else:
-            spoken = turn.answer
+            marks = {**record.marks, **answer.marks}
+            answer_text = answer.answer
+            if interrupted:
+                answer.ledger.played_total(self._played_estimate(answer))
+                spoken = answer.ledger.spoken_text()
+            else:
+                spoken = answer.answer
+        self.dialogue.add_user(record.user_text)
         self.dialogue.add_assistant(spoken)
-        await self._emit(
+        self._emit(
             TurnEnd(
                 session=self.id,
-                turn=turn.turn,
-                user_text=turn.user_text,
-                answer=turn.answer,
+                turn=record.turn,
+                user_text=record.user_text,
+                answer=answer_text,
                 spoken=spoken,
                 interrupted=interrupted,
-                latency_ms=breakdown(turn.marks, turn.endpoint_detected_ns),
-                stats=dict(turn.stats),
+                latency_ms=breakdown(marks, record.endpoint_detected_ns),
+                stats=dict(stats),
             )
         )
 
-    def _playback_left(self, turn: _Turn) -> float:
+    def _playback_left(self, answer: _Answer) -> float:
         """Seconds until the audio handed out so far has played, assuming playback started with the first chunk."""
-        if turn.first_audio_ns is None or not turn.sample_rate:
+        if answer.first_audio_ns is None or not answer.sample_rate:
             return 0.0
-        played = self._played_estimate(turn)
-        return max(0.0, (turn.ledger.samples_out() - played) / turn.sample_rate)
+        played = self._played_estimate(answer)
+        return max(0.0, (answer.ledger.samples_out() - played) / answer.sample_rate)
 
-    def _played_estimate(self, turn: _Turn) -> int:
+    def _played_estimate(self, answer: _Answer) -> int:
         """Samples the listener heard: the output's own report, else real time since the first sample went out."""
-        if turn.reported_played is not None:
-            return turn.reported_played
-        if turn.first_audio_ns is None or not turn.sample_rate:
+        if answer.reported_played is not None:
+            return answer.reported_played
+        if answer.first_audio_ns is None or not answer.sample_rate:
             return 0
-        return int((now_ns() - turn.first_audio_ns) * turn.sample_rate / 1e9)
+        return int((now_ns() - answer.first_audio_ns) * answer.sample_rate / 1e9)
 
-    async def _emit_error(self, turn: _Turn, code: str, message: str) -> None:
-        await self._emit(ErrorEvent(session=self.id, turn=turn.turn, code=code, message=message))
+    def _emit_error(self, answer: _Answer, code: str, message: str) -> None:
+        self._answer_event(answer, ErrorEvent(session=self.id, turn=answer.turn, code=code, message=message))
 
-    def _current_turn(self) -> int:
-        turn = self._answering()
-        return turn.turn if turn is not None else self._turn_no
+    def _update_idle(self) -> None:
+        if self.turn_taking.state is State.LISTENING and self._answer is None:
+            self._idle.set()
+        else:
+            self._idle.clear()
 
-    def _answering(self) -> _Turn | None:
-        """The turn whose answer is in progress, if any."""
-        task = self._turn_task
-        return self._task_turn if task is not None and not task.done() else None
-
-    async def _emit(self, event: Event) -> None:
+    def _emit(self, event: Event) -> None:
         if not isinstance(event, AudioOut):
             self.log.append(event)
         if not self._closed:

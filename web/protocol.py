@@ -57,6 +57,15 @@ class Interrupt:
 
 
 @dataclass(frozen=True, slots=True)
+class Played:
+    """How many samples of `turn`'s speech the client's speaker has really played (so far, in total): what the
+    history keeps of an interrupted answer."""
+
+    turn: int
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
 class AudioFrame:
     """PCM16 LE mono samples at the rate of the last `hello` (16 kHz by default)."""
 
@@ -67,11 +76,12 @@ class AudioFrame:
         return len(self.pcm) // 2
 
 
-ClientMessage = Hello | TextTurn | Interrupt | AudioFrame
+ClientMessage = Hello | TextTurn | Interrupt | Played | AudioFrame
 
 _HELLO_FIELDS = frozenset({"type", "sample_rate", "protocol"})
 _TEXT_FIELDS = frozenset({"type", "text"})
 _INTERRUPT_FIELDS = frozenset({"type"})
+_PLAYED_FIELDS = frozenset({"type", "turn", "samples"})
 
 
 def parse_client_message(data: str | bytes, limits: ProtocolLimits) -> ClientMessage:
@@ -117,7 +127,7 @@ def _parse_json(text: str, limits: ProtocolLimits) -> ClientMessage:
         raise ProtocolError(f"a text message must be a JSON object, got {_json_kind(obj)}")
     kind = obj.get("type")
     if not isinstance(kind, str):
-        raise ProtocolError('a text message needs a string field "type" (hello, text or interrupt)')
+        raise ProtocolError('a text message needs a string field "type" (hello, text, interrupt or played)')
     if kind == "hello":
         return _parse_hello(obj)
     if kind == "text":
@@ -125,7 +135,17 @@ def _parse_json(text: str, limits: ProtocolLimits) -> ClientMessage:
     if kind == "interrupt":
         _reject_unknown_fields(obj, _INTERRUPT_FIELDS)
         return Interrupt()
-    raise ProtocolError(f"unknown message type {_short(repr(kind))}; expected hello, text or interrupt")
+    if kind == "played":
+        _reject_unknown_fields(obj, _PLAYED_FIELDS)
+        return Played(_count(obj, "turn"), _count(obj, "samples"))
+    raise ProtocolError(f"unknown message type {_short(repr(kind))}; expected hello, text, interrupt or played")
+
+
+def _count(obj: dict[str, Any], name: str) -> int:
+    value = obj.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError(f'"{name}" must be a non-negative integer, got {_short(repr(value))}')
+    return value
 
 
 def _parse_hello(obj: dict[str, Any]) -> Hello:

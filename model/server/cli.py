@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest prompt + max_tokens in tokens (the model's own context if that is smaller)")
     parser.add_argument("--graceful-timeout", type=float, default=10.0,
                         help="seconds running answers may finish after SIGTERM/SIGINT")
+    parser.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"), default=None,
+                        help="self-speculative | autoregressive | diffusion (default: the model's own)")
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     from model.loading import load_chat_model  # heavy (torch, transformers): only once the arguments are valid
 
     try:
-        model = load_chat_model(args.model)
+        model = load_chat_model(args.model, **({"decoding": args.decoding} if args.decoding else {}))
     except ModelError as error:
         sys.exit(f"dlm-serve: cannot load model: {error}")
     app = create_app(model, config)

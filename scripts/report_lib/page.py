@@ -84,6 +84,10 @@ def summary_table(runs: list[Mapping[str, Any]]) -> str:
             f"| speculation | {spec['hits']} hits, {spec['misses']} misses ({rate}), "
             f"{spec['saved_ms_total']:.0f} ms saved in all | | | |"
         )
+        eot = s.get("end_of_turn_speculation")
+        if eot is not None and eot["started"]:
+            lines.append(f"| end-of-turn speculation | {eot['started']} started, {eot['dropped']} dropped "
+                         f"({100 * eot['adoption_rate']:.0f} % adopted) | | | |")
         lines.append("")
     return "\n".join(lines)
 

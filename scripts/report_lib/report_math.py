@@ -33,6 +33,12 @@ STAT_FIELDS: tuple[str, ...] = (
     "early_lm",
     "prompt_tokens",
     "prompt_tokens_encoded",
+    "speculations",
+    "speculations_dropped",
+    # local mode only (the speaker callback's flags; see voice/io/local_mode.py); None for socket and in-process runs
+    "output_underflows",
+    "audible_underflows",
+    "input_overflows",
 )
 # The figures summarised over turns (percentiles); client_voice_to_voice exists only for WebSocket runs.
 SUMMARY_FIELDS: tuple[str, ...] = (
@@ -174,6 +180,14 @@ def summary(turns: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         "spoke": sum(1 for turn in turns if _field(turn, "voice_to_voice") is not None),
         "with_errors": sum(1 for turn in turns if turn.get("errors")),
         "early_lm_used": sum(1 for turn in turns if (_field(turn, "early_lm") or 0.0) > 0.0),
+    }
+    # Speculative end of turn: answers started at a pause; adopted unless the user went on speaking.
+    started = sum(_field(turn, "speculations") or 0.0 for turn in turns)
+    dropped = sum(_field(turn, "speculations_dropped") or 0.0 for turn in turns)
+    result["end_of_turn_speculation"] = {
+        "started": int(started),
+        "dropped": int(dropped),
+        "adoption_rate": (started - dropped) / started if started else None,
     }
     return result
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 TESTDATA_DIR = Path(os.environ.get("POCKETSPHINX_TESTDATA", "/usr/share/pocketsphinx/test/data"))
 LIBRIVOX_DIR = TESTDATA_DIR / "librivox"
+CARDS_DIR = TESTDATA_DIR / "cards"
 _LINE = re.compile(r"^<s>\s*(?P<text>.*?)\s*</s>\s*\((?P<id>[^)]+)\)\s*$")
 
 
@@ -25,12 +26,20 @@ class SpeechClip:
 
 def librivox_clips() -> list[SpeechClip]:
     """Every clip with its reference transcript, in file order; empty when the package is not installed."""
-    transcription = LIBRIVOX_DIR / "transcription"
+    return _clips(LIBRIVOX_DIR, LIBRIVOX_DIR / "transcription")
+
+
+def card_clips() -> list[SpeechClip]:
+    """Five short recorded commands ("ten of clubs") of the same package: the short turns an assistant hears."""
+    return _clips(CARDS_DIR, CARDS_DIR / "cards.transcription")
+
+
+def _clips(folder: Path, transcription: Path) -> list[SpeechClip]:
     if not transcription.is_file():
         return []
     clips = []
     for line in transcription.read_text(encoding="utf-8").splitlines():
         match = _LINE.match(line.strip())
-        if match and (LIBRIVOX_DIR / f"{match['id']}.wav").is_file():
-            clips.append(SpeechClip(match["id"], LIBRIVOX_DIR / f"{match['id']}.wav", match["text"]))
+        if match and (folder / f"{match['id']}.wav").is_file():
+            clips.append(SpeechClip(match["id"], folder / f"{match['id']}.wav", match["text"]))
     return clips

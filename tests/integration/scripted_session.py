@@ -28,6 +28,7 @@ class ScriptedSession:
         self.gate = asyncio.Event()  # feed_audio waits on it: a session busy decoding
         self.gate.set()
         self.fed = 0
+        self.played: list[tuple[int | None, int]] = []  # (turn, samples) reports from the client
         self._out: asyncio.Queue[ev.Event | None] = asyncio.Queue()
 
     async def start(self) -> None:
@@ -61,6 +62,9 @@ class ScriptedSession:
 
     async def end_of_audio(self) -> None:
         pass
+
+    def report_played(self, samples: int, turn: int | None = None) -> None:
+        self.played.append((turn, samples))
 
     async def events(self) -> AsyncIterator[ev.Event]:
         while (event := await self._out.get()) is not None:

@@ -24,3 +24,61 @@ def test_no_cut_inside_a_word_whisper_split_in_pieces() -> None:
 
 def test_the_committed_end_is_a_cut_when_nothing_tentative_follows() -> None:
     assert whole_word_boundaries(words((" yes", 0.0, 0.3)), []) == [0.3]
+
+
+class _Segment:
+    def __init__(self, words: list[Word]) -> None:
+        self.words = [_W(w.text, w.start, w.end) for w in words]
+        self.end = words[-1].end if words else 0.0
+
+
+class _W:
+    def __init__(self, word: str, start: float, end: float) -> None:
+        self.word, self.start, self.end = word, start, end
+
+
+class ScriptedWhisper:
+    """Answers each decode with `hypothesis(buffer_seconds, decode_number)`; word times are buffer-relative."""
+
+    def __init__(self, hypothesis) -> None:
+        self.hypothesis = hypothesis
+        self.decodes = 0
+        self.longest_s = 0.0
+
+    def transcribe(self, audio, **_options):
+        self.decodes += 1
+        seconds = audio.size / 16000
+        self.longest_s = max(self.longest_s, seconds)
+        return [_Segment(self.hypothesis(seconds, self.decodes))], None
+
+
+def test_the_whisper_buffer_never_passes_30_s_when_nothing_is_ever_committed() -> None:
+    import numpy as np
+
+    from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig
+
+    def never_agrees(seconds: float, n: int) -> list[Word]:  # a different word every decode: nothing commits
+        return [Word(f" noise{n}x{i}", i * 0.5, i * 0.5 + 0.4) for i in range(int(seconds * 2))]
+
+    model = ScriptedWhisper(never_agrees)
+    transcriber = StreamingTranscriber(model, TranscriberConfig())
+    for _ in range(90):  # 45 s of audio, in half-second steps
+        transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
+        transcriber.process(force=True)
+        assert transcriber.buffer_s <= 25.0
+    assert model.longest_s < 30.0
+
+
+def test_finish_never_doubles_a_first_word_committed_in_an_untrimmed_buffer() -> None:
+    import numpy as np
+
+    from voice.listen.transcriber import StreamingTranscriber
+
+    def steady(seconds: float, n: int) -> list[Word]:
+        return [Word(" Hi", 0.0, 0.04), Word(" there", 0.3, 0.6)]
+
+    transcriber = StreamingTranscriber(ScriptedWhisper(steady))
+    for _ in range(3):
+        transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
+        transcriber.process(force=True)
+    assert transcriber.finish().text == "Hi there"

@@ -63,3 +63,20 @@ def test_flush_commits_the_rest():
     assert join_words(rest) == "to you"
     assert join_words(agreement.committed) == "good morning to you"
     assert agreement.tentative == []
+
+
+def test_a_repeated_two_to_five_gram_at_the_boundary_is_the_same_words_heard_again() -> None:
+    from voice.listen.local_agreement import LocalAgreement, Word
+
+    agreement = LocalAgreement()
+    agreement.committed = [Word(" the", 0.0, 0.2), Word(" conference", 0.2, 0.8), Word(" pin", 0.8, 1.0)]
+    hypothesis = [Word(" conference", 0.85, 1.2), Word(" pin", 1.2, 1.4), Word(" number", 1.4, 1.8)]
+    assert [w.text for w in agreement.fresh_words(hypothesis)] == [" number"]
+
+
+def test_a_word_said_twice_long_after_the_boundary_is_kept() -> None:
+    from voice.listen.local_agreement import LocalAgreement, Word
+
+    agreement = LocalAgreement()
+    agreement.committed = [Word(" yes", 0.0, 0.3)]
+    assert [w.text for w in agreement.fresh_words([Word(" yes", 2.0, 2.3)])] == [" yes"]

@@ -244,3 +244,15 @@ def test_bucket_refill_is_capped_at_the_burst_and_ignores_a_clock_going_backward
 def test_rate_limit_rejects_nonsense_settings() -> None:
     with pytest.raises(ValueError, match="positive"):
         RateLimit(rate=0.0, burst=1.0, close_after=1.0)
+
+
+def test_played_reports_parse_and_bad_ones_are_protocol_errors() -> None:
+    from web.protocol import Played
+
+    limits = p.ProtocolLimits()
+    assert p.parse_client_message('{"type": "played", "turn": 3, "samples": 44100}', limits) == Played(3, 44100)
+    for bad in ('{"type": "played", "turn": 3}', '{"type": "played", "turn": -1, "samples": 5}',
+                '{"type": "played", "turn": 3, "samples": true}', '{"type": "played", "turn": 3, "samples": 1.5}',
+                '{"type": "played", "turn": 3, "samples": 5, "extra": 1}'):
+        with pytest.raises(ProtocolError):
+            p.parse_client_message(bad, limits)

@@ -1,7 +1,8 @@
 """File mode: each WAV file is one user turn through the same `Session` a microphone would drive.
 
 Audio is streamed in 20 ms chunks (paced in real time with `realtime=True`, so the streaming ASR, the endpointer and
-the early LM start behave as they would live), followed by trailing silence so the endpointer closes the turn. The
+the speculative end of turn behave as they would live), followed by trailing silence so the endpointer closes the
+turn. The
 assistant's audio of every turn is collected into one WAV; each turn's transcript, answer and latency breakdown are
 returned (and written as JSON by the CLI).
 """
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from voice.engines import Engines
-from voice.events import AudioOut, ErrorEvent, Event, SpeechStart, Transcript, TurnEnd
+from voice.events import AudioOut, ErrorEvent, Event, TurnEnd, now_ns
 from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.session import Session, SessionConfig
 
@@ -62,24 +63,27 @@ async def run_files(
     realtime: bool = False,
     session: Session | None = None,
 ) -> FileRunResult:
-    """Run each file as one spoken user turn, in order, in one conversation."""
+    """Run each file as one spoken user turn, in order, in one conversation.
+
+    A file is one turn whatever pauses it holds: the session's end of turn is explicit (`user_done` once the file's
+    audio is in), so a pause inside a file only drops a speculative answer and the next segment continues the turn.
+    The next file starts once this one's turn has ended, answer and all.
+    """
     own_session = session is None
-    session = session or Session(engines, replace(config or SessionConfig(), wait_for_playback=False))
+    if session is None:
+        base = config or SessionConfig()
+        session = Session(engines, replace(base, wait_for_playback=False,
+                                           turn_taking=replace(base.turn_taking, explicit_end=True)))
     await session.start()
     audio: list[bytes] = []
     events: list[Event] = []
-    ended: asyncio.Queue[TurnEnd | None] = asyncio.Queue()  # None: the utterance had no words, so no turn
 
     async def collect() -> None:
         async for event in session.events():
             if isinstance(event, AudioOut):
                 audio.append(event.pcm)
-                continue
-            events.append(event)
-            if isinstance(event, TurnEnd):
-                ended.put_nowait(event)
-            elif isinstance(event, Transcript) and event.final and not event.text.strip():
-                ended.put_nowait(None)
+            else:
+                events.append(event)
 
     collector = asyncio.create_task(collect(), name=f"file-mode-collect-{session.id}")
     turns: list[FileTurn] = []
@@ -89,18 +93,20 @@ async def run_files(
             turns.append(turn)
             samples = load_audio_16k(path)  # AudioFormatError for anything that is not audio
             silence = np.zeros(int(TRAILING_SILENCE_S * TARGET_RATE), dtype=np.float32)
-            first_event = len(events)
-            pcm = float32_to_pcm16(np.concatenate([samples, silence]))
-            await stream_pcm16(lambda frame: session.feed_audio(frame, TARGET_RATE), pcm, realtime=realtime)
+            began = now_ns()
+            feed = lambda frame: session.feed_audio(frame, TARGET_RATE)  # noqa: E731
+            await stream_pcm16(feed, float32_to_pcm16(samples), realtime=realtime)
+            await session.user_done()  # the file's speech is all in: its last pause ends the turn
+            await stream_pcm16(feed, float32_to_pcm16(silence), realtime=realtime)
             await session.end_of_audio()
-            heard_speech = any(isinstance(e, SpeechStart) for e in events[first_event:])
-            # a spoken turn always ends with TurnEnd (answer, error or timeout); silence or noise never starts one
-            wait = session.config.max_turn_seconds + 30.0 if heard_speech else 1.0
-            end = await _next_turn_end(ended, wait)
+            async with asyncio.timeout(session.config.max_turn_seconds + 30.0):
+                await session.wait_idle()
+            mine = [e for e in session.log if e.t_ns >= began and isinstance(e, TurnEnd | ErrorEvent)]
+            end = next((e for e in mine if isinstance(e, TurnEnd)), None)
             if end is not None:
                 turn.transcript, turn.answer, turn.spoken = end.user_text, end.answer, end.spoken
                 turn.latency_ms, turn.stats = dict(end.latency_ms), dict(end.stats)
-            turn.errors = [f"{e.code}: {e.message}" for e in events[first_event:] if isinstance(e, ErrorEvent)]
+            turn.errors = [f"{e.code}: {e.message}" for e in mine if isinstance(e, ErrorEvent)]
     finally:
         if own_session:
             await session.close()
@@ -108,15 +114,6 @@ async def run_files(
         else:
             collector.cancel()
     return FileRunResult(turns, audio, engines.tts.sample_rate, events)
-
-
-async def _next_turn_end(ended: asyncio.Queue[TurnEnd | None], wait_s: float) -> TurnEnd | None:
-    """The TurnEnd of the file just streamed, or None when it produced no turn (silence, or only noise)."""
-    try:
-        async with asyncio.timeout(wait_s):
-            return await ended.get()
-    except TimeoutError:
-        return None
 
 
 def write_wav(path: Path, chunks: list[bytes], sample_rate: int) -> None:

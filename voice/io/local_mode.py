@@ -4,16 +4,32 @@ The PortAudio callbacks run in audio threads: the microphone callback only copie
 the speaker callback only copies queued PCM out and counts what it played, so nothing slow ever runs in an audio
 thread. With open speakers (the default) the microphone is muted while the assistant's audio is still playing, so the
 assistant cannot interrupt itself; with `--headset` it listens all the time and you can barge in.
+
+No underruns: the speaker stream keeps `OUTPUT_LATENCY_S` of audio queued in the device ahead of playback, so a
+callback that runs late (the GIL, busy cores) still finds the device fed, and the audio threads ask for real-time
+scheduling where they may. The size is measured, not guessed (scripts/bench_local_mode.py, 10 turns per run, PulseAudio
+over ALSA, the 2-core development machine shared at load 6-9): PortAudio's default "high" latency (35 ms) underran 361
+times (38 while the answer played), 100 ms 1 and 4 times in two runs, 150 ms 0, 1 and 0 times in three. Stalls of
+200-400 ms still happen when the machine is overloaded (200 ms underran 4 times at load 9), and most underruns fall in
+silence, while the ASR and LM work: each turn's `TurnEnd.stats` carries the underflow flags (all, and those while the
+answer was playing), the microphone's overflows and the longest gap between speaker callbacks, so a machine that needs
+more shows it. ALSA's own error messages ("underrun occurred") go to the log at debug level instead of the console.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
 import sys
 import threading
+import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from voice.engines import Engines
@@ -22,8 +38,12 @@ from voice.events import AnswerDone, AudioOut, AudioStart, Clear, ErrorEvent, Tr
 from voice.io.audio import TARGET_RATE
 from voice.session import Session, SessionConfig
 
+log = logging.getLogger(__name__)
+
 BLOCK_MS = 20
+OUTPUT_LATENCY_S = 0.15  # audio queued in the device ahead of playback (see the module docstring for the measurement)
 ECHO_TAIL_S = 0.3  # keep the microphone muted this long after the speaker went quiet (room echo)
+COMMON_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000, 88200, 96000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +51,48 @@ class LocalAudioConfig:
     input_device: int | str | None = None
     output_device: int | str | None = None
     headset: bool = False  # full duplex: barge-in works, but open speakers would make the assistant hear itself
+    output_latency_s: float = OUTPUT_LATENCY_S
+
+    def __post_init__(self) -> None:
+        if not 0.005 <= self.output_latency_s <= 2.0:
+            raise ValueError(f"the output latency must be 5-2000 ms, got {self.output_latency_s * 1000:g} ms")
+
+
+# --- ALSA's console messages ----------------------------------------------------------------------------------------
+# ALSA prints its errors (e.g. "ALSA lib pcm.c:8570:(snd_pcm_recover) underrun occurred") straight to stderr. A handler
+# installed before PortAudio starts sends them to the log instead; the underruns themselves are counted from
+# PortAudio's callback flags. ctypes cannot declare a variadic callback, but the fixed leading arguments are passed
+# the same way, so a handler that ignores the format arguments is safe.
+_ALSA_HANDLER_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
+                                      ctypes.c_char_p)  # fmt: skip
+alsa_messages = 0
+
+
+def _on_alsa_error(file: bytes | None, line: int, function: bytes | None, err: int, fmt: bytes | None) -> None:
+    global alsa_messages
+    alsa_messages += 1
+    log.debug("ALSA %s:%d (%s) %s", (file or b"").decode(errors="replace"), line,
+              (function or b"").decode(errors="replace"), (fmt or b"").decode(errors="replace"))  # fmt: skip
+
+
+_alsa_handler = _ALSA_HANDLER_TYPE(_on_alsa_error)  # kept alive for the life of the process
+
+
+def quiet_alsa() -> bool:
+    """Route ALSA's error messages to the log; False where there is no ALSA (macOS, Windows)."""
+    name = ctypes.util.find_library("asound")
+    if name is None:
+        return False
+    try:
+        alsa = ctypes.CDLL(name)
+    except OSError:
+        return False
+    alsa.snd_lib_error_set_handler(_alsa_handler)
+    return True
 
 
 def sounddevice_module() -> Any:
+    quiet_alsa()  # before `import sounddevice`: initialising PortAudio already probes ALSA devices
     try:
         import sounddevice
     except OSError as err:  # the Python package imports PortAudio, a system library
@@ -41,24 +100,160 @@ def sounddevice_module() -> Any:
     return sounddevice
 
 
+# --- devices --------------------------------------------------------------------------------------------------------
+def _devices(sd: Any) -> list[dict[str, Any]]:
+    return [dict(device, index=index) for index, device in enumerate(sd.query_devices())]
+
+
 def list_devices() -> str:
+    """Every device PortAudio sees: index, name, host API, channels, default rate; `>`/`<` mark the defaults."""
     sd = sounddevice_module()
-    devices = sd.query_devices()
-    return str(devices) if len(devices) else "no audio devices found"
+    devices = _devices(sd)
+    if not devices:
+        return "no audio devices found"
+    apis = [api["name"] for api in sd.query_hostapis()]
+    default_in, default_out = (sd.default.device[0], sd.default.device[1])
+    lines = []
+    for device in devices:
+        marks = (">" if device["index"] == default_in else " ") + ("<" if device["index"] == default_out else " ")
+        lines.append(
+            f"{marks} {device['index']:3d} {device['name']} ({apis[device['hostapi']]}): "
+            f"{device['max_input_channels']} in, {device['max_output_channels']} out, "
+            f"{device['default_samplerate']:.0f} Hz"
+        )
+    lines.append("> default microphone, < default speaker; choose with --input-device/--output-device NAME or INDEX")
+    return "\n".join(lines)
 
 
-def check_devices(sd: Any, config: LocalAudioConfig) -> None:
+def resolve_device(sd: Any, spec: int | str | None, kind: str) -> int | None:
+    """The index of the device `spec` names (an index, an exact name, or a unique part of a name), or None for the
+    default. Raises `NoAudioDevice` with the devices of that kind when nothing or more than one device matches."""
+    if spec is None:
+        return None
+    channels = "max_input_channels" if kind == "input" else "max_output_channels"
+    usable = [device for device in _devices(sd) if device[channels] > 0]
+    choices = ", ".join(f"{device['index']} {device['name']!r}" for device in usable) or "none"
+    if isinstance(spec, int):
+        if any(device["index"] == spec for device in usable):
+            return spec
+        raise NoAudioDevice(f"no {kind} device with index {spec}; {kind} devices here: {choices}")
+    exact = [device for device in usable if device["name"].lower() == spec.lower()]
+    partial = [device for device in usable if spec.lower() in device["name"].lower()]
+    matches = exact or partial
+    if len(matches) == 1:
+        return int(matches[0]["index"])
+    if not matches:
+        raise NoAudioDevice(f"no {kind} device named {spec!r}; {kind} devices here: {choices}")
+    names = ", ".join(f"{device['index']} {device['name']!r}" for device in matches)
+    raise NoAudioDevice(f"{spec!r} names several {kind} devices ({names}); use the index or the whole name")
+
+
+def supported_rates(sd: Any, device: int | None, kind: str) -> list[int]:
+    """The common sample rates the device opens at (mono PCM16)."""
+    check = sd.check_input_settings if kind == "input" else sd.check_output_settings
+    rates = []
+    for rate in COMMON_RATES:
+        try:
+            check(device=device, channels=1, dtype="int16", samplerate=rate)
+        except (sd.PortAudioError, ValueError):
+            continue
+        rates.append(rate)
+    return rates
+
+
+def _check_rate(sd: Any, device: int | None, kind: str, rate: int) -> None:
+    check = sd.check_input_settings if kind == "input" else sd.check_output_settings
     try:
-        sd.check_input_settings(device=config.input_device, channels=1, dtype="int16", samplerate=TARGET_RATE)
+        check(device=device, channels=1, dtype="int16", samplerate=rate)
     except (sd.PortAudioError, ValueError) as err:
+        offered = supported_rates(sd, device, kind)
+        name = "the default device" if device is None else f"device {device} {sd.query_devices(device)['name']!r}"
+        what = "microphone" if kind == "input" else "speaker"
+        offers = f"it opens at {', '.join(f'{r} Hz' for r in offered)}" if offered else "it opens at none of the "
+        offers += "" if offered else f"common rates ({err})"
         raise NoAudioDevice(
-            f"no usable microphone ({err}). Run `voice-assistant --list-devices`, pick one with --input-device, or use "
-            "`voice-assistant serve` and talk in a browser, or `voice-assistant file IN.wav --out OUT.wav`."
+            f"{name} cannot be the {what} at {rate} Hz mono ({offers}). Run `voice-assistant --list-devices` and pick "
+            f"another with --{kind}-device, or use `voice-assistant serve` and talk in a browser."
         ) from err
-    try:
-        sd.check_output_settings(device=config.output_device, channels=1, dtype="int16")
-    except (sd.PortAudioError, ValueError) as err:
-        raise NoAudioDevice(f"no usable speaker ({err}); pick one with --output-device (see --list-devices)") from err
+
+
+@dataclass(frozen=True, slots=True)
+class OpenDevices:
+    input: int | None
+    output: int | None
+
+
+def check_devices(sd: Any, config: LocalAudioConfig, output_rate: int | None = None) -> OpenDevices:
+    """Resolve the configured devices and check they open at the rates local mode needs (16 kHz in, the voice's rate
+    out); raises `NoAudioDevice` with a message that says what to do."""
+    if not _devices(sd):
+        raise NoAudioDevice(
+            "no audio devices found. Use `voice-assistant serve` and talk in a browser, or "
+            "`voice-assistant file IN.wav --out OUT.wav`."
+        )
+    devices = OpenDevices(resolve_device(sd, config.input_device, "input"),
+                          resolve_device(sd, config.output_device, "output"))  # fmt: skip
+    _check_rate(sd, devices.input, "input", TARGET_RATE)
+    if output_rate is not None:
+        _check_rate(sd, devices.output, "output", output_rate)
+    return devices
+
+
+# --- the audio threads' side ------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class StreamCounters:
+    """What the PortAudio callbacks saw. Written only by the audio threads, read by the event loop."""
+
+    output_underflows: int = 0
+    audible_underflows: int = 0  # while the answer's audio was in the device: a gap or click the listener hears
+    input_overflows: int = 0
+    input_underflows: int = 0
+    output_callbacks: int = 0
+    input_callbacks: int = 0
+    last_output_at: float = 0.0
+    max_output_gap: float = 0.0
+    _reported: dict[str, float] = field(default_factory=dict)
+
+    def on_output(self, status: Any, now: float, sounding: bool) -> None:
+        if not self.output_callbacks:
+            boost_audio_thread()
+        self.output_callbacks += 1
+        if status.output_underflow:
+            self.output_underflows += 1
+            self.audible_underflows += sounding
+        if self.last_output_at:
+            self.max_output_gap = max(self.max_output_gap, now - self.last_output_at)
+        self.last_output_at = now
+
+    def on_input(self, status: Any) -> None:
+        if not self.input_callbacks:
+            boost_audio_thread()
+        self.input_callbacks += 1
+        if status.input_overflow:
+            self.input_overflows += 1
+        if status.input_underflow:
+            self.input_underflows += 1
+
+    def since_last_report(self) -> dict[str, float]:
+        """The counts since the previous call (one turn's worth), plus the longest callback gap in ms."""
+        now = {
+            "output_underflows": float(self.output_underflows),
+            "audible_underflows": float(self.audible_underflows),
+            "input_overflows": float(self.input_overflows),
+            "input_underflows": float(self.input_underflows),
+        }
+        delta = {name: value - self._reported.get(name, 0.0) for name, value in now.items()}
+        self._reported = now
+        delta["output_callback_gap_ms"] = self.max_output_gap * 1000
+        self.max_output_gap = 0.0
+        return delta
+
+
+def boost_audio_thread() -> None:
+    """Ask for real-time scheduling of the calling audio thread (allowed for root or with an rtprio limit, as audio
+    groups set up); elsewhere it keeps its normal priority. On a loaded machine this keeps callbacks on time."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))  # 0: this thread (Linux schedules threads)
 
 
 class SpeakerBuffer:
@@ -67,7 +262,7 @@ class SpeakerBuffer:
     def __init__(self) -> None:
         self._chunks: deque[memoryview] = deque()
         self._lock = threading.Lock()
-        self.played = 0  # samples of the current answer that reached the speaker
+        self.played = 0  # samples of the current answer handed to the device
         self.last_audio_at = 0.0
 
     def push(self, pcm: bytes) -> None:
@@ -81,6 +276,11 @@ class SpeakerBuffer:
     def new_answer(self) -> None:
         with self._lock:
             self.played = 0
+
+    def sounding(self, now: float, device_latency_s: float) -> bool:
+        """Answer audio is queued here or still playing out of the device."""
+        with self._lock:
+            return bool(self._chunks) or now - self.last_audio_at < device_latency_s
 
     def busy(self, now: float) -> bool:
         with self._lock:
@@ -105,35 +305,51 @@ class SpeakerBuffer:
         out[filled:] = bytes(len(out) - filled)
 
 
+def heard_samples(handed_to_device: int, device_latency_s: float, sample_rate: int) -> int:
+    """Samples the listener has heard: what went into the device minus what is still queued there."""
+    return max(0, handed_to_device - int(device_latency_s * sample_rate))
+
+
+# --- the conversation -----------------------------------------------------------------------------------------------
 async def run_local(engines: Engines, session_config: SessionConfig, audio: LocalAudioConfig) -> None:
-    """Run a conversation on the local microphone and speakers until Ctrl+C."""
+    """Run a conversation on the local microphone and speakers until Ctrl+C or SIGTERM."""
     sd = sounddevice_module()
-    check_devices(sd, audio)
-    loop = asyncio.get_running_loop()
     session = Session(engines, session_config)
+    devices = check_devices(sd, audio, session.output_sample_rate)
+    loop = asyncio.get_running_loop()
     await session.start()
     mic: asyncio.Queue[bytes] = asyncio.Queue(maxsize=200)
     speaker = SpeakerBuffer()
+    counters = StreamCounters()
 
     def on_mic(indata: Any, frames: int, time_info: Any, status: Any) -> None:
+        counters.on_input(status)
         loop.call_soon_threadsafe(_offer, mic, bytes(indata))
 
     def on_speaker(outdata: Any, frames: int, time_info: Any, status: Any) -> None:
-        speaker.fill(memoryview(outdata).cast("B"), time_info.currentTime if time_info else 0.0)
+        now = time.monotonic()
+        counters.on_output(status, now, speaker.sounding(now, device_latency_s))
+        speaker.fill(memoryview(outdata).cast("B"), now)
 
     block = TARGET_RATE * BLOCK_MS // 1000
     input_stream = sd.RawInputStream(
-        samplerate=TARGET_RATE, blocksize=block, channels=1, dtype="int16", device=audio.input_device, callback=on_mic
+        samplerate=TARGET_RATE, blocksize=block, channels=1, dtype="int16", device=devices.input, callback=on_mic
     )
     output_stream = sd.RawOutputStream(
-        samplerate=session.output_sample_rate, channels=1, dtype="int16", device=audio.output_device,
-        callback=on_speaker,
-    )
+        samplerate=session.output_sample_rate, channels=1, dtype="int16", device=devices.output,
+        callback=on_speaker, latency=audio.output_latency_s, prime_output_buffers_using_stream_callback=True,
+    )  # fmt: skip
+    device_latency_s = float(output_stream.latency)
+    log.info("speaker latency %.0f ms, microphone latency %.0f ms", device_latency_s * 1000,
+             float(input_stream.latency) * 1000)  # fmt: skip
+
+    def heard() -> int:
+        return heard_samples(speaker.played, device_latency_s, session.output_sample_rate)
 
     async def pump_mic() -> None:
         while True:
             pcm = await mic.get()
-            if not audio.headset and speaker.busy(output_stream.time):
+            if not audio.headset and speaker.busy(time.monotonic() - device_latency_s):
                 continue  # the assistant is talking through open speakers
             try:
                 await session.feed_audio(pcm, TARGET_RATE)
@@ -144,30 +360,64 @@ async def run_local(engines: Engines, session_config: SessionConfig, audio: Loca
         async for event in session.events():
             if isinstance(event, AudioOut):
                 speaker.push(event.pcm)
-                session.report_played(speaker.played)
+                session.report_played(heard())
             elif isinstance(event, AudioStart):
                 speaker.new_answer()
             elif isinstance(event, Clear):
-                session.report_played(speaker.played)
+                session.report_played(heard())
                 speaker.clear()
-                print("  [interrupted]")
+                print("  [interrupted]", flush=True)
             elif isinstance(event, Transcript) and event.final and event.text:
-                print(f"you: {event.text}")
+                print(f"you: {event.text}", flush=True)
             elif isinstance(event, AnswerDone):
-                print(f"assistant: {event.text}")
-            elif isinstance(event, TurnEnd) and "voice_to_voice" in event.latency_ms:
-                print(f"  [voice-to-voice {event.latency_ms['voice_to_voice']:.0f} ms]")
+                print(f"assistant: {event.text}", flush=True)
+            elif isinstance(event, TurnEnd):
+                show_turn_end(with_output_stats(event, counters, device_latency_s))
             elif isinstance(event, ErrorEvent):
-                print(f"  [error {event.code}: {event.message}]", file=sys.stderr)
+                print(f"  [error {event.code}: {event.message}]", file=sys.stderr, flush=True)
 
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     print("listening... speak, or press Ctrl+C to quit", flush=True)
-    with input_stream, output_stream:
-        try:
+    try:
+        with input_stream, output_stream:
             async with asyncio.TaskGroup() as group:
-                group.create_task(pump_mic(), name=f"local-mic-{session.id}")
-                group.create_task(show_events(), name=f"local-events-{session.id}")
-        finally:
-            await session.close()
+                tasks = [group.create_task(pump_mic(), name=f"local-mic-{session.id}"),
+                         group.create_task(show_events(), name=f"local-events-{session.id}")]  # fmt: skip
+                await stop.wait()
+                for task in tasks:
+                    task.cancel()
+            # leaving `with` stops and closes both streams: the devices are free before the models are torn down
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        await session.close()
+    if alsa_messages:
+        log.info("ALSA reported %d messages (run with -v to see them in the log)", alsa_messages)
+
+
+def with_output_stats(event: TurnEnd, counters: StreamCounters, device_latency_s: float) -> TurnEnd:
+    """The turn's TurnEnd with what the audio callbacks counted since the previous turn ended."""
+    stats = {**event.stats, **counters.since_last_report(), "output_latency_ms": device_latency_s * 1000}
+    return replace(event, stats=stats)
+
+
+def show_turn_end(event: TurnEnd) -> None:
+    parts = []
+    if "voice_to_voice" in event.latency_ms:
+        parts.append(f"voice-to-voice {event.latency_ms['voice_to_voice']:.0f} ms")
+    underruns = f"underruns {event.stats.get('output_underflows', 0):.0f}"
+    if event.stats.get("output_underflows"):
+        gap, latency = event.stats.get("output_callback_gap_ms", 0.0), event.stats.get("output_latency_ms", 0.0)
+        underruns += (f" ({event.stats.get('audible_underflows', 0):.0f} while speaking; longest speaker callback gap "
+                      f"{gap:.0f} ms, output latency {latency:.0f} ms)")  # fmt: skip
+    parts.append(underruns)
+    if event.stats.get("input_overflows"):
+        parts.append(f"microphone overflows {event.stats['input_overflows']:.0f}")
+    if event.interrupted:
+        parts.append(f"heard: {event.spoken!r}")
+    print(f"  [{', '.join(parts)}]", flush=True)
 
 
 def _offer(queue: asyncio.Queue[bytes], pcm: bytes) -> None:

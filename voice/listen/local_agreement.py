@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from voice.listen.words import normalize_words
 
+MAX_REPEATED_NGRAM = 5
+REPEAT_WINDOW_S = 1.0  # a repeat counts only if it starts this close to the committed end
+
 
 @dataclass(frozen=True, slots=True)
 class Word:
@@ -67,9 +70,12 @@ class LocalAgreement:
             return list(hypothesis)
         boundary = self.committed_end - self.overlap_tolerance_s
         fresh = [word for word in hypothesis if (word.start + word.end) / 2 > boundary]
-        # A repeated last committed word right at the boundary is the same word seen again, not a new one.
-        if fresh and fresh[0].key == self.committed[-1].key and fresh[0].start < self.committed_end:
-            fresh = fresh[1:]
+        # The last committed words heard again right at the boundary (timestamps jitter, a trimmed buffer re-hears
+        # its start) are the same words, not new ones: drop the longest such 1- to 5-gram, as whisper_streaming does.
+        if fresh and abs(fresh[0].start - self.committed_end) < REPEAT_WINDOW_S:
+            for n in range(min(MAX_REPEATED_NGRAM, len(self.committed), len(fresh)), 0, -1):
+                if [w.key for w in self.committed[-n:]] == [w.key for w in fresh[:n]]:
+                    return fresh[n:]
         return fresh
 
     def update(self, hypothesis: Sequence[Word]) -> list[Word]:

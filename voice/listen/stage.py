@@ -37,6 +37,9 @@ class ListenConfig:
     transcriber: TranscriberConfig = field(default_factory=TranscriberConfig)
     model: str | None = None
     cpu_threads: int = 0
+    # Audio Whisper hears before the first voiced window: Silero opens speech late on soft onsets (a plosive's
+    # closure, a breathy "w"), so the endpointer's 160 ms padding can clip a turn's first sound.
+    lead_in_ms: int = 300
 
 
 class ListenStage:
@@ -62,7 +65,8 @@ class ListenStage:
         self._resampler: StreamResampler | None = None
         ep = self.config.endpointer
         # Audio kept while idle: a speech_start reaches back min_speech + padding (+ one window of slack).
-        self._keep = ep.samples(ep.min_speech_ms + ep.speech_pad_ms) + 2 * ep.frame_samples
+        self._lead_in = ep.samples(max(ep.speech_pad_ms, self.config.lead_in_ms))
+        self._keep = ep.samples(ep.min_speech_ms) + self._lead_in + 2 * ep.frame_samples
         self._history = np.zeros(0, dtype=np.float32)
         self._history_start = 0  # stream sample index of _history[0]
         self._received = 0  # 16 kHz samples received this stream
@@ -75,6 +79,8 @@ class ListenStage:
         self._decode_task: asyncio.Task[None] | None = None
         self._decode_error: VoiceError | None = None
         self._last_partial_text = ""  # partials are emitted only when their text changes (never empty ones)
+        self._segment_audio: list[np.ndarray] = []  # the padded audio of the current segment, as fed to Whisper
+        self.last_segment_audio = np.zeros(0, dtype=np.float32)  # ... of the segment that ended last (turn detector)
 
     # --- input ---------------------------------------------------------------------------------------------------
     async def accept(self, pcm: bytes, sample_rate: int = TARGET_RATE, arrival_ns: int | None = None) -> None:
@@ -88,11 +94,21 @@ class ListenStage:
         await self._accept_16k(self._resampler.push(samples), arrival)
 
     @property
-    def in_trailing_silence(self) -> bool:
-        """Speech has paused and the endpointer is waiting out its minimum silence: a decode now is the likely final
-        (the session may start the language model on it before the end of turn is decided)."""
-        ep = self._endpointer
-        return self._in_turn and self._received - ep.last_voiced_end >= ep.config.frame_samples
+    def speech_start_ms(self) -> float:
+        """The current (or last) segment's first voiced sample, in ms of audio since the stream began."""
+        return self._endpointer.speech_start * 1000 / TARGET_RATE
+
+    @property
+    def speech_end_ms(self) -> float:
+        """One past the current (or last) segment's last voiced sample, in ms of audio since the stream began."""
+        return self._endpointer.last_voiced_end * 1000 / TARGET_RATE
+
+    @property
+    def silence_ms(self) -> float:
+        """Milliseconds of audio since the last voiced sample, on the stream's own clock (0 while speech goes on)."""
+        if self._endpointer.speaking:
+            return 0.0
+        return max(0, self._received - self._endpointer.last_voiced_end) * 1000 / TARGET_RATE
 
     async def flush(self) -> None:
         """End of stream: close a turn still open (no trailing silence needed) and wait for its final transcript."""
@@ -148,8 +164,9 @@ class ListenStage:
     async def _start_turn(self, decision: EndpointDecision) -> None:
         self._in_turn = True
         self._transcriber.reset()
-        self._fed_to = self._decoded_from = max(decision.audio_from, self._history_start)
+        self._fed_to = self._decoded_from = max(decision.sample - self._lead_in, self._history_start)
         self._pending = []
+        self._segment_audio = []
         self._last_partial_text = ""
         await self._emit(SpeechStart(session=self.session, turn=self.turn, t_ns=self._arrival_of(decision.sample)))
 
@@ -159,6 +176,8 @@ class ListenStage:
         detected = now_ns()
         self._feed(decision.audio_to)
         self._in_turn = False
+        segment, self._segment_audio = self._segment_audio, []
+        self.last_segment_audio = np.concatenate(segment) if segment else np.zeros(0, dtype=np.float32)
         last_voiced = self._arrival_of(max(decision.sample - 1, 0))
         await self._emit(SpeechEnd(session=self.session, turn=self.turn, t_ns=last_voiced, detected_ns=detected))
         try:
@@ -185,7 +204,9 @@ class ListenStage:
     def _feed(self, target: int) -> None:
         start = max(self._fed_to, self._history_start)
         if target > start:
-            self._pending.append(self._history[start - self._history_start:target - self._history_start].copy())
+            chunk = self._history[start - self._history_start:target - self._history_start].copy()
+            self._pending.append(chunk)
+            self._segment_audio.append(chunk)
             self._fed_to = target
 
     def _maybe_decode(self) -> None:

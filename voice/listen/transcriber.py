@@ -193,8 +193,10 @@ class StreamingTranscriber:
             words = self._decode(self.config.final_margin_s)
         else:
             words = self._last_words
-        # the buffer may have been trimmed after the reused decode: split where that decode's buffer began
-        before = [word for word in self._agreement.committed if word.end <= self._last_decode_start_s + 0.05]
+        # the buffer may have been trimmed after the reused decode: split where that decode's buffer began (a buffer
+        # never trimmed began at 0, and the last decode heard every word: keeping one would say it twice)
+        start = self._last_decode_start_s
+        before = [word for word in self._agreement.committed if word.end <= start + 0.05] if start > 0 else []
         self._agreement.reset()
         self._agreement.committed = [*before, *words]
         text = join_words(self._agreement.committed)
@@ -231,18 +233,36 @@ class StreamingTranscriber:
         "-hearted" of "cold-hearted"): the committed text before the cut becomes the prompt, and words the new buffer
         re-hears before the committed end are dropped by `LocalAgreement.fresh_words`.
         """
-        if self.buffer_s <= self.config.trim_after_s or not self._agreement.committed:
+        if self.buffer_s <= self.config.trim_after_s:
             return
-        cuts = [end for end in self._segment_ends if end <= self._agreement.committed_end + 0.05]
-        cuts += whole_word_boundaries(self._agreement.committed, self._agreement.tentative)
+        cuts: list[float] = []
+        if self._agreement.committed:
+            cuts = [end for end in self._segment_ends if end <= self._agreement.committed_end + 0.05]
+            cuts += whole_word_boundaries(self._agreement.committed, self._agreement.tentative)
+            cuts = [cut for cut in cuts if round(cut * TARGET_RATE) > self._buffer_start]  # only cuts that shorten it
         if not cuts:
             if self.buffer_s <= self.config.force_trim_after_s:
                 return
-            cuts = [self._agreement.committed_end]
+            cuts = [self._force_commit()]
         cut = min(round(max(cuts) * TARGET_RATE), self._decoded_to)
         if cut > self._buffer_start:
             self._buffer = self._buffer[cut - self._buffer_start:]
             self._buffer_start = cut
+
+    def _force_commit(self) -> float:
+        """LocalAgreement stopped committing (noise, a looping model) and the buffer nears Whisper's 30 s: accept the
+        last decode's words that lie before the newest `trim_after_s` and return where to cut (never inside a word).
+        """
+        keep_from_s = self._decoded_to / TARGET_RATE - self.config.trim_after_s
+        tentative = self._agreement.tentative
+        forced = 0
+        while forced < len(tentative) and tentative[forced].end <= keep_from_s:
+            forced += 1
+        self._agreement.committed.extend(tentative[:forced])
+        self._agreement.tentative = tentative[forced:]
+        if forced:
+            return tentative[forced - 1].end
+        return max(keep_from_s, self._agreement.committed_end)
 
     def _hypothesis(self, final: bool) -> Hypothesis:
         committed = join_words(self._agreement.committed)

@@ -47,6 +47,7 @@ class _Render:
     finished: bool = False
     wall_ns: int = 0  # time spent in synthesis calls
     cpu_ns: int = 0  # CPU time of the synthesis thread
+    chunk_source: Iterator[bytes] | None = None  # the synthesis in progress (kept while the render is suspended)
 
 
 @dataclass(slots=True)
@@ -197,6 +198,8 @@ class SpeakStage:
         render.cancel.set()
         if render in self._queue:
             self._queue.remove(render)
+            if render.chunk_source is not None:  # suspended, not running: nobody else will close its synthesis
+                self._close(render)
         if render.started_ns:
             self._discarded.append(render)
 
@@ -221,10 +224,17 @@ class SpeakStage:
             await self._render(render)
 
     async def _render(self, render: _Render) -> None:
-        render.started_ns = now_ns()
-        chunks = self._synthesizer.synthesize(render.text, render.cancel)
+        """Synthesise `render` chunk by chunk. A speculative render steps aside (suspended between chunks, back in
+        the queue with its synthesis kept) as soon as a committed phrase waits: someone is listening for that one."""
+        if render.chunk_source is None:
+            render.started_ns = now_ns()
+            render.chunk_source = self._synthesizer.synthesize(render.text, render.cancel)
+        chunks = render.chunk_source
         try:
             while not render.cancel.is_set():
+                if not render.committed and any(waiting.committed for waiting in self._queue):
+                    self._queue.append(render)
+                    return
                 started = time.perf_counter_ns()
                 chunk, cpu_ns = await self._pull(chunks)
                 render.wall_ns += time.perf_counter_ns() - started
@@ -235,12 +245,17 @@ class SpeakStage:
                     render.first_chunk_ns = now_ns()
                 render.chunks.append(chunk)
                 self._output_wake.set()
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-            render.finished = True
-            self._output_wake.set()
+        except BaseException:
+            self._close(render)
+            raise
+        self._close(render)
+
+    def _close(self, render: _Render) -> None:
+        close = getattr(render.chunk_source, "close", None)
+        if close is not None:
+            close()
+        render.finished = True
+        self._output_wake.set()
 
     async def _pull(self, chunks: Iterator[bytes]) -> tuple[bytes | None, int]:
         """The next chunk, computed in a thread. If cancelled meanwhile, wait for that chunk to finish first: the

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
 from model.errors import ModelError
+from voice.cancellation import cancel_and_wait
 from voice.events import now_ns
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,8 @@ class LmRun:
                 return
 
     async def close(self) -> None:
+        """Stop the generation and wait (bounded) until its thread let go of the model. The caller's own
+        cancellation propagates; the run's outcome stays on `task`."""
         self.stop()
-        if not self.task.done():
-            self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.task
+        await cancel_and_wait(self.task)
 

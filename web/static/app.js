@@ -36,6 +36,9 @@ const app = {
   pendingTyped: null,
   assistantByTurn: new Map(),
   lastDraft: null, // { turn, committed, draft }: what an interrupted answer had reached
+  audioTurn: null, // the turn of the speech arriving now (from audio_start)
+  reportedAt: 0, // when the last `played` report went out (performance.now ms) ...
+  reportedPlayed: -1, // ... and what it said
 };
 
 window.__playedSamples = 0;
@@ -162,6 +165,7 @@ function onServerMessage(msg) {
       break;
     case "audio_start":
       app.serverSpeaking = true;
+      app.audioTurn = msg.turn;
       if (msg.sample_rate && app.player) app.player.port.postMessage({ type: "rate", rate: msg.sample_rate });
       refreshState();
       break;
@@ -328,6 +332,7 @@ async function ensureAudio() {
     app.player.port.onmessage = (event) => {
       const msg = event.data;
       window.__playedSamples = msg.played;
+      reportPlayed(msg);
       if (msg.type === "drained") {
         app.playerBusy = false;
         refreshState();
@@ -339,13 +344,25 @@ async function ensureAudio() {
   return app.audioContext;
 }
 
+// Tell the server how much of the turn's speech really came out of the speaker: after an interruption the history
+// keeps exactly what was heard. Every ~250 ms while playing, and once when playback stops or is cleared.
+function reportPlayed(msg) {
+  if (msg.turn === null || msg.turn === undefined) return;
+  const now = performance.now();
+  const final = msg.type === "drained";
+  if (!final && (msg.turnPlayed === app.reportedPlayed || now - app.reportedAt < 250)) return;
+  app.reportedAt = now;
+  app.reportedPlayed = msg.turnPlayed;
+  send(JSON.stringify({ type: "played", turn: msg.turn, samples: msg.turnPlayed }));
+}
+
 function onAudio(buffer) {
   window.__receivedAudioBytes += buffer.byteLength;
   const pcm = new Int16Array(buffer);
   const samples = new Float32Array(pcm.length);
   for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
   const deliver = () => {
-    app.player.port.postMessage({ type: "pcm", samples }, [samples.buffer]);
+    app.player.port.postMessage({ type: "pcm", samples, turn: app.audioTurn }, [samples.buffer]);
     app.playerBusy = true;
     refreshState();
   };

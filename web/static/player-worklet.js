@@ -1,6 +1,7 @@
 // Gapless playback of the assistant's PCM: chunks are queued and read as one continuous stream, resampled from the
 // announced source rate to the context rate by linear interpolation. A "clear" message empties the queue at once
-// (barge-in). Played source samples are counted and reported, so the page (and tests) know audio really came out.
+// (barge-in). Played source samples are counted and reported, in total and per turn (each chunk carries its turn), so
+// the page can tell the server exactly how much of an answer the user heard.
 
 class PcmPlayerProcessor extends AudioWorkletProcessor {
   constructor(options) {
@@ -14,6 +15,8 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
     this.b = 0;
     this.phase = 0;
     this.played = 0;
+    this.turn = null; // the turn whose audio is playing now
+    this.turnPlayed = 0; // source samples of that turn played so far
     this.buffered = 0;
     this.playing = false;
     this.sinceReport = 0;
@@ -27,6 +30,7 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
 
   onMessage(msg) {
     if (msg.type === "pcm") {
+      msg.samples.turn = msg.turn;
       this.queue.push(msg.samples);
       this.buffered += msg.samples.length;
     } else if (msg.type === "clear") {
@@ -36,11 +40,15 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
       this.a = this.b = this.phase = 0;
       if (this.playing) {
         this.playing = false;
-        this.port.postMessage({ type: "drained", played: this.played, cleared: true });
+        this.port.postMessage({ type: "drained", played: this.played, cleared: true, ...this.turnReport() });
       }
     } else if (msg.type === "rate") {
       this.setRate(msg.rate);
     }
+  }
+
+  turnReport() {
+    return { turn: this.turn, turnPlayed: this.turnPlayed };
   }
 
   nextSample() {
@@ -48,7 +56,12 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
       if (this.queue.length === 0) return null;
       this.chunk = this.queue.shift();
       this.index = 0;
+      if (this.chunk.turn !== this.turn) {
+        this.turn = this.chunk.turn;
+        this.turnPlayed = 0;
+      }
     }
+    this.turnPlayed++;
     this.buffered--;
     this.played++;
     return this.chunk[this.index++];
@@ -82,12 +95,12 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
     if (produced && !this.playing) this.playing = true;
     if (this.playing && this.buffered <= 0 && this.queue.length === 0 && (!this.chunk || this.index >= this.chunk.length)) {
       this.playing = false;
-      this.port.postMessage({ type: "drained", played: this.played, cleared: false });
+      this.port.postMessage({ type: "drained", played: this.played, cleared: false, ...this.turnReport() });
     }
     this.sinceReport += n;
     if (this.sinceReport >= sampleRate / 10) {
       this.sinceReport = 0;
-      this.port.postMessage({ type: "played", played: this.played, buffered: this.buffered });
+      this.port.postMessage({ type: "played", played: this.played, buffered: this.buffered, ...this.turnReport() });
     }
     return true;
   }

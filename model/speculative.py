@@ -1,0 +1,211 @@
+"""Self-speculative decoding: the teacher verifies, the adapter drafts, in the same forward pass (lossless).
+
+A block-diffusion model built from an autoregressive checkpoint with a *gated* adapter (model/block_diffusion.py) holds
+two models in one set of weights: with the gate off it is exactly the teacher, with the gate on it fills masks. One pass
+feeds, after the KV cache::
+
+    [ last committed token | k drafts d1..dk | m masks ]
+      clean, causal, gate off (the teacher)   gate on, bidirectional among themselves, see every clean token
+
+Row i of the clean part is the teacher's prediction for the token after it, so the pass checks all k drafts at once
+(greedy: accept while the draft equals the teacher's argmax) and adds the teacher's own next token (the bonus). When
+every draft was accepted, the masks sat right after them and their argmax gives the next pass's drafts; otherwise the
+next pass starts again from masks alone. The cache keeps what was accepted and drops the rest. With m = 0 the same loop
+is plain autoregressive decoding (one token per pass, gate off), so both modes share every line but the drafting.
+
+At temperature > 0 the rule is speculative sampling (Leviathan et al. 2023, gpt-fast's `speculative_decode`): accept a
+draft d with probability min(1, p(d) / q(d)); on rejection sample from the residual max(0, p - q). Drafts here are the
+masks' argmax, so q is one-hot and the rule becomes: accept with probability p(d), else sample p with d removed. The
+output then follows the teacher's distribution exactly.
+
+The `SpeechGuard` (no repeated n-grams, end at a sentence end once the answer is long enough) edits the teacher's
+logits as a pure function of the answer so far. It is applied to every verification row with that row's own prefix,
+so autoregressive and self-speculative decoding stay token-for-token equal with it on.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from model.errors import ModelError
+from model.refinement import Refinement
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """What a checkpoint needs for self-speculative and autoregressive decoding (BlockDiffusionDenoiser has it)."""
+
+    eos_ids: frozenset[int]
+
+    def start_verify(self, prompt_ids: list[int]) -> None:
+        """Cache every prompt token but the last (the first pass feeds that one)."""
+        ...
+
+    def verify(self, tokens: list[int], masks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over `[tokens | masks]` after the cache; returns the teacher's logits `[len(tokens), V]` (row i
+        predicts the token after tokens[i]) and the masks' logits `[masks, V]` (row j predicts the token j + 1 places
+        after the token that follows tokens[-1]). All of the pass is appended to the cache until `keep` is called."""
+        ...
+
+    def keep(self, count: int) -> None:
+        """Keep only the first `count` tokens of the last pass in the cache."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechGuard:
+    """Rules that keep spoken answers from looping; applied to the teacher's logits identically in every mode."""
+
+    no_repeat_ngram: int = 0  # n > 0: never emit a token that would repeat an n-gram of the answer
+    end_after: int = 0  # > 0: once the answer holds this many tokens, end it after the next sentence end
+    sentence_end_ids: frozenset[int] = frozenset()  # tokens that end a sentence (".", "!", "?" ...)
+    eos_id: int | None = None
+
+    def apply(self, logits: torch.Tensor, answer: list[int]) -> None:
+        """Edit `logits` ([V], in place) for the token that follows `answer`."""
+        n = self.no_repeat_ngram
+        if n > 0 and len(answer) >= n:
+            context = answer[len(answer) - n + 1 :]
+            banned = [answer[i + n - 1] for i in range(len(answer) - n + 1) if answer[i : i + n - 1] == context]
+            if banned:
+                logits[banned] = -torch.inf
+        long_enough = self.end_after and self.eos_id is not None and len(answer) >= self.end_after
+        if long_enough and answer[-1] in self.sentence_end_ids:
+            logits.fill_(-torch.inf)
+            logits[self.eos_id] = 0.0
+
+
+def guarded(logits: torch.Tensor, answer: list[int], drafts: list[int], guard: SpeechGuard | None) -> torch.Tensor:
+    """The guard applied to each verification row with its own prefix: row i follows `answer + drafts[:i]`.
+
+    logits: [k + 1, V] -> [k + 1, V] float32 (a copy).
+    """
+    logits = logits.float().clone()
+    if guard is not None:
+        for i in range(logits.shape[0]):
+            guard.apply(logits[i], answer + drafts[:i])
+    return logits
+
+
+def accept_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]:
+    """Leading drafts that equal the teacher's argmax, and the teacher's token after them.
+
+    drafts: [k] long, logits: [k + 1, V] -> (accepted, next token).
+    """
+    target = logits.argmax(dim=-1)  # [k + 1]
+    agree = (target[:-1] == drafts).long()  # [k]
+    accepted = int(agree.cumprod(0).sum())
+    return accepted, int(target[accepted])
+
+
+def accept_sampled(
+    drafts: torch.Tensor, logits: torch.Tensor, temperature: float, generator: torch.Generator
+) -> tuple[int, int]:
+    """Speculative sampling with deterministic drafts (q one-hot): the output follows softmax(logits / temperature).
+
+    drafts: [k] long, logits: [k + 1, V] -> (accepted, next token).
+    """
+    p = torch.softmax(logits.double() / temperature, dim=-1)  # [k + 1, V]; float64 so tiny residuals stay exact
+    for i, draft in enumerate(drafts.tolist()):
+        if torch.rand((), dtype=torch.float64, generator=generator) < p[i, draft]:  # min(1, p / q) with q = 1
+            continue
+        residual = p[i].clone()
+        residual[draft] = 0.0  # max(0, p - q), renormalized by multinomial
+        return i, int(torch.multinomial(residual, 1, generator=generator))
+    return len(drafts), int(torch.multinomial(p[-1], 1, generator=generator))
+
+
+def first_eos(tokens: list[int], eos_ids: frozenset[int]) -> int | None:
+    return next((i for i, token in enumerate(tokens) if token in eos_ids), None)
+
+
+def generate_speculative(
+    verifier: Verifier,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    masks: int,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    guard: SpeechGuard | None = None,
+    cancel: threading.Event | None = None,
+) -> Iterator[Refinement]:
+    """Answer `prompt_ids` with at most `max_new_tokens` tokens, one `Refinement` per pass.
+
+    `masks` = 0 is autoregressive decoding; `masks` = m > 0 drafts up to m tokens ahead per pass. A Refinement's
+    committed tokens are verified by the teacher; the uncommitted ones after them are the drafts for the next pass.
+    """
+    if not prompt_ids:
+        raise ModelError("the prompt is empty: nothing to condition the answer on")
+    if max_new_tokens < 1:
+        raise ModelError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if masks < 0:
+        raise ModelError(f"the number of mask tokens per pass must be >= 0, got {masks}")
+    generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
+    eos_ids = frozenset(verifier.eos_ids)
+
+    verifier.start_verify(list(prompt_ids))
+    answer: list[int] = []  # verified tokens
+    confidence: list[float] = []  # the teacher's probability of each verified token
+    drafts: list[int] = []  # [k] the masks' guesses for the tokens after `answer`
+    draft_conf: list[float] = []
+    last = prompt_ids[-1]  # the newest token not yet in the cache
+    step = 0
+    while True:
+        started = time.perf_counter()
+        drafts = drafts[: max_new_tokens - len(answer) - 1]  # k + 1 new tokens at most: never past the length limit
+        clean_logits, mask_logits = verifier.verify([last, *drafts], masks)  # [k + 1, V], [m, V]
+        logits = guarded(clean_logits, answer, drafts, guard)
+        draft_ids = torch.tensor(drafts, dtype=torch.long)  # [k]
+        if temperature == 0:
+            accepted, bonus = accept_greedy(draft_ids, logits)
+        else:
+            accepted, bonus = accept_sampled(draft_ids, logits, temperature, generator)
+        verifier.keep(1 + accepted)  # `last` and the accepted drafts; the bonus is fed by the next pass
+        new = [*drafts[:accepted], bonus]
+        probs = torch.softmax(logits[: accepted + 1], dim=-1)  # [accepted + 1, V]
+        new_conf = probs.gather(-1, torch.tensor(new).unsqueeze(-1)).squeeze(-1).tolist()
+
+        stop = first_eos(new, eos_ids)
+        if stop is not None:
+            new, new_conf = new[: stop + 1], new_conf[: stop + 1]
+        answer += new
+        confidence += new_conf
+        last = answer[-1]
+
+        # Drafts from the masks only if they were drafted after the right tokens: all drafts accepted.
+        if masks and accepted == len(drafts) and stop is None:
+            mask_probs = torch.softmax(mask_logits.float(), dim=-1)  # [m, V]
+            best = mask_probs.max(dim=-1)
+            drafts, draft_conf = best.indices.tolist(), best.values.tolist()
+        else:
+            drafts, draft_conf = [], []
+
+        reason = None
+        if stop is not None:
+            reason = "stop"
+        elif len(answer) >= max_new_tokens:
+            reason = "length"
+        elif cancel is not None and cancel.is_set():
+            reason = "cancelled"
+        ahead = [] if reason else drafts[: max_new_tokens - len(answer)]
+        yield Refinement(
+            step=step,
+            block=step,
+            tokens=tuple(answer + ahead),
+            committed=(True,) * len(answer) + (False,) * len(ahead),
+            confidence=tuple(confidence + draft_conf[: len(ahead)]),
+            elapsed_s=time.perf_counter() - started,
+            done=reason is not None,
+            finish_reason=reason,
+            eos_ids=eos_ids,
+        )
+        step += 1
+        if reason is not None:
+            return

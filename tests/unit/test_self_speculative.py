@@ -1,0 +1,284 @@
+"""Self-speculative and autoregressive decoding (model/speculative.py) on a tiny random block-diffusion Llama, fp32."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
+from model.block_training import make_batch
+from model.engine import DiffusionChatModel
+from model.errors import ModelError
+from model.sampler import SamplerConfig
+from model.speculative import SpeechGuard, accept_greedy, accept_sampled, generate_speculative
+
+VOCAB = 48
+EOS = 2
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: thread hand-offs cost more than the work (100x on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=EOS,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def adapted(seed: int = 0) -> BlockDiffusionLM:
+    model = BlockDiffusionLM(tiny_llama(seed), AdapterConfig(block_length=4, lora_rank=4))
+    with torch.no_grad():  # a strong adapter: a gating mistake would change the teacher's logits visibly
+        for name, parameter in model.named_parameters():
+            if "lora_b" in name:
+                parameter.normal_(0, 0.2)
+    return model.eval()
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 12))] for _ in range(count)]
+
+
+@torch.no_grad()
+def teacher_greedy(teacher: LlamaForCausalLM, prompt: list[int], length: int) -> list[int]:
+    """The reference: plain greedy decoding of the base model, no cache, no adapter."""
+    ids = list(prompt)
+    for _ in range(length):
+        ids.append(int(teacher(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+class OracleDrafts:
+    """A verifier whose masks draft the reference answer, wrong at random places: so passes accept several drafts,
+    reject others, and the real network's verification and cache handling are exercised on both paths."""
+
+    def __init__(self, denoiser: BlockDiffusionDenoiser, reference: list[int], error_rate: float, seed: int) -> None:
+        self.denoiser = denoiser
+        self.eos_ids = denoiser.eos_ids
+        self.reference = reference
+        self.error_rate = error_rate
+        self.rng = random.Random(seed)
+        self.prompt_length = 0
+
+    def start_verify(self, prompt_ids: list[int]) -> None:
+        self.prompt_length = len(prompt_ids)
+        self.denoiser.start_verify(prompt_ids)
+
+    def verify(self, tokens: list[int], masks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        clean, mask_logits = self.denoiser.verify(tokens, masks)
+        cached = len(self.denoiser._cached_ids)
+        first = cached + len(tokens) - self.prompt_length + 1  # answer index the first mask row predicts
+        oracle = torch.zeros_like(mask_logits)
+        for j in range(masks):
+            index = first + j
+            token = self.reference[index] if index < len(self.reference) else EOS
+            if self.rng.random() < self.error_rate:
+                token = self.rng.randrange(3, VOCAB)
+            oracle[j, token] = 10.0
+        return clean, oracle
+
+    def keep(self, count: int) -> None:
+        self.denoiser.keep(count)
+
+
+def final_tokens(refinements: list) -> list[int]:
+    last = refinements[-1]
+    assert last.done and all(last.committed)
+    return list(last.tokens)
+
+
+def test_self_speculative_equals_autoregressive_equals_the_teacher() -> None:
+    model = adapted()
+    teacher = tiny_llama()  # same seed: the base weights without any adapter
+    warm = BlockDiffusionDenoiser(model, [EOS])  # one denoiser for every answer: the prompt cache is reused too
+    accepted_per_pass = []
+    for index, prompt in enumerate(prompts(16)):
+        reference = teacher_greedy(teacher, prompt, 20)
+        autoregressive = final_tokens(list(generate_speculative(warm, prompt, 20, masks=0)))
+        speculative = final_tokens(list(generate_speculative(warm, prompt, 20, masks=4)))
+        oracle = OracleDrafts(warm, reference, error_rate=0.25, seed=index)
+        drafted = list(generate_speculative(oracle, prompt, 20, masks=4))
+        expected = reference[: reference.index(EOS) + 1] if EOS in reference else reference
+        assert autoregressive == expected, index
+        assert speculative == expected, index
+        assert final_tokens(drafted) == expected, index
+        accepted_per_pass.append(len(expected) / len(drafted))
+    # autoregressive makes one token a pass; good drafts make several (the oracle is right 75 % of the time)
+    assert sum(accepted_per_pass) / len(accepted_per_pass) > 2.0
+
+
+def test_the_speech_guard_keeps_both_modes_equal_and_the_answer_free_of_repeats() -> None:
+    model = adapted(seed=1)
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    guard = SpeechGuard(no_repeat_ngram=2, end_after=6, sentence_end_ids=frozenset({7, 8}), eos_id=EOS)
+    for index, prompt in enumerate(prompts(12, seed=1)):
+        autoregressive = final_tokens(list(generate_speculative(denoiser, prompt, 24, masks=0, guard=guard)))
+        oracle = OracleDrafts(denoiser, autoregressive, error_rate=0.2, seed=index)
+        speculative = final_tokens(list(generate_speculative(oracle, prompt, 24, masks=4, guard=guard)))
+        assert speculative == autoregressive, index
+        bigrams = list(itertools.pairwise(autoregressive))
+        assert len(bigrams) == len(set(bigrams)), index
+        ends = [i for i, token in enumerate(autoregressive) if token in (7, 8) and i >= 5]
+        if ends:  # the answer stops right after the first sentence end past 6 tokens
+            assert autoregressive[ends[0] + 1 :] == [EOS], index
+
+
+def test_the_cache_after_rejected_drafts_equals_a_fresh_prefill_of_the_accepted_text() -> None:
+    model = adapted(seed=2)
+    teacher = tiny_llama(seed=2)
+    prompt = [5, 9, 11, 3, 7, 20]
+    reference = teacher_greedy(teacher, prompt, 16)
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    oracle = OracleDrafts(denoiser, reference, error_rate=0.5, seed=0)
+    refinements = list(generate_speculative(oracle, prompt, 16, masks=4))
+    answer = final_tokens(refinements)
+    assert len(refinements) < len(answer)  # some drafts were accepted ...
+    fresh = BlockDiffusionDenoiser(model, [EOS])
+    fresh.start_verify(prompt + answer)  # caches everything but the last token, as a pass leaves it
+    assert denoiser._cached_ids == fresh._cached_ids == (prompt + answer)[:-1]
+    for warm_layer, fresh_layer in zip(denoiser._cache.layers, fresh._cache.layers, strict=True):
+        torch.testing.assert_close(warm_layer.keys, fresh_layer.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(warm_layer.values, fresh_layer.values, atol=1e-5, rtol=1e-5)
+
+
+def test_accept_greedy_takes_the_agreeing_prefix_and_the_teachers_next_token() -> None:
+    logits = torch.full((4, 6), -1.0)
+    for row, token in enumerate([3, 1, 4, 5]):
+        logits[row, token] = 1.0
+    assert accept_greedy(torch.tensor([3, 1, 4]), logits) == (3, 5)
+    assert accept_greedy(torch.tensor([3, 2, 4]), logits) == (1, 1)
+    assert accept_greedy(torch.tensor([0, 1, 4]), logits) == (0, 3)
+    assert accept_greedy(torch.tensor([], dtype=torch.long), logits[:1]) == (0, 3)
+
+
+@pytest.mark.parametrize("drafts", [[1, 0], [3, 3], [0, 2]])
+def test_speculative_sampling_follows_the_teachers_distribution(drafts: list[int]) -> None:
+    """Empirical frequencies of the first two emitted tokens against the target p(x1) p(x2 | x1)."""
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    logits = p.log()  # temperature 1 recovers p; the second row is the target after a first token equal to drafts[0]
+    other = torch.tensor([0.7, 0.1, 0.1, 0.1], dtype=torch.float64)  # the target after any other first token
+    generator = torch.Generator().manual_seed(0)
+    trials = 10_000  # fixed seed: deterministic; 0.015 is about 3 standard deviations
+    counts: Counter[tuple[int, int]] = Counter()
+    for _ in range(trials):
+        accepted, token = accept_sampled(torch.tensor(drafts), logits, 1.0, generator)
+        emitted = [*drafts[:accepted], token]
+        if len(emitted) == 1:  # the pass ended after one token: the second comes from a later pass
+            second_p = p[1] if emitted[0] == drafts[0] else other
+            emitted.append(int(torch.multinomial(second_p, 1, generator=generator)))
+        counts[(emitted[0], emitted[1])] += 1
+    for first in range(4):
+        second_p = p[1] if first == drafts[0] else other
+        for second in range(4):
+            expected = float(p[0, first] * second_p[second])
+            assert abs(counts[(first, second)] / trials - expected) < 0.015, (first, second)
+
+
+def test_the_training_batch_and_the_decoding_pass_give_the_same_logits_for_a_masked_block() -> None:
+    model = adapted(seed=4)
+    prompt, answer = [5, 9, 11, 3, 7, 20], [10, 11, 12, 13, 14, 15, 16, 17, EOS]
+    batch = make_batch([(prompt, answer)], 4, model.mask_id, EOS, 1, torch.Generator().manual_seed(0))
+    noisy_ids = batch.noisy_ids.clone()
+    noisy_ids[0, 4:8] = model.mask_id  # the second block fully masked, as a decoding pass drafts it
+    with torch.no_grad():
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        t = batch.clean_ids.shape[1]
+        clean_noisy = torch.zeros_like(batch.clean_ids, dtype=torch.bool)
+        model(batch.clean_ids, torch.arange(t)[None], batch.clean_bias, clean_noisy, cache)
+        noisy = torch.ones_like(noisy_ids, dtype=torch.bool)
+        training = model(noisy_ids, batch.noisy_pos, batch.noisy_bias, noisy, cache)[0, 4:8]
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    denoiser.start_verify(prompt + answer[:4])  # the cache ends just before the block's last clean token
+    _, decoding = denoiser.verify([answer[3]], masks=4)
+    torch.testing.assert_close(decoding, training, atol=1e-4, rtol=1e-4)
+
+
+def test_self_speculative_is_refused_for_a_model_that_cannot_verify() -> None:
+    class MaskedOnly:
+        mask_id, eos_ids, vocab_size, block_causal = 4, frozenset({EOS}), VOCAB, False
+
+    with pytest.raises(ModelError, match="cannot decode self-speculative"):
+        DiffusionChatModel("toy", None, MaskedOnly(), SamplerConfig(decoding="self-speculative"))
+    with pytest.raises(ModelError, match="decoding must be one of"):
+        SamplerConfig(decoding="beam")
+
+
+def test_the_speech_guard_holds_in_diffusion_decoding_too() -> None:
+    from model.sampler import generate
+
+    model = adapted(seed=1)
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    guard = SpeechGuard(no_repeat_ngram=2)
+    config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.3, remasking="left_to_right", seed=0)
+    repeats = []
+    for prompt in prompts(8, seed=3):
+        tokens = final_tokens(list(generate(denoiser, prompt, 24, config, guard=guard)))
+        answer = tokens[: tokens.index(EOS)] if EOS in tokens else tokens
+        bigrams = list(itertools.pairwise(answer))
+        repeats.append(len(bigrams) - len(set(bigrams)))
+    assert repeats == [0] * 8
+
+
+def test_dlm_generate_refuses_self_speculative_for_a_masked_lm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from model.cli import main
+    from tests.unit.tiny_models import tiny_bert
+
+    folder = tiny_bert(tmp_path / "bert")
+    for mode in ("self-speculative", "autoregressive"):
+        assert main(["generate", "hello there", "--model", str(folder), "--decoding", mode]) == 2
+        assert f"cannot decode {mode}" in capsys.readouterr().err
+    assert main(["generate", "hello there", "--model", str(folder), "--decoding", "diffusion",
+                 "--max-new-tokens", "4", "--block-length", "4"]) == 0
+
+
+def test_the_drafting_batch_masks_whole_shifted_blocks_and_weights_near_drafts_more() -> None:
+    generator = torch.Generator().manual_seed(5)
+    prompt, answer = [5, 9, 11, 3, 7, 20], [10, 11, 12, 13, 14, 15, 16, 17, 18, EOS]
+    mask_id = VOCAB
+    batch = make_batch([(prompt, answer)], 4, mask_id, EOS, 3, generator, drafting=True, near_weight=0.5)
+    n = len(answer) + 2  # rounded up to whole blocks of 4
+    t = batch.clean_ids.shape[1]
+    assert (batch.noisy_ids == mask_id).all()
+    allowed = batch.noisy_bias[0, 0] == 0
+    offsets = set()
+    for copy in range(3):
+        rows = range(copy * n, (copy + 1) * n)
+        clean_sees = [int(allowed[q, :t].sum()) for q in rows]  # the clean prefix each row attends to
+        starts = sorted(set(clean_sees))
+        offsets.add((starts[1] - len(prompt)) % 4 if len(starts) > 1 else 0)
+        for q in rows:  # a row predicts the next token only inside its block; the first of a block is the teacher's
+            j = q - copy * n
+            same_block = j + 1 < n and clean_sees[j + 1] == clean_sees[j]
+            assert (batch.targets[0, q] != -100) == same_block
+            if same_block:
+                assert batch.targets[0, q] == [*answer, EOS, EOS][j + 1]
+                assert batch.weights[0, q] == 0.5 ** (j + len(prompt) - clean_sees[j])
+    assert len(offsets) > 1  # copies start their blocks at different answer positions

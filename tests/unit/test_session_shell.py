@@ -1,0 +1,340 @@
+"""The session shell with fake stages (no models): it executes what the turn-taking core decides, and the review
+findings of issue 16 stay fixed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+import voice.session as session_module
+from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
+from voice.engines import Engines
+from voice.events import AudioOut, Clear, Event, SpeechEnd, SpeechStart, Transcript, TurnEnd, now_ns
+from voice.session import Session, SessionConfig
+from voice.think.lm_run import LmRun
+from voice.turn_taking import State
+
+WORDS = ("Sure.", "Here", "is", "a", "fairly", "long", "answer,", "with", "several", "phrases,", "so", "that", "speech",
+         "goes", "on", "for", "a", "while.")
+
+
+class FakeLM:
+    """Commits one word per pass, `pass_s` apart; counts answers running at once."""
+
+    name = "fake"
+
+    def __init__(self, pass_s: float = 0.005) -> None:
+        self.pass_s = pass_s
+        self.running = 0
+        self.most_at_once = 0
+        self.prompts: list[list[ChatMessage]] = []
+        self._lock = threading.Lock()
+
+    def stream_chat(self, messages: Sequence[ChatMessage], options: GenerationOptions,
+                    cancel: threading.Event | None = None) -> Iterator[Draft]:
+        self.prompts.append(list(messages))
+        with self._lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            for step in range(len(WORDS)):
+                if cancel is not None and cancel.is_set():
+                    return
+                time.sleep(self.pass_s)
+                pieces = tuple(DraftPiece(" " + word, True) for word in WORDS[:step + 1])
+                done = step == len(WORDS) - 1
+                yield Draft(step, pieces, done=done, finish_reason="stop" if done else None,
+                            completion_tokens=step + 1)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+class FakeTTS:
+    sample_rate = 16000
+
+    def synthesize(self, text: str, cancel: threading.Event | None = None) -> Iterator[bytes]:
+        for _ in text.split():
+            if cancel is not None and cancel.is_set():
+                return
+            time.sleep(0.002)
+            yield b"\x01\x00" * 800
+
+
+class FakeListen:
+    """Stands in for ListenStage: counts overlapping calls; events are pushed by the test through `emit`."""
+
+    instances: ClassVar[list[FakeListen]] = []
+
+    def __init__(self, session: str, emit, config=None, model=None) -> None:
+        self.emit = emit
+        self.inside = 0
+        self.overlaps = 0
+        self.silence_ms = 0.0
+        self.speech_start_ms = self.speech_end_ms = 0.0
+        self.last_segment_audio = np.zeros(16000, dtype=np.float32)
+        FakeListen.instances.append(self)
+
+    async def _enter(self) -> None:
+        self.inside += 1
+        self.overlaps += self.inside > 1
+        await asyncio.sleep(0.002)  # a VAD window in a thread
+        self.inside -= 1
+
+    async def accept(self, pcm: bytes, sample_rate: int = 16000) -> None:
+        await self._enter()
+
+    async def flush(self) -> None:
+        await self._enter()
+
+    async def aclose(self) -> None:
+        pass
+
+
+class FakeDetector:
+    """Smart Turn's interface with a fixed opinion; remembers how much audio it was shown."""
+
+    def __init__(self, complete: bool) -> None:
+        self.complete = complete
+        self.config = type("Config", (), {"max_seconds": 8.0})()
+        self.heard_s: list[float] = []
+
+    def is_complete(self, audio: np.ndarray) -> bool:
+        self.heard_s.append(audio.size / 16000)
+        return self.complete
+
+
+@pytest.fixture
+def make_session(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(session_module, "ListenStage", FakeListen)
+    FakeListen.instances.clear()
+
+    def make(lm: FakeLM | None = None, detector: FakeDetector | None = None, **config) -> Session:
+        engines = Engines(asr=None, tts=FakeTTS(), lm=lm or FakeLM(), load_seconds={},  # type: ignore[arg-type]
+                          turn_detector=detector)  # type: ignore[arg-type]
+        config.setdefault("wait_for_playback", False)
+        return Session(engines, SessionConfig(generation=GenerationOptions(max_new_tokens=32), **config))
+
+    return make
+
+
+async def started(session: Session) -> tuple[FakeListen, list[Event], asyncio.Task]:
+    await session.start()
+    events: list[Event] = []
+
+    async def collect() -> None:
+        async for event in session.events():
+            events.append(event)
+
+    return FakeListen.instances[-1], events, asyncio.create_task(collect())
+
+
+async def say(listen: FakeListen, text: str, start_ns: int | None = None) -> None:
+    start = now_ns() if start_ns is None else start_ns
+    await listen.emit(SpeechStart(session="s", turn=0, t_ns=start))
+    await listen.emit(SpeechEnd(session="s", turn=0, t_ns=start + 1_000_000, detected_ns=now_ns()))
+    await listen.emit(Transcript(session="s", turn=0, text=text, committed=text, final=True))
+
+
+async def until(predicate, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if predicate():
+                return
+            await asyncio.sleep(0.005)
+
+
+def test_the_utterance_watchdog_never_calls_into_the_listener_while_audio_is_fed(make_session) -> None:
+    """Review finding: web/server.py's watchdog called `end_of_audio` while intake was inside `accept`."""
+
+    async def scenario() -> int:
+        session = make_session()
+        listen, _, collector = await started(session)
+
+        async def intake() -> None:
+            for _ in range(50):
+                await session.feed_audio(b"\x00\x00" * 320)
+
+        async def watchdog() -> None:
+            for _ in range(20):
+                await session.end_of_audio()
+
+        await asyncio.gather(intake(), watchdog())
+        await session.close()
+        await collector
+        return listen.overlaps
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_a_spoken_final_while_a_typed_answer_runs_never_starts_a_second_answer(make_session) -> None:
+    async def scenario() -> tuple[FakeLM, list[Event]]:
+        lm = FakeLM(pass_s=0.02)
+        session = make_session(lm)
+        listen, events, collector = await started(session)
+        await listen.emit(SpeechStart(session="s", turn=0, t_ns=now_ns()))
+        await session.send_text("typed question")
+        await listen.emit(SpeechEnd(session="s", turn=0, t_ns=now_ns(), detected_ns=now_ns()))
+        await listen.emit(Transcript(session="s", turn=0, text="spoken words", committed="", final=True))
+        await session.user_done()
+        await asyncio.wait_for(session.wait_idle(), 10)
+        await session.close()
+        await collector
+        return lm, events
+
+    lm, events = asyncio.run(scenario())
+    assert lm.most_at_once == 1 and len(lm.prompts) == 1
+    assert [e.user_text for e in events if isinstance(e, TurnEnd)] == ["typed question"]
+
+
+def test_a_speculative_answer_is_silent_until_the_end_of_turn_is_confirmed(make_session) -> None:
+    async def scenario() -> tuple[list[Event], int, Session]:
+        session = make_session()
+        listen, events, collector = await started(session)
+        await say(listen, "What time is it?")
+        assert session.turn_taking.state is State.USER_PAUSED
+        await asyncio.sleep(0.5)  # long enough for the fake model and voice to finish the whole answer
+        audio_while_held = sum(isinstance(e, AudioOut) for e in events)
+        listen.silence_ms = 700.0
+        await session.feed_audio(b"\x00\x00" * 320)  # the silence rule confirms the end of turn
+        await asyncio.wait_for(session.wait_idle(), 10)
+        await session.close()
+        await collector
+        return events, audio_while_held, session
+
+    events, audio_while_held, session = asyncio.run(scenario())
+    assert audio_while_held == 0
+    end = next(e for e in events if isinstance(e, TurnEnd))
+    assert end.answer and not end.interrupted and end.stats["early_lm"] == 1.0
+    assert any(isinstance(e, AudioOut) for e in events)
+    assert [m.role for m in session.dialogue.history] == ["user", "assistant"]
+
+
+def test_speech_in_the_pause_drops_the_held_answer_and_the_turn_continues_with_one_answer(make_session) -> None:
+    async def scenario() -> tuple[list[Event], FakeLM]:
+        lm = FakeLM()
+        session = make_session(lm)
+        listen, events, collector = await started(session)
+        await say(listen, "Tell me about")
+        await asyncio.sleep(0.05)
+        await say(listen, "the weather.")
+        await session.user_done()
+        await asyncio.wait_for(session.wait_idle(), 10)
+        await session.close()
+        await collector
+        return events, lm
+
+    events, lm = asyncio.run(scenario())
+    ends = [e for e in events if isinstance(e, TurnEnd)]
+    assert [(e.turn, e.user_text) for e in ends] == [(1, "Tell me about the weather.")]
+    assert ends[0].stats["speculations"] == 2 and ends[0].stats["speculations_dropped"] == 1
+    assert {e.turn for e in events if isinstance(e, AudioOut)} == {1}
+    assert lm.prompts[-1][-1].content == "Tell me about the weather."
+
+
+def test_no_audio_follows_a_clear(make_session) -> None:
+    """Review finding: one AudioOut could follow Clear (the browser played ~200 ms of the cancelled answer)."""
+
+    async def scenario() -> list[Event]:
+        session = make_session(FakeLM(pass_s=0.01))
+        _, events, collector = await started(session)
+        for attempt in range(5):
+            await session.send_text(f"question {attempt}")
+            await until(lambda turn=attempt + 1: any(isinstance(e, AudioOut) and e.turn == turn for e in events))
+            await asyncio.sleep(0.003 * attempt)
+            await session.interrupt()
+        await session.close()
+        await collector
+        return events
+
+    events = asyncio.run(scenario())
+    clears = [i for i, e in enumerate(events) if isinstance(e, Clear)]
+    assert len(clears) == 5
+    for index in clears:
+        turn = events[index].turn
+        assert not [e for e in events[index:] if isinstance(e, AudioOut) and e.turn == turn]
+
+
+def test_a_cough_during_playback_does_not_drop_the_answer(make_session) -> None:
+    async def scenario() -> list[Event]:
+        session = make_session(FakeLM(pass_s=0.01))
+        listen, events, collector = await started(session)
+        await session.send_text("Tell me a story.")
+        await until(lambda: any(isinstance(e, AudioOut) for e in events))
+        await say(listen, "")  # speech without words: a cough, or the assistant's own echo
+        await asyncio.wait_for(session.wait_idle(), 10)
+        await session.close()
+        await collector
+        return events
+
+    events = asyncio.run(scenario())
+    assert not any(isinstance(e, Clear) for e in events)
+    ends = [e for e in events if isinstance(e, TurnEnd)]
+    assert len(ends) == 1 and not ends[0].interrupted and ends[0].answer == " ".join(WORDS)
+
+
+def test_lm_run_close_never_swallows_the_callers_cancellation() -> None:
+    """Review finding: `LmRun.close` suppressed CancelledError, so a cancelled caller went on as if nothing happened."""
+
+    async def scenario() -> tuple[bool, list[str]]:
+        run = LmRun(FakeLM(pass_s=0.2), [ChatMessage("user", "hi")], GenerationOptions(), name="lm-test")
+        after: list[str] = []
+
+        async def caller() -> None:
+            await run.close()
+            after.append("went on after close")
+
+        task = asyncio.create_task(caller())
+        await asyncio.sleep(0.01)  # inside close, waiting for the thread's pass to end
+        task.cancel()
+        await asyncio.wait({task})
+        await run.close()
+        return task.cancelled(), after
+
+    cancelled, after = asyncio.run(scenario())
+    assert cancelled and after == []
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_the_turn_detector_releases_a_complete_turn_early_and_holds_an_incomplete_one(make_session, complete) -> None:
+    async def scenario() -> tuple[list[Event], FakeDetector]:
+        detector = FakeDetector(complete)
+        session = make_session(detector=detector)
+        listen, events, collector = await started(session)
+        await say(listen, "Is it raining")
+        listen.silence_ms = 350.0  # past the detector's 200 ms, well short of the 600 ms silence rule
+        await until(lambda: detector.heard_s)
+        await asyncio.sleep(0.3)
+        await session.feed_audio(b"\x00\x00" * 320)
+        await asyncio.sleep(0.3)
+        await session.close()
+        await collector
+        return events, detector
+
+    events, detector = asyncio.run(scenario())
+    assert detector.heard_s == [1.0]
+    assert any(isinstance(e, AudioOut) for e in events) is complete
+
+
+def test_the_played_report_of_the_turn_decides_what_the_history_keeps(make_session) -> None:
+    async def scenario() -> tuple[TurnEnd, Session]:
+        session = make_session(FakeLM(pass_s=0.01))
+        _, events, collector = await started(session)
+        await session.send_text("Tell me a story.")
+        await until(lambda: any(isinstance(e, AudioOut) for e in events))
+        session.report_played(10**9, turn=99)  # a stale report about another turn changes nothing
+        session.report_played(0, turn=1)  # the browser has played nothing of turn 1 yet
+        await session.interrupt()
+        await session.close()
+        await collector
+        return next(e for e in events if isinstance(e, TurnEnd)), session
+
+    end, session = asyncio.run(scenario())
+    assert end.interrupted and end.spoken == ""
+    assert not [m for m in session.dialogue.history if m.role == "assistant" and m.content]

@@ -1,0 +1,82 @@
+"""The speaking stage's render queue: a speculative render never delays a committed phrase (fake voice, no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+from voice.speak.stage import SpeakStage, _Render
+
+
+class SlowVoice:
+    """Five 10 ms chunks per text; logs when each render produced its last chunk."""
+
+    sample_rate = 16000
+
+    def __init__(self) -> None:
+        self.finished: list[str] = []
+        self.closed: list[str] = []
+
+    def synthesize(self, text: str, cancel: threading.Event | None = None) -> Iterator[bytes]:
+        try:
+            for _ in range(5):
+                if cancel is not None and cancel.is_set():
+                    return
+                time.sleep(0.01)
+                yield b"\x00\x00" * 160
+            self.finished.append(text)
+        finally:
+            self.closed.append(text)
+
+
+async def _events(_event) -> None:
+    return None
+
+
+async def _started(render: _Render) -> None:
+    while True:
+        if render.chunks:
+            return
+        await asyncio.sleep(0.001)
+
+
+def test_a_committed_phrase_overtakes_a_speculative_render_in_progress_which_then_resumes() -> None:
+    async def scenario() -> SlowVoice:
+        voice = SlowVoice()
+        stage = SpeakStage(voice, _events, session="s", turn=1)
+        speculative = _Render(2, "later phrase", committed=False)
+        stage._speculative[2] = speculative
+        stage._enqueue(speculative)
+        loop = asyncio.create_task(stage._render_loop())
+        await _started(speculative)
+        stage._enqueue(_Render(1, "committed phrase", committed=True))
+        stage._feeding_done = True
+        await asyncio.wait_for(loop, 5)
+        return voice
+
+    voice = asyncio.run(scenario())
+    assert voice.finished == ["committed phrase", "later phrase"]  # the speculative work resumed, not redone
+
+
+def test_a_suspended_speculative_render_that_is_dropped_is_closed() -> None:
+    async def scenario() -> SlowVoice:
+        voice = SlowVoice()
+        stage = SpeakStage(voice, _events, session="s", turn=1)
+        speculative = _Render(2, "wrong guess", committed=False)
+        stage._enqueue(speculative)
+        loop = asyncio.create_task(stage._render_loop())
+        await _started(speculative)
+        stage._enqueue(_Render(1, "committed phrase", committed=True))
+        while "committed phrase" not in voice.finished:
+            await asyncio.sleep(0.001)
+            if speculative in stage._queue:
+                stage._drop(speculative)
+        stage._feeding_done = True
+        stage._worker_wake.set()
+        await asyncio.wait_for(loop, 5)
+        return voice
+
+    voice = asyncio.run(scenario())
+    assert "wrong guess" in voice.closed and "wrong guess" not in voice.finished

@@ -1,0 +1,239 @@
+"""The turn-taking core, driven by lists of events: no models, no sleeps, no event loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from voice.turn_taking import (
+    AbandonTurn,
+    AnswerAudio,
+    AnswerFinished,
+    CancelAnswer,
+    ClientInterrupt,
+    FinishTurn,
+    ReleaseAnswer,
+    Silence,
+    StartAnswer,
+    State,
+    TurnTaking,
+    TurnTakingConfig,
+    TurnTakingError,
+    TurnVerdict,
+    TypedText,
+    UserDone,
+    UserFinal,
+    UserSpeechEnded,
+    UserSpeechStarted,
+    UserWords,
+)
+
+MS = 1  # the turn-taking clock is the audio stream's, in milliseconds
+
+
+def drive(machine: TurnTaking, *events) -> list:
+    actions = []
+    for event in events:
+        actions.extend(machine.handle(event))
+    return actions
+
+
+def segment(start_ms: int, end_ms: int, text: str) -> list:
+    return [UserSpeechStarted(start_ms * MS), UserSpeechEnded(end_ms * MS), UserFinal(text)]
+
+
+def test_a_turn_starts_its_answer_at_the_pause_and_releases_it_once_the_silence_confirms():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=600))
+    actions = drive(machine, *segment(0, 1000, "What time is it?"))
+    assert actions == [StartAnswer(1, 1, "What time is it?", held=True)]
+    assert machine.state is State.USER_PAUSED
+    assert drive(machine, Silence(300)) == []
+    assert drive(machine, Silence(600)) == [ReleaseAnswer(1)]
+    assert machine.state is State.ANSWERING
+    drive(machine, AnswerAudio(1))
+    assert machine.state is State.SPEAKING
+    assert drive(machine, AnswerFinished(1)) == [FinishTurn(1, 1, speculations=1, dropped=0)]
+    assert machine.state is State.LISTENING
+
+
+def test_speech_resuming_in_the_pause_drops_the_speculation_and_continues_the_same_turn():
+    machine = TurnTaking()
+    drive(machine, *segment(0, 1000, "Tell me about"))
+    actions = drive(machine, Silence(200), UserSpeechStarted(1400 * MS))
+    assert actions == [CancelAnswer(1, 1, "user_continued", clear=False, ends_turn=False, speculations=1, dropped=1)]
+    actions = drive(machine, UserSpeechEnded(2500 * MS), UserFinal("the weather."))
+    assert actions == [StartAnswer(2, 1, "Tell me about the weather.", held=True)]
+    drive(machine, Silence(700))
+    assert drive(machine, AnswerFinished(2)) == [FinishTurn(2, 1, speculations=2, dropped=1)]
+
+
+def test_speech_resuming_after_the_end_of_turn_but_before_the_answer_speaks_continues_the_turn():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300, continuation_ms=1200))
+    drive(machine, *segment(0, 1000, "Two clips"), Silence(400))
+    assert machine.state is State.ANSWERING
+    actions = drive(machine, UserSpeechStarted(1600 * MS))
+    assert actions == [CancelAnswer(1, 1, "user_continued", clear=False, ends_turn=False, speculations=1, dropped=1)]
+    actions = drive(machine, UserSpeechEnded(3000 * MS), UserFinal("joined by silence."))
+    assert actions == [StartAnswer(2, 1, "Two clips joined by silence.", held=True)]
+
+
+def test_speech_resuming_while_the_answer_speaks_continues_the_turn_once_it_is_words():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300, continuation_ms=1200))
+    drive(machine, *segment(0, 1000, "Two clips"), Silence(400), AnswerAudio(1))
+    assert drive(machine, UserSpeechStarted(1800 * MS)) == []  # a cough? wait for words
+    actions = drive(machine, UserWords())
+    assert actions == [CancelAnswer(1, 1, "user_continued", clear=True, ends_turn=False, speculations=1, dropped=1,
+                                    continues_as=2)]  # a cleared turn's audio is refused: the rest gets a new number
+    assert drive(machine, UserSpeechEnded(3000 * MS), UserFinal("and more.")) == [
+        StartAnswer(2, 2, "Two clips and more.", held=True)]
+
+
+def test_a_late_new_question_cancels_a_stale_answer_instead_of_queueing_it():
+    """Issue 21: an answer belongs to its turn; a new turn cancels an answer that has not spoken yet."""
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300, continuation_ms=1200))
+    drive(machine, *segment(0, 1000, "First question."), Silence(400))
+    actions = drive(machine, UserSpeechStarted(5000 * MS))
+    assert actions == [CancelAnswer(1, 1, "new_turn", clear=False, ends_turn=True, speculations=1, dropped=0)]
+    assert machine.user_turn == 2
+    assert drive(machine, UserSpeechEnded(6000 * MS), UserFinal("Second.")) == [
+        StartAnswer(2, 2, "Second.", held=True)]
+    assert drive(machine, AnswerFinished(1)) == []  # the cancelled answer's end changes nothing
+
+
+def test_a_cough_during_playback_lets_the_answer_play_on():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
+    drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
+    actions = drive(machine, UserSpeechStarted(9000 * MS), UserSpeechEnded(9300 * MS), UserFinal(""))
+    assert actions == []
+    assert machine.state is State.SPEAKING
+    assert drive(machine, AnswerFinished(1)) == [FinishTurn(1, 1, 1, 0)]
+
+
+def test_real_words_during_playback_are_a_barge_in_and_a_new_turn():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
+    drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
+    actions = drive(machine, UserSpeechStarted(9000 * MS), UserWords())
+    assert actions == [CancelAnswer(1, 1, "barge_in", clear=True, ends_turn=True, speculations=1, dropped=0)]
+    assert machine.state is State.USER_SPEAKING and machine.user_turn == 2
+
+
+def test_a_barge_in_proven_only_by_its_final_transcript_starts_the_next_answer_after_cancelling():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
+    drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
+    actions = drive(machine, UserSpeechStarted(9000 * MS), UserSpeechEnded(9300 * MS), UserFinal("Stop."))
+    assert [type(a) for a in actions] == [CancelAnswer, StartAnswer]
+    assert actions[1] == StartAnswer(2, 2, "Stop.", held=True)
+
+
+def test_a_spoken_final_while_a_typed_answer_runs_never_starts_a_second_answer():
+    """Review finding: `send_text` left the listening turn open and its final started a concurrent answer."""
+    machine = TurnTaking()
+    drive(machine, UserSpeechStarted(0))
+    actions = drive(machine, TypedText("typed"))
+    assert actions == [StartAnswer(1, 2, "typed", held=False)]
+    assert drive(machine, UserSpeechEnded(1000 * MS), UserFinal("spoken words")) == []
+    assert machine.answer_id == 1
+
+
+def test_a_typed_message_cancels_the_answer_in_progress_before_starting_its_own():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
+    drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
+    actions = drive(machine, TypedText("typed"))
+    assert actions == [CancelAnswer(1, 1, "new_text", clear=True, ends_turn=True, speculations=1, dropped=0),
+                       StartAnswer(2, 2, "typed", held=False)]
+    starts = [a for a in actions if isinstance(a, StartAnswer)]
+    cancels = [a for a in actions if isinstance(a, CancelAnswer)]
+    assert len(starts) == len(cancels) == 1
+
+
+def test_a_typed_message_during_a_paused_spoken_turn_ends_that_turn_unanswered():
+    machine = TurnTaking(TurnTakingConfig(speculate=False))
+    drive(machine, *segment(0, 1000, "Hello."))
+    actions = drive(machine, TypedText("typed"))
+    assert actions == [AbandonTurn(1, "Hello."), StartAnswer(1, 2, "typed", held=False)]
+
+
+def test_without_speculation_the_answer_starts_at_the_confirmed_end_of_turn():
+    machine = TurnTaking(TurnTakingConfig(speculate=False, silence_rule_ms=300))
+    assert drive(machine, *segment(0, 1000, "Hi.")) == []
+    assert drive(machine, Silence(300)) == [StartAnswer(1, 1, "Hi.", held=False)]
+
+
+def test_explicit_end_ignores_silence_and_ends_the_turn_on_user_done():
+    machine = TurnTaking(TurnTakingConfig(explicit_end=True))
+    drive(machine, *segment(0, 1000, "One file"), Silence(5000))
+    assert machine.state is State.USER_PAUSED
+    drive(machine, UserSpeechStarted(6000 * MS))
+    assert drive(machine, UserDone()) == []  # still speaking: the next segment end confirms
+    actions = drive(machine, UserSpeechEnded(7000 * MS), UserFinal("with a long pause."))
+    assert actions == [StartAnswer(2, 1, "One file with a long pause.", held=False)]
+    assert machine.state is State.ANSWERING
+
+
+def test_user_done_in_the_pause_releases_at_once():
+    machine = TurnTaking(TurnTakingConfig(explicit_end=True))
+    drive(machine, *segment(0, 1000, "One file."))
+    assert drive(machine, UserDone()) == [ReleaseAnswer(1)]
+
+
+def test_the_turn_detector_shortens_or_lengthens_the_wait():
+    config = TurnTakingConfig(silence_rule_ms=600, complete_silence_ms=200, incomplete_silence_ms=2000)
+    machine = TurnTaking(config)
+    drive(machine, *segment(0, 1000, "Done."), Silence(200))
+    assert drive(machine, TurnVerdict(complete=True)) == [ReleaseAnswer(1)]
+    machine = TurnTaking(config)
+    drive(machine, *segment(0, 1000, "I think that"), TurnVerdict(complete=False))
+    assert drive(machine, Silence(1500)) == []
+    assert drive(machine, Silence(2000)) == [ReleaseAnswer(1)]
+
+
+def test_noise_without_words_opens_no_turn():
+    machine = TurnTaking()
+    assert drive(machine, *segment(0, 300, "")) == []
+    assert machine.state is State.LISTENING
+    drive(machine, *segment(1000, 2000, "Hello."))
+    assert machine.user_turn == 2  # the noise used a number; nothing was answered or ended for it
+
+
+def test_an_empty_resumed_segment_keeps_the_words_of_the_turn_and_answers_them():
+    machine = TurnTaking()
+    drive(machine, *segment(0, 1000, "Hello there."))
+    drive(machine, UserSpeechStarted(1300 * MS))  # a cough drops the speculation...
+    actions = drive(machine, UserSpeechEnded(1500 * MS), UserFinal(""))
+    assert actions == [StartAnswer(2, 1, "Hello there.", held=True)]  # ...but never the answer
+
+
+def test_interrupt_cancels_and_clears_only_audio_that_went_out():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
+    drive(machine, *segment(0, 1000, "Hello."), Silence(400))
+    actions = drive(machine, ClientInterrupt())
+    assert actions == [CancelAnswer(1, 1, "interrupt", clear=False, ends_turn=True, speculations=1, dropped=0)]
+    assert machine.state is State.LISTENING
+    assert drive(machine, ClientInterrupt()) == []
+
+
+def test_the_answer_ending_during_contested_speech_hands_that_speech_a_new_turn():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
+    drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1), UserSpeechStarted(9000 * MS))
+    assert drive(machine, AnswerFinished(1)) == [FinishTurn(1, 1, 1, 0)]
+    assert machine.state is State.USER_SPEAKING and machine.user_turn == 2
+
+
+def test_an_unknown_event_is_a_clear_error():
+    with pytest.raises(TurnTakingError):
+        TurnTaking().handle("speech")  # type: ignore[arg-type]
+
+
+def test_at_most_one_answer_whatever_the_order_of_events():
+    """Every StartAnswer follows the CancelAnswer or FinishTurn of the answer before it."""
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
+    events = [*segment(0, 1000, "a"), Silence(400), TypedText("b"), UserSpeechStarted(2000 * MS), UserWords(),
+              UserSpeechEnded(2500 * MS), UserFinal("c"), TypedText("d"), AnswerAudio(4), UserSpeechStarted(3000 * MS),
+              UserFinal("e"), Silence(500), AnswerFinished(5)]
+    live: set[int] = set()
+    for event in events:
+        for action in machine.handle(event):
+            if isinstance(action, StartAnswer):
+                assert not live, f"second answer {action} while {live} runs"
+                live.add(action.answer_id)
+            elif isinstance(action, CancelAnswer | FinishTurn):
+                live.discard(action.answer_id)

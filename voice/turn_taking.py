@@ -1,0 +1,454 @@
+"""Turn-taking as an explicit state machine: who holds the floor, and what the session must do about it. No I/O.
+
+The shape is h11's and websockets' `Protocol`: a small `State` enum, one method, `handle(event) -> list[action]`, that
+holds every legal transition, and a thin async shell (`voice.session.Session`) that only executes the actions. Tests
+drive it with lists of events and assert the actions: no models, no sleeps, no event loop.
+
+Speculative end of turn. The listener reports a speech segment's end (`UserFinal`) after a short silence, ~200 ms. The
+answer starts right there (`StartAnswer(held=True)`): the LM and the first phrase's TTS run while the end of turn is
+still undecided (state `USER_PAUSED`). The end of turn is confirmed by more silence (`Silence`: the silence rule, or
+Smart Turn's verdict shortening or lengthening it), or by the caller saying the user is done (`UserDone`: a file's
+end, push-to-talk); then the held audio is released at once (`ReleaseAnswer`). If the user speaks again first, the held
+answer is dropped and counted (`CancelAnswer(ends_turn=False)`), and the next segment continues the same turn.
+
+Turn continuation. Speech that resumes within `continuation_ms` of the user's last voiced sample, before or while the
+answer starts, continues the same user turn: the answer is cancelled (and the output cleared) without ending the turn,
+the segments' transcripts are joined, and the turn gets one answer. Later speech starts a new turn, and an answer that
+has not finished is cancelled then, never queued behind the new turn.
+
+Barge-in needs real speech. Speech heard while the assistant is speaking (`BARGE_IN_PENDING`) interrupts only once a
+word is recognised; a cough or an echo whose transcript is empty lets the answer play on.
+
+At most one answer exists at a time: every `StartAnswer` is preceded by the `CancelAnswer` of the one before.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class State(enum.Enum):
+    LISTENING = "listening"  # nobody holds the floor
+    USER_SPEAKING = "user_speaking"  # a user turn is open and its current segment is being spoken
+    USER_PAUSED = "user_paused"  # the segment ended; the answer is being prepared, held until the end of turn is sure
+    ANSWERING = "answering"  # end of turn confirmed (or typed): the answer runs, its audio goes out as it comes
+    SPEAKING = "speaking"  # the answer's audio has started
+    BARGE_IN_PENDING = "barge_in_pending"  # speaking, and user speech was heard: interrupt once it proves to be words
+
+
+# --- events (into the machine) ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class UserSpeechStarted:
+    """The endpointer heard speech begin; `at_ms` is its first voiced sample's place on the audio stream's own clock
+    (milliseconds of audio since the stream began), so a slow decode that delays processing never stretches a pause."""
+
+    at_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class UserSpeechEnded:
+    """The current speech segment ended; `at_ms`: its last voiced sample on the stream's clock."""
+
+    at_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class UserWords:
+    """A partial transcript of the current segment holds words (not just noise)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserFinal:
+    """The final transcript of one speech segment (empty when Whisper heard no words)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Silence:
+    """The user has been silent for `ms` since the last voiced sample (measured on the audio clock)."""
+
+    ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnVerdict:
+    """A turn detector's opinion of the paused turn: complete or not (Smart Turn)."""
+
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UserDone:
+    """The caller knows the user's turn ends with the current speech (end of a file, end of the stream)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TypedText:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInterrupt:
+    """The client asked the assistant to stop talking."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerAudio:
+    """The first audio of answer `answer_id` went out."""
+
+    answer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerFinished:
+    """Answer `answer_id` ended on its own (done, failed or timed out) and its audio has played."""
+
+    answer_id: int
+
+
+TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserFinal | Silence | TurnVerdict | UserDone
+             | TypedText | ClientInterrupt | AnswerAudio | AnswerFinished)
+
+
+# --- actions (out of the machine) ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StartAnswer:
+    """Start answering `text` for `turn`. `held`: keep its audio (and its other events) until `ReleaseAnswer`."""
+
+    answer_id: int
+    turn: int
+    text: str
+    held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseAnswer:
+    """The end of turn is confirmed: hand out the held answer's events and audio now."""
+
+    answer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAnswer:
+    """Stop answer `answer_id`. `clear`: its audio went out, tell the output to stop playing it. `ends_turn`: the turn
+    ends here (TurnEnd, interrupted; the history keeps what was heard); otherwise the user continues the same turn and
+    the answer vanishes without a trace (a dropped speculation)."""
+
+    answer_id: int
+    turn: int
+    reason: str
+    clear: bool
+    ends_turn: bool
+    speculations: int = 0
+    dropped: int = 0
+    # A continued turn whose answer was already heard (and cleared) goes on under a new number: outputs refuse a
+    # cleared turn's later audio, and the merged answer must be heard.
+    continues_as: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishTurn:
+    """Answer `answer_id` completed: the turn ends normally."""
+
+    answer_id: int
+    turn: int
+    speculations: int
+    dropped: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbandonTurn:
+    """A user turn with words ends unanswered (a typed message took the floor before it was answered)."""
+
+    turn: int
+    text: str
+
+
+TurnAction = StartAnswer | ReleaseAnswer | CancelAnswer | FinishTurn | AbandonTurn
+
+
+class TurnTakingError(RuntimeError):
+    """An event that cannot happen in the current state (a bug in the shell that feeds the machine)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTakingConfig:
+    """Timings in milliseconds. `explicit_end`: only `UserDone` confirms an end of turn (file mode: one file, one
+    turn, whatever pauses it holds). `speculate=False` starts the answer only once the end of turn is confirmed."""
+
+    silence_rule_ms: float = 600.0  # no verdict (no turn detector): confirm after this much silence
+    complete_silence_ms: float = 200.0  # the detector says complete
+    incomplete_silence_ms: float = 2000.0  # the detector says incomplete: wait this long before ending it anyway
+    continuation_ms: float = 1200.0  # speech resuming this soon after the last voiced sample continues the turn
+    explicit_end: bool = False
+    speculate: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("silence_rule_ms", "complete_silence_ms", "incomplete_silence_ms", "continuation_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+
+@dataclass(slots=True)
+class _Answer:
+    answer_id: int
+    turn: int
+    held: bool
+    spoken_turn: bool  # answers a spoken turn (continuation applies), not a typed one
+
+
+@dataclass(slots=True)
+class _UserTurn:
+    turn: int
+    segments: list[str] = field(default_factory=list)
+    last_voiced_ms: float | None = None  # end of the latest segment, on the stream's clock
+    speculations: int = 0
+    dropped: int = 0
+    done: bool = False  # UserDone arrived: the next segment end confirms at once
+    verdict: bool | None = None
+    silence_ms: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return " ".join(segment for segment in self.segments if segment)
+
+
+class TurnTaking:
+    """The turn-taking core of one session. Feed every event to `handle`; execute the actions it returns, in order."""
+
+    def __init__(self, config: TurnTakingConfig | None = None) -> None:
+        self.config = config or TurnTakingConfig()
+        self.state = State.LISTENING
+        self.turn_no = 0  # the last turn number handed out
+        self._user: _UserTurn | None = None  # the user turn being spoken, paused or answered
+        self._answer: _Answer | None = None
+        self._answer_ids = 0
+        self._pending_start_ms = 0.0  # BARGE_IN_PENDING: when the contested speech began
+
+    @property
+    def user_turn(self) -> int:
+        """The turn number that the listener's events belong to now (contested speech: the turn it would open)."""
+        if self.state is State.BARGE_IN_PENDING and not self._continues(self._pending_start_ms):
+            return self.turn_no + 1
+        return self._user.turn if self._user is not None else self.turn_no
+
+    @property
+    def answer_id(self) -> int | None:
+        return self._answer.answer_id if self._answer is not None else None
+
+    def handle(self, event: TurnEvent) -> list[TurnAction]:
+        """Apply one event; return what the shell must do, in order."""
+        match event:
+            case UserSpeechStarted():
+                return self._speech_started(event)
+            case UserSpeechEnded(at_ms=at_ms):
+                if self.state is State.USER_SPEAKING and self._user is not None:
+                    self._user.last_voiced_ms = at_ms
+                return []  # a contested segment's end counts only if it proves to be words (see _confirm_barge_in)
+            case UserWords():
+                if self.state is State.BARGE_IN_PENDING:
+                    return self._confirm_barge_in()
+                return []
+            case UserFinal(text=text):
+                return self._final(text.strip())
+            case Silence(ms=ms):
+                if self.state is State.USER_PAUSED and self._user is not None:
+                    self._user.silence_ms = ms
+                    return self._maybe_confirm()
+                return []
+            case TurnVerdict(complete=complete):
+                if self.state is State.USER_PAUSED and self._user is not None:
+                    self._user.verdict = complete
+                    return self._maybe_confirm()
+                return []
+            case UserDone():
+                return self._user_done()
+            case TypedText(text=text):
+                return self._typed(text)
+            case ClientInterrupt():
+                return self._interrupt()
+            case AnswerAudio(answer_id=answer_id):
+                if self._is_current(answer_id) and self.state is State.ANSWERING:
+                    self.state = State.SPEAKING
+                return []
+            case AnswerFinished(answer_id=answer_id):
+                return self._answer_finished(answer_id)
+        raise TurnTakingError(f"unknown event {event!r}")
+
+    # --- the user's side -------------------------------------------------------------------------------------------
+    def _speech_started(self, event: UserSpeechStarted) -> list[TurnAction]:
+        state = self.state
+        if state is State.LISTENING:
+            self._open_turn()
+            return []
+        if state in (State.USER_SPEAKING, State.BARGE_IN_PENDING):
+            return []  # the listener reports one start per segment; a repeat changes nothing
+        if state is State.USER_PAUSED:  # the user went on: drop the speculation, same turn
+            actions = self._cancel("user_continued", ends_turn=False)
+            self.state = State.USER_SPEAKING
+            return actions
+        if state is State.ANSWERING:  # no audio out yet: the answer is dropped either way, never queued
+            if self._continues(event.at_ms):
+                actions = self._cancel("user_continued", ends_turn=False)
+            else:
+                actions = self._cancel("new_turn", ends_turn=True)
+                self._open_turn()
+            self.state = State.USER_SPEAKING
+            return actions
+        # SPEAKING: maybe a barge-in, maybe a cough or the assistant's own echo; wait for words
+        self._pending_start_ms = event.at_ms
+        self.state = State.BARGE_IN_PENDING
+        return []
+
+    def _confirm_barge_in(self) -> list[TurnAction]:
+        if self._continues(self._pending_start_ms):
+            actions = self._cancel("user_continued", ends_turn=False, clear=True)
+        else:
+            actions = self._cancel("barge_in", ends_turn=True, clear=True)
+            self._open_turn()
+        self.state = State.USER_SPEAKING
+        return actions
+
+    def _final(self, text: str) -> list[TurnAction]:
+        if self.state is State.BARGE_IN_PENDING:
+            if not text:
+                self.state = State.SPEAKING  # no words: a cough or an echo; the answer plays on
+                return []
+            actions = self._confirm_barge_in()
+            return actions + self._final(text)
+        if self.state is not State.USER_SPEAKING or self._user is None:
+            return []  # a segment abandoned by a typed turn or an interrupt
+        user = self._user
+        if text:
+            user.segments.append(text)
+        if not user.text:  # noise that looked like speech: no words, no turn
+            self._user = None
+            self.state = State.LISTENING
+            return []
+        user.silence_ms = 0.0
+        user.verdict = None
+        confirmed = user.done
+        if not confirmed and not self.config.speculate:
+            self.state = State.USER_PAUSED  # nothing starts until the end of turn is confirmed
+            return []
+        user.speculations += 1
+        answer = self._new_answer(user.turn, held=not confirmed, spoken_turn=True)
+        self.state = State.ANSWERING if confirmed else State.USER_PAUSED
+        return [StartAnswer(answer.answer_id, user.turn, user.text, held=answer.held)]
+
+    def _maybe_confirm(self) -> list[TurnAction]:
+        user = self._user
+        if user is None or self.config.explicit_end:
+            return []
+        if user.verdict is None:
+            needed = self.config.silence_rule_ms
+        elif user.verdict:
+            needed = self.config.complete_silence_ms
+        else:
+            needed = self.config.incomplete_silence_ms
+        return self._confirm() if user.silence_ms >= needed else []
+
+    def _user_done(self) -> list[TurnAction]:
+        if self._user is None:
+            return []
+        self._user.done = True
+        return self._confirm() if self.state is State.USER_PAUSED else []
+
+    def _confirm(self) -> list[TurnAction]:
+        """The end of the paused turn is sure: release the held answer, or start it if nothing was speculated."""
+        user = self._user
+        if user is None:
+            return []
+        self.state = State.ANSWERING
+        if self._answer is not None:
+            self._answer.held = False
+            return [ReleaseAnswer(self._answer.answer_id)]
+        user.speculations += 1
+        answer = self._new_answer(user.turn, held=False, spoken_turn=True)
+        return [StartAnswer(answer.answer_id, user.turn, user.text, held=False)]
+
+    # --- the client ------------------------------------------------------------------------------------------------
+    def _typed(self, text: str) -> list[TurnAction]:
+        actions = self._stop_everything("new_text")
+        self.turn_no += 1
+        self._user = None
+        answer = self._new_answer(self.turn_no, held=False, spoken_turn=False)
+        self.state = State.ANSWERING
+        actions.append(StartAnswer(answer.answer_id, self.turn_no, text, held=False))
+        return actions
+
+    def _interrupt(self) -> list[TurnAction]:
+        user_was_speaking = self.state in (State.USER_SPEAKING, State.BARGE_IN_PENDING)
+        actions = self._stop_everything("interrupt")
+        self._user = None
+        self.state = State.LISTENING
+        if user_was_speaking:  # the user is still talking: that speech is a turn of its own
+            self._open_turn()
+        return actions
+
+    def _stop_everything(self, reason: str) -> list[TurnAction]:
+        """End the answer in progress and any open user turn (a typed message or an interrupt takes the floor)."""
+        if self._answer is not None:
+            return self._cancel(reason, ends_turn=True, clear=self.state in (State.SPEAKING, State.BARGE_IN_PENDING))
+        if self._user is not None and self._user.text:
+            return [AbandonTurn(self._user.turn, self._user.text)]
+        return []
+
+    # --- the assistant's side --------------------------------------------------------------------------------------
+    def _answer_finished(self, answer_id: int) -> list[TurnAction]:
+        if not self._is_current(answer_id):
+            return []  # an answer already cancelled: its end changes nothing
+        answer = self._answer
+        assert answer is not None
+        self._answer = None
+        user = self._user
+        speculations, dropped = (user.speculations, user.dropped) if user is not None else (0, 0)
+        actions: list[TurnAction] = [FinishTurn(answer_id, answer.turn, speculations, dropped)]
+        self._user = None
+        if self.state is State.BARGE_IN_PENDING:  # the answer ended while the user spoke: that speech is a new turn
+            self._open_turn()
+            self.state = State.USER_SPEAKING
+        else:
+            self.state = State.LISTENING
+        return actions
+
+    # --- helpers ---------------------------------------------------------------------------------------------------
+    def _open_turn(self) -> None:
+        self.turn_no += 1
+        self._user = _UserTurn(self.turn_no)
+        self.state = State.USER_SPEAKING
+
+    def _new_answer(self, turn: int, held: bool, spoken_turn: bool) -> _Answer:
+        self._answer_ids += 1
+        self._answer = _Answer(self._answer_ids, turn, held, spoken_turn)
+        return self._answer
+
+    def _continues(self, start_ms: float) -> bool:
+        """Speech starting at `start_ms` continues the user's turn: it follows their last word closely."""
+        answer, user = self._answer, self._user
+        if answer is None or not answer.spoken_turn or user is None or user.last_voiced_ms is None:
+            return False
+        return start_ms - user.last_voiced_ms <= self.config.continuation_ms
+
+    def _cancel(self, reason: str, ends_turn: bool, clear: bool = False) -> list[TurnAction]:
+        answer = self._answer
+        if answer is None:
+            return []
+        self._answer = None
+        user = self._user
+        continues_as = None
+        if not ends_turn and user is not None:
+            user.dropped += 1
+            if clear:
+                self.turn_no += 1
+                user.turn = continues_as = self.turn_no
+        speculations, dropped = (user.speculations, user.dropped) if user is not None else (0, 0)
+        if ends_turn:
+            self._user = None
+        return [CancelAnswer(answer.answer_id, answer.turn, reason, clear, ends_turn, speculations, dropped,
+                             continues_as)]
+
+    def _is_current(self, answer_id: int) -> bool:
+        return self._answer is not None and self._answer.answer_id == answer_id
