@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from model.block_diffusion import (
     AdapterConfig,
@@ -19,26 +18,10 @@ from model.block_diffusion import (
 from model.block_training import batch_logits, block_diffusion_loss, make_batch
 from model.errors import ModelError
 from model.sampler import SamplerConfig, generate
+from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
-VOCAB = 48
-EOS = 2
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=EOS,
-        tie_word_embeddings=True,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config).eval()
+VOCAB = LLAMA_VOCAB
+EOS = LLAMA_EOS
 
 
 def adapted(seed: int = 0, block: int = 4) -> BlockDiffusionLM:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
 from model.block_training import make_batch
@@ -18,9 +18,10 @@ from model.engine import DiffusionChatModel
 from model.errors import ModelError
 from model.sampler import SamplerConfig
 from model.speculative import SpeechGuard, accept_greedy, accept_sampled, generate_speculative
+from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
-VOCAB = 48
-EOS = 2
+VOCAB = LLAMA_VOCAB
+EOS = LLAMA_EOS
 
 
 @pytest.fixture(autouse=True)
@@ -30,23 +31,6 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=EOS,
-        tie_word_embeddings=True,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 def adapted(seed: int = 0) -> BlockDiffusionLM:

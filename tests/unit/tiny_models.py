@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 WORDS = [
     *("hello", "hi", "there", "how", "are", "you", "i", "am", "fine", "thanks", "good", "day"),
@@ -188,3 +188,25 @@ def scripted_byte_model(
     steps = steps_per_block or block_length
     config = SamplerConfig(block_length=block_length, steps_per_block=steps, remasking="left_to_right")
     return DiffusionChatModel("scripted", tokenizer, denoiser, config, context_length=context_length)
+
+
+LLAMA_VOCAB = 48
+LLAMA_EOS = 2
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    """A random two-layer Llama (the architecture of SmolLM2) with a 48-token vocabulary and EOS 2."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=LLAMA_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=LLAMA_EOS,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config).eval()
