@@ -22,8 +22,12 @@ from voice.engines import Engines
 from voice.events import ErrorEvent, SpeechStart, Transcript, TurnEnd
 from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.session import Session, SessionConfig
+from voice.turn_taking import TurnTakingConfig
 
-TRAILING_SILENCE_S = 1.2  # longer than the endpointer's minimum silence plus padding
+# A live microphone keeps sending silence after the question; the end of turn is judged on that audio's clock, and
+# when Smart Turn hears the question as unfinished it waits up to `incomplete_silence_ms` of it. A client that
+# stopped sending earlier would leave such a turn open (seen as "no turn_end within 120 s" in CI).
+TRAILING_SILENCE_S = TurnTakingConfig().incomplete_silence_ms / 1000.0 + 0.4
 TURN_TIMEOUT_S = 120.0
 SPEECH_START_GRACE_S = 3.0
 
