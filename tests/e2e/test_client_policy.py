@@ -5,6 +5,7 @@ seconds): an answer interrupted before the model finished keeps its words in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -75,6 +76,7 @@ def test_an_answer_cut_before_the_model_finished_keeps_its_words() -> None:
 
 
 def test_a_policy_close_shows_its_reason_and_does_not_reconnect() -> None:
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
     from playwright.async_api import async_playwright
 
     strict = WebConfig(port=0, max_messages_per_s=0.1, message_burst=2, messages_close_after=1)
@@ -88,9 +90,13 @@ def test_a_policy_close_shows_its_reason_and_does_not_reconnect() -> None:
                 await page.goto(f"http://127.0.0.1:{server.port}/")
                 await page.wait_for_function("() => window.__state === 'ready'", timeout=20_000)
                 for index in range(10):  # the hello and a turn fill the burst; the rest is a flood
-                    if await page.evaluate("window.__state") == "closed":
+                    # the close can land while a message is being typed (the page also reports playback), which
+                    # disables the send button: stop flooding then
+                    if await page.evaluate("window.__state") == "closed" or await page.is_disabled("#send"):
                         break
-                    await type_message(page, f"message {index}")
+                    await page.fill("#text", f"message {index}")
+                    with contextlib.suppress(PlaywrightTimeout):
+                        await page.click("#send", timeout=2_000)
                 await page.wait_for_function("() => window.__state === 'closed'", timeout=10_000)
                 await asyncio.sleep(3.0)  # a reconnect would have happened by now (first backoff ~0.5 s)
                 return {
