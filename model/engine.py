@@ -18,7 +18,7 @@ from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
 from model.refinement import Refinement
 from model.sampler import SamplerConfig, generate
-from model.speculative import SpeechGuard, Verifier, generate_speculative
+from model.speculative import SpeechGuard, Verifier, WordClasses, generate_speculative
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
 # character or restore a leading space the same way they would in the whole text.
@@ -48,9 +48,14 @@ def token_texts(tokenizer: Any, tokens: Sequence[int], final: bool = False) -> l
     return texts
 
 
-def sentence_end_ids(tokenizer: Any) -> frozenset[int]:
+def token_texts_of_vocabulary(tokenizer: Any) -> list[str]:
+    """Each token's text alone, by id."""
+    return tokenizer.batch_decode([[token_id] for token_id in range(len(tokenizer))])
+
+
+def sentence_end_ids(tokenizer: Any, texts: list[str] | None = None) -> frozenset[int]:
     """Tokens whose text ends a sentence ("." "!" "?", optionally followed by a quote or spaces)."""
-    texts = tokenizer.batch_decode([[token_id] for token_id in range(len(tokenizer))])
+    texts = token_texts_of_vocabulary(tokenizer) if texts is None else texts
     stripped = (text.rstrip(" \"')\n") for text in texts)
     return frozenset(i for i, text in enumerate(stripped) if text.endswith((".", "!", "?")) and not text.endswith(".."))
 
@@ -260,11 +265,13 @@ class DiffusionChatModel:
         if not (self.sampler.no_repeat_ngram or self.sampler.end_after):
             return None
         if self._guard is None:
+            texts = token_texts_of_vocabulary(self.tokenizer)
             self._guard = SpeechGuard(
                 no_repeat_ngram=self.sampler.no_repeat_ngram,
                 end_after=self.sampler.end_after,
-                sentence_end_ids=sentence_end_ids(self.tokenizer) if self.sampler.end_after else frozenset(),
+                sentence_end_ids=sentence_end_ids(self.tokenizer, texts) if self.sampler.end_after else frozenset(),
                 eos_id=self.tokenizer.eos_token_id,
+                words=WordClasses.from_texts(texts) if self.sampler.no_repeat_ngram else None,
             )
         return self._guard
 

@@ -18,7 +18,7 @@ draft d with probability min(1, p(d) / q(d)); on rejection sample from the resid
 masks' argmax, so q is one-hot and the rule becomes: accept with probability p(d), else sample p with d removed. The
 output then follows the teacher's distribution exactly.
 
-The `SpeechGuard` (no repeated n-grams, end at a sentence end once the answer is long enough) edits the teacher's
+The `SpeechGuard` (no repeated word n-grams, end at a sentence end once the answer is long enough) edits the teacher's
 logits as a pure function of the answer so far. It is applied to every verification row with that row's own prefix,
 so autoregressive and self-speculative decoding stay token-for-token equal with it on.
 """
@@ -60,22 +60,59 @@ class Verifier(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class WordClasses:
+    """Token ids grouped by the word they spell, so the guard sees "A quick" and " a quick" as the same words.
+
+    `of[t]` is token t's class, or -1 for a token that spells no word (punctuation, spaces): those are skipped when
+    n-grams are compared, as a listener skips them. `members[c]` are the tokens of class c, banned together.
+    """
+
+    of: tuple[int, ...]
+    members: dict[int, tuple[int, ...]]
+
+    @classmethod
+    def from_texts(cls, texts: list[str]) -> WordClasses:
+        """Classes from each token's decoded text: lower-cased, spaces and punctuation removed (apostrophes kept)."""
+        index: dict[str, int] = {}
+        of: list[int] = []
+        members: dict[int, list[int]] = {}
+        for token_id, text in enumerate(texts):
+            key = "".join(ch for ch in text.lower().replace("\u2019", "'") if ch.isalnum() or ch == "'")
+            if not key:
+                of.append(-1)
+                continue
+            cls_id = index.setdefault(key, len(index))
+            of.append(cls_id)
+            members.setdefault(cls_id, []).append(token_id)
+        return cls(tuple(of), {c: tuple(ids) for c, ids in members.items()})
+
+
+@dataclass(frozen=True, slots=True)
 class SpeechGuard:
-    """Rules that keep spoken answers from looping; applied to the teacher's logits identically in every mode."""
+    """Rules that keep spoken answers from looping; applied to the teacher's logits identically in every mode.
+
+    With `words`, n-grams are compared on words (case, leading spaces and punctuation ignored): the token-level rule
+    let "A quick breakfast is a quick breakfast." through, since "A" and " a" are different tokens.
+    """
 
     no_repeat_ngram: int = 0  # n > 0: never emit a token that would repeat an n-gram of the answer
     end_after: int = 0  # > 0: once the answer holds this many tokens, end it after the next sentence end
     sentence_end_ids: frozenset[int] = frozenset()  # tokens that end a sentence (".", "!", "?" ...)
     eos_id: int | None = None
+    words: WordClasses | None = None  # None: compare token ids as they are
 
     def apply(self, logits: torch.Tensor, answer: list[int]) -> None:
         """Edit `logits` ([V], in place) for the token that follows `answer`."""
         n = self.no_repeat_ngram
-        if n > 0 and len(answer) >= n:
-            context = answer[len(answer) - n + 1 :]
-            banned = [answer[i + n - 1] for i in range(len(answer) - n + 1) if answer[i : i + n - 1] == context]
-            if banned:
-                logits[banned] = -torch.inf
+        if n > 0:
+            keys = answer if self.words is None else [c for c in (self.words.of[t] for t in answer) if c >= 0]
+            if len(keys) >= n:
+                context = keys[len(keys) - n + 1 :]
+                banned = {keys[i + n - 1] for i in range(len(keys) - n + 1) if keys[i : i + n - 1] == context}
+                if banned and self.words is not None:
+                    banned = {token for c in banned for token in self.words.members[c]}
+                if banned:
+                    logits[sorted(banned)] = -torch.inf
         long_enough = self.end_after and self.eos_id is not None and len(answer) >= self.end_after
         if long_enough and answer[-1] in self.sentence_end_ids:
             logits.fill_(-torch.inf)

@@ -17,7 +17,7 @@ from model.block_training import make_batch
 from model.engine import DiffusionChatModel
 from model.errors import ModelError
 from model.sampler import SamplerConfig
-from model.speculative import SpeechGuard, accept_greedy, accept_sampled, generate_speculative
+from model.speculative import SpeechGuard, WordClasses, accept_greedy, accept_sampled, generate_speculative
 from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
 VOCAB = LLAMA_VOCAB
@@ -129,6 +129,27 @@ def test_the_speech_guard_keeps_both_modes_equal_and_the_answer_free_of_repeats(
         ends = [i for i, token in enumerate(autoregressive) if token in (7, 8) and i >= 5]
         if ends:  # the answer stops right after the first sentence end past 6 tokens
             assert autoregressive[ends[0] + 1 :] == [EOS], index
+
+
+def test_the_guard_compares_words_not_token_ids() -> None:
+    """ "A quick breakfast is a quick" must not go on with " breakfast": "A" and " a" are one word to a listener."""
+    texts = ["A", " a", " quick", " breakfast", " is", ".", " Breakfast", "breakfast", " lunch", "!"]
+    words = WordClasses.from_texts(texts)
+    assert words.of[0] == words.of[1] and words.of[3] == words.of[6] == words.of[7]
+    assert words.of[5] == words.of[9] == -1  # punctuation spells no word
+    answer = [0, 2, 3, 4, 1, 2]  # "A quick breakfast is a quick"
+    by_words = SpeechGuard(no_repeat_ngram=3, words=words)
+    logits = torch.zeros(len(texts))
+    by_words.apply(logits, answer)
+    banned = {i for i in range(len(texts)) if logits[i] == -torch.inf}
+    assert banned == {3, 6, 7}  # every spelling of "breakfast", nothing else
+    by_ids = torch.zeros(len(texts))
+    SpeechGuard(no_repeat_ngram=3).apply(by_ids, answer)
+    assert not torch.isinf(by_ids).any()  # the token-id rule lets this loop through
+    # punctuation is skipped: "A quick breakfast. A quick" -> no " breakfast" again either
+    logits = torch.zeros(len(texts))
+    by_words.apply(logits, [0, 2, 3, 5, 0, 2])
+    assert logits[3] == -torch.inf and logits[8] == 0.0
 
 
 def test_the_cache_after_rejected_drafts_equals_a_fresh_prefill_of_the_accepted_text() -> None:
