@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
-from report_lib.soak_inputs import SOAK_QUESTIONS
+from report_lib.soak_inputs import SOAK_QUESTIONS, interleave
 
 from model.chat import ChatMessage, GenerationOptions
 from model.default_model import VOICE_SYSTEM_PROMPT, load_base, load_default_chat_model
@@ -51,16 +51,7 @@ RECORDED_TEXTS = (
 
 def user_texts(count: int) -> list[str]:
     """The soak's turn order (see report_lib.soak_inputs.soak_turns) as text."""
-    order: list[str] = []
-    q = r = 0
-    while len(order) < count:
-        if len(order) % 3 == 2:
-            order.append(RECORDED_TEXTS[r % len(RECORDED_TEXTS)])
-            r += 1
-        else:
-            order.append(SOAK_QUESTIONS[q % len(SOAK_QUESTIONS)])
-            q += 1
-    return order
+    return interleave(SOAK_QUESTIONS, RECORDED_TEXTS, count)
 
 
 def visible(messages: list[ChatMessage], history: str) -> list[ChatMessage]:

@@ -7,10 +7,14 @@ The LibriVox clips are left out: the tests use them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from report_lib.inputs import synthesised_questions
 from report_lib.speech_samples import TESTDATA_DIR
+
+T = TypeVar("T")
 
 ALSA_SOUNDS = Path("/usr/share/sounds/alsa")
 SOAK_QUESTIONS: tuple[str, ...] = (
@@ -54,10 +58,9 @@ def recorded_turns(testdata: Path = TESTDATA_DIR, alsa: Path = ALSA_SOUNDS) -> l
     return cards + channels
 
 
-def soak_turns(count: int) -> list[Path]:
-    """`count` turns: two synthesised questions, then one recording, repeating; clips cycle when there are fewer."""
-    questions, recorded = synthesised_questions(questions=SOAK_QUESTIONS), recorded_turns()
-    order: list[Path] = []
+def interleave(questions: Sequence[T], recorded: Sequence[T], count: int) -> list[T]:
+    """`count` turns: two questions, then one recording, repeating; each list cycles when it runs out."""
+    order: list[T] = []
     q = r = 0
     while len(order) < count:
         if recorded and len(order) % 3 == 2:
@@ -67,3 +70,8 @@ def soak_turns(count: int) -> list[Path]:
             order.append(questions[q % len(questions)])
             q += 1
     return order
+
+
+def soak_turns(count: int) -> list[Path]:
+    """The soak's `count` turns as audio: synthesised questions interleaved with real recordings."""
+    return interleave(synthesised_questions(questions=SOAK_QUESTIONS), recorded_turns(), count)

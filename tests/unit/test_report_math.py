@@ -128,3 +128,10 @@ def test_change_between_configurations() -> None:
     assert change(2000.0, 1500.0) == {"saved_ms": 500.0, "saved_percent": 25.0}
     assert change(1000.0, 1100.0) == {"saved_ms": -100.0, "saved_percent": pytest.approx(-10.0)}
     assert change(None, 1500.0) is None and change(0.0, 10.0) is None
+
+
+def test_the_soak_interleaves_two_questions_then_one_recording_and_cycles_each_list() -> None:
+    from report_lib.soak_inputs import interleave
+
+    assert interleave(["q1", "q2", "q3"], ["r1", "r2"], 8) == ["q1", "q2", "r1", "q3", "q1", "r2", "q2", "q3"]
+    assert interleave(["q1"], [], 3) == ["q1", "q1", "q1"]  # no recordings on this machine: questions only
