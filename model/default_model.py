@@ -33,6 +33,7 @@ VOICE_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one 
 # Spoken answers never loop: no token 3-gram twice, and an answer ends at the first sentence end after 24 tokens.
 SPOKEN_NO_REPEAT_NGRAM = 3
 SPOKEN_END_AFTER = 24
+SPOKEN_NO_COPY_NGRAM = 6  # tokens, punctuation counted: breaks copies of an earlier answer or the system prompt
 
 
 def base_gguf_path() -> Path:
@@ -136,6 +137,7 @@ def load_default_chat_model(
     settings.setdefault("draft_masks", model.config.block_length)
     settings.setdefault("no_repeat_ngram", SPOKEN_NO_REPEAT_NGRAM)
     settings.setdefault("end_after", SPOKEN_END_AFTER)
+    settings.setdefault("no_copy_ngram", SPOKEN_NO_COPY_NGRAM)
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
     return DiffusionChatModel(

@@ -252,28 +252,32 @@ class DiffusionChatModel:
         if hasattr(self.denoiser, "prefill_cancel"):
             self.denoiser.prefill_cancel = cancel
         if config.decoding == "diffusion":
-            return generate(self.denoiser, prompt, length, config, cancel, self._unconditional, self.speech_guard())
+            guard = self.speech_guard(prompt)
+            return generate(self.denoiser, prompt, length, config, cancel, self._unconditional, guard)
         if not config.use_cache:
             raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
         return generate_speculative(
-            self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(), cancel
+            self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(prompt), cancel
         )
 
-    def speech_guard(self) -> SpeechGuard | None:
-        """The sampler's anti-loop rules with this tokenizer's sentence-end tokens (None when both are off)."""
-        if not (self.sampler.no_repeat_ngram or self.sampler.end_after):
+    def speech_guard(self, prompt: list[int] | None = None) -> SpeechGuard | None:
+        """The sampler's anti-loop rules with this tokenizer's word classes and sentence-end tokens, for `prompt`
+        (None when every rule is off)."""
+        sampler = self.sampler
+        if not (sampler.no_repeat_ngram or sampler.end_after or sampler.no_copy_ngram):
             return None
         if self._guard is None:
             texts = token_texts_of_vocabulary(self.tokenizer)
             self._guard = SpeechGuard(
-                no_repeat_ngram=self.sampler.no_repeat_ngram,
-                end_after=self.sampler.end_after,
-                sentence_end_ids=sentence_end_ids(self.tokenizer, texts) if self.sampler.end_after else frozenset(),
+                no_repeat_ngram=sampler.no_repeat_ngram,
+                end_after=sampler.end_after,
+                sentence_end_ids=sentence_end_ids(self.tokenizer, texts) if sampler.end_after else frozenset(),
                 eos_id=self.tokenizer.eos_token_id,
-                words=WordClasses.from_texts(texts) if self.sampler.no_repeat_ngram else None,
+                words=WordClasses.from_texts(texts) if sampler.no_repeat_ngram or sampler.no_copy_ngram else None,
+                no_copy_ngram=sampler.no_copy_ngram,
             )
-        return self._guard
+        return self._guard if prompt is None else self._guard.for_prompt(prompt)
 
     def generate_text(self, prompt: str, options: GenerationOptions | None = None) -> str:
         """The final answer to one user message, as plain text."""

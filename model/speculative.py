@@ -18,7 +18,7 @@ draft d with probability min(1, p(d) / q(d)); on rejection sample from the resid
 masks' argmax, so q is one-hot and the rule becomes: accept with probability p(d), else sample p with d removed. The
 output then follows the teacher's distribution exactly.
 
-The `SpeechGuard` (no repeated word n-grams, end at a sentence end once the answer is long enough) edits the teacher's
+The `SpeechGuard` (no repeated word n-grams, no copied runs of the prompt, end at a sentence end once the answer is long enough) edits the teacher's
 logits as a pure function of the answer so far. It is applied to every verification row with that row's own prefix,
 so autoregressive and self-speculative decoding stay token-for-token equal with it on.
 """
@@ -29,7 +29,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -93,6 +93,10 @@ class SpeechGuard:
 
     With `words`, n-grams are compared on words (case, leading spaces and punctuation ignored): the token-level rule
     let "A quick breakfast is a quick breakfast." through, since "A" and " a" are different tokens.
+
+    `no_copy_ngram` keeps the answer from copying runs of its prompt (punctuation counted): in a long conversation a
+    small model otherwise repeats its previous answer for an unclear question, and the copy then feeds the next turn
+    ("A: "A: "" five turns in a row in a 60-turn soak). `for_prompt` gives the guard of one request.
     """
 
     no_repeat_ngram: int = 0  # n > 0: never emit a token that would repeat an n-gram of the answer
@@ -100,19 +104,48 @@ class SpeechGuard:
     sentence_end_ids: frozenset[int] = frozenset()  # tokens that end a sentence (".", "!", "?" ...)
     eos_id: int | None = None
     words: WordClasses | None = None  # None: compare token ids as they are
+    no_copy_ngram: int = 0  # n > 0: never emit a token that would copy an n-gram of the prompt
+    copied: dict[tuple[int, ...], frozenset[int]] = field(default_factory=dict)  # prompt (n-1)-gram -> next keys
+
+    def for_prompt(self, prompt: list[int]) -> SpeechGuard:
+        """This guard with the prompt's n-grams indexed (itself when copying is allowed)."""
+        n = self.no_copy_ngram
+        if n <= 0:
+            return self
+        keys = [self._copy_key(t) for t in prompt]
+        index: dict[tuple[int, ...], set[int]] = {}
+        for i in range(len(keys) - n + 1):
+            index.setdefault(tuple(keys[i : i + n - 1]), set()).add(keys[i + n - 1])
+        return replace(self, copied={context: frozenset(after) for context, after in index.items()})
+
+    def _copy_key(self, token: int) -> int:
+        """A token's word class for copy matching; punctuation keeps its own identity (as -2 - id)."""
+        if self.words is None:
+            return token
+        word = self.words.of[token]
+        return word if word >= 0 else -2 - token
+
+    def _tokens_of(self, key: int) -> tuple[int, ...]:
+        if self.words is None:
+            return (key,)
+        return (-2 - key,) if key < 0 else self.words.members[key]
 
     def apply(self, logits: torch.Tensor, answer: list[int]) -> None:
         """Edit `logits` ([V], in place) for the token that follows `answer`."""
+        banned: set[int] = set()
         n = self.no_repeat_ngram
         if n > 0:
             keys = answer if self.words is None else [c for c in (self.words.of[t] for t in answer) if c >= 0]
             if len(keys) >= n:
                 context = keys[len(keys) - n + 1 :]
-                banned = {keys[i + n - 1] for i in range(len(keys) - n + 1) if keys[i : i + n - 1] == context}
-                if banned and self.words is not None:
-                    banned = {token for c in banned for token in self.words.members[c]}
-                if banned:
-                    logits[sorted(banned)] = -torch.inf
+                repeats = {keys[i + n - 1] for i in range(len(keys) - n + 1) if keys[i : i + n - 1] == context}
+                banned.update(token for key in repeats for token in self._tokens_of(key))
+        n = self.no_copy_ngram
+        if n > 0 and self.copied and len(answer) >= n - 1:
+            context = tuple(self._copy_key(t) for t in answer[len(answer) - n + 1 :])
+            banned.update(token for key in self.copied.get(context, ()) for token in self._tokens_of(key))
+        if banned:
+            logits[sorted(banned)] = -torch.inf
         long_enough = self.end_after and self.eos_id is not None and len(answer) >= self.end_after
         if long_enough and answer[-1] in self.sentence_end_ids:
             logits.fill_(-torch.inf)

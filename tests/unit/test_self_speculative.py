@@ -118,14 +118,17 @@ def test_self_speculative_equals_autoregressive_equals_the_teacher() -> None:
 def test_the_speech_guard_keeps_both_modes_equal_and_the_answer_free_of_repeats() -> None:
     model = adapted(seed=1)
     denoiser = BlockDiffusionDenoiser(model, [EOS])
-    guard = SpeechGuard(no_repeat_ngram=2, end_after=6, sentence_end_ids=frozenset({7, 8}), eos_id=EOS)
+    base = SpeechGuard(no_repeat_ngram=2, end_after=6, sentence_end_ids=frozenset({7, 8}), eos_id=EOS, no_copy_ngram=3)
     for index, prompt in enumerate(prompts(12, seed=1)):
+        guard = base.for_prompt(prompt)
         autoregressive = final_tokens(list(generate_speculative(denoiser, prompt, 24, masks=0, guard=guard)))
         oracle = OracleDrafts(denoiser, autoregressive, error_rate=0.2, seed=index)
         speculative = final_tokens(list(generate_speculative(oracle, prompt, 24, masks=4, guard=guard)))
         assert speculative == autoregressive, index
         bigrams = list(itertools.pairwise(autoregressive))
         assert len(bigrams) == len(set(bigrams)), index
+        prompt_trigrams = set(zip(prompt, prompt[1:], prompt[2:], strict=False))
+        assert not prompt_trigrams & set(zip(autoregressive, autoregressive[1:], autoregressive[2:], strict=False))
         ends = [i for i, token in enumerate(autoregressive) if token in (7, 8) and i >= 5]
         if ends:  # the answer stops right after the first sentence end past 6 tokens
             assert autoregressive[ends[0] + 1 :] == [EOS], index
@@ -150,6 +153,22 @@ def test_the_guard_compares_words_not_token_ids() -> None:
     logits = torch.zeros(len(texts))
     by_words.apply(logits, [0, 2, 3, 5, 0, 2])
     assert logits[3] == -torch.inf and logits[8] == 0.0
+
+
+def test_the_guard_breaks_a_copy_of_the_prompt_punctuation_included() -> None:
+    """An answer copying an earlier answer ('A: "A: "') must leave it by the n-th token, whatever its case."""
+    texts = ["A", " a", ":", ' "', " joke", "?", " The", " the", " end"]
+    guard = SpeechGuard(no_copy_ngram=4, words=WordClasses.from_texts(texts))
+    prompt = [4, 5, 0, 2, 3, 0, 2, 3]  # ' joke? A: "A: "'
+    logits = torch.zeros(len(texts))
+    guard.for_prompt(prompt).apply(logits, [1, 2, 3])  # ' a: "' copies 'A: "' ...
+    assert {i for i in range(len(texts)) if logits[i] == -torch.inf} == {0, 1}  # ... so no "A" / " a" next
+    logits = torch.zeros(len(texts))
+    guard.for_prompt(prompt).apply(logits, [1, 2, 6])  # ' a: The' is no copy
+    assert not torch.isinf(logits).any()
+    logits = torch.zeros(len(texts))
+    guard.apply(logits, [1, 2, 3])  # a guard not given the prompt bans nothing
+    assert not torch.isinf(logits).any()
 
 
 def test_the_cache_after_rejected_drafts_equals_a_fresh_prefill_of_the_accepted_text() -> None:
