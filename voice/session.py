@@ -13,8 +13,8 @@ dropped from the moment of the decision, so no audio ever follows its `Clear`. A
 outputs (`Pause`, then `Resume` or `Clear`); the answer's turn ends only once its audio has played, pauses excluded.
 
 The core takes time as input: a clock task feeds it `ClockTick` (wall time, and how long the session has waited for
-audio) every `CLOCK_TICK_S` while the user holds or contests the floor, so a client that stops sending audio still
-gets its turn ended, and a paused answer resumes when no word follows.
+audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client
+that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows.
 """
 
 from __future__ import annotations
@@ -194,8 +194,6 @@ class Session:
     async def start(self) -> None:
         if self._listen is None:
             self._listen = ListenStage(self.id, self._on_listen, self.config.listen, model=self.engines.asr)
-        if self._clock_task is None:
-            self._clock_task = asyncio.create_task(self._run_clock(), name=f"turn-clock-{self.id}")
 
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None:
         """Microphone audio (PCM16 LE mono). Raises `AudioFormatError` for a bad frame; the session goes on."""
@@ -332,12 +330,19 @@ class Session:
 
         self._verdict_task = asyncio.create_task(judge(), name=f"turn-verdict-{self.id}-{turn}")
 
+    def _start_clock(self) -> None:
+        """Run the clock while the user holds or contests the floor (an idle session does not tick)."""
+        if self._closed or self.turn_taking.state not in _CLOCKED_STATES:
+            return
+        if self._clock_task is None or self._clock_task.done():
+            self._clock_task = asyncio.create_task(self._run_clock(), name=f"turn-clock-{self.id}")
+
     async def _run_clock(self) -> None:
         """Feed the core the wall clock while it may need it; it reads no clock itself."""
         while True:
             await asyncio.sleep(CLOCK_TICK_S)
             if self.turn_taking.state not in _CLOCKED_STATES:
-                continue
+                return
             now = time.monotonic()
             since = self._waiting_for_audio_since
             await self._dispatch(ClockTick(now * 1000, 0.0 if since is None else (now - since) * 1000))
@@ -675,10 +680,12 @@ class Session:
         self._answer_event(answer, ErrorEvent(session=self.id, turn=answer.turn, code=code, message=message))
 
     def _update_idle(self) -> None:
+        """After every transition: whether the session is idle, and whether the core needs the clock."""
         if self.turn_taking.state is State.LISTENING and self._answer is None:
             self._idle.set()
         else:
             self._idle.clear()
+        self._start_clock()
 
     def _emit(self, event: Event) -> None:
         if not isinstance(event, AudioOut):
