@@ -29,6 +29,7 @@ import numpy as np
 from report_lib.local_assistant import TURN_SUMMARY, AssistantFailed, LocalAssistant
 from report_lib.pulse_devices import MIC_RATE, PulseUnavailable, VirtualDevices
 from report_lib.report_math import percentile
+from report_lib.results import print_and_save
 from report_lib.speech_samples import librivox_clips
 
 from voice.io.audio import float32_to_pcm16, load_audio_16k
@@ -160,10 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.compare_browser:
         result["browser"] = browser_figures(args.turns, args.max_new_tokens)
-    print(json.dumps({k: v for k, v in result.items() if k != "per_turn"}, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print_and_save({k: v for k, v in result.items() if k != "per_turn"}, result, args.json)
     return 0
 
 

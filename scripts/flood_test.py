@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 from report_lib.load import LoadTestError, SpawnedServer, check_loopback, pid_of, rss_mb
+from report_lib.results import print_and_save
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -175,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except LoadTestError as err:
         print(f"flood_test: error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print_and_save(result, result, args.json)
     return 0 if result["within_bound"] else 1
 
 

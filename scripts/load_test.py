@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import shlex
 import sys
@@ -35,6 +34,7 @@ from report_lib.load import (
 )
 from report_lib.page import machine_info
 from report_lib.report_math import largest_passing
+from report_lib.results import save_json
 from report_lib.runners import ServerUnreachable
 
 from voice.errors import AudioFormatError
@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(err))
     result["command"] = command
     _print(result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    save_json(result, args.json)
     return 0
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
 from report_lib.load import LoadTestError, SpawnedServer, check_loopback, pid_of, rss_mb
 from report_lib.page import machine_info
+from report_lib.results import print_and_save
 from report_lib.runners import ServerUnreachable
 from report_lib.soak_inputs import soak_turns
 
@@ -368,10 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     result["command"] = "python scripts/soak_session.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     turns = [SoakTurn(**t) for t in result["turns"]]
     print(table(turns))
-    print(json.dumps(result["summary"], indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print_and_save(result["summary"], result, args.json, indent=1)
     return 0
 
 

@@ -153,6 +153,17 @@ class Clear(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Pause(Event):
+    """Stop playing this turn's audio for now and keep what is queued: the user made a sound that may be a barge-in.
+    A `Resume` (the sound was not words) or a `Clear` (it was) follows."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resume(Event):
+    """Play this turn's paused audio on from where it stopped."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TurnEnd(Event):
     """The turn is over. `latency_ms` maps stage names to milliseconds; `spoken` is what the user actually heard."""
 
@@ -188,6 +199,8 @@ EVENT_TYPES: dict[type[Event], str] = {
     FirstAudioOut: "first_audio_out",
     AudioEnd: "audio_end",
     Clear: "clear",
+    Pause: "pause",
+    Resume: "resume",
     TurnEnd: "turn_end",
     ErrorEvent: "error",
 }

@@ -9,7 +9,12 @@ report into the core's events, and executes the actions the core returns. It dec
 
 An answer starts at a pause, before the end of turn is sure (speculative end of turn); its events, audio included,
 are held back until the core releases it, and vanish if the user goes on speaking. A cancelled answer's events are
-dropped from the moment of the decision, so no audio ever follows its `Clear`.
+dropped from the moment of the decision, so no audio ever follows its `Clear`. A sound during playback pauses the
+outputs (`Pause`, then `Resume` or `Clear`); the answer's turn ends only once its audio has played, pauses excluded.
+
+The core takes time as input: a clock task feeds it `ClockTick` (wall time, and how long the session has waited for
+audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client
+that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -39,7 +45,9 @@ from voice.events import (
     FirstAudioOut,
     LmFirstPass,
     LmStarted,
+    Pause,
     PhraseCommitted,
+    Resume,
     SpeechEnd,
     SpeechStart,
     Transcript,
@@ -60,8 +68,12 @@ from voice.turn_taking import (
     AnswerFinished,
     CancelAnswer,
     ClientInterrupt,
+    ClockTick,
+    EndSegment,
     FinishTurn,
+    PauseOutput,
     ReleaseAnswer,
+    ResumeOutput,
     Silence,
     StartAnswer,
     State,
@@ -79,6 +91,9 @@ from voice.turn_taking import (
 )
 
 log = logging.getLogger(__name__)
+
+CLOCK_TICK_S = 0.1  # how often the turn-taking core hears the wall clock while the user holds or contests the floor
+_CLOCKED_STATES = (State.USER_SPEAKING, State.USER_PAUSED, State.BARGE_IN_PENDING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +143,23 @@ class _Answer:
     sample_rate: int = 0
     first_audio_ns: int | None = None
     reported_played: int | None = None  # exact playback position from the output, when it reports one
+    unpaused: asyncio.Event = field(default_factory=asyncio.Event)  # clear while the outputs are paused
+    paused_at_ns: int | None = None
+    paused_ns: int = 0  # time spent paused before `paused_at_ns`
+    pauses: int = 0
     answer: str = ""
     stats: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.unpaused.set()
 
     @property
     def turn(self) -> int:
         return self.record.turn
+
+    def paused_ns_until(self, t_ns: int) -> int:
+        """Time this answer's playback has spent paused up to `t_ns`."""
+        return self.paused_ns + (t_ns - self.paused_at_ns if self.paused_at_ns is not None else 0)
 
 
 class Session:
@@ -159,6 +185,8 @@ class Session:
         self._turn_audio: list[np.ndarray] = []  # the open user turn's segments, for the turn detector
         self._audio_turn = 0  # the turn `_turn_audio` belongs to
         self._verdict_task: asyncio.Task[None] | None = None
+        self._clock_task: asyncio.Task[None] | None = None
+        self._waiting_for_audio_since: float | None = None  # monotonic s; None while a chunk is processed
         self._speaking = False
         self._closed = False
 
@@ -174,11 +202,16 @@ class Session:
         if self._listen is None:
             await self.start()
         if self._speaking and not self.config.full_duplex:
+            self._waiting_for_audio_since = time.monotonic()
             return  # half duplex: the assistant must not hear (and interrupt) itself through open speakers
         async with self._listen_lock:
             if self._listen is None:
                 return
-            await self._listen.accept(pcm16, sample_rate)
+            self._waiting_for_audio_since = None  # a slow step is not a silent client
+            try:
+                await self._listen.accept(pcm16, sample_rate)
+            finally:
+                self._waiting_for_audio_since = time.monotonic()
             if self.turn_taking.state is State.USER_PAUSED:
                 await self._dispatch(Silence(self._listen.silence_ms))
 
@@ -238,7 +271,7 @@ class Session:
         if answer is not None:
             answer.cancelled = True
             await self._stop_answer(answer)
-        await cancel_and_wait(*self._answers_running, self._verdict_task)
+        await cancel_and_wait(*self._answers_running, self._verdict_task, self._clock_task)
         async with self._listen_lock:
             if self._listen is not None:
                 await self._listen.aclose()
@@ -297,6 +330,39 @@ class Session:
 
         self._verdict_task = asyncio.create_task(judge(), name=f"turn-verdict-{self.id}-{turn}")
 
+    def _start_clock(self) -> None:
+        """Run the clock while the user holds or contests the floor (an idle session does not tick)."""
+        if self._closed or self.turn_taking.state not in _CLOCKED_STATES:
+            return
+        if self._clock_task is None or self._clock_task.done():
+            self._clock_task = asyncio.create_task(self._run_clock(), name=f"turn-clock-{self.id}")
+
+    async def _run_clock(self) -> None:
+        """Feed the core the wall clock while it may need it; it reads no clock itself."""
+        while True:
+            await asyncio.sleep(CLOCK_TICK_S)
+            if self.turn_taking.state not in _CLOCKED_STATES:
+                return
+            now = time.monotonic()
+            since = self._waiting_for_audio_since
+            await self._dispatch(ClockTick(now * 1000, 0.0 if since is None else (now - since) * 1000))
+
+    async def _end_segment(self) -> None:
+        """The client stopped sending audio mid-speech: close the open segment as the end of a stream would, and
+        tell the core how much silence the audio held; the wall clock counts on from there."""
+        async with self._listen_lock:
+            if self._listen is None:
+                return
+            try:
+                await self._listen.flush()
+            except VoiceError as err:  # that segment's decode failed: the turn has no final, the session goes on
+                self._emit(ErrorEvent(session=self.id, turn=self.turn_taking.user_turn, code=err.code,
+                                      message=str(err)))
+                return
+            silence_ms = self._listen.silence_ms
+        if self.turn_taking.state is State.USER_PAUSED:
+            await self._dispatch(Silence(silence_ms))
+
     async def _dispatch(self, event: TurnEvent) -> None:
         await self._execute(self.turn_taking.handle(event))
 
@@ -316,6 +382,12 @@ class Session:
                     record = self._record(turn)
                     record.user_text = text
                     self._end_turn(record, None, interrupted=True, stats={})
+                case PauseOutput(answer_id=answer_id):
+                    self._pause(answer_id)
+                case ResumeOutput(answer_id=answer_id):
+                    self._resume(answer_id)
+                case EndSegment():
+                    await self._end_segment()
         self._update_idle()
 
     def _record(self, turn: int) -> _TurnRecord:
@@ -351,6 +423,25 @@ class Session:
         for event in held:
             self._deliver(answer, event)
         answer.released.set()
+
+    def _pause(self, answer_id: int) -> None:
+        answer = self._answer
+        if answer is None or answer.answer_id != answer_id or answer.paused_at_ns is not None:
+            return
+        answer.paused_at_ns = now_ns()
+        answer.pauses += 1
+        answer.unpaused.clear()
+        self._emit(Pause(session=self.id, turn=answer.turn, t_ns=answer.paused_at_ns))
+
+    def _resume(self, answer_id: int) -> None:
+        answer = self._answer
+        if answer is None or answer.answer_id != answer_id or answer.paused_at_ns is None:
+            return
+        resumed = now_ns()
+        answer.paused_ns = answer.paused_ns_until(resumed)
+        answer.paused_at_ns = None
+        answer.unpaused.set()
+        self._emit(Resume(session=self.id, turn=answer.turn, t_ns=resumed))
 
     async def _cancel_answer(self, action: CancelAnswer) -> None:
         answer = self._answer
@@ -393,8 +484,7 @@ class Session:
             async with asyncio.timeout(self.config.max_turn_seconds):
                 await self._answer_body(answer, run)
             await answer.released.wait()  # an answer ready before its end of turn was confirmed waits for it
-            if self.config.wait_for_playback:
-                await asyncio.sleep(self._playback_left(answer))
+            await self._until_played(answer)
         except TimeoutError:
             self._emit_error(answer, "turn_timeout", f"the turn took longer than {self.config.max_turn_seconds} s")
         except (ModelError, VoiceError) as err:
@@ -411,6 +501,18 @@ class Session:
             self._speaking = False
         # synchronous from here: the core learns of the end and the turn ends, with no other step in between
         self._execute_now(self.turn_taking.handle(AnswerFinished(answer.answer_id)))
+
+    async def _until_played(self, answer: _Answer) -> None:
+        """Wait until the answer's audio has had time to play (no wait without `wait_for_playback`); a pause, even
+        one that begins during the wait, moves that moment later."""
+        while True:
+            await answer.unpaused.wait()
+            pauses = answer.pauses
+            left = self._playback_left(answer) if self.config.wait_for_playback else 0.0
+            if left > 0:
+                await asyncio.sleep(left)
+            if answer.pauses == pauses and answer.unpaused.is_set():
+                return
 
     def _execute_now(self, actions: list[TurnAction]) -> None:
         for action in actions:
@@ -565,21 +667,25 @@ class Session:
         return max(0.0, (answer.ledger.samples_out() - played) / answer.sample_rate)
 
     def _played_estimate(self, answer: _Answer) -> int:
-        """Samples the listener heard: the output's own report, else real time since the first sample went out."""
+        """Samples the listener heard: the output's own report, else real time since the first sample went out, less
+        the time playback was paused."""
         if answer.reported_played is not None:
             return answer.reported_played
         if answer.first_audio_ns is None or not answer.sample_rate:
             return 0
-        return int((now_ns() - answer.first_audio_ns) * answer.sample_rate / 1e9)
+        now = now_ns()
+        return int((now - answer.first_audio_ns - answer.paused_ns_until(now)) * answer.sample_rate / 1e9)
 
     def _emit_error(self, answer: _Answer, code: str, message: str) -> None:
         self._answer_event(answer, ErrorEvent(session=self.id, turn=answer.turn, code=code, message=message))
 
     def _update_idle(self) -> None:
+        """After every transition: whether the session is idle, and whether the core needs the clock."""
         if self.turn_taking.state is State.LISTENING and self._answer is None:
             self._idle.set()
         else:
             self._idle.clear()
+        self._start_clock()
 
     def _emit(self, event: Event) -> None:
         if not isinstance(event, AudioOut):

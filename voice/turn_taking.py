@@ -16,8 +16,18 @@ answer starts, continues the same user turn: the answer is cancelled (and the ou
 the segments' transcripts are joined, and the turn gets one answer. Later speech starts a new turn, and an answer that
 has not finished is cancelled then, never queued behind the new turn.
 
-Barge-in needs real speech. Speech heard while the assistant is speaking (`BARGE_IN_PENDING`) interrupts only once a
-word is recognised; a cough or an echo whose transcript is empty lets the answer play on.
+Barge-in needs real speech. Sound heard while the assistant is speaking pauses its audio (`PauseOutput`, state
+`BARGE_IN_PENDING`) and interrupts only once a word is recognised. A cough or an echo is not words: the audio resumes
+(`ResumeOutput`) when its transcript comes back empty, or `resume_after_ms` after the pause if no word has come by then
+(a long noise never holds the answer back); words recognised later still barge in. The answer is never dropped for a
+sound.
+
+Time. The end of turn is measured on the audio stream's own clock (`Silence`), so a slow step never stretches a pause.
+But a client can stop sending audio (a muted tab, a network stall, a file client done with its clip): the shell's clock
+then takes over (`ClockTick`, wall time, fed by the shell about every 100 ms, with how long it has waited for audio).
+Once no audio has come for `stalled_audio_ms`, an open speech segment is ended with what was heard (`EndSegment`), and
+a pause's silence goes on growing with the wall clock, so the turn ends as it would have on silent audio. The core
+reads no clock itself.
 
 At most one answer exists at a time: every `StartAnswer` is preceded by the `CancelAnswer` of the one before.
 """
@@ -34,7 +44,8 @@ class State(enum.Enum):
     USER_PAUSED = "user_paused"  # the segment ended; the answer is being prepared, held until the end of turn is sure
     ANSWERING = "answering"  # end of turn confirmed (or typed): the answer runs, its audio goes out as it comes
     SPEAKING = "speaking"  # the answer's audio has started
-    BARGE_IN_PENDING = "barge_in_pending"  # speaking, and user speech was heard: interrupt once it proves to be words
+    # speaking, and user sound was heard: the audio is paused until the sound proves to be words (barge-in) or not
+    BARGE_IN_PENDING = "barge_in_pending"
 
 
 # --- events (into the machine) ---------------------------------------------------------------------------------------
@@ -85,6 +96,15 @@ class UserDone:
 
 
 @dataclass(frozen=True, slots=True)
+class ClockTick:
+    """The shell's clock: `now_ms` of wall time (any monotonic origin), and `audio_gap_ms`, how long the shell has been
+    waiting for audio with none arriving (0 while a chunk is being processed: a slow step is not a silent client)."""
+
+    now_ms: float
+    audio_gap_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class TypedText:
     text: str
 
@@ -109,7 +129,7 @@ class AnswerFinished:
 
 
 TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserFinal | Silence | TurnVerdict | UserDone
-             | TypedText | ClientInterrupt | AnswerAudio | AnswerFinished)
+             | ClockTick | TypedText | ClientInterrupt | AnswerAudio | AnswerFinished)
 
 
 # --- actions (out of the machine) ------------------------------------------------------------------------------------
@@ -166,7 +186,30 @@ class AbandonTurn:
     text: str
 
 
-TurnAction = StartAnswer | ReleaseAnswer | CancelAnswer | FinishTurn | AbandonTurn
+@dataclass(frozen=True, slots=True)
+class PauseOutput:
+    """Sound while answer `answer_id` speaks: stop playing its audio, keep the rest (it may resume)."""
+
+    answer_id: int
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeOutput:
+    """The sound was not words: play answer `answer_id` on from where it paused."""
+
+    answer_id: int
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndSegment:
+    """The client stopped sending audio mid-speech: end the open speech segment with what was heard (its end and
+    final transcript follow as usual)."""
+
+
+TurnAction = (StartAnswer | ReleaseAnswer | CancelAnswer | FinishTurn | AbandonTurn | PauseOutput | ResumeOutput
+              | EndSegment)
 
 
 class TurnTakingError(RuntimeError):
@@ -182,11 +225,15 @@ class TurnTakingConfig:
     complete_silence_ms: float = 200.0  # the detector says complete
     incomplete_silence_ms: float = 2000.0  # the detector says incomplete: wait this long before ending it anyway
     continuation_ms: float = 1200.0  # speech resuming this soon after the last voiced sample continues the turn
+    # Wall clock: no audio for this long means the client stopped sending (a frame every 20-100 ms is normal)
+    stalled_audio_ms: float = 1000.0
+    resume_after_ms: float = 600.0  # a sound paused the answer: play on after this long if no word came
     explicit_end: bool = False
     speculate: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("silence_rule_ms", "complete_silence_ms", "incomplete_silence_ms", "continuation_ms"):
+        for name in ("silence_rule_ms", "complete_silence_ms", "incomplete_silence_ms", "continuation_ms",
+                     "stalled_audio_ms", "resume_after_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
@@ -208,7 +255,8 @@ class _UserTurn:
     dropped: int = 0
     done: bool = False  # UserDone arrived: the next segment end confirms at once
     verdict: bool | None = None
-    silence_ms: float = 0.0
+    silence_ms: float = 0.0  # on the audio clock, up to the last chunk that arrived
+    stalled_ms: float = 0.0  # wall time since then, once the audio has stalled (0 while it flows)
 
     @property
     def text(self) -> str:
@@ -226,6 +274,9 @@ class TurnTaking:
         self._answer: _Answer | None = None
         self._answer_ids = 0
         self._pending_start_ms = 0.0  # BARGE_IN_PENDING: when the contested speech began
+        self._output_paused = False  # BARGE_IN_PENDING: the answer's audio is paused
+        self._paused_since_ms: float | None = None  # on the shell's clock: the first tick after the pause
+        self._segment_end_asked = False  # EndSegment went out for the current stall
 
     @property
     def user_turn(self) -> int:
@@ -256,6 +307,7 @@ class TurnTaking:
             case Silence(ms=ms):
                 if self.state is State.USER_PAUSED and self._user is not None:
                     self._user.silence_ms = ms
+                    self._user.stalled_ms = 0.0
                     return self._maybe_confirm()
                 return []
             case TurnVerdict(complete=complete):
@@ -265,6 +317,8 @@ class TurnTaking:
                 return []
             case UserDone():
                 return self._user_done()
+            case ClockTick():
+                return self._tick(event)
             case TypedText(text=text):
                 return self._typed(text)
             case ClientInterrupt():
@@ -297,10 +351,13 @@ class TurnTaking:
                 self._open_turn()
             self.state = State.USER_SPEAKING
             return actions
-        # SPEAKING: maybe a barge-in, maybe a cough or the assistant's own echo; wait for words
+        # SPEAKING: maybe a barge-in, maybe a cough or the assistant's own echo: pause, and wait for words
         self._pending_start_ms = event.at_ms
         self.state = State.BARGE_IN_PENDING
-        return []
+        self._output_paused, self._paused_since_ms = True, None
+        answer = self._answer
+        assert answer is not None  # SPEAKING always has an answer
+        return [PauseOutput(answer.answer_id, answer.turn)]
 
     def _confirm_barge_in(self) -> list[TurnAction]:
         if self._continues(self._pending_start_ms):
@@ -315,7 +372,7 @@ class TurnTaking:
         if self.state is State.BARGE_IN_PENDING:
             if not text:
                 self.state = State.SPEAKING  # no words: a cough or an echo; the answer plays on
-                return []
+                return self._resume()
             actions = self._confirm_barge_in()
             return actions + self._final(text)
         if self.state is not State.USER_SPEAKING or self._user is None:
@@ -327,7 +384,7 @@ class TurnTaking:
             self._user = None
             self.state = State.LISTENING
             return []
-        user.silence_ms = 0.0
+        user.silence_ms = user.stalled_ms = 0.0
         user.verdict = None
         confirmed = user.done
         if not confirmed and not self.config.speculate:
@@ -339,16 +396,17 @@ class TurnTaking:
         return [StartAnswer(answer.answer_id, user.turn, user.text, held=answer.held)]
 
     def _maybe_confirm(self) -> list[TurnAction]:
+        """The end-of-turn rule: the pause ends the turn once its silence reaches what the verdict asks for."""
         user = self._user
         if user is None or self.config.explicit_end:
             return []
-        if user.verdict is None:
+        if user.verdict is None:  # no detector, or its verdict has not come yet: the silence rule
             needed = self.config.silence_rule_ms
         elif user.verdict:
             needed = self.config.complete_silence_ms
         else:
             needed = self.config.incomplete_silence_ms
-        return self._confirm() if user.silence_ms >= needed else []
+        return self._confirm() if user.silence_ms + user.stalled_ms >= needed else []
 
     def _user_done(self) -> list[TurnAction]:
         if self._user is None:
@@ -368,6 +426,33 @@ class TurnTaking:
         user.speculations += 1
         answer = self._new_answer(user.turn, held=False, spoken_turn=True)
         return [StartAnswer(answer.answer_id, user.turn, user.text, held=False)]
+
+    # --- the shell's clock -----------------------------------------------------------------------------------------
+    def _tick(self, tick: ClockTick) -> list[TurnAction]:
+        stalled = tick.audio_gap_ms >= self.config.stalled_audio_ms
+        if not stalled:
+            self._segment_end_asked = False
+        if self.state is State.BARGE_IN_PENDING and self._output_paused:
+            if self._paused_since_ms is None:
+                self._paused_since_ms = tick.now_ms
+            elif tick.now_ms - self._paused_since_ms >= self.config.resume_after_ms:
+                return self._resume()  # no word in time: play on (words that come later still barge in)
+            return []
+        if not stalled or self.config.explicit_end or self._user is None:
+            return []  # explicit end: the caller ends each turn itself, however long its audio pauses
+        if self.state is State.USER_SPEAKING and not self._segment_end_asked:
+            self._segment_end_asked = True
+            return [EndSegment()]
+        if self.state is State.USER_PAUSED:
+            self._user.stalled_ms = tick.audio_gap_ms
+            return self._maybe_confirm()
+        return []
+
+    def _resume(self) -> list[TurnAction]:
+        if not self._output_paused or self._answer is None:
+            return []
+        self._output_paused, self._paused_since_ms = False, None
+        return [ResumeOutput(self._answer.answer_id, self._answer.turn)]
 
     # --- the client ------------------------------------------------------------------------------------------------
     def _typed(self, text: str) -> list[TurnAction]:
@@ -403,6 +488,7 @@ class TurnTaking:
         answer = self._answer
         assert answer is not None
         self._answer = None
+        self._output_paused = False  # the shell finishes an answer only once its audio has played: nothing is paused
         user = self._user
         speculations, dropped = (user.speculations, user.dropped) if user is not None else (0, 0)
         actions: list[TurnAction] = [FinishTurn(answer_id, answer.turn, speculations, dropped)]
@@ -437,6 +523,7 @@ class TurnTaking:
         if answer is None:
             return []
         self._answer = None
+        self._output_paused = False  # a clear stops the paused audio for good
         user = self._user
         continues_as = None
         if not ends_turn and user is not None:

@@ -7,6 +7,8 @@ it would sit in the socket's buffers on a slow link and a `clear` (barge-in) wou
   holds less than `lead_s` of unplayed audio, counting from when the turn's audio began;
 - `clear` drops every queued audio item of its turn (and earlier turns) and refuses that turn's later audio, so no
   audio of a cleared turn is sent after the `clear`;
+- `pause` (the user made a sound that may be a barge-in) holds the audio lane and stops its pacing clock until the
+  turn's `resume` (or `clear`): the client pauses what it holds, and nothing more is sent meanwhile;
 - both lanes are bounded: control by count (a client that reads nothing is closed), audio by seconds (the rest of an
   overlong answer is dropped with one `error`).
 The server's sender task asks `pop(now)` for the next frame, and when it gets none, sleeps `wait_s(now)` or until
@@ -57,6 +59,7 @@ class OutboundQueue:
         self._overflowed_turn: int | None = None
         self._turn_started: float | None = None  # when the audio in flight began, adjusted for gaps
         self._turn_sent_s = 0.0  # seconds of audio sent since then
+        self._paused: tuple[int, float] | None = None  # (turn, since when) while the client's playback is paused
         self.dropped_audio_s = 0.0
 
     # --- producer side -----------------------------------------------------------------------------------------------
@@ -73,6 +76,22 @@ class OutboundQueue:
         self._audio = kept
         self._audio_s = sum(item.seconds for item in kept)
         self._turn_started = None
+        if self._paused is not None and self._paused[0] <= turn:
+            self._paused = None
+        self.push_control(frame)
+
+    def push_pause(self, frame: str, turn: int, now: float) -> None:
+        """A `pause` for `turn`: it goes ahead of all audio, and no audio follows until that turn's `resume`."""
+        if turn > self._cleared_up_to and self._paused is None:
+            self._paused = (turn, now)
+        self.push_control(frame)
+
+    def push_resume(self, frame: str, turn: int, now: float) -> None:
+        """A `resume` for `turn`: the audio lane goes on where it stopped, its pacing clock shifted by the pause."""
+        if self._paused is not None and self._paused[0] == turn:
+            if self._turn_started is not None:
+                self._turn_started += now - self._paused[1]
+            self._paused = None
         self.push_control(frame)
 
     def push_audio_marker(self, frame: str, turn: int, start_rate: int | None = None) -> None:
@@ -121,7 +140,7 @@ class OutboundQueue:
         """Seconds until the next audio frame may go (0: now); infinity when there is nothing to send."""
         if self._control:
             return 0.0
-        if not self._audio:
+        if not self._audio or self._paused is not None:
             return float("inf")
         if not self._audio[0].seconds or self._turn_started is None:
             return 0.0

@@ -270,6 +270,10 @@ def encode_event(event: ev.Event) -> str | bytes | None:
             return _dumps({"type": "audio_end", "turn": turn})
         case ev.Clear(turn=turn, reason=reason):
             return _dumps({"type": "clear", "turn": turn, "reason": reason})
+        case ev.Pause(turn=turn):
+            return _dumps({"type": "pause", "turn": turn})
+        case ev.Resume(turn=turn):
+            return _dumps({"type": "resume", "turn": turn})
         case ev.TurnEnd():
             return _dumps(
                 {

@@ -418,6 +418,10 @@ def _queue_event(state: _Connection, event: ev.Event) -> None:
             out.push_audio_marker(protocol.encode_event(event), turn)  # type: ignore[arg-type]
         case ev.Clear(turn=turn):
             out.push_clear(protocol.encode_event(event), turn)  # type: ignore[arg-type]
+        case ev.Pause(turn=turn):
+            out.push_pause(protocol.encode_event(event), turn, time.monotonic())  # type: ignore[arg-type]
+        case ev.Resume(turn=turn):
+            out.push_resume(protocol.encode_event(event), turn, time.monotonic())  # type: ignore[arg-type]
         case _:
             frame = protocol.encode_event(event)
             if isinstance(frame, str):

@@ -25,8 +25,10 @@ from voice.session import Session, SessionConfig
 from voice.turn_taking import TurnTakingConfig
 
 # A live microphone keeps sending silence after the question; the end of turn is judged on that audio's clock, and
-# when Smart Turn hears the question as unfinished it waits up to `incomplete_silence_ms` of it. A client that
-# stopped sending earlier would leave such a turn open (seen as "no turn_end within 120 s" in CI).
+# when Smart Turn hears the question as unfinished it waits up to `incomplete_silence_ms` of it. The runners send that
+# much, as a microphone would, so the turn ends on the audio's clock as measured. (A client that stops sending earlier
+# no longer leaves the turn open, it once did: "no turn_end within 120 s" in CI. The session's wall clock ends it
+# after `stalled_audio_ms` without audio, later than the audio would have.)
 TRAILING_SILENCE_S = TurnTakingConfig().incomplete_silence_ms / 1000.0 + 0.4
 TURN_TIMEOUT_S = 120.0
 SPEECH_START_GRACE_S = 3.0

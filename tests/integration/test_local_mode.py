@@ -74,6 +74,14 @@ def assert_released(devices: VirtualDevices) -> None:
     assert devices.streams() == {"sink-inputs": [], "source-outputs": []}
 
 
+def assert_stops_cleanly(assistant: LocalAssistant, devices: VirtualDevices, signum: signal.Signals) -> None:
+    """`signum` (Ctrl+C or SIGTERM): exit code 0, within EXIT_WITHIN_S, and both devices are free again."""
+    code, took = assistant.stop(signum)
+    assert code == 0, assistant.output()
+    assert took < EXIT_WITHIN_S
+    assert_released(devices)
+
+
 def test_devices_are_listed_and_named_choices_are_checked(devices: VirtualDevices) -> None:
     env = {**devices.env, "PYTHONPATH": str(ROOT)}
     listed = subprocess.run([sys.executable, "-m", "voice.cli", "--list-devices"], cwd=ROOT, env=env,
@@ -110,20 +118,13 @@ def test_a_spoken_question_is_answered_aloud_and_ctrl_c_exits_cleanly(
     # the session's own voice-to-voice (first sample handed to the device) is within a second of what is heard
     assert abs(v2v_heard_ms - int(summary.group(1))) < 1000
     assert "ALSA lib" not in assistant.output()
-    code, took = assistant.stop(signal.SIGINT)
-    assert code == 0, assistant.output()
-    assert took < EXIT_WITHIN_S
-    assert_released(devices)
+    assert_stops_cleanly(assistant, devices, signal.SIGINT)
 
 
 def test_sigterm_exits_cleanly_within_a_second(
     devices: VirtualDevices, assistant_factory: list[LocalAssistant]
 ) -> None:
-    assistant = start(devices, assistant_factory)
-    code, took = assistant.stop(signal.SIGTERM)
-    assert code == 0, assistant.output()
-    assert took < EXIT_WITHIN_S
-    assert_released(devices)
+    assert_stops_cleanly(start(devices, assistant_factory), devices, signal.SIGTERM)
 
 
 def test_headset_barge_in_stops_the_speaker_and_keeps_what_was_heard(

@@ -3,8 +3,8 @@
 The model is not perfect on this material (read-aloud LibriVox, a TTS voice; see scripts/bench_turn_detector.py for
 its accuracy), so the assertions are about the population, with margins: the mean of the complete beats the mean of
 the cut by 0.25, most complete ones score above the threshold and at least half of the cut ones do not. Every
-utterance ends in 200 ms of silence, what the session hands the detector 200 ms into a pause
-(EndOfTurnConfig.detect_after_ms).
+utterance ends in 200 ms of silence, about what the session hands the detector: it judges the turn when the segment's
+final transcript arrives, a little after the endpointer's silence.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Each per-connection limit over a real loopback socket, against the real server with a scripted session (no models):
 frame size, the incoming queue, sessions per client address, and the outbound queue (speech paced near real time,
-`clear` ahead of queued speech, no audio of a cleared turn after it, bounded lanes)."""
+`clear` ahead of queued speech, no audio of a cleared turn after it, `pause` holding speech until `resume`, bounded
+lanes)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.integration.scripted_session import RATE, scripted_server
+from tests.integration.scripted_session import RATE, ScriptedSession, scripted_server
 from tests.integration.ws_harness import Received, collect
+from voice import events as ev
 from web.config import WebConfig
 from web.server import VoiceServer
 
@@ -134,6 +136,41 @@ def test_speech_is_paced_and_clear_overtakes_it_with_nothing_of_the_turn_after_i
     # nothing of the cleared turn after `clear`: no audio, not even its audio_end
     assert not any(isinstance(item, int) or item == "audio_end" for item in kinds[clear_index:])
     assert kinds[-1] == "turn_end" and interrupted_at > 0.5
+
+
+class CoughingSession(ScriptedSession):
+    """Each audio frame from the client is a sound while the answer plays: the first pauses it (a cough?), the next
+    resumes it (it was not words), as voice.session does."""
+
+    async def feed_audio(self, pcm16: bytes, sample_rate: int = RATE) -> None:
+        await super().feed_audio(pcm16, sample_rate)
+        event = ev.Pause if self.fed == 1 else ev.Resume
+        self._out.put_nowait(event(session=self.id, turn=1))
+
+
+def test_pause_holds_the_speech_until_resume_and_none_of_it_is_lost() -> None:
+    cough = b"\x00\x00" * 320
+
+    async def scenario() -> tuple[Received, Received, Received]:
+        server, _ = scripted_server(WebConfig(port=0, audio_lead_s=0.3), CoughingSession, speech_s=3.0)
+        async with server, connect(url(server)) as ws:
+            await collect(ws, Received(), until="ready")
+            await ws.send(json.dumps({"type": "text", "text": "talk"}))
+            before = await collect(ws, Received(), until="audio_start")
+            await asyncio.sleep(0.5)
+            await ws.send(cough)
+            await collect(ws, before, until="pause")
+            paused = Received()
+            with contextlib.suppress(TimeoutError):  # paced and unpaused, a second of speech would come meanwhile
+                await collect(ws, paused, until="audio_end", timeout_s=1.5)
+            await ws.send(cough)
+            after = await collect(ws, Received(), until="audio_end")
+        return before, paused, after
+
+    before, paused, after = asyncio.run(scenario())
+    assert before.audio_bytes > 0 and paused.audio_bytes == 0 and paused.messages == []
+    assert after.messages[0]["type"] == "resume" and after.messages[-1]["type"] == "audio_end"
+    assert before.audio_bytes + after.audio_bytes == 3 * RATE * 2  # paused, not dropped: all of the answer is sent
 
 
 def test_speech_beyond_the_outbound_bound_is_dropped_with_one_error() -> None:

@@ -93,6 +93,29 @@ def test_spoken_turn_typed_turn_and_interrupt(engines: Engines) -> None:
     assert leftovers == set()
 
 
+def test_a_client_that_sends_a_clip_and_then_nothing_still_gets_its_answer(engines: Engines) -> None:
+    """0.1 s of trailing silence, then no audio at all: the endpointer never hears the pause it waits for, so only the
+    server's clock can end the turn. The socket stays open, as a muted browser tab's would."""
+
+    async def scenario() -> Received:
+        async with running_server(engines) as server, connect(url(server)) as ws:
+            received = Received()
+            await collect(ws, received, until="ready")
+            await stream_pcm16(ws.send, speech_pcm16(silence_s=0.1), realtime=True)
+            await collect(ws, received, until="turn_end", timeout_s=90)
+        return received
+
+    received = asyncio.run(scenario())
+    # ended by the clock, not by the utterance-length watchdog (60 s later, with a limit_exceeded error)
+    assert received.of_type("error") == [], received.of_type("error")
+    final = [m for m in received.of_type("transcript") if m["final"]]
+    assert len(final) == 1
+    assert len(set(final[0]["text"].lower().replace(".", "").split()) & SPEECH_WORDS) >= 5, final[0]["text"]
+    end = received.of_type("turn_end")[0]
+    assert end["interrupted"] is False and end["user_text"] == final[0]["text"].strip()
+    assert received.of_type("answer") and received.audio_bytes > 0
+
+
 def test_bad_input_gets_an_error_and_the_session_goes_on(engines: Engines) -> None:
     bad_frames: list[str | bytes] = [
         "{not json",

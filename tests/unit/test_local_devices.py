@@ -122,6 +122,18 @@ def test_speaker_buffer_pads_with_silence_and_counts_what_it_handed_over() -> No
     assert buffer.sounding(1.1, device_latency_s=0.15) and not buffer.sounding(1.2, device_latency_s=0.15)
 
 
+def test_a_paused_speaker_plays_silence_and_keeps_the_speech_for_later() -> None:
+    buffer = SpeakerBuffer()
+    buffer.push(b"\x01\x00\x02\x00")
+    buffer.pause(True)  # a cough: maybe a barge-in
+    out = bytearray(4)
+    buffer.fill(memoryview(out), now=1.0)
+    assert bytes(out) == bytes(4) and buffer.played == 0
+    buffer.pause(False)  # no words came
+    buffer.fill(memoryview(out), now=1.1)
+    assert bytes(out) == b"\x01\x00\x02\x00" and buffer.played == 2
+
+
 def test_output_latency_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="5-2000 ms, got 0 ms"):
         LocalAudioConfig(output_latency_s=0.0)

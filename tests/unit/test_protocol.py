@@ -177,6 +177,8 @@ def test_serialises_each_client_visible_event() -> None:
         "turn": 1,
         "reason": "barge_in",
     }
+    assert _decoded(ev.Pause(session=s, turn=1)) == {"type": "pause", "turn": 1}
+    assert _decoded(ev.Resume(session=s, turn=1)) == {"type": "resume", "turn": 1}
     assert _decoded(ev.ErrorEvent(session=s, turn=2, code="asr_failed", message="boom")) == {
         "type": "error",
         "code": "asr_failed",

@@ -15,7 +15,7 @@ import pytest
 import voice.session as session_module
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from voice.engines import Engines
-from voice.events import AudioOut, Clear, Event, SpeechEnd, SpeechStart, Transcript, TurnEnd, now_ns
+from voice.events import AudioOut, Clear, Event, Pause, Resume, SpeechEnd, SpeechStart, Transcript, TurnEnd, now_ns
 from voice.session import Session, SessionConfig
 from voice.think.lm_run import LmRun
 from voice.turn_taking import State
@@ -79,6 +79,7 @@ class FakeListen:
         self.silence_ms = 0.0
         self.speech_start_ms = self.speech_end_ms = 0.0
         self.last_segment_audio = np.zeros(16000, dtype=np.float32)
+        self.open_segment: str | None = None  # words of a segment still open: `flush` ends it with them
         FakeListen.instances.append(self)
 
     async def _enter(self) -> None:
@@ -92,6 +93,10 @@ class FakeListen:
 
     async def flush(self) -> None:
         await self._enter()
+        if self.open_segment is not None:
+            text, self.open_segment = self.open_segment, None
+            await self.emit(SpeechEnd(session="s", turn=0, t_ns=now_ns(), detected_ns=now_ns()))
+            await self.emit(Transcript(session="s", turn=0, text=text, committed=text, final=True))
 
     async def aclose(self) -> None:
         pass
@@ -275,8 +280,50 @@ def test_a_cough_during_playback_does_not_drop_the_answer(make_session) -> None:
 
     events = asyncio.run(scenario())
     assert not any(isinstance(e, Clear) for e in events)
+    assert [type(e) for e in events if isinstance(e, Pause | Resume)] == [Pause, Resume]
     ends = [e for e in events if isinstance(e, TurnEnd)]
     assert len(ends) == 1 and not ends[0].interrupted and ends[0].answer == " ".join(WORDS)
+
+
+def test_a_long_wordless_noise_during_playback_pauses_the_answer_then_lets_it_play_on(make_session) -> None:
+    """The sound never ends and never becomes words: the clock resumes the answer, which plays to its end."""
+
+    async def scenario() -> list[Event]:
+        session = make_session(FakeLM(pass_s=0.01), wait_for_playback=True)
+        listen, events, collector = await started(session)
+        await session.send_text("Tell me a story.")
+        await until(lambda: any(isinstance(e, AudioOut) for e in events))
+        await listen.emit(SpeechStart(session="s", turn=0, t_ns=now_ns()))  # a noise that goes on
+        await until(lambda: any(isinstance(e, TurnEnd) for e in events), timeout_s=20)
+        await session.close()
+        await collector
+        return events
+
+    events = asyncio.run(scenario())
+    kinds = [type(e) for e in events if isinstance(e, Pause | Resume | TurnEnd | Clear)]
+    assert kinds == [Pause, Resume, TurnEnd]
+    end = next(e for e in events if isinstance(e, TurnEnd))
+    assert not end.interrupted and end.spoken == " ".join(WORDS)
+
+
+def test_a_client_that_stops_sending_audio_mid_speech_still_gets_its_answer(make_session) -> None:
+    """No audio after the words: no trailing silence reaches the endpointer, yet the turn ends and is answered."""
+
+    async def scenario() -> list[Event]:
+        session = make_session()
+        listen, events, collector = await started(session)
+        await listen.emit(SpeechStart(session="s", turn=0, t_ns=now_ns()))
+        listen.open_segment = "What time is it?"
+        for _ in range(5):
+            await session.feed_audio(b"\x00\x00" * 320)
+        await until(lambda: any(isinstance(e, TurnEnd) for e in events), timeout_s=20)  # and then nothing
+        await session.close()
+        await collector
+        return events
+
+    events = asyncio.run(scenario())
+    end = next(e for e in events if isinstance(e, TurnEnd))
+    assert end.user_text == "What time is it?" and end.answer == " ".join(WORDS) and not end.interrupted
 
 
 def test_lm_run_close_never_swallows_the_callers_cancellation() -> None:

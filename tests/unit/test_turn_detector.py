@@ -1,5 +1,6 @@
-"""Semantic end of turn without the model: the end-of-turn policy, input checks, the model window, and the Whisper
-features against the reference implementation that ships in the same wheel as the model."""
+"""Semantic end of turn without the model: input checks, the model window, and the Whisper features against the
+reference implementation that ships in the same wheel as the model. (The end-of-turn rule is the turn-taking core's:
+tests/unit/test_turn_taking.py.)"""
 
 from __future__ import annotations
 
@@ -12,146 +13,14 @@ import pytest
 import voice.listen.turn_detector as turn_detector
 from voice.errors import AudioFormatError
 from voice.listen.turn_detector import (
-    EndOfTurnAction,
-    EndOfTurnConfig,
-    EndOfTurnPolicy,
     SmartTurn,
     TurnDetectorConfig,
     TurnDetectorError,
-    TurnVerdict,
     find_smart_turn_model,
     load_turn_detector,
     log_mel_features,
     model_window,
 )
-
-WAIT, RUN, END = EndOfTurnAction.WAIT, EndOfTurnAction.RUN_DETECTOR, EndOfTurnAction.END_TURN
-WINDOW_MS = 32  # the VAD's window: silence grows in these steps in the session
-
-
-def silence_until_end(policy: EndOfTurnPolicy, verdict: TurnVerdict | None, limit_ms: int = 5000) -> int | None:
-    """Feed growing silence window by window, answer RUN_DETECTOR at once with `verdict` (None: never answer);
-    return the silence at which the turn ended."""
-    for silence_ms in range(WINDOW_MS, limit_ms, WINDOW_MS):
-        action = policy.on_silence(silence_ms)
-        if action is RUN and verdict is not None:
-            action = policy.on_verdict(policy.pause, verdict)
-        if action is END:
-            return silence_ms
-    return None
-
-
-# --- policy --------------------------------------------------------------------------------------------------------
-
-
-def test_without_detector_the_plain_silence_rule_ends_the_turn() -> None:
-    policy = EndOfTurnPolicy(EndOfTurnConfig(silence_rule_ms=320), detector=False)
-    assert policy.on_silence(100) is WAIT
-    assert policy.on_silence(319) is WAIT
-    assert policy.on_silence(320) is END
-
-
-@pytest.mark.parametrize(
-    ("verdict", "ends_at"),
-    [
-        (TurnVerdict.COMPLETE, 224),  # first 32 ms step at or past 200 ms
-        (TurnVerdict.INCOMPLETE, 2016),  # waits up to ~2 s, then ends it anyway
-        (TurnVerdict.UNKNOWN, 320),  # detector failed: the silence rule
-        (None, 2016),  # the detector never answered: not stuck forever
-    ],
-)
-def test_verdict_decides_how_long_the_pause_must_be(verdict: TurnVerdict | None, ends_at: int) -> None:
-    assert silence_until_end(EndOfTurnPolicy(), verdict) == ends_at
-
-
-def test_detector_is_asked_once_per_pause_at_detect_after_ms() -> None:
-    policy = EndOfTurnPolicy(EndOfTurnConfig(detect_after_ms=150))
-    assert policy.on_silence(100) is WAIT
-    assert policy.on_silence(150) is RUN
-    assert policy.on_silence(180) is WAIT
-    assert policy.on_silence(400) is WAIT  # no verdict yet: nothing asked twice, nothing ended
-
-
-def test_complete_verdict_arriving_late_ends_the_turn_at_once() -> None:
-    policy = EndOfTurnPolicy()
-    assert policy.on_silence(200) is RUN
-    pause = policy.pause
-    assert policy.on_silence(260) is WAIT  # the model is still running
-    assert policy.on_verdict(pause, TurnVerdict.COMPLETE) is END
-
-
-def test_complete_verdict_before_the_short_silence_waits_for_it() -> None:
-    policy = EndOfTurnPolicy(EndOfTurnConfig(detect_after_ms=100, complete_silence_ms=250))
-    assert policy.on_silence(100) is RUN
-    assert policy.on_verdict(policy.pause, TurnVerdict.COMPLETE) is WAIT
-    assert policy.verdict is TurnVerdict.COMPLETE
-    assert policy.on_silence(224) is WAIT
-    assert policy.on_silence(256) is END
-
-
-def test_speech_during_a_pause_discards_its_verdict_and_asks_again_next_pause() -> None:
-    policy = EndOfTurnPolicy()
-    assert policy.on_silence(200) is RUN
-    first_pause = policy.pause
-    assert policy.on_speech() is WAIT
-    # the verdict on the first pause arrives after the user spoke again: it must not end the turn
-    assert policy.on_verdict(first_pause, TurnVerdict.COMPLETE) is WAIT
-    assert policy.verdict is None
-    assert policy.on_silence(200) is RUN
-    assert policy.pause != first_pause
-    assert policy.on_verdict(policy.pause, TurnVerdict.INCOMPLETE) is WAIT
-    assert policy.on_silence(1000) is WAIT
-    assert policy.on_silence(2000) is END
-
-
-def test_incomplete_then_more_speech_then_complete() -> None:
-    """'I'd like to book a table for... four people.': the first pause is held, the second ends the turn."""
-    policy = EndOfTurnPolicy()
-    assert silence_until_end(policy, TurnVerdict.INCOMPLETE, limit_ms=900) is None
-    policy.on_speech()
-    assert silence_until_end(policy, TurnVerdict.COMPLETE) == 224
-
-
-def test_end_of_turn_is_reported_once_until_reset() -> None:
-    policy = EndOfTurnPolicy(detector=False)
-    assert policy.on_silence(400) is END
-    assert policy.on_silence(800) is WAIT
-    assert policy.on_speech() is WAIT
-    assert policy.on_silence(400) is WAIT
-    policy.reset()
-    assert policy.on_silence(400) is END
-
-
-def test_verdict_without_a_request_is_ignored() -> None:
-    policy = EndOfTurnPolicy()
-    assert policy.on_verdict(policy.pause, TurnVerdict.COMPLETE) is WAIT
-    assert policy.verdict is None
-
-
-def test_silence_that_shrinks_is_not_taken_as_a_new_pause() -> None:
-    policy = EndOfTurnPolicy(detector=False)
-    assert policy.on_silence(300) is WAIT
-    assert policy.on_silence(30) is WAIT
-    assert policy.on_silence(320) is END
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"complete_silence_ms": -1},
-        {"complete_silence_ms": 3000, "incomplete_silence_ms": 2000},
-        {"detect_after_ms": 2500, "incomplete_silence_ms": 2000},
-    ],
-)
-def test_policy_config_rejects_nonsense(kwargs: dict[str, int]) -> None:
-    with pytest.raises(ValueError):
-        EndOfTurnConfig(**kwargs)
-
-
-def test_negative_silence_is_an_error() -> None:
-    with pytest.raises(ValueError, match="silence_ms"):
-        EndOfTurnPolicy().on_silence(-5)
-
 
 # --- detector shell with a fake session ----------------------------------------------------------------------------
 

@@ -10,8 +10,12 @@ from voice.turn_taking import (
     AnswerFinished,
     CancelAnswer,
     ClientInterrupt,
+    ClockTick,
+    EndSegment,
     FinishTurn,
+    PauseOutput,
     ReleaseAnswer,
+    ResumeOutput,
     Silence,
     StartAnswer,
     State,
@@ -79,7 +83,7 @@ def test_speech_resuming_after_the_end_of_turn_but_before_the_answer_speaks_cont
 def test_speech_resuming_while_the_answer_speaks_continues_the_turn_once_it_is_words():
     machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300, continuation_ms=1200))
     drive(machine, *segment(0, 1000, "Two clips"), Silence(400), AnswerAudio(1))
-    assert drive(machine, UserSpeechStarted(1800 * MS)) == []  # a cough? wait for words
+    assert drive(machine, UserSpeechStarted(1800 * MS)) == [PauseOutput(1, 1)]  # a cough? pause, wait for words
     actions = drive(machine, UserWords())
     assert actions == [CancelAnswer(1, 1, "user_continued", clear=True, ends_turn=False, speculations=1, dropped=1,
                                     continues_as=2)]  # a cleared turn's audio is refused: the rest gets a new number
@@ -99,20 +103,61 @@ def test_a_late_new_question_cancels_a_stale_answer_instead_of_queueing_it():
     assert drive(machine, AnswerFinished(1)) == []  # the cancelled answer's end changes nothing
 
 
-def test_a_cough_during_playback_lets_the_answer_play_on():
+def test_a_cough_during_playback_pauses_the_answer_and_resumes_it_when_it_proves_wordless():
     machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
     drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
-    actions = drive(machine, UserSpeechStarted(9000 * MS), UserSpeechEnded(9300 * MS), UserFinal(""))
-    assert actions == []
+    assert drive(machine, UserSpeechStarted(9000 * MS)) == [PauseOutput(1, 1)]
+    assert drive(machine, UserSpeechEnded(9300 * MS), UserFinal("")) == [ResumeOutput(1, 1)]
     assert machine.state is State.SPEAKING
     assert drive(machine, AnswerFinished(1)) == [FinishTurn(1, 1, 1, 0)]
+
+
+def test_a_paused_answer_resumes_on_the_clock_when_no_word_follows_and_later_words_still_barge_in():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300, resume_after_ms=600))
+    drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
+    assert drive(machine, UserSpeechStarted(9000 * MS)) == [PauseOutput(1, 1)]
+    assert drive(machine, ClockTick(50_000, 0), ClockTick(50_500, 0)) == []  # a long noise, no words yet
+    assert drive(machine, ClockTick(50_600, 0)) == [ResumeOutput(1, 1)]
+    assert drive(machine, ClockTick(51_500, 0)) == []  # resumed once
+    actions = drive(machine, UserWords())  # the noise was speech after all
+    assert actions == [CancelAnswer(1, 1, "barge_in", clear=True, ends_turn=True, speculations=1, dropped=0)]
+
+
+def test_a_client_that_stops_sending_audio_in_a_pause_still_gets_its_turn_ended():
+    """The audio clock stops with the audio: the shell's clock ends the turn after the same silence."""
+    machine = TurnTaking(TurnTakingConfig(incomplete_silence_ms=2000, stalled_audio_ms=1000))
+    drive(machine, *segment(0, 1000, "I would like"), Silence(250), TurnVerdict(complete=False))
+    assert drive(machine, ClockTick(10_000, 0), ClockTick(10_900, 900)) == []  # late, not stopped
+    assert drive(machine, ClockTick(11_500, 1500)) == []  # stopped: 250 + 1500 ms of silence so far
+    assert drive(machine, ClockTick(11_750, 1750)) == [ReleaseAnswer(1)]  # 250 + 1750: the 2 s an unfinished turn waits
+    assert machine.state is State.ANSWERING
+
+
+def test_audio_that_comes_back_after_a_stall_is_counted_on_the_audio_clock_again():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=2000, stalled_audio_ms=1000))
+    drive(machine, *segment(0, 1000, "Hi"), Silence(100))
+    assert drive(machine, ClockTick(0, 1500)) == []  # 100 + 1500
+    assert drive(machine, Silence(300), Silence(600)) == []  # the audio is back: 600 ms heard, the stall is over
+    assert drive(machine, ClockTick(0, 1400)) == [ReleaseAnswer(1)]  # 600 + 1400
+
+
+def test_a_client_that_stops_sending_audio_mid_speech_gets_its_segment_ended():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=600, stalled_audio_ms=1000))
+    drive(machine, UserSpeechStarted(0))
+    assert drive(machine, ClockTick(0, 500)) == []
+    assert drive(machine, ClockTick(0, 1000)) == [EndSegment()]
+    assert drive(machine, ClockTick(0, 1100)) == []  # asked once per stall
+    actions = drive(machine, UserSpeechEnded(900 * MS), UserFinal("What is the time"), Silence(40))
+    assert actions == [StartAnswer(1, 1, "What is the time", held=True)]
+    assert drive(machine, ClockTick(0, 1200)) == [ReleaseAnswer(1)]  # 40 ms heard + 1200 ms of stopped audio
 
 
 def test_real_words_during_playback_are_a_barge_in_and_a_new_turn():
     machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
     drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
     actions = drive(machine, UserSpeechStarted(9000 * MS), UserWords())
-    assert actions == [CancelAnswer(1, 1, "barge_in", clear=True, ends_turn=True, speculations=1, dropped=0)]
+    assert actions == [PauseOutput(1, 1),
+                       CancelAnswer(1, 1, "barge_in", clear=True, ends_turn=True, speculations=1, dropped=0)]
     assert machine.state is State.USER_SPEAKING and machine.user_turn == 2
 
 
@@ -120,8 +165,8 @@ def test_a_barge_in_proven_only_by_its_final_transcript_starts_the_next_answer_a
     machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300))
     drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
     actions = drive(machine, UserSpeechStarted(9000 * MS), UserSpeechEnded(9300 * MS), UserFinal("Stop."))
-    assert [type(a) for a in actions] == [CancelAnswer, StartAnswer]
-    assert actions[1] == StartAnswer(2, 2, "Stop.", held=True)
+    assert [type(a) for a in actions] == [PauseOutput, CancelAnswer, StartAnswer]
+    assert actions[2] == StartAnswer(2, 2, "Stop.", held=True)
 
 
 def test_a_spoken_final_while_a_typed_answer_runs_never_starts_a_second_answer():

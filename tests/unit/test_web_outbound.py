@@ -73,6 +73,28 @@ def test_clear_drops_the_turns_audio_and_nothing_of_it_is_sent_afterwards() -> N
     assert drain(queue, now=101.0) == [FRAME, "end2"]
 
 
+def test_pause_holds_the_audio_and_its_pacing_clock_until_resume() -> None:
+    queue = OutboundQueue(OutboundLimits(lead_s=0.0), RATE)
+    speak(queue, 1, frames=10)
+    assert drain(queue, now=0.0) == ["start1", FRAME]
+    queue.push_pause("pause1", 1, now=0.05)  # the client stops playing half-way through its 0.1 s
+    assert drain(queue, now=5.0) == ["pause1"]  # nothing more while paused, however long
+    assert queue.wait_s(5.0) == float("inf")
+    queue.push_resume("resume1", 1, now=5.0)
+    assert drain(queue, now=5.0) == ["resume1"]  # the client still holds 0.05 s: the clock did not run in the pause
+    assert drain(queue, now=5.06) == [FRAME]
+
+
+def test_clear_ends_a_pause() -> None:
+    queue = OutboundQueue(OutboundLimits(lead_s=0.0), RATE)
+    speak(queue, 1, frames=3)
+    drain(queue, now=0.0)
+    queue.push_pause("pause1", 1, now=0.0)
+    queue.push_clear("clear1", 1)
+    speak(queue, 2, frames=1)
+    assert drain(queue, now=1.0) == ["pause1", "clear1", "start2", FRAME, "end2"]
+
+
 def test_the_audio_lane_is_bounded_in_seconds_with_one_notice_per_turn() -> None:
     queue = OutboundQueue(OutboundLimits(max_audio_s=1.0, lead_s=0.0), RATE)
     notices = [queue.push_audio(FRAME, 1) for _ in range(15)]

@@ -34,7 +34,7 @@ from typing import Any
 
 from voice.engines import Engines
 from voice.errors import AudioFormatError, NoAudioDevice
-from voice.events import AnswerDone, AudioOut, AudioStart, Clear, ErrorEvent, Transcript, TurnEnd
+from voice.events import AnswerDone, AudioOut, AudioStart, Clear, ErrorEvent, Pause, Resume, Transcript, TurnEnd
 from voice.io.audio import TARGET_RATE
 from voice.session import Session, SessionConfig
 
@@ -257,13 +257,15 @@ def boost_audio_thread() -> None:
 
 
 class SpeakerBuffer:
-    """PCM waiting for the speaker; filled from the event loop, drained by the audio thread."""
+    """PCM waiting for the speaker; filled from the event loop, drained by the audio thread. While paused (the user
+    made a sound that may be a barge-in) the speaker plays silence and the queued speech waits."""
 
     def __init__(self) -> None:
         self._chunks: deque[memoryview] = deque()
         self._lock = threading.Lock()
         self.played = 0  # samples of the current answer handed to the device
         self.last_audio_at = 0.0
+        self.paused = False
 
     def push(self, pcm: bytes) -> None:
         with self._lock:
@@ -272,6 +274,11 @@ class SpeakerBuffer:
     def clear(self) -> None:
         with self._lock:
             self._chunks.clear()
+            self.paused = False
+
+    def pause(self, paused: bool) -> None:
+        with self._lock:
+            self.paused = paused
 
     def new_answer(self) -> None:
         with self._lock:
@@ -290,7 +297,7 @@ class SpeakerBuffer:
         """Audio-thread side: copy up to len(out) bytes, pad with silence."""
         filled = 0
         with self._lock:
-            while filled < len(out) and self._chunks:
+            while filled < len(out) and self._chunks and not self.paused:
                 chunk = self._chunks[0]
                 take = min(len(chunk), len(out) - filled)
                 out[filled : filled + take] = chunk[:take]
@@ -363,6 +370,8 @@ async def run_local(engines: Engines, session_config: SessionConfig, audio: Loca
                 session.report_played(heard())
             elif isinstance(event, AudioStart):
                 speaker.new_answer()
+            elif isinstance(event, Pause | Resume):
+                speaker.pause(isinstance(event, Pause))
             elif isinstance(event, Clear):
                 session.report_played(heard())
                 speaker.clear()

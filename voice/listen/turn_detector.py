@@ -15,14 +15,12 @@ at the front when shorter; zero-mean unit-variance normalisation of those 128,00
 features (n_fft 400, hop 160, 800 frames) as `input_features` [batch, 80, 800]. Output `logits` [batch, 1] is already a
 sigmoid probability.
 
-Two parts, both without I/O beyond loading the model:
-- `SmartTurn`: audio in, probability out.
-- `EndOfTurnPolicy`: silence durations and verdicts in, "wait / run the detector / end the turn" out.
+`SmartTurn` is audio in, probability out. How long a pause must be for each verdict (the end-of-turn rule) lives in
+one place, the turn-taking core (`voice.turn_taking.TurnTaking`), with the session's other transitions.
 """
 
 from __future__ import annotations
 
-import enum
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,113 +208,3 @@ def load_turn_detector(config: TurnDetectorConfig = TurnDetectorConfig()) -> Sma
     if config.model_path is None and find_smart_turn_model() is None:
         return None
     return SmartTurn.load(config)
-
-
-# --- the policy ----------------------------------------------------------------------------------------------------
-
-
-class TurnVerdict(enum.Enum):
-    COMPLETE = "complete"
-    INCOMPLETE = "incomplete"
-    UNKNOWN = "unknown"  # the detector failed on this pause: the silence rule decides it
-
-
-class EndOfTurnAction(enum.Enum):
-    WAIT = "wait"
-    RUN_DETECTOR = "run_detector"  # judge the turn's audio up to now, then call `on_verdict` with this pause's id
-    END_TURN = "end_turn"
-
-
-@dataclass(frozen=True, slots=True)
-class EndOfTurnConfig:
-    """Silence thresholds, in ms since the last voiced sample.
-
-    `detect_after_ms`: when the detector is asked (Smart Turn was trained on audio ending in a short silence);
-    `complete_silence_ms`: the turn ends this soon when the detector says complete;
-    `incomplete_silence_ms`: and this late when it says incomplete, or has not answered yet ("ending it anyway");
-    `silence_rule_ms`: without a detector, or when it failed: the plain endpointer rule."""
-
-    detect_after_ms: int = 200
-    complete_silence_ms: int = 200
-    incomplete_silence_ms: int = 2000
-    silence_rule_ms: int = 320
-
-    def __post_init__(self) -> None:
-        for name in ("detect_after_ms", "complete_silence_ms", "incomplete_silence_ms", "silence_rule_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        if self.complete_silence_ms > self.incomplete_silence_ms:
-            raise ValueError("complete_silence_ms must not exceed incomplete_silence_ms")
-        if self.detect_after_ms > self.incomplete_silence_ms:
-            raise ValueError("detect_after_ms must not exceed incomplete_silence_ms")
-
-
-class EndOfTurnPolicy:
-    """Decides when a pause ends the user's turn. No I/O, no model, no clock: the shell feeds what it observed.
-
-    - `on_speech()`: voiced audio; any pause (and any verdict still on its way for it) is over.
-    - `on_silence(silence_ms)`: the silence since the last voiced sample has grown to `silence_ms`.
-    - `on_verdict(pause, verdict)`: the detector's answer for pause `pause` (the `pause` property read when
-      RUN_DETECTOR was returned); answers for an older pause are ignored, since the user spoke again meanwhile.
-
-    Each returns the action to take. RUN_DETECTOR is returned once per pause; END_TURN once per turn, after which
-    everything is WAIT until `reset()` (the next turn).
-    """
-
-    def __init__(self, config: EndOfTurnConfig | None = None, *, detector: bool = True) -> None:
-        self.config = config or EndOfTurnConfig()
-        self.detector = detector
-        self.pause = 0
-        self.reset()
-
-    def reset(self) -> None:
-        """A new turn: nothing heard yet."""
-        self.pause += 1
-        self._silence_ms = 0.0
-        self._asked = False
-        self._verdict: TurnVerdict | None = None
-        self._ended = False
-
-    @property
-    def verdict(self) -> TurnVerdict | None:
-        """The detector's verdict on the current pause, None while none has arrived."""
-        return self._verdict
-
-    def on_speech(self) -> EndOfTurnAction:
-        if not self._ended:
-            self.pause += 1
-            self._silence_ms = 0.0
-            self._asked = False
-            self._verdict = None
-        return EndOfTurnAction.WAIT
-
-    def on_silence(self, silence_ms: float) -> EndOfTurnAction:
-        if silence_ms < 0:
-            raise ValueError(f"silence_ms must be >= 0, got {silence_ms}")
-        if self._ended:
-            return EndOfTurnAction.WAIT
-        self._silence_ms = max(self._silence_ms, silence_ms)
-        if self.detector and not self._asked and self._silence_ms >= self.config.detect_after_ms:
-            self._asked = True
-            return EndOfTurnAction.RUN_DETECTOR
-        return self._decide()
-
-    def on_verdict(self, pause: int, verdict: TurnVerdict) -> EndOfTurnAction:
-        if self._ended or pause != self.pause or not self._asked:
-            return EndOfTurnAction.WAIT
-        self._verdict = verdict
-        return self._decide()
-
-    def _needed_silence_ms(self) -> float:
-        cfg = self.config
-        if not self.detector or self._verdict is TurnVerdict.UNKNOWN:
-            return cfg.silence_rule_ms
-        if self._verdict is TurnVerdict.COMPLETE:
-            return cfg.complete_silence_ms
-        return cfg.incomplete_silence_ms  # incomplete, or no answer yet
-
-    def _decide(self) -> EndOfTurnAction:
-        if self._silence_ms >= self._needed_silence_ms():
-            self._ended = True
-            return EndOfTurnAction.END_TURN
-        return EndOfTurnAction.WAIT

@@ -143,10 +143,9 @@ function onServerMessage(msg) {
       break;
     case "vad":
       if (msg.state === "speech_start") {
+        // Speech during playback is the server's to judge: `pause` now, then `clear` (words: a barge-in) or
+        // `resume` (a cough, the assistant's own echo); its turn lasts as long as this page reports playing.
         ui.liveUser.hidden = false;
-        // Barge-in: the server only sends `clear` while it is still producing audio; what this page has buffered
-        // beyond that must stop too when the user starts talking.
-        if (app.playerBusy && app.player) app.player.port.postMessage({ type: "clear" });
       } else {
         app.thinking = true;
       }
@@ -172,6 +171,10 @@ function onServerMessage(msg) {
     case "audio_end":
       app.serverSpeaking = false;
       refreshState();
+      break;
+    case "pause":
+    case "resume":
+      if (app.player) app.player.port.postMessage({ type: msg.type });
       break;
     case "clear":
       if (app.player) app.player.port.postMessage({ type: "clear" });

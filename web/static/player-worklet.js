@@ -1,6 +1,6 @@
 // Gapless playback of the assistant's PCM: chunks are queued and read as one continuous stream, resampled from the
 // announced source rate to the context rate by linear interpolation. A "clear" message empties the queue at once
-// (barge-in). Played source samples are counted and reported, in total and per turn (each chunk carries its turn), so
+// (barge-in); "pause" plays silence and keeps the queue (a sound that may be a barge-in), "resume" plays on. Played source samples are counted and reported, in total and per turn (each chunk carries its turn), so
 // the page can tell the server exactly how much of an answer the user heard.
 
 class PcmPlayerProcessor extends AudioWorkletProcessor {
@@ -19,6 +19,7 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
     this.turnPlayed = 0; // source samples of that turn played so far
     this.buffered = 0;
     this.playing = false;
+    this.paused = false;
     this.sinceReport = 0;
     this.port.onmessage = (event) => this.onMessage(event.data);
   }
@@ -33,7 +34,10 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
       msg.samples.turn = msg.turn;
       this.queue.push(msg.samples);
       this.buffered += msg.samples.length;
+    } else if (msg.type === "pause" || msg.type === "resume") {
+      this.paused = msg.type === "pause";
     } else if (msg.type === "clear") {
+      this.paused = false;
       this.queue = [];
       this.chunk = null;
       this.buffered = 0;
@@ -71,7 +75,8 @@ class PcmPlayerProcessor extends AudioWorkletProcessor {
     const out = outputs[0];
     const n = out[0].length;
     let produced = false;
-    for (let i = 0; i < n; i++) {
+    for (let i = 0; i < n && this.paused; i++) out[0][i] = 0;
+    for (let i = 0; i < n && !this.paused; i++) {
       let starved = false;
       while (this.phase >= 1) {
         const s = this.nextSample();
