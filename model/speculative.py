@@ -91,8 +91,9 @@ class WordClasses:
 class SpeechGuard:
     """Rules that keep spoken answers from looping; applied to the teacher's logits identically in every mode.
 
-    With `words`, n-grams are compared on words (case, leading spaces and punctuation ignored): the token-level rule
-    let "A quick breakfast is a quick breakfast." through, since "A" and " a" are different tokens.
+    With `words`, n-grams are compared as a listener hears them, case and leading spaces ignored, twice: with
+    punctuation (no 'A: "A: "') and without it (no "a quick breakfast. A quick breakfast"). The token-id rule let
+    "A quick breakfast is a quick breakfast." through, since "A" and " a" are different tokens.
 
     `no_copy_ngram` keeps the answer from copying runs of its prompt (punctuation counted): in a long conversation a
     small model otherwise repeats its previous answer for an unclear question, and the copy then feeds the next turn
@@ -135,11 +136,13 @@ class SpeechGuard:
         banned: set[int] = set()
         n = self.no_repeat_ngram
         if n > 0:
-            keys = answer if self.words is None else [c for c in (self.words.of[t] for t in answer) if c >= 0]
-            if len(keys) >= n:
-                context = keys[len(keys) - n + 1 :]
-                repeats = {keys[i + n - 1] for i in range(len(keys) - n + 1) if keys[i : i + n - 1] == context}
-                banned.update(token for key in repeats for token in self._tokens_of(key))
+            # tokens as said (punctuation counted: 'A: "A: "') and the words alone ("breakfast. A quick breakfast")
+            spoken = [self._copy_key(t) for t in answer]
+            for keys in (spoken, [key for key in spoken if key >= 0]) if self.words is not None else (answer,):
+                if len(keys) >= n:
+                    context = keys[len(keys) - n + 1 :]
+                    repeats = {keys[i + n - 1] for i in range(len(keys) - n + 1) if keys[i : i + n - 1] == context}
+                    banned.update(token for key in repeats for token in self._tokens_of(key))
         n = self.no_copy_ngram
         if n > 0 and self.copied and len(answer) >= n - 1:
             context = tuple(self._copy_key(t) for t in answer[len(answer) - n + 1 :])

@@ -153,6 +153,11 @@ def test_the_guard_compares_words_not_token_ids() -> None:
     logits = torch.zeros(len(texts))
     by_words.apply(logits, [0, 2, 3, 5, 0, 2])
     assert logits[3] == -torch.inf and logits[8] == 0.0
+    # and punctuation still counts where it repeats: 'A: "A: "' -> no second ' "' ... with ":" and ' "' as tokens
+    texts = ["A", " a", ":", ' "', " B"]
+    logits = torch.zeros(len(texts))
+    SpeechGuard(no_repeat_ngram=3, words=WordClasses.from_texts(texts)).apply(logits, [0, 2, 3, 1, 2])
+    assert {i for i in range(len(texts)) if logits[i] == -torch.inf} == {3}
 
 
 def test_the_guard_breaks_a_copy_of_the_prompt_punctuation_included() -> None:
