@@ -291,6 +291,7 @@ class VoiceServer:
         now = time.monotonic()
         messages = TokenBucket(cfg.message_limit, now)
         audio = TokenBucket(cfg.audio_limit, now)
+        typed = TokenBucket(cfg.typed_turn_limit, now)
         while True:
             try:
                 async with asyncio.timeout(cfg.idle_timeout_s):
@@ -311,7 +312,7 @@ class VoiceServer:
                 continue
             try:
                 message = protocol.parse_client_message(data, limits)
-                await self._dispatch(session, state, audio, message, now)
+                await self._dispatch(session, state, audio, typed, message, now)
             except _CloseRequested as close:
                 return close.close
             except ClientTooSlow:
@@ -324,6 +325,7 @@ class VoiceServer:
         session: VoiceSession,
         state: _Connection,
         audio: TokenBucket,
+        typed: TokenBucket,
         message: protocol.ClientMessage,
         now: float,
     ) -> None:
@@ -345,6 +347,8 @@ class VoiceServer:
                 state.input_sample_rate = rate
                 state.send(protocol.ready_message(session.id, session.output_sample_rate, rate, limits))
             case protocol.TextTurn(text=text):
+                if typed.take(1.0, now).verdict is not Verdict.ACCEPT:
+                    raise LimitExceeded(_typed_turn_refusal(self.config, typed.wait_s(1.0, now)))
                 await session.send_text(text)
             case protocol.Interrupt():
                 await session.interrupt()
@@ -391,6 +395,14 @@ class VoiceServer:
 
 def _send_error(state: _Connection, exc: VoiceError, turn: int | None = None) -> None:
     state.send(protocol.error_message(exc.code, str(exc), turn))
+
+
+def _typed_turn_refusal(config: WebConfig, wait_s: float) -> str:
+    burst, interval = config.typed_turn_burst, config.typed_turn_interval_s
+    return (
+        f"typed turns arrive too fast (at most {burst:g} at once, then one every {interval:g} s): "
+        f"this one was not answered; try again in {math.ceil(wait_s * 10) / 10:.1f} s"
+    )
 
 
 def _close_reason(text: str) -> str:
