@@ -7,7 +7,8 @@ Each client never reads what the server sends and, by its index, floods with one
 - `audio`: max-size binary frames of noise as fast as the socket takes them (throttled, then closed with 1008);
 - `turns`: a typed turn (a long answer: the LM and the voice run, the speech queues for a client that never reads),
   then max-size frames;
-- `messages`: small JSON text turns as fast as possible (the message limit drops them, then closes with 1008);
+- `messages`: small JSON text turns as fast as possible (past a burst of 5 the typed-turn limit refuses each one with
+  an error, then the message limit drops them and closes with 1008);
 - `oversize`: frames four times the message limit (closed with 1009 before they are buffered).
 A client whose socket closes reconnects at once, so the pressure lasts the whole run. The figures: the server's RSS
 before (models loaded, one warm-up turn), its peak during the flood, and after the clients are gone; how each

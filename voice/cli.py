@@ -130,34 +130,9 @@ def _load(args: argparse.Namespace) -> Engines:
 
 def run(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        from web.config import TOKEN_ENV, WebConfig
-        from web.server import run_server
+        from web.launch import run_server, web_config_from_args
 
-        cert, key = args.tls_cert, args.tls_key
-        if args.self_signed:
-            if cert or key:
-                raise ValueError("use either --self-signed or --tls-cert/--tls-key, not both")
-            from model.default_model import cache_root
-            from web.tls import names_to_cover, self_signed_certificate
-
-            made = self_signed_certificate(cache_root() / "tls", names_to_cover(args.host))
-            cert, key = made.cert_file, made.key_file
-            print(
-                f"{'made' if made.created else 'reusing'} a self-signed certificate for {', '.join(made.names)}",
-                file=sys.stderr,
-                flush=True,
-            )
-        web = WebConfig(
-            host=args.host,
-            port=args.port,
-            allow_remote=args.allow_remote,
-            token=args.token or os.environ.get(TOKEN_ENV) or None,
-            allowed_origins=tuple(args.allow_origin),
-            max_sessions=args.max_sessions,
-            max_sessions_per_client=args.max_sessions_per_client,
-            tls_cert=cert,
-            tls_key=key,
-        )
+        web = web_config_from_args(args)  # a self-signed certificate is made here, before the models load
         run_server(_load(args), session_config(args, full_duplex=True), web)
         return 0
     if args.command == "file":

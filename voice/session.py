@@ -15,14 +15,15 @@ outputs (`Pause`, then `Resume` or `Clear`); the answer's turn ends only once it
 The core takes time as input: a clock task feeds it `ClockTick` (wall time, and how long the session has waited for
 audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client
 that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows.
+
+The parts: voice/answer.py runs an answer and gates its events, voice/turn_clock.py is the clock, and
+voice/turn_records.py keeps each turn's record and ends it into the history. This module wires them to the core.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -30,45 +31,34 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from model.chat import ChatMessage, Draft, GenerationOptions
-from model.errors import ModelError
+from model.chat import ChatMessage, GenerationOptions
+from voice.answer import Answer, AnswerRunner
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
 from voice.events import (
-    AnswerDone,
     AudioOut,
     Clear,
-    DraftUpdate,
     ErrorEvent,
     Event,
-    FirstAudioOut,
-    LmFirstPass,
-    LmStarted,
     Pause,
-    PhraseCommitted,
     Resume,
     SpeechEnd,
     SpeechStart,
     Transcript,
-    TtsFirstChunk,
-    TurnEnd,
     now_ns,
 )
-from voice.latency import breakdown
 from voice.listen.stage import ListenConfig, ListenStage
-from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.speculator import SpeculatorConfig
-from voice.speak.stage import SpeakStage
 from voice.think.dialogue import Dialogue, DialogueConfig
-from voice.think.lm_run import LmRun
+from voice.turn_clock import TurnClock
+from voice.turn_records import TurnRecord, TurnRecords
 from voice.turn_taking import (
     AbandonTurn,
     AnswerAudio,
     AnswerFinished,
     CancelAnswer,
     ClientInterrupt,
-    ClockTick,
     EndSegment,
     FinishTurn,
     PauseOutput,
@@ -92,9 +82,6 @@ from voice.turn_taking import (
 
 log = logging.getLogger(__name__)
 
-CLOCK_TICK_S = 0.1  # how often the turn-taking core hears the wall clock while the user holds or contests the floor
-_CLOCKED_STATES = (State.USER_SPEAKING, State.USER_PAUSED, State.BARGE_IN_PENDING)
-
 
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
@@ -114,54 +101,6 @@ class SessionConfig:
     log_size: int = 5000  # events kept in `Session.log` (audio chunks excluded)
 
 
-@dataclass(slots=True)
-class _TurnRecord:
-    """What the session knows of one user turn (spoken or typed) until its TurnEnd."""
-
-    turn: int
-    user_text: str = ""
-    marks: dict[str, int] = field(default_factory=dict)
-    endpoint_detected_ns: int | None = None
-
-
-@dataclass(slots=True)
-class _Answer:
-    """One answer being generated and spoken. Its events pass through `_answer_event`: held while `held`, dropped
-    once `cancelled`."""
-
-    answer_id: int
-    record: _TurnRecord
-    held: bool
-    early: bool  # started before the end of turn was confirmed
-    task: asyncio.Task[None] | None = None
-    run: LmRun | None = None
-    released: asyncio.Event = field(default_factory=asyncio.Event)
-    held_events: list[Event] = field(default_factory=list)
-    cancelled: bool = False
-    marks: dict[str, int] = field(default_factory=dict)
-    ledger: PlaybackLedger = field(default_factory=PlaybackLedger)
-    sample_rate: int = 0
-    first_audio_ns: int | None = None
-    reported_played: int | None = None  # exact playback position from the output, when it reports one
-    unpaused: asyncio.Event = field(default_factory=asyncio.Event)  # clear while the outputs are paused
-    paused_at_ns: int | None = None
-    paused_ns: int = 0  # time spent paused before `paused_at_ns`
-    pauses: int = 0
-    answer: str = ""
-    stats: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.unpaused.set()
-
-    @property
-    def turn(self) -> int:
-        return self.record.turn
-
-    def paused_ns_until(self, t_ns: int) -> int:
-        """Time this answer's playback has spent paused up to `t_ns`."""
-        return self.paused_ns + (t_ns - self.paused_at_ns if self.paused_at_ns is not None else 0)
-
-
 class Session:
     """One conversation. Many sessions share one `Engines` in a process."""
 
@@ -176,17 +115,17 @@ class Session:
         self._out: asyncio.Queue[Event | None] = asyncio.Queue()
         self._listen: ListenStage | None = None
         self._listen_lock = asyncio.Lock()  # the stage takes one call at a time: audio, flush (watchdog), close
-        self._records: dict[int, _TurnRecord] = {}
-        self._answer: _Answer | None = None
+        self._records = TurnRecords(self.id, self.dialogue)
+        self._answers = AnswerRunner(engines, self.config, self.id, self._emit, self._on_first_audio)
+        self._answer: Answer | None = None
         self._answers_running: set[asyncio.Task[None]] = set()
+        self._clock = TurnClock(self.turn_taking, self._dispatch, name=f"turn-clock-{self.id}")
         self._idle = asyncio.Event()
         self._idle.set()
         self._segment_end: tuple[int, int] | None = None  # (last voiced sample, decided) of the latest segment
         self._turn_audio: list[np.ndarray] = []  # the open user turn's segments, for the turn detector
         self._audio_turn = 0  # the turn `_turn_audio` belongs to
         self._verdict_task: asyncio.Task[None] | None = None
-        self._clock_task: asyncio.Task[None] | None = None
-        self._waiting_for_audio_since: float | None = None  # monotonic s; None while a chunk is processed
         self._speaking = False
         self._closed = False
 
@@ -202,16 +141,16 @@ class Session:
         if self._listen is None:
             await self.start()
         if self._speaking and not self.config.full_duplex:
-            self._waiting_for_audio_since = time.monotonic()
+            self._clock.waiting_for_audio()
             return  # half duplex: the assistant must not hear (and interrupt) itself through open speakers
         async with self._listen_lock:
             if self._listen is None:
                 return
-            self._waiting_for_audio_since = None  # a slow step is not a silent client
+            self._clock.processing_audio()
             try:
                 await self._listen.accept(pcm16, sample_rate)
             finally:
-                self._waiting_for_audio_since = time.monotonic()
+                self._clock.waiting_for_audio()
             if self.turn_taking.state is State.USER_PAUSED:
                 await self._dispatch(Silence(self._listen.silence_ms))
 
@@ -236,7 +175,7 @@ class Session:
             raise ProtocolError(f"the text turn is longer than {self.config.max_text_chars} characters")
         arrived = now_ns()
         actions = self.turn_taking.handle(TypedText(text))
-        record = self._record(self.turn_taking.turn_no)
+        record = self._records.get(self.turn_taking.turn_no)
         record.marks["text_in"] = arrived
         await self._execute(actions)
         self._emit(Transcript(session=self.id, turn=record.turn, text=text, committed=text, final=True))
@@ -270,8 +209,8 @@ class Session:
         answer, self._answer = self._answer, None
         if answer is not None:
             answer.cancelled = True
-            await self._stop_answer(answer)
-        await cancel_and_wait(*self._answers_running, self._verdict_task, self._clock_task)
+            await self._answers.stop(answer)
+        await cancel_and_wait(*self._answers_running, self._verdict_task, self._clock.task)
         async with self._listen_lock:
             if self._listen is not None:
                 await self._listen.aclose()
@@ -298,7 +237,7 @@ class Session:
             turn = machine.user_turn
             if machine.state in (State.USER_PAUSED, State.ANSWERING) and self._segment_end is not None:
                 # the turn's timing is its last segment's: voice-to-voice counts from the last word said
-                record = self._record(turn)
+                record = self._records.get(turn)
                 record.marks["speech_end"], record.endpoint_detected_ns = self._segment_end
                 record.marks["asr_final"] = event.t_ns
             self._segment_end = None
@@ -330,23 +269,6 @@ class Session:
 
         self._verdict_task = asyncio.create_task(judge(), name=f"turn-verdict-{self.id}-{turn}")
 
-    def _start_clock(self) -> None:
-        """Run the clock while the user holds or contests the floor (an idle session does not tick)."""
-        if self._closed or self.turn_taking.state not in _CLOCKED_STATES:
-            return
-        if self._clock_task is None or self._clock_task.done():
-            self._clock_task = asyncio.create_task(self._run_clock(), name=f"turn-clock-{self.id}")
-
-    async def _run_clock(self) -> None:
-        """Feed the core the wall clock while it may need it; it reads no clock itself."""
-        while True:
-            await asyncio.sleep(CLOCK_TICK_S)
-            if self.turn_taking.state not in _CLOCKED_STATES:
-                return
-            now = time.monotonic()
-            since = self._waiting_for_audio_since
-            await self._dispatch(ClockTick(now * 1000, 0.0 if since is None else (now - since) * 1000))
-
     async def _end_segment(self) -> None:
         """The client stopped sending audio mid-speech: close the open segment as the end of a stream would, and
         tell the core how much silence the audio held; the wall clock counts on from there."""
@@ -363,6 +285,7 @@ class Session:
         if self.turn_taking.state is State.USER_PAUSED:
             await self._dispatch(Silence(silence_ms))
 
+    # --- executing the core's actions --------------------------------------------------------------------------------
     async def _dispatch(self, event: TurnEvent) -> None:
         await self._execute(self.turn_taking.handle(event))
 
@@ -373,13 +296,13 @@ class Session:
                     self._start_answer(action)
                 case ReleaseAnswer(answer_id=answer_id):
                     if self._answer is not None and self._answer.answer_id == answer_id:
-                        self._release(self._answer)
+                        self._answers.release(self._answer)
                 case CancelAnswer():
                     await self._cancel_answer(action)
                 case FinishTurn():
                     self._finish_answered(action)
                 case AbandonTurn(turn=turn, text=text):
-                    record = self._record(turn)
+                    record = self._records.get(turn)
                     record.user_text = text
                     self._end_turn(record, None, interrupted=True, stats={})
                 case PauseOutput(answer_id=answer_id):
@@ -390,57 +313,51 @@ class Session:
                     await self._end_segment()
         self._update_idle()
 
-    def _record(self, turn: int) -> _TurnRecord:
-        record = self._records.get(turn)
-        if record is None:
-            record = self._records[turn] = _TurnRecord(turn)
-        return record
+    def _execute_now(self, actions: list[TurnAction]) -> None:
+        for action in actions:
+            if isinstance(action, FinishTurn):
+                self._finish_answered(action)
+            else:  # the core answers an answer's end with FinishTurn only
+                raise RuntimeError(f"unexpected action at an answer's end: {action!r}")
+        self._update_idle()
 
-    def _messages_with(self, user_text: str) -> list[ChatMessage]:
-        """The history plus this turn's words; the history itself changes only when the turn ends."""
-        probe = Dialogue(self.dialogue.config)
-        for message in self.dialogue.history:
-            (probe.add_user if message.role == "user" else probe.add_assistant)(message.content)
-        probe.add_user(user_text)
-        return probe.messages()
-
-    # --- answering -------------------------------------------------------------------------------------------------
     def _start_answer(self, action: StartAnswer) -> None:
-        record = self._record(action.turn)
+        record = self._records.get(action.turn)
         record.user_text = action.text
-        answer = _Answer(action.answer_id, record, held=action.held, early=action.held)
+        answer = Answer(action.answer_id, record, held=action.held, early=action.held)
         if not action.held:
             answer.released.set()
         self._answer = answer
-        answer.task = asyncio.create_task(self._run_answer(answer, self._messages_with(action.text)),
+        answer.task = asyncio.create_task(self._run_answer(answer, self._records.messages_with(action.text)),
                                           name=f"answer-{self.id}-{action.turn}-{action.answer_id}")
         self._answers_running.add(answer.task)
         answer.task.add_done_callback(self._answers_running.discard)
 
-    def _release(self, answer: _Answer) -> None:
-        answer.held = False
-        held, answer.held_events = answer.held_events, []
-        for event in held:
-            self._deliver(answer, event)
-        answer.released.set()
+    async def _run_answer(self, answer: Answer, messages: list[ChatMessage]) -> None:
+        await self._answers.run(answer, messages)
+        if answer.cancelled:
+            return
+        await answer.released.wait()  # a failed answer still waits: its error belongs to a confirmed turn
+        if self._answer is answer:
+            self._speaking = False
+        # synchronous from here: the core learns of the end and the turn ends, with no other step in between
+        self._execute_now(self.turn_taking.handle(AnswerFinished(answer.answer_id)))
+
+    def _on_first_audio(self, answer: Answer) -> None:
+        self._speaking = True
+        self.turn_taking.handle(AnswerAudio(answer.answer_id))  # no actions: it only moves to SPEAKING
 
     def _pause(self, answer_id: int) -> None:
         answer = self._answer
-        if answer is None or answer.answer_id != answer_id or answer.paused_at_ns is not None:
+        if answer is None or answer.answer_id != answer_id or not answer.pause(now_ns()):
             return
-        answer.paused_at_ns = now_ns()
-        answer.pauses += 1
-        answer.unpaused.clear()
         self._emit(Pause(session=self.id, turn=answer.turn, t_ns=answer.paused_at_ns))
 
     def _resume(self, answer_id: int) -> None:
         answer = self._answer
-        if answer is None or answer.answer_id != answer_id or answer.paused_at_ns is None:
-            return
         resumed = now_ns()
-        answer.paused_ns = answer.paused_ns_until(resumed)
-        answer.paused_at_ns = None
-        answer.unpaused.set()
+        if answer is None or answer.answer_id != answer_id or not answer.resume(resumed):
+            return
         self._emit(Resume(session=self.id, turn=answer.turn, t_ns=resumed))
 
     async def _cancel_answer(self, action: CancelAnswer) -> None:
@@ -452,19 +369,12 @@ class Session:
         if action.clear and answer.first_audio_ns is not None:
             self._emit(Clear(session=self.id, turn=answer.turn, reason=action.reason))
         self._speaking = False
-        await self._stop_answer(answer)
+        await self._answers.stop(answer)
         if action.continues_as is not None:
-            record = self._records.pop(answer.turn, answer.record)
-            record.turn = action.continues_as
-            self._records[record.turn] = record
+            self._records.renumber(answer.record, action.continues_as)
         if action.ends_turn:
             answer.stats.update(speculations=action.speculations, speculations_dropped=action.dropped)
             self._end_turn(answer.record, answer, interrupted=True, stats=answer.stats)
-
-    async def _stop_answer(self, answer: _Answer) -> None:
-        await cancel_and_wait(answer.task)
-        if answer.run is not None:
-            await answer.run.close()
 
     def _finish_answered(self, action: FinishTurn) -> None:
         answer = self._answer
@@ -474,210 +384,9 @@ class Session:
         answer.stats.update(speculations=action.speculations, speculations_dropped=action.dropped)
         self._end_turn(answer.record, answer, interrupted=False, stats=answer.stats)
 
-    async def _run_answer(self, answer: _Answer, messages: list[ChatMessage]) -> None:
-        run = LmRun(self.engines.lm, messages, self.config.generation, f"lm-{self.id}-{answer.turn}")
-        answer.run = run
-        answer.stats["early_lm"] = 1.0 if answer.early else 0.0
-        self._answer_event(answer, LmStarted(session=self.id, turn=answer.turn, t_ns=run.started_ns,
-                                             early=answer.early))
-        try:
-            async with asyncio.timeout(self.config.max_turn_seconds):
-                await self._answer_body(answer, run)
-            await answer.released.wait()  # an answer ready before its end of turn was confirmed waits for it
-            await self._until_played(answer)
-        except TimeoutError:
-            self._emit_error(answer, "turn_timeout", f"the turn took longer than {self.config.max_turn_seconds} s")
-        except (ModelError, VoiceError) as err:
-            self._emit_error(answer, getattr(err, "code", "model_error"), str(err))
-        except Exception as err:  # the turn boundary: a bug in one stage ends this turn, never the session
-            log.exception("turn %s failed", answer.turn)
-            self._emit_error(answer, "internal_error", f"{type(err).__name__}: {err}")
-        finally:
-            await run.close()
-        if answer.cancelled:
-            return
-        await answer.released.wait()  # a failed answer still waits: its error belongs to a confirmed turn
-        if self._answer is answer:
-            self._speaking = False
-        # synchronous from here: the core learns of the end and the turn ends, with no other step in between
-        self._execute_now(self.turn_taking.handle(AnswerFinished(answer.answer_id)))
-
-    async def _until_played(self, answer: _Answer) -> None:
-        """Wait until the answer's audio has had time to play (no wait without `wait_for_playback`); a pause, even
-        one that begins during the wait, moves that moment later."""
-        while True:
-            await answer.unpaused.wait()
-            pauses = answer.pauses
-            left = self._playback_left(answer) if self.config.wait_for_playback else 0.0
-            if left > 0:
-                await asyncio.sleep(left)
-            if answer.pauses == pauses and answer.unpaused.is_set():
-                return
-
-    def _execute_now(self, actions: list[TurnAction]) -> None:
-        for action in actions:
-            if isinstance(action, FinishTurn):
-                self._finish_answered(action)
-            else:  # the core answers an answer's end with FinishTurn only
-                raise RuntimeError(f"unexpected action at an answer's end: {action!r}")
-        self._update_idle()
-
-    async def _answer_body(self, answer: _Answer, run: LmRun) -> None:
-        drafts: asyncio.Queue[Draft | None] = asyncio.Queue(maxsize=256)
-        speaker = SpeakStage(
-            self.engines.tts,
-            lambda event: self._on_speech(answer, event),
-            session=self.id,
-            turn=answer.turn,
-            config=self.config.speculator,
-            ledger=answer.ledger,
-        )
-        answer.sample_rate = speaker.sample_rate
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._pump(answer, run, drafts), name=f"lm-pump-{self.id}-{answer.turn}")
-                report = await speaker.run(drafts)
-        except BaseExceptionGroup as failures:
-            # One failing stage (the model, the voice) ends the turn with its own typed error, not a group.
-            first = next((e for e in failures.exceptions if isinstance(e, Exception)), None)
-            if first is None:
-                raise
-            raise first from None
-        answer.stats.update(
-            hits=report.hits,
-            misses=report.misses,
-            speculation_none=report.nones,
-            saved_ms=report.saved_ms,
-            wasted_ms=report.wasted_ms,
-            wasted_cpu_ms=report.wasted_cpu_ms,
-        )
-
-    async def _pump(self, answer: _Answer, run: LmRun, drafts: asyncio.Queue[Draft | None]) -> None:
-        first = True
-        passes = 0
-        lm_seconds = 0.0
-        try:
-            async for t_ns, draft in run.drafts():
-                passes += 1
-                lm_seconds += draft.elapsed_s
-                if first:
-                    first = False
-                    answer.marks["lm_first_pass"] = t_ns
-                    self._answer_event(answer, LmFirstPass(session=self.id, turn=answer.turn, t_ns=t_ns))
-                self._answer_event(
-                    answer,
-                    DraftUpdate(
-                        session=self.id,
-                        turn=answer.turn,
-                        step=draft.step,
-                        committed=draft.committed_text,
-                        draft=draft.text,
-                        pieces=tuple((piece.text, piece.committed) for piece in draft.pieces),
-                    ),
-                )
-                await drafts.put(draft)
-                if draft.done:
-                    answer.answer = draft.committed_text.strip() or draft.text.strip()
-                    tokens = draft.completion_tokens
-                    # the end-of-sequence token is generated work too (as in scripts/eval_default_model.py)
-                    generated = tokens + (1 if draft.finish_reason == "stop" else 0)
-                    answer.stats.update(
-                        tokens=tokens,
-                        passes=passes,
-                        tokens_per_pass=generated / passes if passes else 0.0,
-                        lm_seconds=lm_seconds,
-                        tokens_per_second=generated / lm_seconds if lm_seconds > 0 else 0.0,
-                        prompt_tokens=draft.prompt_tokens,
-                        prompt_tokens_encoded=draft.prompt_tokens - draft.cached_prompt_tokens,
-                    )
-                    self._answer_event(
-                        answer,
-                        AnswerDone(
-                            session=self.id,
-                            turn=answer.turn,
-                            text=answer.answer,
-                            tokens=tokens,
-                            passes=passes,
-                            lm_seconds=lm_seconds,
-                            finish_reason=draft.finish_reason or "stop",
-                        ),
-                    )
-        finally:
-            with contextlib.suppress(asyncio.QueueFull):
-                drafts.put_nowait(None)
-
-    async def _on_speech(self, answer: _Answer, event: Event) -> None:
-        if isinstance(event, PhraseCommitted):
-            answer.marks.setdefault("first_phrase_committed", event.t_ns)
-        elif isinstance(event, TtsFirstChunk):
-            answer.marks.setdefault("tts_first_chunk", event.t_ns)
-        self._answer_event(answer, event)
-
-    def _answer_event(self, answer: _Answer, event: Event) -> None:
-        """Every event of an answer comes through here: dropped once cancelled, held until released."""
-        if answer.cancelled:
-            return
-        if answer.held:
-            answer.held_events.append(event)
-            return
-        self._deliver(answer, event)
-
-    def _deliver(self, answer: _Answer, event: Event) -> None:
-        if isinstance(event, AudioOut) and answer.first_audio_ns is None:
-            self._speaking = True
-            answer.first_audio_ns = now_ns()
-            answer.marks["first_audio_out"] = answer.first_audio_ns
-            self._emit(FirstAudioOut(session=self.id, turn=answer.turn, t_ns=answer.first_audio_ns))
-            self.turn_taking.handle(AnswerAudio(answer.answer_id))  # no actions: it only moves to SPEAKING
-        self._emit(event)
-
-    def _end_turn(self, record: _TurnRecord, answer: _Answer | None, interrupted: bool,
+    def _end_turn(self, record: TurnRecord, answer: Answer | None, interrupted: bool,
                   stats: dict[str, float]) -> None:
-        self._records.pop(record.turn, None)
-        if answer is None:
-            answer_text, spoken, marks = "", "", dict(record.marks)
-        else:
-            marks = {**record.marks, **answer.marks}
-            answer_text = answer.answer
-            if interrupted:
-                answer.ledger.played_total(self._played_estimate(answer))
-                spoken = answer.ledger.spoken_text()
-            else:
-                spoken = answer.answer
-        self.dialogue.add_user(record.user_text)
-        self.dialogue.add_assistant(spoken)
-        self._emit(
-            TurnEnd(
-                session=self.id,
-                turn=record.turn,
-                user_text=record.user_text,
-                answer=answer_text,
-                spoken=spoken,
-                interrupted=interrupted,
-                latency_ms=breakdown(marks, record.endpoint_detected_ns),
-                stats=dict(stats),
-            )
-        )
-
-    def _playback_left(self, answer: _Answer) -> float:
-        """Seconds until the audio handed out so far has played, assuming playback started with the first chunk."""
-        if answer.first_audio_ns is None or not answer.sample_rate:
-            return 0.0
-        played = self._played_estimate(answer)
-        return max(0.0, (answer.ledger.samples_out() - played) / answer.sample_rate)
-
-    def _played_estimate(self, answer: _Answer) -> int:
-        """Samples the listener heard: the output's own report, else real time since the first sample went out, less
-        the time playback was paused."""
-        if answer.reported_played is not None:
-            return answer.reported_played
-        if answer.first_audio_ns is None or not answer.sample_rate:
-            return 0
-        now = now_ns()
-        return int((now - answer.first_audio_ns - answer.paused_ns_until(now)) * answer.sample_rate / 1e9)
-
-    def _emit_error(self, answer: _Answer, code: str, message: str) -> None:
-        self._answer_event(answer, ErrorEvent(session=self.id, turn=answer.turn, code=code, message=message))
+        self._emit(self._records.end(record, answer, interrupted, stats))
 
     def _update_idle(self) -> None:
         """After every transition: whether the session is idle, and whether the core needs the clock."""
@@ -685,7 +394,8 @@ class Session:
             self._idle.set()
         else:
             self._idle.clear()
-        self._start_clock()
+        if not self._closed:
+            self._clock.run_if_needed()
 
     def _emit(self, event: Event) -> None:
         if not isinstance(event, AudioOut):

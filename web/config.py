@@ -13,6 +13,7 @@ Memory per connection is bounded by these limits: at most `max_queued_messages` 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,9 @@ class WebConfig:
     max_messages_per_s: float = 100.0
     message_burst: float = 200.0
     messages_close_after: float = 500.0
+    # Each typed turn starts an LM answer; a person needs seconds to type one, so these are never reached by hand.
+    typed_turn_burst: float = 5.0
+    typed_turn_interval_s: float = 2.0  # sustained: one typed turn per interval once the burst is spent
 
     max_queued_audio_s: float = 60.0  # assistant speech waiting to be sent; the rest of a longer answer is dropped
     max_queued_control: int = 1_000  # JSON messages waiting to be sent; more means the client stopped reading: close
@@ -84,6 +88,8 @@ class WebConfig:
             raise WebConfigError(f"port {self.port} is out of range")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise WebConfigError("HTTPS needs both a certificate and its key (--tls-cert and --tls-key)")
+        if self.typed_turn_burst < 1:
+            raise WebConfigError("typed_turn_burst must be at least 1, or no typed turn could ever be sent")
         if self.audio_lead_s < 0:
             raise WebConfigError("audio_lead_s must not be negative")
         positive = {
@@ -102,6 +108,8 @@ class WebConfig:
             "max_messages_per_s": self.max_messages_per_s,
             "message_burst": self.message_burst,
             "messages_close_after": self.messages_close_after,
+            "typed_turn_burst": self.typed_turn_burst,
+            "typed_turn_interval_s": self.typed_turn_interval_s,
             "shutdown_timeout_s": self.shutdown_timeout_s,
         }
         bad = [name for name, value in positive.items() if not value > 0]
@@ -143,3 +151,14 @@ class WebConfig:
     @property
     def message_limit(self) -> RateLimit:
         return RateLimit(rate=self.max_messages_per_s, burst=self.message_burst, close_after=self.messages_close_after)
+
+    @property
+    def typed_turn_limit(self) -> RateLimit:
+        """Typed turns past it are refused one by one with an error; the connection is never closed for them (the
+        message limit still covers a flood of frames of any kind)."""
+        return RateLimit(
+            rate=1.0 / self.typed_turn_interval_s,
+            burst=self.typed_turn_burst,
+            close_after=math.inf,
+            notify_interval_s=0.0,
+        )

@@ -9,6 +9,7 @@ The clock is an argument so tests drive time by hand.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 
@@ -20,7 +21,8 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """`rate` units per second sustained, `burst` units of allowance, `close_after` units dropped before closing."""
+    """`rate` units per second sustained, `burst` units of allowance, `close_after` units dropped before closing
+    (`math.inf`: never close, only drop)."""
 
     rate: float
     burst: float
@@ -66,3 +68,12 @@ class TokenBucket:
         if notify:
             self._last_notice = now
         return Decision(Verdict.DROP, notify=notify)
+
+    def wait_s(self, cost: float, now: float) -> float:
+        """Seconds from `now` until `take(cost)` would be accepted (0 if it would be now), so a refusal can say when
+        to try again."""
+        if cost > self.limit.burst:
+            return math.inf
+        elapsed = max(0.0, now - self._updated)
+        tokens = min(self.limit.burst, self._tokens + elapsed * self.limit.rate)
+        return max(0.0, (cost - tokens) / self.limit.rate)

@@ -6,7 +6,7 @@ control messages first, speech paced near real time) and a watchdog (utterance l
 FIRST_COMPLETED: whichever ends first (client gone, flood, idle, session over) ends the others, and the session is
 closed in every case, so a client that disconnects mid-turn frees its model work at once. Bad input costs the client
 one `error` message and that frame, never the session or the server. Everything protocol-shaped lives in
-web/protocol.py; this file moves bytes.
+web/protocol.py; this file moves bytes. Starting it as a process (flags, threads, signals) is web/launch.py.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import asyncio
 import contextlib
 import logging
 import math
-import signal
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
@@ -36,12 +34,12 @@ from voice.errors import VoiceError
 from web import protocol
 from web.access import Denied, check_websocket_access, own_origins, page_token_redirect
 from web.config import WebConfig
-from web.native_memory import limit_malloc_arenas, release_free_memory
+from web.native_memory import release_free_memory
 from web.outbound import ClientTooSlow, OutboundQueue
 from web.protocol import LimitExceeded
 from web.ratelimit import TokenBucket, Verdict
 from web.static_files import http_response, redirect_response, static_response
-from web.tls import fingerprint_sha256, local_addresses, names_to_cover, server_ssl_context
+from web.tls import names_to_cover, server_ssl_context
 
 if TYPE_CHECKING:
     from voice.engines import Engines
@@ -291,6 +289,7 @@ class VoiceServer:
         now = time.monotonic()
         messages = TokenBucket(cfg.message_limit, now)
         audio = TokenBucket(cfg.audio_limit, now)
+        typed = TokenBucket(cfg.typed_turn_limit, now)
         while True:
             try:
                 async with asyncio.timeout(cfg.idle_timeout_s):
@@ -311,7 +310,7 @@ class VoiceServer:
                 continue
             try:
                 message = protocol.parse_client_message(data, limits)
-                await self._dispatch(session, state, audio, message, now)
+                await self._dispatch(session, state, audio, typed, message, now)
             except _CloseRequested as close:
                 return close.close
             except ClientTooSlow:
@@ -324,6 +323,7 @@ class VoiceServer:
         session: VoiceSession,
         state: _Connection,
         audio: TokenBucket,
+        typed: TokenBucket,
         message: protocol.ClientMessage,
         now: float,
     ) -> None:
@@ -345,6 +345,8 @@ class VoiceServer:
                 state.input_sample_rate = rate
                 state.send(protocol.ready_message(session.id, session.output_sample_rate, rate, limits))
             case protocol.TextTurn(text=text):
+                if typed.take(1.0, now).verdict is not Verdict.ACCEPT:
+                    raise LimitExceeded(_typed_turn_refusal(self.config, typed.wait_s(1.0, now)))
                 await session.send_text(text)
             case protocol.Interrupt():
                 await session.interrupt()
@@ -391,6 +393,14 @@ class VoiceServer:
 
 def _send_error(state: _Connection, exc: VoiceError, turn: int | None = None) -> None:
     state.send(protocol.error_message(exc.code, str(exc), turn))
+
+
+def _typed_turn_refusal(config: WebConfig, wait_s: float) -> str:
+    burst, interval = config.typed_turn_burst, config.typed_turn_interval_s
+    return (
+        f"typed turns arrive too fast (at most {burst:g} at once, then one every {interval:g} s): "
+        f"this one was not answered; try again in {math.ceil(wait_s * 10) / 10:.1f} s"
+    )
 
 
 def _close_reason(text: str) -> str:
@@ -452,72 +462,3 @@ def _real_session_factory(engines: Engines, session_config: SessionConfig) -> Se
         return Session(engines, session_config)
 
     return new_session
-
-
-# --- entry points ----------------------------------------------------------------------------------------------------
-async def serve(
-    engines: Engines,
-    session_config: SessionConfig,
-    web_config: WebConfig,
-    stop: asyncio.Event | None = None,
-) -> None:
-    """Serve until `stop` is set (or the task is cancelled), then shut down gracefully."""
-    stop = stop or asyncio.Event()
-    async with VoiceServer(engines, session_config, web_config):
-        await stop.wait()
-
-
-MALLOC_ARENAS = 2  # see web.native_memory.limit_malloc_arenas
-THREADS_PER_SESSION = 6  # VAD, an ASR decode, an answer (plus a cancelled one winding down), two TTS renders
-
-
-def worker_threads(max_sessions: int) -> int:
-    """Threads for blocking work (`asyncio.to_thread`) when `max_sessions` sessions are open.
-
-    Sessions queue for the shared models inside worker threads (see `model.fair_lock`), and a thread waiting for a
-    model holds its worker. asyncio's default pool has only cpu_count + 4 workers (6 on 2 cores): eight sessions
-    waiting for the LM filled it, so a session's 1 ms VAD step waited seconds behind them, its socket stopped being
-    read, and its audio then arrived in a burst that the rate limit dropped. Idle or waiting threads cost no CPU.
-    """
-    return THREADS_PER_SESSION * max_sessions + 4
-
-
-def _start_notes(config: WebConfig, port: int) -> list[str]:
-    """What a user needs to reach the page from another device: its addresses and the certificate's fingerprint."""
-    notes = []
-    if config.host in ("0.0.0.0", "::", ""):
-        addresses = sorted(a for a in local_addresses() if not a.startswith(("127.", "::1")))
-        hosts = [f"[{a}]" if ":" in a else a for a in addresses]
-        notes += [f"on this network: {config.scheme}://{host}:{port}/" for host in hosts]
-    if config.tls_cert is not None:
-        notes.append(f"certificate SHA-256 fingerprint {fingerprint_sha256(config.tls_cert.read_bytes())}")
-    if config.token is not None:
-        notes.append("open the page once as /?token=YOUR_TOKEN; it then keeps the token in a cookie")
-    return notes
-
-
-def run_server(engines: Engines, session_config: SessionConfig, web_config: WebConfig) -> None:
-    """Blocking entry point for `voice-assistant serve`: serve until SIGTERM or SIGINT, then stop accepting, close every
-    session and close each socket with code 1001 and a reason. Prints the page's URL once it is listening."""
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        limit_malloc_arenas(MALLOC_ARENAS)
-        loop.set_default_executor(
-            ThreadPoolExecutor(max_workers=worker_threads(web_config.max_sessions), thread_name_prefix="voice-work")
-        )
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            async with VoiceServer(engines, session_config, web_config) as server:
-                print(f"voice-assistant: serving {server.url}", flush=True)
-                for line in _start_notes(web_config, server.port):
-                    print(f"voice-assistant: {line}", flush=True)
-                await stop.wait()
-                print("voice-assistant: shutting down", flush=True)
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-
-    asyncio.run(main())

@@ -29,6 +29,7 @@ class ScriptedSession:
         self.gate.set()
         self.fed = 0
         self.played: list[tuple[int | None, int]] = []  # (turn, samples) reports from the client
+        self.texts: list[str] = []  # typed turns the server passed on
         self._out: asyncio.Queue[ev.Event | None] = asyncio.Queue()
 
     async def start(self) -> None:
@@ -39,6 +40,7 @@ class ScriptedSession:
         self.fed += 1
 
     async def send_text(self, text: str) -> None:
+        self.texts.append(text)
         emit = self._out.put_nowait
         for step in range(self.drafts):
             emit(ev.DraftUpdate(session=self.id, turn=1, step=step, committed="", draft="x" * 1000, pieces=()))

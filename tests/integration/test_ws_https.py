@@ -114,12 +114,12 @@ def test_serve_self_signed_makes_the_certificate_once_in_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import voice.cli
-    import web.server
+    import web.launch
 
     served: list[WebConfig] = []
     monkeypatch.setenv("VOICE_ASSISTANT_CACHE", str(tmp_path))
     monkeypatch.setattr(voice.cli, "_load", lambda args: None)
-    monkeypatch.setattr(web.server, "run_server", lambda engines, session, web_config: served.append(web_config))
+    monkeypatch.setattr(web.launch, "run_server", lambda engines, session, web_config: served.append(web_config))
     assert voice.cli.main(["serve", "--self-signed"]) == 0
     assert voice.cli.main(["serve", "--self-signed", "--port", "9443"]) == 0
     err = capsys.readouterr().err

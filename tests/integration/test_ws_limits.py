@@ -202,3 +202,27 @@ def test_a_client_that_stops_reading_is_closed_when_its_queue_fills() -> None:
 
     code, reason = asyncio.run(scenario())
     assert code == 1008 and "not reading" in reason
+
+
+def test_typed_turns_past_the_limit_are_refused_one_by_one_and_the_session_goes_on() -> None:
+    config = WebConfig(port=0, typed_turn_burst=2, typed_turn_interval_s=600.0)
+
+    async def scenario() -> tuple[Received, list[str], int]:
+        server, sessions = scripted_server(config, speech_s=0.0)
+        async with server, connect(url(server)) as ws:
+            received = Received()
+            await collect(ws, received, until="ready")
+            for index in range(5):
+                await ws.send(json.dumps({"type": "text", "text": f"turn {index}"}))
+            await ws.send(b"\x00\x00" * 320)  # audio still flows
+            await ws.send(json.dumps({"type": "hello", "sample_rate": 16000}))  # and the connection still answers
+            await collect(ws, received, until="ready", timeout_s=10)
+            return received, sessions[0].texts, sessions[0].fed
+
+    received, texts, fed = asyncio.run(scenario())
+    assert texts == ["turn 0", "turn 1"]
+    refusals = received.of_type("error")
+    assert len(refusals) == 3 and all(error["code"] == "limit_exceeded" for error in refusals)
+    assert all("typed turns arrive too fast" in error["message"] for error in refusals)
+    assert all("turn" not in error for error in refusals)  # about a client frame, not a turn
+    assert fed == 1 and received.close_code is None

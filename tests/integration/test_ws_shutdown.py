@@ -25,7 +25,7 @@ SERVER = textwrap.dedent(
     from pathlib import Path
     from tests.integration.ws_harness import load_test_engines, session_config
     from web.config import WebConfig
-    from web.server import run_server
+    from web.launch import run_server
 
     run_server(load_test_engines(Path(sys.argv[1])), session_config(), WebConfig(port=0))
     """

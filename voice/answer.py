@@ -1,0 +1,302 @@
+"""One answer: the LM's drafts spoken by the SpeakStage, its events gated, its playback position kept.
+
+`Answer` is one answer's state: whether its events are held (a speculative answer before the end of turn is
+confirmed) or dropped (cancelled), its latency marks, and how much of its audio has played, pauses excluded.
+`AnswerRunner` runs it: LmRun (the diffusion LM in a worker thread) -> drafts -> SpeakStage -> audio, every event
+through one gate, and then waits until the audio has had time to play. What the answer means for the turn (release,
+cancel, finish) is decided by the turn-taking core and executed by the session (voice/session.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from model.chat import ChatMessage, Draft
+from model.errors import ModelError
+from voice.cancellation import cancel_and_wait
+from voice.engines import Engines
+from voice.errors import VoiceError
+from voice.events import (
+    AnswerDone,
+    AudioOut,
+    DraftUpdate,
+    ErrorEvent,
+    Event,
+    FirstAudioOut,
+    LmFirstPass,
+    LmStarted,
+    PhraseCommitted,
+    TtsFirstChunk,
+    now_ns,
+)
+from voice.speak.playback_ledger import PlaybackLedger
+from voice.speak.stage import SpeakStage
+from voice.think.lm_run import LmRun
+from voice.turn_records import TurnRecord
+
+if TYPE_CHECKING:
+    from voice.session import SessionConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Answer:
+    """One answer being generated and spoken. Its events pass through `AnswerRunner.event`: held while `held`,
+    dropped once `cancelled`."""
+
+    answer_id: int
+    record: TurnRecord
+    held: bool
+    early: bool  # started before the end of turn was confirmed
+    task: asyncio.Task[None] | None = None
+    run: LmRun | None = None
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    held_events: list[Event] = field(default_factory=list)
+    cancelled: bool = False
+    marks: dict[str, int] = field(default_factory=dict)
+    ledger: PlaybackLedger = field(default_factory=PlaybackLedger)
+    sample_rate: int = 0
+    first_audio_ns: int | None = None
+    reported_played: int | None = None  # exact playback position from the output, when it reports one
+    unpaused: asyncio.Event = field(default_factory=asyncio.Event)  # clear while the outputs are paused
+    paused_at_ns: int | None = None
+    paused_ns: int = 0  # time spent paused before `paused_at_ns`
+    pauses: int = 0
+    answer: str = ""
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.unpaused.set()
+
+    @property
+    def turn(self) -> int:
+        return self.record.turn
+
+    def paused_ns_until(self, t_ns: int) -> int:
+        """Time this answer's playback has spent paused up to `t_ns`."""
+        return self.paused_ns + (t_ns - self.paused_at_ns if self.paused_at_ns is not None else 0)
+
+    def pause(self, t_ns: int) -> bool:
+        """The outputs stop playing this answer at `t_ns`; False if they already had."""
+        if self.paused_at_ns is not None:
+            return False
+        self.paused_at_ns = t_ns
+        self.pauses += 1
+        self.unpaused.clear()
+        return True
+
+    def resume(self, t_ns: int) -> bool:
+        """The outputs play on from where they stopped; False if they were not paused."""
+        if self.paused_at_ns is None:
+            return False
+        self.paused_ns = self.paused_ns_until(t_ns)
+        self.paused_at_ns = None
+        self.unpaused.set()
+        return True
+
+    def played_estimate(self) -> int:
+        """Samples the listener heard: the output's own report, else real time since the first sample went out, less
+        the time playback was paused."""
+        if self.reported_played is not None:
+            return self.reported_played
+        if self.first_audio_ns is None or not self.sample_rate:
+            return 0
+        now = now_ns()
+        return int((now - self.first_audio_ns - self.paused_ns_until(now)) * self.sample_rate / 1e9)
+
+    def playback_left(self) -> float:
+        """Seconds until the audio handed out so far has played, assuming playback started with the first chunk."""
+        if self.first_audio_ns is None or not self.sample_rate:
+            return 0.0
+        played = self.played_estimate()
+        return max(0.0, (self.ledger.samples_out() - played) / self.sample_rate)
+
+
+class AnswerRunner:
+    """Runs a session's answers: `run` generates and speaks one; `event` and `release` gate what goes out.
+
+    `emit` puts an event on the session's output; `on_first_audio` tells the session that an answer's first audio
+    went out (it is speaking now)."""
+
+    def __init__(
+        self,
+        engines: Engines,
+        config: SessionConfig,
+        session_id: str,
+        emit: Callable[[Event], None],
+        on_first_audio: Callable[[Answer], None],
+    ) -> None:
+        self.engines = engines
+        self.config = config
+        self.session_id = session_id
+        self._emit = emit
+        self._on_first_audio = on_first_audio
+
+    async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
+        """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
+        becomes the answer's `ErrorEvent`. Returns early only when cancelled."""
+        run = LmRun(self.engines.lm, messages, self.config.generation, f"lm-{self.session_id}-{answer.turn}")
+        answer.run = run
+        answer.stats["early_lm"] = 1.0 if answer.early else 0.0
+        started = LmStarted(session=self.session_id, turn=answer.turn, t_ns=run.started_ns, early=answer.early)
+        self.event(answer, started)
+        try:
+            async with asyncio.timeout(self.config.max_turn_seconds):
+                await self._answer_body(answer, run)
+            await answer.released.wait()  # an answer ready before its end of turn was confirmed waits for it
+            await self._until_played(answer)
+        except TimeoutError:
+            self._error(answer, "turn_timeout", f"the turn took longer than {self.config.max_turn_seconds} s")
+        except (ModelError, VoiceError) as err:
+            self._error(answer, getattr(err, "code", "model_error"), str(err))
+        except Exception as err:  # the turn boundary: a bug in one stage ends this turn, never the session
+            log.exception("turn %s failed", answer.turn)
+            self._error(answer, "internal_error", f"{type(err).__name__}: {err}")
+        finally:
+            await run.close()
+
+    @staticmethod
+    async def stop(answer: Answer) -> None:
+        """Cancel the answer's task and close its LM run (the worker thread stops at its next pass)."""
+        await cancel_and_wait(answer.task)
+        if answer.run is not None:
+            await answer.run.close()
+
+    async def _until_played(self, answer: Answer) -> None:
+        """Wait until the answer's audio has had time to play (no wait without `wait_for_playback`); a pause, even
+        one that begins during the wait, moves that moment later."""
+        while True:
+            await answer.unpaused.wait()
+            pauses = answer.pauses
+            left = answer.playback_left() if self.config.wait_for_playback else 0.0
+            if left > 0:
+                await asyncio.sleep(left)
+            if answer.pauses == pauses and answer.unpaused.is_set():
+                return
+
+    async def _answer_body(self, answer: Answer, run: LmRun) -> None:
+        drafts: asyncio.Queue[Draft | None] = asyncio.Queue(maxsize=256)
+        speaker = SpeakStage(
+            self.engines.tts,
+            lambda event: self._on_speech(answer, event),
+            session=self.session_id,
+            turn=answer.turn,
+            config=self.config.speculator,
+            ledger=answer.ledger,
+        )
+        answer.sample_rate = speaker.sample_rate
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._pump(answer, run, drafts), name=f"lm-pump-{self.session_id}-{answer.turn}")
+                report = await speaker.run(drafts)
+        except BaseExceptionGroup as failures:
+            # One failing stage (the model, the voice) ends the turn with its own typed error, not a group.
+            first = next((e for e in failures.exceptions if isinstance(e, Exception)), None)
+            if first is None:
+                raise
+            raise first from None
+        answer.stats.update(
+            hits=report.hits,
+            misses=report.misses,
+            speculation_none=report.nones,
+            saved_ms=report.saved_ms,
+            wasted_ms=report.wasted_ms,
+            wasted_cpu_ms=report.wasted_cpu_ms,
+        )
+
+    async def _pump(self, answer: Answer, run: LmRun, drafts: asyncio.Queue[Draft | None]) -> None:
+        session = self.session_id
+        first = True
+        passes = 0
+        lm_seconds = 0.0
+        try:
+            async for t_ns, draft in run.drafts():
+                passes += 1
+                lm_seconds += draft.elapsed_s
+                if first:
+                    first = False
+                    answer.marks["lm_first_pass"] = t_ns
+                    self.event(answer, LmFirstPass(session=session, turn=answer.turn, t_ns=t_ns))
+                self.event(
+                    answer,
+                    DraftUpdate(
+                        session=session,
+                        turn=answer.turn,
+                        step=draft.step,
+                        committed=draft.committed_text,
+                        draft=draft.text,
+                        pieces=tuple((piece.text, piece.committed) for piece in draft.pieces),
+                    ),
+                )
+                await drafts.put(draft)
+                if draft.done:
+                    answer.answer = draft.committed_text.strip() or draft.text.strip()
+                    tokens = draft.completion_tokens
+                    # the end-of-sequence token is generated work too (as in scripts/eval_default_model.py)
+                    generated = tokens + (1 if draft.finish_reason == "stop" else 0)
+                    answer.stats.update(
+                        tokens=tokens,
+                        passes=passes,
+                        tokens_per_pass=generated / passes if passes else 0.0,
+                        lm_seconds=lm_seconds,
+                        tokens_per_second=generated / lm_seconds if lm_seconds > 0 else 0.0,
+                        prompt_tokens=draft.prompt_tokens,
+                        prompt_tokens_encoded=draft.prompt_tokens - draft.cached_prompt_tokens,
+                    )
+                    self.event(
+                        answer,
+                        AnswerDone(
+                            session=session,
+                            turn=answer.turn,
+                            text=answer.answer,
+                            tokens=tokens,
+                            passes=passes,
+                            lm_seconds=lm_seconds,
+                            finish_reason=draft.finish_reason or "stop",
+                        ),
+                    )
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                drafts.put_nowait(None)
+
+    async def _on_speech(self, answer: Answer, event: Event) -> None:
+        if isinstance(event, PhraseCommitted):
+            answer.marks.setdefault("first_phrase_committed", event.t_ns)
+        elif isinstance(event, TtsFirstChunk):
+            answer.marks.setdefault("tts_first_chunk", event.t_ns)
+        self.event(answer, event)
+
+    # --- the gate ------------------------------------------------------------------------------------------------
+    def event(self, answer: Answer, event: Event) -> None:
+        """Every event of an answer comes through here: dropped once cancelled, held until released."""
+        if answer.cancelled:
+            return
+        if answer.held:
+            answer.held_events.append(event)
+            return
+        self._deliver(answer, event)
+
+    def release(self, answer: Answer) -> None:
+        """The end of turn is confirmed: what the answer held goes out, and from now on everything goes out at once."""
+        answer.held = False
+        held, answer.held_events = answer.held_events, []
+        for event in held:
+            self._deliver(answer, event)
+        answer.released.set()
+
+    def _deliver(self, answer: Answer, event: Event) -> None:
+        if isinstance(event, AudioOut) and answer.first_audio_ns is None:
+            answer.first_audio_ns = now_ns()
+            answer.marks["first_audio_out"] = answer.first_audio_ns
+            self._emit(FirstAudioOut(session=self.session_id, turn=answer.turn, t_ns=answer.first_audio_ns))
+            self._on_first_audio(answer)
+        self._emit(event)
+
+    def _error(self, answer: Answer, code: str, message: str) -> None:
+        self.event(answer, ErrorEvent(session=self.session_id, turn=answer.turn, code=code, message=message))

@@ -1,0 +1,81 @@
+"""What the session knows of each user turn until its `TurnEnd`, and how a turn ends: the history keeps the user's
+words and what the listener really heard of the answer, and the `TurnEnd` event carries the turn's latencies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from model.chat import ChatMessage
+from voice.events import TurnEnd
+from voice.latency import breakdown
+from voice.think.dialogue import Dialogue
+
+if TYPE_CHECKING:
+    from voice.answer import Answer
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """What the session knows of one user turn (spoken or typed) until its TurnEnd."""
+
+    turn: int
+    user_text: str = ""
+    marks: dict[str, int] = field(default_factory=dict)
+    endpoint_detected_ns: int | None = None
+
+
+class TurnRecords:
+    """The open turns' records by turn number, and the conversation's history they end into."""
+
+    def __init__(self, session_id: str, dialogue: Dialogue) -> None:
+        self.session_id = session_id
+        self.dialogue = dialogue
+        self._records: dict[int, TurnRecord] = {}
+
+    def get(self, turn: int) -> TurnRecord:
+        """The turn's record, made on first use."""
+        record = self._records.get(turn)
+        if record is None:
+            record = self._records[turn] = TurnRecord(turn)
+        return record
+
+    def renumber(self, record: TurnRecord, turn: int) -> None:
+        """The record's turn goes on as `turn` (a dropped speculative answer: the user kept speaking)."""
+        record = self._records.pop(record.turn, record)
+        record.turn = turn
+        self._records[record.turn] = record
+
+    def messages_with(self, user_text: str) -> list[ChatMessage]:
+        """The history plus this turn's words; the history itself changes only when the turn ends."""
+        probe = Dialogue(self.dialogue.config)
+        for message in self.dialogue.history:
+            (probe.add_user if message.role == "user" else probe.add_assistant)(message.content)
+        probe.add_user(user_text)
+        return probe.messages()
+
+    def end(self, record: TurnRecord, answer: Answer | None, interrupted: bool, stats: dict[str, float]) -> TurnEnd:
+        """Close the turn: the history gets the user's words and what was spoken; returns its `TurnEnd`."""
+        self._records.pop(record.turn, None)
+        if answer is None:
+            answer_text, spoken, marks = "", "", dict(record.marks)
+        else:
+            marks = {**record.marks, **answer.marks}
+            answer_text = answer.answer
+            if interrupted:
+                answer.ledger.played_total(answer.played_estimate())
+                spoken = answer.ledger.spoken_text()
+            else:
+                spoken = answer.answer
+        self.dialogue.add_user(record.user_text)
+        self.dialogue.add_assistant(spoken)
+        return TurnEnd(
+            session=self.session_id,
+            turn=record.turn,
+            user_text=record.user_text,
+            answer=answer_text,
+            spoken=spoken,
+            interrupted=interrupted,
+            latency_ms=breakdown(marks, record.endpoint_detected_ns),
+            stats=dict(stats),
+        )
