@@ -18,9 +18,10 @@ draft d with probability min(1, p(d) / q(d)); on rejection sample from the resid
 masks' argmax, so q is one-hot and the rule becomes: accept with probability p(d), else sample p with d removed. The
 output then follows the teacher's distribution exactly.
 
-The `SpeechGuard` (no repeated word n-grams, no copied runs of the prompt, end at a sentence end once the answer is long enough) edits the teacher's
-logits as a pure function of the answer so far. It is applied to every verification row with that row's own prefix,
-so autoregressive and self-speculative decoding stay token-for-token equal with it on.
+The `SpeechGuard` (no repeated word n-grams, no copied runs of the prompt, end at a sentence end once the answer is
+long enough) edits the teacher's logits as a pure function of the prompt and the answer so far. It is applied to every
+verification row with that row's own prefix, so autoregressive and self-speculative decoding stay token-for-token
+equal with it on.
 """
 
 from __future__ import annotations
