@@ -34,6 +34,7 @@ VOICE_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one 
 SPOKEN_NO_REPEAT_NGRAM = 3
 SPOKEN_END_AFTER = 24
 SPOKEN_NO_COPY_NGRAM = 6  # tokens, punctuation counted: breaks copies of an earlier answer or the system prompt
+SPOKEN_NO_COPY_OPENING = 2  # tokens: no answer opens as the previous one did ("A: ..." five times in a row)
 
 
 def base_gguf_path() -> Path:
@@ -138,6 +139,7 @@ def load_default_chat_model(
     settings.setdefault("no_repeat_ngram", SPOKEN_NO_REPEAT_NGRAM)
     settings.setdefault("end_after", SPOKEN_END_AFTER)
     settings.setdefault("no_copy_ngram", SPOKEN_NO_COPY_NGRAM)
+    settings.setdefault("no_copy_opening", SPOKEN_NO_COPY_OPENING)
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
     return DiffusionChatModel(

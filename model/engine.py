@@ -265,7 +265,8 @@ class DiffusionChatModel:
         """The sampler's anti-loop rules with this tokenizer's word classes and sentence-end tokens, for `prompt`
         (None when every rule is off)."""
         sampler = self.sampler
-        if not (sampler.no_repeat_ngram or sampler.end_after or sampler.no_copy_ngram):
+        copying = sampler.no_copy_ngram or sampler.no_copy_opening
+        if not (sampler.no_repeat_ngram or sampler.end_after or copying):
             return None
         if self._guard is None:
             texts = token_texts_of_vocabulary(self.tokenizer)
@@ -274,8 +275,9 @@ class DiffusionChatModel:
                 end_after=sampler.end_after,
                 sentence_end_ids=sentence_end_ids(self.tokenizer, texts) if sampler.end_after else frozenset(),
                 eos_id=self.tokenizer.eos_token_id,
-                words=WordClasses.from_texts(texts) if sampler.no_repeat_ngram or sampler.no_copy_ngram else None,
+                words=WordClasses.from_texts(texts) if sampler.no_repeat_ngram or copying else None,
                 no_copy_ngram=sampler.no_copy_ngram,
+                no_copy_opening=sampler.no_copy_opening,
             )
         return self._guard if prompt is None else self._guard.for_prompt(prompt)
 

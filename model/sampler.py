@@ -61,6 +61,7 @@ class SamplerConfig:
     no_repeat_ngram: int = 0  # speculative/autoregressive: never repeat an n-gram of the answer (0: off)
     end_after: int = 0  # speculative/autoregressive: end at the first sentence end after this many tokens (0: off)
     no_copy_ngram: int = 0  # never copy a run of n tokens (words and punctuation) from the prompt (0: off)
+    no_copy_opening: int = 0  # never open with the first n tokens of an earlier answer in the prompt (0: off)
 
     def __post_init__(self) -> None:
         if self.block_length < 1:
@@ -82,8 +83,8 @@ class SamplerConfig:
             raise ModelError(f"decoding must be one of {DECODING_MODES}, got {self.decoding!r}")
         if self.draft_masks < 1:
             raise ModelError(f"draft_masks must be at least 1, got {self.draft_masks}")
-        if self.no_repeat_ngram < 0 or self.end_after < 0 or self.no_copy_ngram < 0:
-            raise ModelError("no_repeat_ngram, no_copy_ngram and end_after must be >= 0 (0 turns them off)")
+        if min(self.no_repeat_ngram, self.end_after, self.no_copy_ngram, self.no_copy_opening) < 0:
+            raise ModelError("no_repeat_ngram, no_copy_ngram, no_copy_opening and end_after must be >= 0 (0: off)")
 
 
 def commit_schedule(masked: int, steps: int) -> list[int]:

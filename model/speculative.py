@@ -98,7 +98,9 @@ class SpeechGuard:
 
     `no_copy_ngram` keeps the answer from copying runs of its prompt (punctuation counted): in a long conversation a
     small model otherwise repeats its previous answer for an unclear question, and the copy then feeds the next turn
-    ("A: "A: "" five turns in a row in a 60-turn soak). `for_prompt` gives the guard of one request.
+    ("A: "A: "" five turns in a row in a 60-turn soak). `no_copy_opening` keeps it from opening the way an earlier
+    answer opened: the copy rule stopped the verbatim copies, but five answers in a row still began "A: ...".
+    `for_prompt` gives the guard of one request.
     """
 
     no_repeat_ngram: int = 0  # n > 0: never emit a token that would repeat an n-gram of the answer
@@ -108,17 +110,26 @@ class SpeechGuard:
     words: WordClasses | None = None  # None: compare token ids as they are
     no_copy_ngram: int = 0  # n > 0: never emit a token that would copy an n-gram of the prompt
     copied: dict[tuple[int, ...], frozenset[int]] = field(default_factory=dict)  # prompt (n-1)-gram -> next keys
+    no_copy_opening: int = 0  # n > 0: never open with the first n tokens an earlier answer in the prompt opened with
+    openings: frozenset[tuple[int, ...]] = frozenset()  # those openings (keys), found by `for_prompt`
 
-    def for_prompt(self, prompt: list[int]) -> SpeechGuard:
-        """This guard with the prompt's n-grams indexed (itself when copying is allowed)."""
-        n = self.no_copy_ngram
-        if n <= 0:
+    def for_prompt(self, prompt: list[int], header: int = 3) -> SpeechGuard:
+        """This guard with the prompt's n-grams and earlier answers' openings indexed (itself when both are off).
+
+        Earlier answers are found by the prompt's own last `header` tokens: a chat prompt ends with the assistant
+        header ("<|im_start|>assistant\\n"), and the template wrote the same tokens before each earlier answer.
+        """
+        n, k = self.no_copy_ngram, self.no_copy_opening
+        if n <= 0 and k <= 0:
             return self
         keys = [self._copy_key(t) for t in prompt]
         index: dict[tuple[int, ...], set[int]] = {}
-        for i in range(len(keys) - n + 1):
+        for i in range(len(keys) - n + 1 if n > 0 else 0):
             index.setdefault(tuple(keys[i : i + n - 1]), set()).add(keys[i + n - 1])
-        return replace(self, copied={context: frozenset(after) for context, after in index.items()})
+        mark = prompt[-header:] if k > 0 and len(prompt) > header else None
+        starts = [i + header for i in range(len(prompt) - header) if mark and prompt[i : i + header] == mark]
+        openings = frozenset(tuple(keys[i : i + k]) for i in starts if i + k <= len(prompt) - header)
+        return replace(self, copied={c: frozenset(after) for c, after in index.items()}, openings=openings)
 
     def _copy_key(self, token: int) -> int:
         """A token's word class for copy matching; punctuation keeps its own identity (as -2 - id)."""
@@ -148,6 +159,11 @@ class SpeechGuard:
         if n > 0 and self.copied and len(answer) >= n - 1:
             context = tuple(self._copy_key(t) for t in answer[len(answer) - n + 1 :])
             banned.update(token for key in self.copied.get(context, ()) for token in self._tokens_of(key))
+        k = len(answer) + 1
+        if k == self.no_copy_opening and self.openings:
+            opened = tuple(self._copy_key(t) for t in answer)
+            after = {opening[-1] for opening in self.openings if opening[:-1] == opened}
+            banned.update(token for key in after for token in self._tokens_of(key))
         if banned:
             logits[sorted(banned)] = -torch.inf
         long_enough = self.end_after and self.eos_id is not None and len(answer) >= self.end_after

@@ -118,7 +118,10 @@ def test_self_speculative_equals_autoregressive_equals_the_teacher() -> None:
 def test_the_speech_guard_keeps_both_modes_equal_and_the_answer_free_of_repeats() -> None:
     model = adapted(seed=1)
     denoiser = BlockDiffusionDenoiser(model, [EOS])
-    base = SpeechGuard(no_repeat_ngram=2, end_after=6, sentence_end_ids=frozenset({7, 8}), eos_id=EOS, no_copy_ngram=3)
+    base = SpeechGuard(
+        no_repeat_ngram=2, end_after=6, sentence_end_ids=frozenset({7, 8}), eos_id=EOS,
+        no_copy_ngram=3, no_copy_opening=1,
+    )
     for index, prompt in enumerate(prompts(12, seed=1)):
         guard = base.for_prompt(prompt)
         autoregressive = final_tokens(list(generate_speculative(denoiser, prompt, 24, masks=0, guard=guard)))
@@ -174,6 +177,23 @@ def test_the_guard_breaks_a_copy_of_the_prompt_punctuation_included() -> None:
     logits = torch.zeros(len(texts))
     guard.apply(logits, [1, 2, 3])  # a guard not given the prompt bans nothing
     assert not torch.isinf(logits).any()
+
+
+def test_the_guard_keeps_an_answer_from_opening_as_an_earlier_answer_did() -> None:
+    """The prompt's last 3 tokens are the assistant header; after each earlier header sits an earlier answer."""
+    texts = ["<h>", "assistant", "\n", "A", ":", " thanks", " joke", " Sure", " a"]
+    guard = SpeechGuard(no_copy_opening=2, words=WordClasses.from_texts(texts))
+    header = [0, 1, 2]
+    prompt = [6, *header, 3, 4, 5, 6, *header]  # ' joke' <h>assistant\n 'A: thanks' ' joke' <h>assistant\n
+    request = guard.for_prompt(prompt)
+    logits = torch.zeros(len(texts))
+    request.apply(logits, [8])  # " a" opens like "A" did ...
+    assert {i for i in range(len(texts)) if logits[i] == -torch.inf} == {4}  # ... so not "a:"
+    for answer in ([7], [3, 4]):  # another opening, or past the opening: free
+        logits = torch.zeros(len(texts))
+        request.apply(logits, answer)
+        assert not torch.isinf(logits).any()
+    assert guard.for_prompt([6, *header]).openings == frozenset()  # the first answer has nothing to avoid
 
 
 def test_the_cache_after_rejected_drafts_equals_a_fresh_prefill_of_the_accepted_text() -> None:
