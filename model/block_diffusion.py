@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -40,6 +41,9 @@ from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket ar
     prefill_bucket,
 )
 from model.errors import ModelError
+
+if TYPE_CHECKING:
+    from model.batch_runner import BatchRunner
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -261,7 +265,8 @@ class BlockDiffusionDenoiser:
         self._use_cache = True
         self._cache = SlotCache(1)
         self.reused_tokens = 0  # prompt tokens the last start() found already in the cache
-        self.reuse_prompt_cache = True  # False: encode every prompt from scratch (for comparisons)
+        self._reuse_prompt_cache = True
+        self._runner: BatchRunner | None = None
         self._passes: BlockPasses | None = None
         self.prefill_cancel: threading.Event | None = None  # checked between prefill chunks (set by the engine)
         self._feed = Feed(clean=())  # the last verify() pass
@@ -269,6 +274,26 @@ class BlockDiffusionDenoiser:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.base.dtype
+
+    @property
+    def reuse_prompt_cache(self) -> bool:
+        """False: encode every prompt from scratch (for comparisons), here and in the batch runner."""
+        return self._reuse_prompt_cache
+
+    @reuse_prompt_cache.setter
+    def reuse_prompt_cache(self, value: bool) -> None:
+        self._reuse_prompt_cache = value
+        if self._runner is not None:
+            self._runner.reuse_prompt_cache = value
+
+    def batch_runner(self) -> BatchRunner:
+        """The runner that decodes concurrent answers on this network in batched passes (created once; its own cache,
+        apart from this denoiser's one-answer cache)."""
+        from model.batch_runner import BatchRunner
+
+        if self._runner is None:
+            self._runner = BatchRunner(self.model, reuse_prompt_cache=self._reuse_prompt_cache)
+        return self._runner
 
     @property
     def _cached_ids(self) -> list[int]:
