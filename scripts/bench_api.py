@@ -33,6 +33,7 @@ PROMPTS = ("Hello, how are you today?", "What is a good name for a cat?", "Tell 
 
 @dataclass(frozen=True, slots=True)
 class RequestResult:
+    client: int
     first_draft_s: float
     latency_s: float
     completion_tokens: int
@@ -50,6 +51,7 @@ class LevelResult:
     first_draft_p95_s: float
     latency_p50_s: float
     latency_p95_s: float
+    first_draft_p50_by_client_s: tuple[float, ...]  # each client's own median: is any client starved?
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -59,7 +61,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def one_request(client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> RequestResult:
+async def one_request(
+    client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int, index: int = 0
+) -> RequestResult:
     start = time.perf_counter()
     first_draft = None
     tokens = 0
@@ -77,7 +81,7 @@ async def one_request(client: openai.AsyncOpenAI, model: str, prompt: str, max_t
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     latency = time.perf_counter() - start
-    return RequestResult(first_draft if first_draft is not None else latency, latency, tokens)
+    return RequestResult(index, first_draft if first_draft is not None else latency, latency, tokens)
 
 
 async def run_level(base_url: str, model: str, clients: int, requests: int, max_tokens: int,
@@ -95,7 +99,7 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
             prompt = PROMPTS[(issued + index) % len(PROMPTS)]
             issued += 1
             try:
-                results.append(await one_request(client, model, prompt, max_tokens))
+                results.append(await one_request(client, model, prompt, max_tokens, index))
             except openai.APIError as error:
                 errors += 1
                 print(f"  request failed: {error}", file=sys.stderr)
@@ -116,6 +120,10 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
         first_draft_p95_s=round(percentile(firsts, 0.95), 3),
         latency_p50_s=round(percentile(latencies, 0.5), 3),
         latency_p95_s=round(percentile(latencies, 0.95), 3),
+        first_draft_p50_by_client_s=tuple(
+            round(percentile([r.first_draft_s for r in results if r.client == index], 0.5), 3)
+            for index in range(clients)
+        ),
     )
 
 
@@ -156,7 +164,8 @@ def main() -> None:
                 f"clients={level.clients} requests={level.requests} errors={level.errors} wall={level.wall_s:.2f}s "
                 f"tokens/answer={level.tokens_per_answer:.1f} tokens/s={level.tokens_per_s:.1f}\n"
                 f"  first_draft p50/p95={level.first_draft_p50_s:.3f}/"
-                f"{level.first_draft_p95_s:.3f}s latency p50/p95={level.latency_p50_s:.3f}/{level.latency_p95_s:.3f}s"
+                f"{level.first_draft_p95_s:.3f}s latency p50/p95={level.latency_p50_s:.3f}/{level.latency_p95_s:.3f}s\n"
+                f"  first_draft p50 by client: {', '.join(f'{v:.3f}s' for v in level.first_draft_p50_by_client_s)}"
             )
         stats = asdict(server.scheduler.stats)
     print(f"scheduler: {stats}")
