@@ -70,9 +70,11 @@ class SlotCache(Cache):
         self._values: list[torch.Tensor] = []
         self.rows: list[int] = []
         self.offsets: list[int] = []
+        self._where: tuple[torch.Tensor, torch.Tensor] | None = None  # (slot, position) `[B, S]` of this forward's rows
 
     def bind(self, rows: Sequence[int], offsets: Sequence[int]) -> None:
         self.rows, self.offsets = list(rows), list(offsets)
+        self._where = None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
@@ -85,9 +87,13 @@ class SlotCache(Cache):
             self._keys.append(key_states.new_zeros(shape))
             self._values.append(value_states.new_zeros(shape))
         keys, values = self._grow(layer_idx, end)
-        for batch_row, (slot, offset) in enumerate(zip(self.rows, self.offsets, strict=True)):
-            keys[slot, :, offset : offset + s] = key_states[batch_row]
-            values[slot, :, offset : offset + s] = value_states[batch_row]
+        if self._where is None or self._where[0].shape[1] != s:  # once per forward: every layer writes the same places
+            slot_index = torch.tensor(self.rows, device=keys.device).unsqueeze(1).expand(-1, s)  # [B, S]
+            position = torch.tensor(self.offsets, device=keys.device).unsqueeze(1) + torch.arange(s, device=keys.device)
+            self._where = (slot_index, position)
+        slot_index, position = self._where
+        keys[slot_index, :, position] = key_states.transpose(1, 2)  # [B, S, heads, head_dim]: one write for all rows
+        values[slot_index, :, position] = value_states.transpose(1, 2)
         first, last = self.rows[0], self.rows[-1]
         if self.rows == list(range(first, last + 1)):  # the usual case: a view, no copy
             return keys[first : last + 1, :, :end], values[first : last + 1, :, :end]

@@ -127,15 +127,16 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
     )
 
 
-def load_model(spec: str) -> ChatModel:
+def load_model(spec: str, decoding: str | None = None) -> ChatModel:
     from model.loading import load_chat_model
 
+    overrides = {"decoding": decoding} if decoding else {}
     if spec == "tiny":
         from tests.unit.tiny_models import tiny_bert
 
         folder = tiny_bert(Path(tempfile.mkdtemp(prefix="bench-api-")) / "tiny-bert")
         return load_chat_model(str(folder), block_length=8, steps_per_block=8)
-    return load_chat_model(None if spec == "default" else spec)
+    return load_chat_model(None if spec == "default" else spec, **overrides)
 
 
 def main() -> None:
@@ -145,11 +146,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-seconds", type=float, default=120.0, help="time bound per level")
+    parser.add_argument("--decoding", default=None, help="self-speculative, autoregressive or diffusion (default: "
+                        "the model's own)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
     load_start = time.perf_counter()
-    model = load_model(args.model)
+    model = load_model(args.model, args.decoding)
     print(f"model {model.name!r} loaded in {time.perf_counter() - load_start:.1f} s")
     config = ServerConfig(max_queue=max(args.clients) + 1, max_tokens_limit=max(args.max_tokens, 1),
                           default_max_tokens=max(args.max_tokens, 1))
