@@ -1,12 +1,12 @@
 """Generations on one model, started in arrival order, with per-request cancellation.
 
-A worker task takes jobs from a FIFO queue and runs each job's whole `stream_chat` iteration in a worker thread
-(`asyncio.to_thread`), so the event loop never blocks. Up to `model.max_batch` jobs run at once (a model that batches
-concurrent answers into one forward, model/batch_runner.py; 1 for any other model, which then answers one job at a
-time, in order). Drafts cross back to the loop with `call_soon_threadsafe`. A request that goes
-away sets its job's cancel flag: a queued job is skipped, a running one stops within one refinement pass because the
-model checks the same `threading.Event` between passes. Nothing here awaits on behalf of a dead client, so a client that
-disconnects can never stall the queue.
+A worker task takes jobs from a FIFO queue and runs each job's whole `stream_chat` iteration in a worker thread of
+the scheduler's own pool, so the event loop never blocks. Up to `model.max_batch` jobs run at once (a model that
+batches concurrent answers into one forward, model/batch_runner.py; 1 for any other model, which then answers one job
+at a time, in order). Drafts cross back to the loop with `call_soon_threadsafe`. A request that goes away sets its
+job's cancel flag: a queued job is skipped, a running one stops within one refinement pass because the model checks
+the same `threading.Event` between passes. Nothing here awaits on behalf of a dead client, so a client that disconnects
+can never stall the queue.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ class Job:
 
 
 class Scheduler:
-    """A fair (FIFO) queue in front of one `ChatModel`. Create and use it inside one running event loop."""
+    """A fair (FIFO) queue in front of one `ChatModel`, starting up to `model.max_batch` jobs at once. Create and use
+    it inside one running event loop."""
 
     def __init__(self, model: ChatModel, max_queue: int) -> None:
         self.model = model
@@ -140,7 +141,12 @@ class Scheduler:
                 if job.cancel.is_set():
                     self._finish(job)
                     continue
-                await slots.acquire()
+                try:
+                    await slots.acquire()
+                except asyncio.CancelledError:  # shutdown while this job waited for a place: end its stream too
+                    job.cancel.set()
+                    self._finish(job)
+                    raise
                 self._running.add(job)
                 task = asyncio.create_task(self._run_job(job, slots), name="dlm-scheduler-job")
                 self._tasks.add(task)

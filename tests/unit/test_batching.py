@@ -194,3 +194,29 @@ def test_the_engine_streams_concurrent_answers_through_one_runner() -> None:
         thread.join(timeout=120)
     for i, prompt in enumerate(prompt_sets):
         assert texts[i] == list(chat.stream_prompt(prompt, options))[-1].text
+
+
+def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes() -> None:
+    import asyncio
+
+    from model.chat import ChatMessage
+    from model.server.scheduler import Scheduler
+    from tests.unit.tiny_models import word_tokenizer
+
+    chat = DiffusionChatModel("tiny", word_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"])
+    questions = ["hello how are you", "what is your name", "the cat and the dog", "good day"]
+    options = GenerationOptions(max_new_tokens=16)
+
+    async def serve_all() -> list[str]:
+        scheduler = Scheduler(chat, max_queue=8)
+        jobs = [scheduler.submit([ChatMessage("user", q)], options) for q in questions]
+        texts = []
+        for job in jobs:
+            texts.append([draft async for draft in job.stream()][-1].text)
+        await scheduler.close()
+        return texts
+
+    assert chat.max_batch > 1
+    texts = asyncio.run(serve_all())
+    assert max(chat._runner.batch_sizes) >= 2  # the jobs ran at the same time, in shared passes
+    assert texts == [list(chat.stream_chat([ChatMessage("user", q)], options))[-1].text for q in questions]
