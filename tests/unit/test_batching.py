@@ -220,3 +220,43 @@ def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes() -> None:
     texts = asyncio.run(serve_all())
     assert max(chat._runner.batch_sizes) >= 2  # the jobs ran at the same time, in shared passes
     assert texts == [list(chat.stream_chat([ChatMessage("user", q)], options))[-1].text for q in questions]
+
+
+def test_a_voice_turn_asks_the_model_for_priority() -> None:
+    import asyncio
+
+    from model.chat import ChatMessage
+    from tests.unit.test_session_shell import FakeLM
+    from voice.think.lm_run import LmRun
+
+    lm = FakeLM()
+    asked: list[bool] = []
+    stream_chat = lm.stream_chat
+
+    def recording(messages, options, cancel=None):
+        asked.append(options.interactive)
+        return stream_chat(messages, options, cancel)
+
+    lm.stream_chat = recording  # type: ignore[method-assign]
+
+    async def turn() -> None:
+        run = LmRun(lm, [ChatMessage("user", "hi")], GenerationOptions(), name="lm-test")
+        async for _ in run.drafts():
+            pass
+        await run.close()
+
+    asyncio.run(turn())
+    assert asked == [True]
+
+
+def test_an_interactive_answer_runs_its_first_pass_ahead_of_waiting_bulk_ones() -> None:
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    config = MODES["self-speculative"]
+    with runner._condition:  # the runner admits nothing until all four wait
+        bulk = [runner.submit(chat.sequence(p, 12, config)) for p in prompts(3, seed=11)]
+        voice = runner.submit(chat.sequence(prompts(1, seed=12)[0], 12, config), interactive=True)
+    for run in [*bulk, voice]:
+        drain(run)
+    assert voice.first_pass == 0 and runner.batch_sizes[0] == 1  # alone, before any bulk pass
+    assert all(run.first_pass > 0 for run in bulk)
