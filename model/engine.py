@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.denoiser import Denoiser
@@ -20,6 +20,9 @@ from model.fair_lock import FairLock
 from model.refinement import Refinement
 from model.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
 from model.speculative import SpeculativeDecoding, SpeechGuard, Verifier, generate_speculative
+
+if TYPE_CHECKING:
+    from model.batch_runner import Sequence as DecodingSequence
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
 # character or restore a leading space the same way they would in the whole text.
@@ -258,7 +261,7 @@ class DiffusionChatModel:
         finally:
             self._lock.release()
 
-    def sequence(self, prompt: list[int], length: int, config: SamplerConfig) -> Any:
+    def sequence(self, prompt: list[int], length: int, config: SamplerConfig) -> DecodingSequence:
         """This answer's decoding as a step function for the batch runner (model/batch_runner.py)."""
         from model.batch_runner import DiffusionSequence
         from model.block_diffusion import BlockPasses

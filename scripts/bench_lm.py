@@ -6,6 +6,7 @@
     python scripts/bench_lm.py --model PATH --json artifacts/bench_lm.json
     python scripts/bench_lm.py --pass-costs 1,4,8,12,16,24 --cache-length 200   # self-speculative pass costs
     python scripts/bench_lm.py --batch-costs 1,2,4,8 --cache-length 200         # one batched pass over B answers
+    python scripts/bench_lm.py --batch-agreement 8    # answers decoded together vs alone (bundled model, bf16)
 
 Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
 pass). Each runs over the prompt set with the cache on and off. Separately it times single passes for a 256-token
@@ -252,6 +253,49 @@ def batch_cost_main(args: argparse.Namespace) -> int:
     return 0
 
 
+AGREEMENT_PROMPTS = (
+    *PROMPTS,
+    "What is a good name for a cat?",
+    "How far away is the moon?",
+    "Give me a tip for sleeping better.",
+    "Why is the sky blue?",
+)
+
+
+def batch_agreement_main(args: argparse.Namespace) -> int:
+    """--batch-agreement N: N answers decoded one after another (each alone in its pass) and then all at once (in
+    shared passes); how many are identical. In fp32 they must all be (tests/unit/test_batching.py); in bf16 a batch
+    uses other kernels than a single answer, so near-ties can flip."""
+    import threading
+
+    from model.chat import ChatMessage, GenerationOptions
+    from model.loading import load_chat_model
+
+    chat = load_chat_model(args.model)
+    questions = [AGREEMENT_PROMPTS[i % len(AGREEMENT_PROMPTS)] for i in range(args.batch_agreement)]
+    options = GenerationOptions(max_new_tokens=args.max_new_tokens)
+
+    def answer(question: str) -> str:
+        return list(chat.stream_chat([ChatMessage("user", question)], options))[-1].text
+
+    alone = [answer(question) for question in questions]
+    together: dict[int, str] = {}
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, answer(questions[i])))
+               for i in range(len(questions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    runner = getattr(chat, "_runner", None)
+    widest = max(runner.batch_sizes) if runner is not None and runner.batch_sizes else 1
+    same = sum(alone[i] == together[i] for i in range(len(questions)))
+    print(f"{same}/{len(questions)} answers identical alone and in shared passes (up to {widest} answers a pass)")
+    for i in range(len(questions)):
+        if alone[i] != together[i]:
+            print(f"  alone:    {alone[i]!r}\n  together: {together[i]!r}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="spec, 'tiny' or 'tiny-masked' (default: the bundled model)")
@@ -267,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pass-costs", default=None, help="e.g. 1,4,8,12,16,24: time self-speculative passes only")
     parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")
     parser.add_argument("--batch-costs", default=None, help="e.g. 1,2,4,8: time batched passes over that many answers")
+    parser.add_argument("--batch-agreement", type=int, default=0, help="N: answers together vs alone")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -274,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         return pass_cost_main(args)
     if args.batch_costs:
         return batch_cost_main(args)
+    if args.batch_agreement:
+        return batch_agreement_main(args)
 
     try:
         denoiser, prompts, block, name = build(args.model, args.block_length, args.device)
