@@ -271,7 +271,7 @@ def batch_agreement_main(args: argparse.Namespace) -> int:
     from model.chat import ChatMessage, GenerationOptions
     from model.loading import load_chat_model
 
-    chat = load_chat_model(args.model)
+    chat = load_chat_model(args.model, **({"dtype": torch.float32} if args.fp32 else {}))
     questions = [AGREEMENT_PROMPTS[i % len(AGREEMENT_PROMPTS)] for i in range(args.batch_agreement)]
     options = GenerationOptions(max_new_tokens=args.max_new_tokens)
 
@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")
     parser.add_argument("--batch-costs", default=None, help="e.g. 1,2,4,8: time batched passes over that many answers")
     parser.add_argument("--batch-agreement", type=int, default=0, help="N: answers together vs alone")
+    parser.add_argument("--fp32", action="store_true", help="--batch-agreement in fp32 (bundled model)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
