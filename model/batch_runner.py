@@ -192,20 +192,26 @@ class BatchRunner:
         try:
             feeds = [run.sequence.feed() for run in runs]
             logits = batched_pass(self.model, self.cache, [run.slot for run in runs], feeds)
-            elapsed = time.perf_counter() - started
-            for run, feed, (clean, noisy) in zip(runs, feeds, logits, strict=True):
-                refinement, kept = run.sequence.consume(clean, noisy, elapsed, run.cancelled())
-                keep(self.cache, run.slot, feed, kept)
-                run.passes += 1
-                if run.first_pass is None:
-                    run.first_pass = self.passes_run
-                run._out.put(refinement)
-                if refinement.done:
-                    self._end(run, None)
-        except Exception as error:  # a failed pass ends the answers in it, never the runner
+        except Exception as error:  # a failed forward ends the answers in it, never the runner
             log.exception("batched pass failed")
             for run in runs:
                 self._end(run, error)
+            return
+        elapsed = time.perf_counter() - started
+        for run, feed, (clean, noisy) in zip(runs, feeds, logits, strict=True):
+            try:
+                refinement, kept = run.sequence.consume(clean, noisy, elapsed, run.cancelled())
+            except Exception as error:  # one answer's decoding failed: the others in the pass go on
+                log.exception("decoding step failed")
+                self._end(run, error)
+                continue
+            keep(self.cache, run.slot, feed, kept)
+            run.passes += 1
+            if run.first_pass is None:
+                run.first_pass = self.passes_run
+            run._out.put(refinement)
+            if refinement.done:
+                self._end(run, None)
         self.batch_sizes = [*self.batch_sizes[-999:], len(runs)]
         self.passes_run += 1
 

@@ -260,3 +260,34 @@ def test_an_interactive_answer_runs_its_first_pass_ahead_of_waiting_bulk_ones() 
         drain(run)
     assert voice.first_pass == 0 and runner.batch_sizes[0] == 1  # alone, before any bulk pass
     assert all(run.first_pass > 0 for run in bulk)
+
+
+class FailingSequence:
+    """A real sequence whose decoding raises at its second pass (a bug in one answer's step function)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.cached_prompt = inner.cached_prompt
+        self.passes = 0
+
+    def feed(self) -> Feed:
+        return self.inner.feed()
+
+    def consume(self, clean, noisy, elapsed_s, cancelled=False):
+        self.passes += 1
+        if self.passes == 2:
+            raise RuntimeError("a bug in one answer's decoding")
+        return self.inner.consume(clean, noisy, elapsed_s, cancelled)
+
+
+def test_one_answer_failing_ends_only_that_answer() -> None:
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    cases = requests(3)[:3]
+    with runner._condition:
+        runs = [runner.submit(chat.sequence(p, n, c)) for p, c, n in cases]
+        broken = runner.submit(FailingSequence(chat.sequence(*cases[0][:1], cases[0][2], cases[0][1])))
+    with pytest.raises(RuntimeError, match="one answer's decoding"):
+        drain(broken)
+    for run, (prompt, config, length) in zip(runs, cases, strict=True):
+        assert stream(iter(drain(run))) == alone(prompt, config, length)
