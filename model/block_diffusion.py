@@ -23,16 +23,29 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
 
-from model.errors import GenerationCancelled, ModelError
+from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
+    Feed,
+    SlotCache,
+    additive_mask,
+    batched_pass,
+    keep,
+    pass_layout,
+    prefill,
+    prefill_bucket,
+)
+from model.errors import ModelError
+
+if TYPE_CHECKING:
+    from model.batch_runner import BatchRunner
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PREFILL_CHUNK = 1024  # at most this many prompt tokens per prefill forward (see BlockDiffusionDenoiser._prefill)
-MIN_PREFILL_BUCKET = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +93,10 @@ class GatedLoRALinear(nn.Module):
         self._gate = gate
 
     def _delta(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * ((x @ self.lora_a.t().to(x.dtype)) @ self.lora_b.t().to(x.dtype))
+        # In the factors' own dtype: at inference they stay fp32 while the base runs in bf16, because a CPU multiplies
+        # these thin matrices (rank 16, a few rows) 3-8x faster in fp32 than in bf16 (kernel set-up dominates).
+        dtype = self.lora_a.dtype
+        return (self.scale * ((x.to(dtype) @ self.lora_a.t()) @ self.lora_b.t().to(dtype))).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, S, in]
         out = self.base(x)
@@ -161,7 +177,7 @@ class BlockDiffusionLM(nn.Module):
         position_ids: torch.Tensor,  # [B, S]
         attention_bias: torch.Tensor,  # [B, 1, S, K + S] additive float (0 attend, -inf not)
         noisy: torch.Tensor,  # [B, S] bool: which tokens get the adapter
-        cache: DynamicCache | None,
+        cache: Cache | None,
         keep: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         """Logits `[B, S, vocab]`; appends this call's keys/values to `cache` when given.
@@ -197,44 +213,46 @@ def noisy_suffix_start(noisy: torch.Tensor) -> int | None:
     return None
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Turn a bool "may attend" mask into the additive form eager and SDPA attention both accept."""
-    zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return zeros.masked_fill(~allowed, torch.finfo(dtype).min)
+class BlockPasses:
+    """The cache side of diffusion decoding on a block-diffusion model, for one answer: which tokens a pass over block
+    `[lo, hi)` feeds, and how its logits become the block's.
 
+    A pass feeds the clean tokens not yet cached (the prompt's last token before the first block; the block finished
+    just before, fused into the next block's first pass) followed by the noisy block. Logits for the block's first
+    position come from the last clean position (the teacher's own next-token prediction); logits for position
+    `lo + j` (j >= 1) from noisy position `lo + j - 1`.
+    """
 
-def prefill_bucket(n: int) -> int:
-    """The smallest of 32, 48, 64, 96, 128, 192, ... (powers of two and 1.5 times them) holding `n` tokens."""
-    size = MIN_PREFILL_BUCKET
-    while size < n:
-        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
-    return size
+    def __init__(self, prompt_last: int, vocab_size: int) -> None:
+        self.vocab_size = vocab_size  # the network's; the mask id's column is added, always -inf
+        self.pending: tuple[int, ...] = (prompt_last,)  # clean tokens not yet in the cache
+        self.next_logits: torch.Tensor | None = None  # [V] prediction for the first uncached position
 
+    def feed(self, canvas: torch.Tensor, lo: int, hi: int) -> Feed:
+        return Feed(clean=self.pending, noisy=tuple(canvas[lo:hi].tolist()))
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    def block_logits(self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(logits `[hi - lo, V + 1]` of the block, clean tokens the cache keeps: all of them)."""
+        kept = len(self.pending)
+        if kept:
+            self.next_logits, self.pending = clean_logits[-1], ()
+        if self.next_logits is None:
+            raise ModelError("the first pass of an answer must feed the prompt's last token")
+        length = noisy_logits.shape[0]
+        out = torch.cat([self.next_logits.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.vocab_size]
+        return torch.cat([out, torch.full((length, 1), -torch.inf, device=out.device)], dim=1), kept
 
-
-def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Keep the first `length` cached positions in every layer (drops the noisy block's keys after a pass)."""
-    for layer in cache.layers:
-        extra = layer.get_seq_length() - length
-        if extra > 0:
-            layer.crop(-extra)
+    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
+        # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
+        self.pending = tuple(canvas[lo:hi].tolist())
 
 
 class BlockDiffusionDenoiser:
-    """`Denoiser` over a `BlockDiffusionLM`: exact prefix cache, one forward per pass.
+    """`Denoiser` and `Verifier` over a `BlockDiffusionLM`: exact prefix cache, one forward per pass.
 
-    The canvas is the answer region; the prompt lives in the cache. A pass over block `[lo, hi)` feeds the tokens of
-    the block finished just before it (clean, if any, not yet cached) followed by the noisy block. Logits for the
-    block's first position come from the last clean position (the teacher's own next-token prediction); logits for
-    position `lo + j` (j >= 1) from noisy position `lo + j - 1`.
+    One answer at a time, on a one-slot `SlotCache`, through the same code that batches many answers
+    (model/batching.py, model/batch_runner.py): a single answer is a batch of one. The cache is kept from one answer
+    to the next, so a conversation's next prompt encodes only what it adds.
     """
 
     block_causal = True
@@ -248,99 +266,86 @@ class BlockDiffusionDenoiser:
         self.block_length = model.config.block_length
         self._prompt: list[int] = []
         self._use_cache = True
-        self._cache: DynamicCache | None = None
-        self._cached_ids: list[int] = []  # the tokens whose keys/values the cache holds (kept for the next prompt)
+        self._cache = SlotCache(1)
         self.reused_tokens = 0  # prompt tokens the last start() found already in the cache
-        self.reuse_prompt_cache = True  # False: encode every prompt from scratch (for comparisons)
-        self._next_logits: torch.Tensor | None = None  # [vocab] prediction for the first uncached position
-        self._pending: tuple[int, int] | None = None  # answer slice finished but not yet in the cache
+        self._reuse_prompt_cache = True
+        self._runner: BatchRunner | None = None
+        self._passes: BlockPasses | None = None
         self.prefill_cancel: threading.Event | None = None  # checked between prefill chunks (set by the engine)
-        self._fed: list[int] = []  # clean tokens of the last verify() pass
+        self._feed = Feed(clean=())  # the last verify() pass
 
     @property
     def dtype(self) -> torch.dtype:
         return self.model.base.dtype
+
+    @property
+    def reuse_prompt_cache(self) -> bool:
+        """False: encode every prompt from scratch (for comparisons), here and in the batch runner."""
+        return self._reuse_prompt_cache
+
+    @reuse_prompt_cache.setter
+    def reuse_prompt_cache(self, value: bool) -> None:
+        self._reuse_prompt_cache = value
+        if self._runner is not None:
+            self._runner.reuse_prompt_cache = value
+
+    def batch_runner(self) -> BatchRunner:
+        """The runner that decodes concurrent answers on this network in batched passes (created once; its own cache,
+        apart from this denoiser's one-answer cache)."""
+        from model.batch_runner import BatchRunner
+
+        if self._runner is None:
+            self._runner = BatchRunner(self.model, reuse_prompt_cache=self._reuse_prompt_cache)
+        return self._runner
+
+    @property
+    def _cached_ids(self) -> list[int]:
+        """The tokens whose keys/values the cache holds."""
+        return self._cache.slots[0].ids
 
     def start(self, prompt_ids: list[int], max_new_tokens: int, use_cache: bool) -> None:
         if not prompt_ids:
             raise ModelError("the prompt is empty: nothing to condition the answer on")
         self._prompt = list(prompt_ids)
         self._use_cache = use_cache
-        self._pending = None
-        self._next_logits = None
-        cache, cached_ids = self._cache, self._cached_ids
-        self._cache, self._cached_ids = None, []  # stays empty if the prefill fails
+        self._passes = BlockPasses(self._prompt[-1], self.model.vocab_size)
         self.reused_tokens = 0
-        if not use_cache:
-            return
-        # A conversation's next prompt starts with the last one (system prompt, history, even the answer just
-        # given): keep those positions' keys/values and encode only the rest. At least one token is encoded, for
-        # the logits that predict the answer's first token.
-        reuse = 0
-        if cache is not None and self.reuse_prompt_cache:
-            reuse = min(common_prefix(cached_ids, self._prompt), len(self._prompt) - 1)
-        if reuse == 0:
-            cache = DynamicCache()
-        else:
-            crop_cache(cache, reuse)
-        self._next_logits = self._prefill(cache, self._prompt, reuse)
-        self._cache, self._cached_ids = cache, list(self._prompt)
-        self.reused_tokens = reuse
+        if use_cache:
+            self._encode(self._prompt[:-1])
 
-    @torch.inference_mode()
-    def _prefill(self, cache: DynamicCache, prompt: list[int], start: int) -> torch.Tensor:
-        """Encode `prompt[start:]` into `cache` (which holds `prompt[:start]`); return the logits predicting the
-        answer's first token.
-
-        Each forward is padded (with the prompt's own last token) up to a `prefill_bucket` size and the padding
-        cropped from the cache afterwards, which is exact because prompt positions attend only backwards. Why:
-        a bf16 matmul on the CPU builds and keeps a oneDNN kernel for every new input shape, so prefilling every
-        turn's prompt at its own length grew a server's memory by megabytes a turn. Buckets bound the shapes to a
-        dozen for ~15 % more prefill work on average; prompts beyond `PREFILL_CHUNK` go in chunks of that size, and
-        `prefill_cancel` is checked before each chunk, so a long prompt does not hold the model after its answer was
-        cancelled (the cache then stays empty: `start` sets it only after a complete prefill).
-        """
-        logits = torch.empty(0)
-        for lo in range(start, len(prompt), PREFILL_CHUNK):
-            if self.prefill_cancel is not None and self.prefill_cancel.is_set():
-                raise GenerationCancelled("cancelled while encoding the prompt")
-            part = prompt[lo : lo + PREFILL_CHUNK]
-            last = len(part) - 1
-            size = prefill_bucket(len(part))
-            ids = torch.tensor([part + [part[-1]] * (size - len(part))])
-            logits = self._run(ids, noisy_from=size, cache=cache, past=lo, keep=torch.tensor([last]))
-            crop_cache(cache, lo + len(part))
-        return logits[0, -1]
+    def _encode(self, tokens: list[int]) -> None:
+        """Make the cache hold `tokens`, reusing what it shares with them (a conversation's previous turns)."""
+        try:
+            self.reused_tokens, _ = prefill(
+                self.model, self._cache, 0, tokens, self.reuse_prompt_cache, self.prefill_cancel
+            )
+        except BaseException:
+            self._cached_ids.clear()  # a partial prefill is never reused
+            raise
 
     @torch.inference_mode()
     def block_logits(self, canvas: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        p = len(self._prompt)
-        noisy_ids = canvas[lo:hi]
+        if self._passes is None:
+            raise ModelError("block_logits() before start()")
         if not self._use_cache:
             clean = torch.tensor(self._prompt + canvas[:lo].tolist())
-            ids = torch.cat([clean, noisy_ids]).unsqueeze(0)
-            logits = self._run(ids, noisy_from=clean.shape[0], cache=None, past=0)[0]
+            ids = torch.cat([clean, canvas[lo:hi]]).unsqueeze(0)
+            logits = self._run(ids, noisy_from=clean.shape[0])[0]
             # from the last clean position on: it predicts the block's first token
-            return self._shifted(logits[clean.shape[0] - 1], logits[clean.shape[0] :], hi - lo)
-
-        assert self._cache is not None  # set by start() in cached mode
-        clean_ids = canvas[self._pending[0] : self._pending[1]] if self._pending else canvas[:0]
-        cached_len = len(self._cached_ids)  # absolute positions held in the cache
-        if cached_len != p + lo - clean_ids.shape[0]:
+            passes = BlockPasses(self._prompt[-1], self.model.vocab_size)
+            passes.next_logits, passes.pending = logits[clean.shape[0] - 1], ()
+            return passes.block_logits(logits[:0], logits[clean.shape[0] :])[0]
+        feed = self._passes.feed(canvas, lo, hi)
+        if len(self._cached_ids) != len(self._prompt) + lo - len(feed.clean):
             raise ModelError("blocks must be denoised in order: the cache does not end where this block starts")
-        ids = torch.cat([clean_ids, noisy_ids]).unsqueeze(0)
-        n_clean = clean_ids.shape[0]
-        # Every position's logits, although only those from the last clean one on are used: asking the base model
-        # for just those (`logits_to_keep`) made a pass slower on this CPU, not faster (bf16, 45 vs 35 ms a pass,
-        # measured); the prefill, which needs one row of many, does ask.
-        logits = self._run(ids, noisy_from=n_clean, cache=self._cache, past=cached_len)[0]
-        if n_clean:
-            self._next_logits, logits = logits[n_clean - 1], logits[n_clean:]
-            self._pending = None
-            self._cached_ids.extend(clean_ids.tolist())
-        crop_cache(self._cache, len(self._cached_ids))
-        assert self._next_logits is not None
-        return self._shifted(self._next_logits, logits, hi - lo)
+        [(clean_logits, noisy_logits)] = batched_pass(self.model, self._cache, [0], [feed])
+        logits, kept = self._passes.block_logits(clean_logits, noisy_logits)
+        keep(self._cache, 0, feed, kept)
+        return logits
+
+    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
+        if self._passes is not None:
+            self._passes.finish_block(canvas, lo, hi)
 
     # --- self-speculative and autoregressive decoding (model/speculative.py) ----------------------------------------
     def start_verify(self, prompt_ids: list[int]) -> None:
@@ -350,64 +355,32 @@ class BlockDiffusionDenoiser:
             raise ModelError("the prompt is empty: nothing to condition the answer on")
         self._prompt = list(prompt_ids)
         self._use_cache = True
-        self._pending, self._next_logits = None, None
-        cache, cached_ids = self._cache, self._cached_ids
-        self._cache, self._cached_ids = None, []  # stays empty if the prefill fails
-        prefix = self._prompt[:-1]
-        reuse = 0
-        if cache is not None and self.reuse_prompt_cache:
-            reuse = common_prefix(cached_ids, prefix)
-        if reuse == 0:
-            cache = DynamicCache()
-        else:
-            crop_cache(cache, reuse)
-        if reuse < len(prefix):
-            self._prefill(cache, prefix, reuse)
-        self._cache, self._cached_ids = cache, prefix
-        self.reused_tokens = reuse
+        self._passes = None
+        self.reused_tokens = 0
+        self._encode(self._prompt[:-1])
 
     @torch.inference_mode()
     def verify(self, tokens: list[int], masks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass over `[tokens | masks]`: tokens clean and causal with the gate off (exactly the teacher), masks
-        with the gate on, bidirectional among themselves and attending to every clean token; clean rows never see
-        the masks. Returns (clean logits `[len(tokens), V]`, mask logits `[masks, V]`); all of it stays cached until
-        `keep`."""
-        if self._cache is None:
+        """One pass over `[tokens | masks]` (see `Feed`): returns (clean logits `[len(tokens), V]`, mask logits
+        `[masks, V]`); the pass's tokens stay out of the cache until `keep`."""
+        if self._prompt == [] or self._passes is not None:
             raise ModelError("verify() before start_verify(): there is no cache to extend")
-        self._fed = list(tokens)
-        ids = torch.tensor([tokens + [self.mask_id] * masks])  # [1, k + 1 + m]
-        logits = self._run(ids, noisy_from=len(tokens), cache=self._cache, past=len(self._cached_ids))[0]
-        return logits[: len(tokens)], logits[len(tokens) :]
+        self._feed = Feed(clean=tuple(tokens), noisy=(self.mask_id,) * masks)
+        [(clean, noisy)] = batched_pass(self.model, self._cache, [0], [self._feed])
+        return clean, noisy
 
     def keep(self, count: int) -> None:
         """Keep the first `count` tokens of the last `verify` pass in the cache; drop the rejected drafts and masks."""
-        self._cached_ids.extend(self._fed[:count])
-        crop_cache(self._cache, len(self._cached_ids))
+        keep(self._cache, 0, self._feed, count)
 
-    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
-        # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
-        self._pending = (lo, hi)
-
-    def _shifted(self, first: torch.Tensor, noisy_logits: torch.Tensor, length: int) -> torch.Tensor:
-        out = torch.cat([first.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.model.vocab_size]
-        return torch.cat([out, torch.full((length, 1), -torch.inf, device=out.device)], dim=1)
-
-    def _run(
-        self, ids: torch.Tensor, noisy_from: int, cache: DynamicCache | None, past: int, keep: int | torch.Tensor = 0
-    ) -> torch.Tensor:
-        """Forward `ids` (`[1, S]`): positions before `noisy_from` are clean (causal), the rest one noisy block."""
-        device = self.model.base.device  # the sampler's canvas lives on the CPU; the network may not
-        s = ids.shape[1]
-        q = torch.arange(s, device=device)
-        causal = q.unsqueeze(1) >= q.unsqueeze(0)
-        in_block = (q.unsqueeze(1) >= noisy_from) & (q.unsqueeze(0) >= noisy_from)
-        allowed_new = causal | in_block
-        allowed = torch.cat([torch.ones(s, past, dtype=torch.bool, device=device), allowed_new], dim=1)
-        bias = additive_mask(allowed)[None, None]
-        positions = (past + q).unsqueeze(0)
-        noisy = (q >= noisy_from).unsqueeze(0)
-        keep = keep.to(device) if isinstance(keep, torch.Tensor) else keep
-        return self.model(ids.to(device), positions, bias, noisy, cache, keep)
+    def _run(self, ids: torch.Tensor, noisy_from: int) -> torch.Tensor:
+        """Forward `ids` (`[1, S]`) without a cache: positions before `noisy_from` clean (causal), the rest one noisy
+        block (the exact reference the cached passes are tested against)."""
+        clean, noisy = ids[0, :noisy_from].tolist(), ids[0, noisy_from:].tolist()
+        layout = pass_layout([0], [Feed(tuple(clean), tuple(noisy))])
+        device = self.model.base.device
+        ids, positions, noisy_rows, allowed = (t.to(device) for t in layout)
+        return self.model(ids, positions, additive_mask(allowed), noisy_rows, None)
 
 
 def save_adapter(model: BlockDiffusionLM, directory: Path, extra: dict[str, object] | None = None) -> None:

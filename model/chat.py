@@ -31,6 +31,8 @@ class GenerationOptions:
     temperature: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # A voice turn someone is waiting to hear: a model that batches answers starts it ahead of bulk (API) work.
+    interactive: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """`DiffusionChatModel`: a tokenizer, a `Denoiser` and a `SamplerConfig` behind the `ChatModel` interface.
 
 It applies the tokenizer's chat template, runs the sampler and turns each `Refinement` into a `Draft` whose pieces
-say which text is final. One lock per model: the HTTP server and voice sessions share one model, and concurrent
-callers queue rather than interleave passes on one network and one cache.
+say which text is final. The HTTP server and voice sessions share one model. On a block-diffusion model (the bundled
+one) concurrent answers are decoded together: each pass of every answer in flight is one batched forward
+(model/batch_runner.py). Other denoisers serve one answer at a time behind a fair lock; concurrent callers queue.
 """
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.denoiser import Denoiser
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
 from model.refinement import Refinement
-from model.sampler import SamplerConfig, generate
-from model.speculative import SpeechGuard, Verifier, WordClasses, generate_speculative
+from model.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
+from model.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
+
+if TYPE_CHECKING:
+    from model.batch_runner import Sequence as DecodingSequence
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
 # character or restore a leading space the same way they would in the whole text.
@@ -129,7 +133,8 @@ def context_length_of(config: Any) -> int | None:
 
 
 class DiffusionChatModel:
-    """A local diffusion LM as a `ChatModel`. Thread-safe: one answer at a time per model, callers queue."""
+    """A local diffusion LM as a `ChatModel`. Thread-safe: concurrent answers share batched passes when the denoiser
+    offers a `batch_runner` (block-diffusion models); otherwise one answer at a time, callers queue."""
 
     def __init__(
         self,
@@ -154,7 +159,15 @@ class DiffusionChatModel:
         self._guard: SpeechGuard | None = None  # built on first use: it scans the vocabulary
         # classifier-free guidance needs a second state over the same weights
         self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and hasattr(denoiser, "fork") else None
-        self._lock = FairLock()  # sessions take turns on the model, first come, first served
+        self._lock = FairLock()  # without batching, sessions take turns on the model, first come, first served
+        # Batched passes for every mode the bundled model has; guidance needs a second state per answer: not batched.
+        make_runner = getattr(denoiser, "batch_runner", None)
+        self._runner = make_runner() if make_runner is not None and sampler.cfg_scale == 0 else None
+
+    @property
+    def max_batch(self) -> int:
+        """How many answers this model decodes at once (1: one at a time)."""
+        return self._runner.max_batch if self._runner is not None else 1
 
     def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
         """Token ids of the chat, formatted by the tokenizer's chat template and ending where the answer starts."""
@@ -223,28 +236,57 @@ class DiffusionChatModel:
         cancel: threading.Event | None,
     ) -> Iterator[Draft]:
         cancelled = Draft(step=0, pieces=(), done=True, finish_reason="cancelled", prompt_tokens=len(prompt))
-        if not self._lock.acquire(cancel):  # cancelled while other answers held the model: nothing was computed
-            yield cancelled
-            return
+        if self._runner is not None and config.use_cache:
+            run = self._runner.submit(self.sequence(prompt, length, config), options.interactive, cancel)
+            refinements, reused = iter(run), lambda: run.reused_tokens
+        else:
+            refinements = self._locked_refinements(prompt, length, config, cancel)
+            reused = lambda: int(getattr(self.denoiser, "reused_tokens", 0))  # noqa: E731
         try:
-            for refinement in self.refinements(prompt, length, config, cancel):
+            for refinement in refinements:
                 draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), options.max_new_tokens)
-                # read after the first pass: the denoiser looks at its cache when the sampler starts it
-                cached = int(getattr(self.denoiser, "reused_tokens", 0))
-                draft = dataclasses.replace(draft, cached_prompt_tokens=cached)
+                # read after the first pass: the prompt is encoded when the answer starts
+                draft = dataclasses.replace(draft, cached_prompt_tokens=reused())
                 stopped = cut_at_stop(draft, options.stop) if options.stop else None
                 yield stopped or draft
                 if stopped is not None or draft.done:
                     return
-        except GenerationCancelled:  # cancelled during the prompt's prefill, before the first pass
+        except GenerationCancelled:  # cancelled while waiting for the model or during the prompt's prefill
             yield cancelled
         finally:
+            refinements.close()  # type: ignore[attr-defined]  # frees the model (lock or batch slot) at once
+
+    def _locked_refinements(
+        self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None
+    ) -> Iterator[Refinement]:
+        if not self._lock.acquire(cancel):  # cancelled while other answers held the model: nothing was computed
+            raise GenerationCancelled("cancelled while waiting for the model")
+        try:
+            yield from self.refinements(prompt, length, config, cancel)
+        finally:
             self._lock.release()
+
+    def sequence(self, prompt: list[int], length: int, config: SamplerConfig) -> DecodingSequence:
+        """This answer's decoding as a step function for the batch runner (model/batch_runner.py)."""
+        from model.batch_runner import DiffusionSequence
+        from model.block_diffusion import BlockPasses
+
+        denoiser = self.denoiser
+        if config.decoding == "diffusion":
+            validate_request(denoiser, prompt, length, config)
+            decoding = DiffusionDecoding(denoiser.mask_id, denoiser.eos_ids, length, config, self.speech_guard(prompt))
+            return DiffusionSequence(decoding, BlockPasses(prompt[-1], denoiser.model.vocab_size), prompt)
+        masks = config.draft_masks if config.decoding == "self-speculative" else 0
+        return SpeculativeDecoding(
+            prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
+            self.speech_guard(prompt),
+        )
 
     def refinements(
         self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None
     ) -> Iterator[Refinement]:
-        """The passes of one answer; models that are not masked (DiffusionGemma) override this.
+        """The passes of one answer, one at a time on the denoiser; models that are not masked (DiffusionGemma)
+        override this.
 
         A denoiser with a `prefill_cancel` attribute checks that event between the chunks of a long prompt's
         prefill and raises `GenerationCancelled`, so a cancel does not wait for the whole prompt to be encoded.

@@ -217,6 +217,96 @@ def validate_request(denoiser: Denoiser, prompt_ids: list[int], max_new_tokens: 
         raise ModelError(f"the prompt holds token ids outside the model's vocabulary of {denoiser.vocab_size}")
 
 
+class DiffusionDecoding:
+    """One answer's masked-diffusion decoding as a step function: the canvas and commit state of the answer, the
+    active block `[lo, hi)`, and `consume(logits)` for each pass over that block. `generate` drives one answer through
+    any `Denoiser`; model/batch_runner.py drives many through one forward (block-diffusion models).
+
+    Blocks run left to right; within a block each pass commits by the schedule (and threshold), and the block is
+    finished (`finished_block` set) once every position of it is committed.
+    """
+
+    def __init__(
+        self, mask_id: int, eos_ids: frozenset[int], max_new_tokens: int, config: SamplerConfig,
+        guard: SpeechGuard | None = None,
+    ) -> None:
+        self.mask_id = mask_id
+        self.eos_ids = frozenset(eos_ids)
+        self.config = config
+        self.guard = guard
+        self.generator = torch.Generator().manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
+        self.eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long)  # [E]
+        self.canvas = torch.full((max_new_tokens,), mask_id, dtype=torch.long)  # [N] committed tokens, mask elsewhere
+        self.committed = torch.zeros(max_new_tokens, dtype=torch.bool)  # [N]
+        self.guess = self.canvas.clone()  # [N] latest argmax guess (or committed token): what a reader sees
+        self.confidence = torch.zeros(max_new_tokens, dtype=torch.float32)  # [N]
+        self.num_blocks = max_new_tokens // config.block_length
+        self.block = 0
+        self.schedule = commit_schedule(config.block_length, config.steps_per_block)
+        self.pass_in_block = 0
+        self.step = 0
+        self.finished_block: tuple[int, int] | None = None  # set by the pass that finished a block, until the next
+
+    @property
+    def lo(self) -> int:
+        return self.block * self.config.block_length
+
+    @property
+    def hi(self) -> int:
+        return self.lo + self.config.block_length
+
+    def consume(self, logits: torch.Tensor, elapsed_s: float, cancelled: bool = False) -> Refinement:
+        """One pass's logits `[hi - lo, V]` for the active block (edited in place) -> this pass's Refinement."""
+        config, lo, hi = self.config, self.lo, self.hi
+        canvas, committed, eos = self.canvas, self.committed, self.eos
+        logits[:, self.mask_id] = -torch.inf  # the mask is never an answer, whatever the adapter did
+        budget = self.schedule[self.pass_in_block]
+        if self.guard is None:
+            proposal = sample_tokens(logits, config.temperature, self.generator)  # [B]
+        else:
+            proposal = guarded_proposal(logits, canvas[:lo].tolist(), canvas[lo:hi], committed[lo:hi], self.guard,
+                                        config.temperature, self.generator)
+        proposal_conf = token_confidence(logits, proposal)  # [B]
+        masked = ~committed[lo:hi]  # [B]
+        chosen = choose_commits(proposal_conf, masked, budget, config, self.generator)
+
+        self.guess[lo:hi] = torch.where(masked, proposal, canvas[lo:hi])
+        self.confidence[lo:hi] = torch.where(masked, proposal_conf, self.confidence[lo:hi])
+        canvas[lo:hi][chosen] = proposal[chosen]
+        committed[lo:hi] |= chosen
+        fill_after_eos(canvas, committed, eos, lo, hi)
+        self.guess[lo:hi] = torch.where(committed[lo:hi], canvas[lo:hi], self.guess[lo:hi])
+
+        reason = None
+        if first_stop(canvas[:hi], committed[:hi], eos) is not None:
+            reason = "stop"
+        elif self.block == self.num_blocks - 1 and bool(committed.all()):
+            reason = "length"
+        elif cancelled:
+            reason = "cancelled"
+        shown = torch.where(committed[:hi], canvas[:hi], self.guess[:hi])
+        refinement = Refinement(
+            step=self.step,
+            block=self.block,
+            tokens=tuple(shown.tolist()),
+            committed=tuple(committed[:hi].tolist()),
+            confidence=tuple(self.confidence[:hi].tolist()),
+            elapsed_s=elapsed_s,
+            done=reason is not None,
+            finish_reason=reason,
+            eos_ids=self.eos_ids,
+        )
+        self.step += 1
+        self.pass_in_block += 1
+        self.finished_block = None
+        # The schedule commits the whole block by its last pass; EOS fill or the threshold may finish it sooner.
+        if reason is None and bool(committed[lo:hi].all()):
+            self.finished_block = (lo, hi)
+            self.block += 1
+            self.pass_in_block = 0
+        return refinement
+
+
 def generate(
     denoiser: Denoiser,
     prompt_ids: list[int],
@@ -239,78 +329,24 @@ def generate(
     if config.cfg_scale > 0 and unconditional is None:
         raise ModelError("cfg_scale > 0 needs an unconditional denoiser (e.g. denoiser.fork())")
     guided = config.cfg_scale > 0 and unconditional is not None
-
-    generator = torch.Generator().manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
-    mask_id = denoiser.mask_id
-    eos = torch.tensor(sorted(denoiser.eos_ids), dtype=torch.long)  # [E]
-    canvas = torch.full((max_new_tokens,), mask_id, dtype=torch.long)  # [N] committed tokens, mask elsewhere
-    committed = torch.zeros(max_new_tokens, dtype=torch.bool)  # [N]
-    guess = canvas.clone()  # [N] latest argmax guess (or committed token): what a reader sees
-    confidence = torch.zeros(max_new_tokens, dtype=torch.float32)  # [N]
-
+    decoding = DiffusionDecoding(denoiser.mask_id, frozenset(denoiser.eos_ids), max_new_tokens, config, guard)
     denoiser.start(list(prompt_ids), max_new_tokens, config.use_cache)
     if guided:
-        unconditional.start([mask_id] * len(prompt_ids), max_new_tokens, config.use_cache)
-
-    def refinement(step: int, block: int, hi: int, elapsed: float, reason: str | None) -> Refinement:
-        shown = torch.where(committed[:hi], canvas[:hi], guess[:hi])
-        return Refinement(
-            step=step,
-            block=block,
-            tokens=tuple(shown.tolist()),
-            committed=tuple(committed[:hi].tolist()),
-            confidence=tuple(confidence[:hi].tolist()),
-            elapsed_s=elapsed,
-            done=reason is not None,
-            finish_reason=reason,
-            eos_ids=frozenset(denoiser.eos_ids),
-        )
-
-    step = 0
-    num_blocks = max_new_tokens // config.block_length
-    for block in range(num_blocks):
-        lo, hi = block * config.block_length, (block + 1) * config.block_length
-        schedule = commit_schedule(config.block_length, config.steps_per_block)
-        for budget in schedule:
-            if bool(committed[lo:hi].all()):  # EOS fill or threshold finished the block early
-                break
-            started = time.perf_counter()
-            # [B, V]; cloned because an adapter may hand back an inference-mode tensor, which cannot be edited in place
-            logits = denoiser.block_logits(canvas, lo, hi).float().cpu().clone()
-            if guided:
-                uncond = unconditional.block_logits(canvas, lo, hi).float().cpu()
-                logits = uncond + (config.cfg_scale + 1.0) * (logits - uncond)
-            logits[:, mask_id] = -torch.inf  # the mask is never an answer, whatever the adapter did
-
-            if guard is None:
-                proposal = sample_tokens(logits, config.temperature, generator)  # [B]
-            else:
-                proposal = guarded_proposal(logits, canvas[:lo].tolist(), canvas[lo:hi], committed[lo:hi], guard,
-                                            config.temperature, generator)
-            proposal_conf = token_confidence(logits, proposal)  # [B]
-            masked = ~committed[lo:hi]  # [B]
-            chosen = choose_commits(proposal_conf, masked, budget, config, generator)
-
-            guess[lo:hi] = torch.where(masked, proposal, canvas[lo:hi])
-            confidence[lo:hi] = torch.where(masked, proposal_conf, confidence[lo:hi])
-            canvas[lo:hi][chosen] = proposal[chosen]
-            committed[lo:hi] |= chosen
-            fill_after_eos(canvas, committed, eos, lo, hi)
-            guess[lo:hi] = torch.where(committed[lo:hi], canvas[lo:hi], guess[lo:hi])
-            elapsed = time.perf_counter() - started
-
-            reason = None
-            if first_stop(canvas[:hi], committed[:hi], eos) is not None:
-                reason = "stop"
-            elif block == num_blocks - 1 and bool(committed.all()):
-                reason = "length"
-            elif cancel is not None and cancel.is_set():
-                reason = "cancelled"
-            yield refinement(step, block, hi, elapsed, reason)
-            step += 1
-            if reason is not None:
-                return
-        denoiser.finish_block(canvas, lo, hi)
+        unconditional.start([denoiser.mask_id] * len(prompt_ids), max_new_tokens, config.use_cache)
+    while True:
+        started = time.perf_counter()
+        lo, hi = decoding.lo, decoding.hi
+        # [B, V]; cloned because an adapter may hand back an inference-mode tensor, which cannot be edited in place
+        logits = denoiser.block_logits(decoding.canvas, lo, hi).float().cpu().clone()
         if guided:
-            unconditional.finish_block(canvas, lo, hi)
-    # No fall-through: the schedule commits the whole block, so the last block's last pass always returns above.
+            uncond = unconditional.block_logits(decoding.canvas, lo, hi).float().cpu()
+            logits = uncond + (config.cfg_scale + 1.0) * (logits - uncond)
+        cancelled = cancel is not None and cancel.is_set()
+        refinement = decoding.consume(logits, time.perf_counter() - started, cancelled)
+        yield refinement
+        if refinement.done:
+            return
+        if decoding.finished_block is not None:
+            denoiser.finish_block(decoding.canvas, lo, hi)
+            if guided:
+                unconditional.finish_block(decoding.canvas, lo, hi)

@@ -35,6 +35,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from model.batching import Feed
 from model.errors import ModelError
 from model.refinement import Refinement
 
@@ -216,6 +217,110 @@ def first_eos(tokens: list[int], eos_ids: frozenset[int]) -> int | None:
     return next((i for i, token in enumerate(tokens) if token in eos_ids), None)
 
 
+class SpeculativeDecoding:
+    """One answer's self-speculative (or, with `masks` = 0, autoregressive) decoding as a step function: `feed()`
+    says which tokens the next pass needs, `consume(...)` takes that pass's logits and returns the `Refinement` and how
+    many of the fed tokens the cache keeps. `generate_speculative` drives one answer; model/batch_runner.py drives many
+    in one forward. A Refinement's committed tokens are verified by the teacher; the uncommitted ones after them are
+    the drafts for the next pass.
+    """
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        masks: int,
+        mask_id: int,
+        eos_ids: frozenset[int],
+        temperature: float = 0.0,
+        seed: int | None = None,
+        guard: SpeechGuard | None = None,
+    ) -> None:
+        if not prompt_ids:
+            raise ModelError("the prompt is empty: nothing to condition the answer on")
+        if max_new_tokens < 1:
+            raise ModelError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        if masks < 0:
+            raise ModelError(f"the number of mask tokens per pass must be >= 0, got {masks}")
+        self.prompt = list(prompt_ids)
+        self.max_new_tokens = max_new_tokens
+        self.masks = masks
+        self.mask_id = mask_id
+        self.eos_ids = frozenset(eos_ids)
+        self.temperature = temperature
+        self.guard = guard
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
+        self.answer: list[int] = []  # verified tokens
+        self.confidence: list[float] = []  # the teacher's probability of each verified token
+        self.drafts: list[int] = []  # [k] the masks' guesses for the tokens after `answer`
+        self.draft_conf: list[float] = []
+        self.last = self.prompt[-1]  # the newest token not yet in the cache
+        self.step = 0
+
+    @property
+    def cached_prompt(self) -> list[int]:
+        """What the cache must hold before the first pass: every prompt token but the last (the first pass feeds it,
+        and its row predicts the answer's first token)."""
+        return self.prompt[:-1]
+
+    def feed(self) -> Feed:
+        """`[last committed token | k drafts]` clean, then m masks."""
+        self.drafts = self.drafts[: self.max_new_tokens - len(self.answer) - 1]  # k + 1 new tokens at most
+        return Feed(clean=(self.last, *self.drafts), noisy=(self.mask_id,) * self.masks)
+
+    def consume(
+        self, clean_logits: torch.Tensor, mask_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
+    ) -> tuple[Refinement, int]:
+        """The pass's teacher logits `[k + 1, V]` and mask logits `[m, V]` -> (Refinement, clean tokens to keep)."""
+        drafts, answer = self.drafts, self.answer
+        logits = guarded(clean_logits, answer, drafts, self.guard)
+        draft_ids = torch.tensor(drafts, dtype=torch.long)  # [k]
+        if self.temperature == 0:
+            accepted, bonus = accept_greedy(draft_ids, logits)
+        else:
+            accepted, bonus = accept_sampled(draft_ids, logits, self.temperature, self.generator)
+        new = [*drafts[:accepted], bonus]  # `last` and the accepted drafts are kept; the bonus is fed next pass
+        probs = torch.softmax(logits[: accepted + 1], dim=-1)  # [accepted + 1, V]
+        new_conf = probs.gather(-1, torch.tensor(new).unsqueeze(-1)).squeeze(-1).tolist()
+
+        stop = first_eos(new, self.eos_ids)
+        if stop is not None:
+            new, new_conf = new[: stop + 1], new_conf[: stop + 1]
+        answer += new
+        self.confidence += new_conf
+        self.last = answer[-1]
+
+        # Drafts from the masks only if they were drafted after the right tokens: all drafts accepted.
+        if self.masks and accepted == len(drafts) and stop is None:
+            mask_probs = torch.softmax(mask_logits.float(), dim=-1)  # [m, V]
+            best = mask_probs.max(dim=-1)
+            self.drafts, self.draft_conf = best.indices.tolist(), best.values.tolist()
+        else:
+            self.drafts, self.draft_conf = [], []
+
+        reason = None
+        if stop is not None:
+            reason = "stop"
+        elif len(answer) >= self.max_new_tokens:
+            reason = "length"
+        elif cancelled:
+            reason = "cancelled"
+        ahead = [] if reason else self.drafts[: self.max_new_tokens - len(answer)]
+        refinement = Refinement(
+            step=self.step,
+            block=self.step,
+            tokens=tuple(answer + ahead),
+            committed=(True,) * len(answer) + (False,) * len(ahead),
+            confidence=tuple(self.confidence + self.draft_conf[: len(ahead)]),
+            elapsed_s=elapsed_s,
+            done=reason is not None,
+            finish_reason=reason,
+            eos_ids=self.eos_ids,
+        )
+        self.step += 1
+        return refinement, 1 + accepted
+
+
 def generate_speculative(
     verifier: Verifier,
     prompt_ids: list[int],
@@ -226,76 +331,22 @@ def generate_speculative(
     guard: SpeechGuard | None = None,
     cancel: threading.Event | None = None,
 ) -> Iterator[Refinement]:
-    """Answer `prompt_ids` with at most `max_new_tokens` tokens, one `Refinement` per pass.
+    """Answer `prompt_ids` with at most `max_new_tokens` tokens, one `Refinement` per pass, on one verifier.
 
-    `masks` = 0 is autoregressive decoding; `masks` = m > 0 drafts up to m tokens ahead per pass. A Refinement's
-    committed tokens are verified by the teacher; the uncommitted ones after them are the drafts for the next pass.
+    `masks` = 0 is autoregressive decoding; `masks` = m > 0 drafts up to m tokens ahead per pass.
     """
-    if not prompt_ids:
-        raise ModelError("the prompt is empty: nothing to condition the answer on")
-    if max_new_tokens < 1:
-        raise ModelError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if masks < 0:
-        raise ModelError(f"the number of mask tokens per pass must be >= 0, got {masks}")
-    generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
-    eos_ids = frozenset(verifier.eos_ids)
-
+    mask_id = getattr(verifier, "mask_id", -1)
+    decoding = SpeculativeDecoding(
+        prompt_ids, max_new_tokens, masks, mask_id, verifier.eos_ids, temperature, seed, guard
+    )
     verifier.start_verify(list(prompt_ids))
-    answer: list[int] = []  # verified tokens
-    confidence: list[float] = []  # the teacher's probability of each verified token
-    drafts: list[int] = []  # [k] the masks' guesses for the tokens after `answer`
-    draft_conf: list[float] = []
-    last = prompt_ids[-1]  # the newest token not yet in the cache
-    step = 0
     while True:
         started = time.perf_counter()
-        drafts = drafts[: max_new_tokens - len(answer) - 1]  # k + 1 new tokens at most: never past the length limit
-        clean_logits, mask_logits = verifier.verify([last, *drafts], masks)  # [k + 1, V], [m, V]
-        logits = guarded(clean_logits, answer, drafts, guard)
-        draft_ids = torch.tensor(drafts, dtype=torch.long)  # [k]
-        if temperature == 0:
-            accepted, bonus = accept_greedy(draft_ids, logits)
-        else:
-            accepted, bonus = accept_sampled(draft_ids, logits, temperature, generator)
-        verifier.keep(1 + accepted)  # `last` and the accepted drafts; the bonus is fed by the next pass
-        new = [*drafts[:accepted], bonus]
-        probs = torch.softmax(logits[: accepted + 1], dim=-1)  # [accepted + 1, V]
-        new_conf = probs.gather(-1, torch.tensor(new).unsqueeze(-1)).squeeze(-1).tolist()
-
-        stop = first_eos(new, eos_ids)
-        if stop is not None:
-            new, new_conf = new[: stop + 1], new_conf[: stop + 1]
-        answer += new
-        confidence += new_conf
-        last = answer[-1]
-
-        # Drafts from the masks only if they were drafted after the right tokens: all drafts accepted.
-        if masks and accepted == len(drafts) and stop is None:
-            mask_probs = torch.softmax(mask_logits.float(), dim=-1)  # [m, V]
-            best = mask_probs.max(dim=-1)
-            drafts, draft_conf = best.indices.tolist(), best.values.tolist()
-        else:
-            drafts, draft_conf = [], []
-
-        reason = None
-        if stop is not None:
-            reason = "stop"
-        elif len(answer) >= max_new_tokens:
-            reason = "length"
-        elif cancel is not None and cancel.is_set():
-            reason = "cancelled"
-        ahead = [] if reason else drafts[: max_new_tokens - len(answer)]
-        yield Refinement(
-            step=step,
-            block=step,
-            tokens=tuple(answer + ahead),
-            committed=(True,) * len(answer) + (False,) * len(ahead),
-            confidence=tuple(confidence + draft_conf[: len(ahead)]),
-            elapsed_s=time.perf_counter() - started,
-            done=reason is not None,
-            finish_reason=reason,
-            eos_ids=eos_ids,
-        )
-        step += 1
-        if reason is not None:
+        feed = decoding.feed()
+        clean_logits, mask_logits = verifier.verify(list(feed.clean), masks)  # [k + 1, V], [m, V]
+        cancelled = cancel is not None and cancel.is_set()
+        refinement, kept = decoding.consume(clean_logits, mask_logits, time.perf_counter() - started, cancelled)
+        verifier.keep(kept)
+        yield refinement
+        if refinement.done:
             return

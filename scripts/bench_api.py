@@ -33,6 +33,7 @@ PROMPTS = ("Hello, how are you today?", "What is a good name for a cat?", "Tell 
 
 @dataclass(frozen=True, slots=True)
 class RequestResult:
+    client: int
     first_draft_s: float
     latency_s: float
     completion_tokens: int
@@ -46,10 +47,14 @@ class LevelResult:
     wall_s: float
     tokens_per_answer: float
     tokens_per_s: float
+    # Tokens per second of this process's CPU time (server and clients, every thread): what the answers cost, much less
+    # sensitive than tokens_per_s to other jobs taking the cores.
+    tokens_per_cpu_s: float
     first_draft_p50_s: float
     first_draft_p95_s: float
     latency_p50_s: float
     latency_p95_s: float
+    first_draft_p50_by_client_s: tuple[float, ...]  # each client's own median: is any client starved?
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -59,7 +64,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def one_request(client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> RequestResult:
+async def one_request(
+    client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int, index: int = 0
+) -> RequestResult:
     start = time.perf_counter()
     first_draft = None
     tokens = 0
@@ -77,7 +84,7 @@ async def one_request(client: openai.AsyncOpenAI, model: str, prompt: str, max_t
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     latency = time.perf_counter() - start
-    return RequestResult(first_draft if first_draft is not None else latency, latency, tokens)
+    return RequestResult(index, first_draft if first_draft is not None else latency, latency, tokens)
 
 
 async def run_level(base_url: str, model: str, clients: int, requests: int, max_tokens: int,
@@ -87,6 +94,7 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
     errors = 0
     issued = 0
     start = time.perf_counter()
+    cpu_start = time.process_time()
     deadline = start + max_seconds
 
     async def worker(index: int) -> None:
@@ -95,13 +103,14 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
             prompt = PROMPTS[(issued + index) % len(PROMPTS)]
             issued += 1
             try:
-                results.append(await one_request(client, model, prompt, max_tokens))
+                results.append(await one_request(client, model, prompt, max_tokens, index))
             except openai.APIError as error:
                 errors += 1
                 print(f"  request failed: {error}", file=sys.stderr)
 
     await asyncio.gather(*(worker(index) for index in range(clients)))
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     await client.close()
     firsts = [result.first_draft_s for result in results]
     latencies = [result.latency_s for result in results]
@@ -112,22 +121,28 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
         wall_s=round(wall, 3),
         tokens_per_answer=round(sum(r.completion_tokens for r in results) / max(len(results), 1), 1),
         tokens_per_s=round(sum(result.completion_tokens for result in results) / wall, 2),
+        tokens_per_cpu_s=round(sum(result.completion_tokens for result in results) / max(cpu, 1e-9), 2),
         first_draft_p50_s=round(percentile(firsts, 0.5), 3),
         first_draft_p95_s=round(percentile(firsts, 0.95), 3),
         latency_p50_s=round(percentile(latencies, 0.5), 3),
         latency_p95_s=round(percentile(latencies, 0.95), 3),
+        first_draft_p50_by_client_s=tuple(
+            round(percentile([r.first_draft_s for r in results if r.client == index], 0.5), 3)
+            for index in range(clients)
+        ),
     )
 
 
-def load_model(spec: str) -> ChatModel:
+def load_model(spec: str, decoding: str | None = None) -> ChatModel:
     from model.loading import load_chat_model
 
+    overrides = {"decoding": decoding} if decoding else {}
     if spec == "tiny":
         from tests.unit.tiny_models import tiny_bert
 
         folder = tiny_bert(Path(tempfile.mkdtemp(prefix="bench-api-")) / "tiny-bert")
         return load_chat_model(str(folder), block_length=8, steps_per_block=8)
-    return load_chat_model(None if spec == "default" else spec)
+    return load_chat_model(None if spec == "default" else spec, **overrides)
 
 
 def main() -> None:
@@ -137,11 +152,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-seconds", type=float, default=120.0, help="time bound per level")
+    parser.add_argument("--decoding", default=None, help="self-speculative, autoregressive or diffusion (default: "
+                        "the model's own)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
     load_start = time.perf_counter()
-    model = load_model(args.model)
+    model = load_model(args.model, args.decoding)
     print(f"model {model.name!r} loaded in {time.perf_counter() - load_start:.1f} s")
     config = ServerConfig(max_queue=max(args.clients) + 1, max_tokens_limit=max(args.max_tokens, 1),
                           default_max_tokens=max(args.max_tokens, 1))
@@ -154,9 +171,11 @@ def main() -> None:
             levels.append(level)
             print(
                 f"clients={level.clients} requests={level.requests} errors={level.errors} wall={level.wall_s:.2f}s "
-                f"tokens/answer={level.tokens_per_answer:.1f} tokens/s={level.tokens_per_s:.1f}\n"
+                f"tokens/answer={level.tokens_per_answer:.1f} tokens/s={level.tokens_per_s:.1f} "
+                f"tokens/cpu-s={level.tokens_per_cpu_s:.1f}\n"
                 f"  first_draft p50/p95={level.first_draft_p50_s:.3f}/"
-                f"{level.first_draft_p95_s:.3f}s latency p50/p95={level.latency_p50_s:.3f}/{level.latency_p95_s:.3f}s"
+                f"{level.first_draft_p95_s:.3f}s latency p50/p95={level.latency_p50_s:.3f}/{level.latency_p95_s:.3f}s\n"
+                f"  first_draft p50 by client: {', '.join(f'{v:.3f}s' for v in level.first_draft_p50_by_client_s)}"
             )
         stats = asdict(server.scheduler.stats)
     print(f"scheduler: {stats}")

@@ -5,6 +5,8 @@
     python scripts/bench_lm.py --model tiny-masked   # a random ModernBERT of similar size (approximate cache)
     python scripts/bench_lm.py --model PATH --json artifacts/bench_lm.json
     python scripts/bench_lm.py --pass-costs 1,4,8,12,16,24 --cache-length 200   # self-speculative pass costs
+    python scripts/bench_lm.py --batch-costs 1,2,4,8 --cache-length 200         # one batched pass over B answers
+    python scripts/bench_lm.py --batch-agreement 8    # answers decoded together vs alone (bundled model, bf16)
 
 Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
 pass). Each runs over the prompt set with the cache on and off. Separately it times single passes for a 256-token
@@ -203,6 +205,97 @@ def pass_cost_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats: int) -> dict[str, list[float]]:
+    """Median seconds of one batched pass (model/batching.py) over B answers, each after its own cache of about
+    `cache_length` tokens (lengths differ by a few tokens, as real answers do), for the row shapes of each mode:
+    autoregressive (1 clean row), self-speculative (1 clean + 4 masks, drafts rejected; 5 clean + 4 masks, drafts
+    accepted) and diffusion (a finished block of 4 clean + 4 noisy). Nothing is kept, so lengths stay fixed."""
+    from model.batching import Feed, SlotCache, batched_pass, prefill
+
+    mask = model.mask_id
+    forms = {
+        "autoregressive 1": Feed((11,)),
+        "self-spec 1+4": Feed((11,), (mask,) * 4),
+        "self-spec 5+4": Feed((11, 12, 13, 14, 15), (mask,) * 4),
+        "diffusion 4+4": Feed((11, 12, 13, 14), (15, mask, mask, mask)),
+    }
+    cache = SlotCache(max(batches))
+    generator = torch.Generator().manual_seed(2)
+    for slot in range(max(batches)):
+        prefill(model, cache, slot, torch.randint(10, 1000, (cache_length + 3 * slot,), generator=generator).tolist())
+    times: dict[tuple[str, int], list[float]] = {(form, b): [] for form in forms for b in batches}
+    for round_ in range(repeats + 1):  # round-robin, so a busy moment of the machine hits every shape alike
+        for form, b in times:
+            started = time.perf_counter()
+            batched_pass(model, cache, list(range(b)), [forms[form]] * b)
+            if round_:  # the first round builds each shape's kernels: not timed
+                times[(form, b)].append(time.perf_counter() - started)
+    return {form: [statistics.median(times[(form, b)]) for b in batches] for form in forms}
+
+
+def batch_cost_main(args: argparse.Namespace) -> int:
+    """--batch-costs: what a pass over B answers costs against one (bundled model, bf16)."""
+    from model.loading import load_chat_model
+
+    chat = load_chat_model(args.model)
+    batches = [int(n) for n in args.batch_costs.split(",")]
+    costs = batch_pass_costs(chat.denoiser.model, args.cache_length, batches, args.pass_repeats)
+    print(f"one batched pass, ~{args.cache_length} cached tokens per answer, {torch.get_num_threads()} threads, "
+          f"median of {args.pass_repeats} (ms; in brackets: cost relative to B = {batches[0]})")
+    print("answers | " + " | ".join(costs))
+    for i, b in enumerate(batches):
+        cells = [f"{column[i] * 1e3:.1f} ({column[i] / column[0]:.2f}x)" for column in costs.values()]
+        print(f"{b:>7} | " + " | ".join(cells))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        report = {"cache_length": args.cache_length, "batches": batches, "threads": torch.get_num_threads(), **costs}
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+AGREEMENT_PROMPTS = (
+    *PROMPTS,
+    "What is a good name for a cat?",
+    "How far away is the moon?",
+    "Give me a tip for sleeping better.",
+    "Why is the sky blue?",
+)
+
+
+def batch_agreement_main(args: argparse.Namespace) -> int:
+    """--batch-agreement N: N answers decoded one after another (each alone in its pass) and then all at once (in
+    shared passes); how many are identical. In fp32 they must all be (tests/unit/test_batching.py); in bf16 a batch
+    uses other kernels than a single answer, so near-ties can flip."""
+    import threading
+
+    from model.chat import ChatMessage, GenerationOptions
+    from model.loading import load_chat_model
+
+    chat = load_chat_model(args.model, **({"dtype": torch.float32} if args.fp32 else {}))
+    questions = [AGREEMENT_PROMPTS[i % len(AGREEMENT_PROMPTS)] for i in range(args.batch_agreement)]
+    options = GenerationOptions(max_new_tokens=args.max_new_tokens)
+
+    def answer(question: str) -> str:
+        return list(chat.stream_chat([ChatMessage("user", question)], options))[-1].text
+
+    alone = [answer(question) for question in questions]
+    together: dict[int, str] = {}
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, answer(questions[i])))
+               for i in range(len(questions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    runner = getattr(chat, "_runner", None)
+    widest = max(runner.batch_sizes) if runner is not None and runner.batch_sizes else 1
+    same = sum(alone[i] == together[i] for i in range(len(questions)))
+    print(f"{same}/{len(questions)} answers identical alone and in shared passes (up to {widest} answers a pass)")
+    for i in range(len(questions)):
+        if alone[i] != together[i]:
+            print(f"  alone:    {alone[i]!r}\n  together: {together[i]!r}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="spec, 'tiny' or 'tiny-masked' (default: the bundled model)")
@@ -217,11 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--pass-costs", default=None, help="e.g. 1,4,8,12,16,24: time self-speculative passes only")
     parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")
+    parser.add_argument("--batch-costs", default=None, help="e.g. 1,2,4,8: time batched passes over that many answers")
+    parser.add_argument("--batch-agreement", type=int, default=0, help="N: answers together vs alone")
+    parser.add_argument("--fp32", action="store_true", help="--batch-agreement in fp32 (bundled model)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.pass_costs:
         return pass_cost_main(args)
+    if args.batch_costs:
+        return batch_cost_main(args)
+    if args.batch_agreement:
+        return batch_agreement_main(args)
 
     try:
         denoiser, prompts, block, name = build(args.model, args.block_length, args.device)

@@ -1,11 +1,12 @@
-"""One generation at a time on one model, in arrival order, with per-request cancellation.
+"""Generations on one model, started in arrival order, with per-request cancellation.
 
-A single worker task takes jobs from a FIFO queue and runs each job's whole `stream_chat` iteration in one worker thread
-(`asyncio.to_thread`), so torch's thread-local state (inference mode, thread count) stays on one thread for the whole
-answer and the event loop never blocks. Drafts cross back to the loop with `call_soon_threadsafe`. A request that goes
-away sets its job's cancel flag: a queued job is skipped, a running one stops within one refinement pass because the
-model checks the same `threading.Event` between passes. Nothing here awaits on behalf of a dead client, so a client that
-disconnects can never stall the queue.
+A worker task takes jobs from a FIFO queue and runs each job's whole `stream_chat` iteration in a worker thread of
+the scheduler's own pool, so the event loop never blocks. Up to `model.max_batch` jobs run at once (a model that
+batches concurrent answers into one forward, model/batch_runner.py; 1 for any other model, which then answers one job
+at a time, in order). Drafts cross back to the loop with `call_soon_threadsafe`. A request that goes away sets its
+job's cancel flag: a queued job is skipped, a running one stops within one refinement pass because the model checks
+the same `threading.Event` between passes. Nothing here awaits on behalf of a dead client, so a client that disconnects
+can never stall the queue.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
@@ -71,7 +73,8 @@ class Job:
 
 
 class Scheduler:
-    """A fair (FIFO) queue in front of one `ChatModel`. Create and use it inside one running event loop."""
+    """A fair (FIFO) queue in front of one `ChatModel`, starting up to `model.max_batch` jobs at once. Create and use
+    it inside one running event loop."""
 
     def __init__(self, model: ChatModel, max_queue: int) -> None:
         self.model = model
@@ -80,7 +83,11 @@ class Scheduler:
         self._queue: asyncio.Queue[Job] = asyncio.Queue()
         self._pending = 0  # queued + running
         self._worker: asyncio.Task[None] | None = None
-        self._running: Job | None = None
+        self._running: set[Job] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.concurrency = max(1, int(getattr(model, "max_batch", 1)))
+        # its own threads: a job's thread is held for its whole answer, and asyncio's default pool has only 6 on 2 cores
+        self._threads = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="dlm-job")
         self._idle = asyncio.Event()  # set while nothing is queued or running
         self._idle.set()
         self._closed = False
@@ -116,30 +123,47 @@ class Scheduler:
             job = self._queue.get_nowait()
             job.cancel.set()
             self._finish(job)
-        if self._running is not None:
-            self._running.cancel.set()
+        for job in self._running:
+            job.cancel.set()
         with contextlib.suppress(TimeoutError):  # the model stops within one pass; do not hang on a stuck one
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
+        self._threads.shutdown(wait=False)
 
     async def _run(self) -> None:
-        while True:
-            job = await self._queue.get()
-            if job.cancel.is_set():
-                self._finish(job)
-                continue
-            self._running = job
-            try:
-                await asyncio.to_thread(self._generate, job, asyncio.get_running_loop())
-            except asyncio.CancelledError:
-                job.cancel.set()  # shutdown: the thread stops within one pass
-                raise
-            finally:
-                self._running = None
-                self._finish(job)
+        slots = asyncio.Semaphore(self.concurrency)
+        try:
+            while True:
+                job = await self._queue.get()
+                if job.cancel.is_set():
+                    self._finish(job)
+                    continue
+                try:
+                    await slots.acquire()
+                except asyncio.CancelledError:  # shutdown while this job waited for a place: end its stream too
+                    job.cancel.set()
+                    self._finish(job)
+                    raise
+                self._running.add(job)
+                task = asyncio.create_task(self._run_job(job, slots), name="dlm-scheduler-job")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except asyncio.CancelledError:
+            for job in self._running:
+                job.cancel.set()  # shutdown: the threads stop within one pass
+            raise
+
+    async def _run_job(self, job: Job, slots: asyncio.Semaphore) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._threads, self._generate, job, loop)
+        finally:
+            self._running.discard(job)
+            slots.release()
+            self._finish(job)
 
     def _finish(self, job: Job) -> None:
         self._pending -= 1

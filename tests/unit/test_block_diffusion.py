@@ -70,6 +70,7 @@ def test_first_position_of_each_block_is_the_teachers_next_token_prediction() ->
 
 
 def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import model.batching as batching
     import model.block_diffusion as block_diffusion
 
     model = adapted()
@@ -81,7 +82,7 @@ def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pyte
         shapes.add(tuple(input_ids.shape))
         return forward(input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(block_diffusion, "PREFILL_CHUNK", 40)  # so that long prompts take several chunks
+    monkeypatch.setattr(batching, "PREFILL_CHUNK", 40)  # so that long prompts take several chunks
     canvas = torch.full((8,), model.mask_id)
     canvas[:4] = torch.tensor([10, 12, 14, 16])
     for length in (1, 6, 33, 40, 41, 95):
@@ -95,8 +96,9 @@ def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pyte
         second = denoiser.block_logits(canvas, 4, 8)  # attends to the cached prompt: padding must be gone
         monkeypatch.setattr(model, "forward", forward)
         torch.testing.assert_close(torch.stack([first, second]), torch.stack(expected), atol=1e-4, rtol=1e-4)
-    # chunks of 40 tokens are padded to 48: prefills ran at two lengths (32, 48), block passes at two (4; 4 + 4)
-    assert shapes == {(1, 32), (1, 48), (1, 4), (1, 8)}
+    # chunks of 40 tokens are padded to 48: prefills (of all but the prompt's last token) ran at two lengths (32,
+    # 48), block passes at two (the prompt's last token + 4; the finished block + 4)
+    assert shapes == {(1, 32), (1, 48), (1, 5), (1, 8)}
     assert [block_diffusion.prefill_bucket(n) for n in (1, 32, 33, 49, 65, 97, 129, 1000)] == [
         32, 32, 48, 64, 96, 128, 192, 1024,
     ]

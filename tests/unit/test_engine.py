@@ -269,14 +269,14 @@ def test_prompt_and_answer_beyond_the_context_are_refused_before_the_model_is_to
 
 
 def test_cancel_during_a_long_prefill_stops_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import model.block_diffusion as block_diffusion
+    import model.batching as batching
     from model.block_diffusion import BlockDiffusionDenoiser
     from tests.unit.test_block_diffusion import EOS, adapted
 
     network = adapted()
     denoiser = BlockDiffusionDenoiser(network, [EOS])
     model = DiffusionChatModel("tiny-llama", byte_tokenizer(), denoiser, SamplerConfig(4, 4))
-    monkeypatch.setattr(block_diffusion, "PREFILL_CHUNK", 32)
+    monkeypatch.setattr(batching, "PREFILL_CHUNK", 32)
     cancel = threading.Event()
     chunks: list[int] = []
     forward = network.forward

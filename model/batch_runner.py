@@ -1,0 +1,224 @@
+"""One thread that runs the passes of every answer in flight on a block-diffusion model as one batched forward.
+
+Callers (the HTTP scheduler's jobs, voice sessions, `dlm generate`) each submit a *sequence*: an answer's decoding as a
+step function (`feed()` -> the rows of its next pass; `consume(logits)` -> a `Refinement` and how many rows the cache
+keeps). `SpeculativeDecoding` (self-speculative and autoregressive) and `DiffusionSequence` (the threshold sampler)
+are both sequences, so any mix of modes shares a pass. The loop::
+
+    admit waiting sequences into free cache slots (interactive first), encode their prompts
+    one forward over the next pass of every admitted sequence (model/batching.py)
+    hand each its logits; send each Refinement to its caller; free the slots of finished answers
+
+A single answer is a batch of one through the same code. Priority: an interactive sequence (a voice session's answer)
+is admitted ahead of bulk ones and its first pass runs at once, alone, right after its prefill; bulk sequences are
+admitted one per loop turn, so a burst of API requests cannot delay a voice turn by several prefills. Cancellation:
+the caller's `cancel` event is read between passes, so a cancelled answer ends after the pass in flight with a
+"cancelled" Refinement and its slot is freed; the other sequences in the batch are unaffected (their rows never see
+it: see the attention mask in model/batching.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from model.batching import Feed, SlotCache, batched_pass, common_prefix, keep, prefill
+from model.block_diffusion import BlockPasses
+from model.errors import GenerationCancelled, ModelError
+from model.refinement import Refinement
+from model.sampler import DiffusionDecoding
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH = 8
+
+
+class Sequence(Protocol):
+    """One answer's decoding as a step function (see the module docstring)."""
+
+    @property
+    def cached_prompt(self) -> list[int]:
+        """What the cache must hold before the first pass."""
+        ...
+
+    def feed(self) -> Feed: ...
+
+    def consume(
+        self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
+    ) -> tuple[Refinement, int]: ...
+
+
+class DiffusionSequence:
+    """The threshold sampler's decoding (`DiffusionDecoding`) on a block-diffusion model's cache (`BlockPasses`)."""
+
+    def __init__(self, decoding: DiffusionDecoding, passes: BlockPasses, prompt: list[int]) -> None:
+        self.decoding = decoding
+        self.passes = passes
+        self.cached_prompt = list(prompt[:-1])
+
+    def feed(self) -> Feed:
+        return self.passes.feed(self.decoding.canvas, self.decoding.lo, self.decoding.hi)
+
+    def consume(
+        self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
+    ) -> tuple[Refinement, int]:
+        logits, kept = self.passes.block_logits(clean_logits, noisy_logits)
+        refinement = self.decoding.consume(logits.cpu().clone(), elapsed_s, cancelled)
+        if self.decoding.finished_block is not None:
+            self.passes.finish_block(self.decoding.canvas, *self.decoding.finished_block)
+        return refinement, kept
+
+
+@dataclass(eq=False)
+class Run:
+    """One submitted answer: iterate it for its Refinements (the last has done=True). Closing the iterator early
+    (the caller went away) frees its slot after the pass in flight."""
+
+    sequence: Sequence
+    interactive: bool
+    cancel: threading.Event | None
+    arrived: float = field(default_factory=time.perf_counter)
+    reused_tokens: int = 0  # prompt tokens found already in the slot's cache
+    slot: int | None = None
+    passes: int = 0
+    first_pass: int | None = None  # the runner's pass counter at this run's first pass (to check priority)
+    _out: queue.SimpleQueue[Refinement | BaseException | None] = field(default_factory=queue.SimpleQueue)
+    _abandoned: threading.Event = field(default_factory=threading.Event)
+
+    def cancelled(self) -> bool:
+        return self._abandoned.is_set() or (self.cancel is not None and self.cancel.is_set())
+
+    def __iter__(self) -> Iterator[Refinement]:
+        try:
+            while (item := self._out.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self._abandoned.set()  # no-op once the run ended; otherwise the runner drops it
+
+
+def admission(waiting: list[Run], free: int) -> list[Run]:
+    """Which waiting runs to start now, given `free` slots: every interactive one that fits, in arrival order; when
+    there is none, the oldest bulk run alone (each admission costs a prefill that the whole batch waits for)."""
+    interactive = sorted((run for run in waiting if run.interactive), key=lambda run: run.arrived)
+    if interactive:
+        return interactive[:free]
+    bulk = sorted(waiting, key=lambda run: run.arrived)
+    return bulk[:1] if free else []
+
+
+class BatchRunner:
+    """Drives every submitted sequence of one `BlockDiffusionLM` in batched passes, on its own thread."""
+
+    def __init__(self, model: torch.nn.Module, max_batch: int = DEFAULT_MAX_BATCH, reuse_prompt_cache: bool = True):
+        if max_batch < 1:
+            raise ModelError(f"max_batch must be at least 1, got {max_batch}")
+        self.model = model
+        self.max_batch = max_batch
+        self.reuse_prompt_cache = reuse_prompt_cache
+        self.cache = SlotCache(max_batch)
+        self.batch_sizes: list[int] = []  # sequences in each pass, for tests and benchmarks (the last 1000)
+        self.passes_run = 0
+        self._condition = threading.Condition()
+        self._waiting: list[Run] = []
+        self._active: list[Run] = []  # admitted, prompt encoded, in a slot
+        self._thread: threading.Thread | None = None
+
+    def submit(self, sequence: Sequence, interactive: bool = False, cancel: threading.Event | None = None) -> Run:
+        run = Run(sequence, interactive, cancel)
+        with self._condition:
+            self._waiting.append(run)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="dlm-batch-runner", daemon=True)
+                self._thread.start()
+            self._condition.notify()
+        return run
+
+    # --- the loop (runner thread only) --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._condition:
+                while not self._waiting and not self._active:
+                    self._condition.wait()
+                arrivals = self._admit()
+            fresh = [run for run in arrivals if self._encode(run)]
+            urgent = [run for run in fresh if run.interactive]
+            self._pass(urgent or list(self._active))
+
+    def _admit(self) -> list[Run]:
+        """Move the `admission` choice of waiting runs into free slots (called locked)."""
+        for run in [run for run in self._waiting if run.cancelled()]:
+            self._waiting.remove(run)
+            self._end(run, GenerationCancelled("cancelled while waiting for the model"))
+        free = [slot for slot in range(self.max_batch) if all(run.slot != slot for run in self._active)]
+        chosen = admission(self._waiting, len(free))
+        for run in chosen:
+            self._waiting.remove(run)
+            # the free slot that already holds most of this prompt (a voice session's previous turn)
+            slot = max(free, key=lambda s: (common_prefix(self.cache.slots[s].ids, run.sequence.cached_prompt), -s))
+            free.remove(slot)
+            run.slot = slot
+        return chosen
+
+    def _encode(self, run: Run) -> bool:
+        """Prefill `run`'s prompt into its slot; on failure end the run with the error. True when it is active."""
+        assert run.slot is not None
+        try:
+            run.reused_tokens, _ = prefill(
+                self.model, self.cache, run.slot, run.sequence.cached_prompt, self.reuse_prompt_cache, run.cancel
+            )
+        except Exception as error:  # forwarded to the caller, who raises it
+            self.cache.slots[run.slot].ids.clear()  # a partial prefill is never reused
+            self._end(run, error)
+            return False
+        with self._condition:
+            self._active.append(run)
+        return True
+
+    def _pass(self, runs: list[Run]) -> None:
+        """One batched forward over `runs`' next passes; every run gets its Refinement (or the error)."""
+        if not runs:
+            return
+        runs = sorted(runs, key=lambda run: run.slot)  # ascending slots: the cache returns views when contiguous
+        started = time.perf_counter()
+        try:
+            feeds = [run.sequence.feed() for run in runs]
+            logits = batched_pass(self.model, self.cache, [run.slot for run in runs], feeds)
+        except Exception as error:  # a failed forward ends the answers in it, never the runner
+            log.exception("batched pass failed")
+            for run in runs:
+                self._end(run, error)
+            return
+        elapsed = time.perf_counter() - started
+        for run, feed, (clean, noisy) in zip(runs, feeds, logits, strict=True):
+            try:
+                refinement, kept = run.sequence.consume(clean, noisy, elapsed, run.cancelled())
+            except Exception as error:  # one answer's decoding failed: the others in the pass go on
+                log.exception("decoding step failed")
+                self._end(run, error)
+                continue
+            keep(self.cache, run.slot, feed, kept)
+            run.passes += 1
+            if run.first_pass is None:
+                run.first_pass = self.passes_run
+            run._out.put(refinement)
+            if refinement.done:
+                self._end(run, None)
+        self.batch_sizes = [*self.batch_sizes[-999:], len(runs)]
+        self.passes_run += 1
+
+    def _end(self, run: Run, error: BaseException | None) -> None:
+        with self._condition:
+            if run in self._active:
+                self._active.remove(run)
+        if error is not None:
+            run._out.put(error)
+        run._out.put(None)

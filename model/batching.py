@@ -1,0 +1,232 @@
+"""One forward pass over the passes of several answers: per-sequence KV caches in one batch (the bundled model's form).
+
+Each answer being decoded is a *sequence* with its own row (slot) of a `SlotCache` and its own cached length. A pass of
+one sequence feeds a `Feed`: clean tokens (causal, adapter gate off: exactly the teacher) followed by noisy tokens
+(gate on, bidirectional among themselves, seeing every clean token; clean rows never see them). Sequences differ in
+both their cached length and their rows per pass, so the batch is laid out as::
+
+    row i:  [ clean_i | pad ... | noisy_i ]        S = max(len(clean_i) + len(noisy_i)) columns
+    keys:   slot i holds its cache at [0, L_i); this pass writes its S rows at [L_i, L_i + S)
+
+Rotary positions are each sequence's own (L_i + j for clean row j, L_i + len(clean_i) + j for noisy row j), and keys
+are cached after the rotation, so where a key sits in the slot does not matter: only the attention mask does. A row
+sees its own slot's cached keys and the new keys its pattern allows, nothing else: not the stale keys past L_i + S,
+not another pass's padding. Padding rows attend only to themselves (a row that attends to nothing gives NaN) and their
+outputs are thrown away. Padding sits between the clean and the noisy rows so that, when every sequence feeds the same
+number of noisy rows (all self-speculative, or all diffusion), the noisy rows are a common suffix and the adapter runs
+only on them (`_Gate.suffix_from`).
+
+After the pass a sequence keeps its first `keep` clean rows (accepted tokens; a finished block) by moving its length
+forward; everything after is overwritten by its next pass, as in gpt-fast's preallocated cache: no crop, no copy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache
+
+from model.errors import GenerationCancelled
+
+PREFILL_CHUNK = 1024  # at most this many prompt tokens per prefill forward (see `prefill`)
+MIN_PREFILL_BUCKET = 32
+GROWTH = 256  # slot capacity grows in steps of at least this many positions
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """The rows one sequence feeds to a pass: `clean` tokens, then `noisy` ones (mask ids or a block's canvas)."""
+
+    clean: tuple[int, ...]
+    noisy: tuple[int, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return len(self.clean) + len(self.noisy)
+
+
+@dataclass(slots=True)
+class Slot:
+    """One sequence's row of the cache: the tokens whose keys/values it holds at [0, len(ids))."""
+
+    ids: list[int] = field(default_factory=list)
+
+
+class SlotCache(Cache):
+    """Keys/values of up to `slots` sequences, one row each, every row its own length.
+
+    Before each forward the caller says which slots the batch rows are (`rows`) and where each row's new keys go
+    (`offsets`, the slot's cached length); `update` writes them there and returns the keys every row may need, up to
+    the longest `offset + S`. Buffers grow on demand; rows past a slot's length hold stale keys that the mask hides.
+    """
+
+    def __init__(self, slots: int) -> None:
+        super().__init__(layers=[])
+        self.slots = [Slot() for _ in range(slots)]
+        self._keys: list[torch.Tensor] = []  # per layer: [slots, heads, capacity, head_dim]
+        self._values: list[torch.Tensor] = []
+        self.rows: list[int] = []
+        self.offsets: list[int] = []
+        self._where: tuple[torch.Tensor, torch.Tensor] | None = None  # (slot, position) `[B, S]` of this forward's rows
+
+    def bind(self, rows: Sequence[int], offsets: Sequence[int]) -> None:
+        self.rows, self.offsets = list(rows), list(offsets)
+        self._where = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # key_states: [B, heads, S, head_dim] for the rows bound by `bind`
+        s = key_states.shape[2]
+        end = max(offset + s for offset in self.offsets)
+        if layer_idx == len(self._keys):
+            shape = (len(self.slots), key_states.shape[1], 0, key_states.shape[3])
+            self._keys.append(key_states.new_zeros(shape))
+            self._values.append(value_states.new_zeros(shape))
+        keys, values = self._grow(layer_idx, end)
+        if self._where is None or self._where[0].shape[1] != s:  # once per forward: every layer writes the same places
+            slot_index = torch.tensor(self.rows, device=keys.device).unsqueeze(1).expand(-1, s)  # [B, S]
+            position = torch.tensor(self.offsets, device=keys.device).unsqueeze(1) + torch.arange(s, device=keys.device)
+            self._where = (slot_index, position)
+        slot_index, position = self._where
+        keys[slot_index, :, position] = key_states.transpose(1, 2)  # [B, S, heads, head_dim]: one write for all rows
+        values[slot_index, :, position] = value_states.transpose(1, 2)
+        first, last = self.rows[0], self.rows[-1]
+        if self.rows == list(range(first, last + 1)):  # the usual case: a view, no copy
+            return keys[first : last + 1, :, :end], values[first : last + 1, :, :end]
+        index = torch.tensor(self.rows, device=keys.device)
+        return keys[index, :, :end], values[index, :, :end]
+
+    def _grow(self, layer: int, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self._keys[layer], self._values[layer]
+        if keys.shape[2] < needed:
+            capacity = max(needed, keys.shape[2] * 2, GROWTH)
+            bigger_k = keys.new_zeros((*keys.shape[:2], capacity, keys.shape[3]))
+            bigger_v = values.new_zeros((*values.shape[:2], capacity, values.shape[3]))
+            bigger_k[:, :, : keys.shape[2]] = keys
+            bigger_v[:, :, : values.shape[2]] = values
+            self._keys[layer], self._values[layer] = bigger_k, bigger_v
+        return self._keys[layer], self._values[layer]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max((len(slot.ids) for slot in self.slots), default=0)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Turn a bool "may attend" mask into the additive form eager and SDPA attention both accept."""
+    zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return zeros.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def pass_layout(lengths: Sequence[int], feeds: Sequence[Feed]) -> tuple[torch.Tensor, ...]:
+    """The batch of one pass: ids `[B, S]`, positions `[B, S]`, noisy `[B, S]` bool, allowed `[B, 1, S, K]` bool,
+    with S the most rows any sequence feeds and K = max(L_i) + S (see the module docstring for the layout)."""
+    s = max(feed.rows for feed in feeds)
+    k = max(lengths) + s
+    b = len(feeds)
+    ids = torch.zeros(b, s, dtype=torch.long)
+    positions = torch.zeros(b, s, dtype=torch.long)
+    noisy = torch.zeros(b, s, dtype=torch.bool)
+    allowed = torch.zeros(b, 1, s, k, dtype=torch.bool)
+    col = torch.arange(s)
+    for i, (length, feed) in enumerate(zip(lengths, feeds, strict=True)):
+        c, n = len(feed.clean), len(feed.noisy)
+        is_clean, is_noisy = col < c, col >= s - n
+        real = is_clean | is_noisy
+        ids[i, :c] = torch.tensor(feed.clean, dtype=torch.long)
+        if n:
+            ids[i, s - n :] = torch.tensor(feed.noisy, dtype=torch.long)
+        positions[i] = torch.where(is_noisy, length + c + col - (s - n), length + col)
+        noisy[i] = is_noisy
+        new = (is_clean[:, None] & is_clean[None, :] & (col[:, None] >= col[None, :])) | (
+            is_noisy[:, None] & real[None, :]
+        )
+        new |= torch.eye(s, dtype=torch.bool) & ~real[:, None]  # padding rows see themselves only
+        allowed[i, 0, :, :length] = real[:, None]
+        allowed[i, 0, :, length : length + s] = new
+    return ids, positions, noisy, allowed
+
+
+@torch.inference_mode()
+def batched_pass(
+    model: torch.nn.Module, cache: SlotCache, slots: Sequence[int], feeds: Sequence[Feed]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One forward over every sequence's feed; returns each one's (clean logits `[len(clean), V]`, noisy logits
+    `[len(noisy), V]`), float32. The new keys are written after each slot's cached tokens but not kept: call `keep`."""
+    lengths = [len(cache.slots[slot].ids) for slot in slots]
+    ids, positions, noisy, allowed = pass_layout(lengths, feeds)
+    device = model.base.device
+    cache.bind(slots, lengths)
+    logits = model(
+        ids.to(device), positions.to(device), additive_mask(allowed.to(device)), noisy.to(device), cache
+    ).float()  # [B, S, V]
+    s = ids.shape[1]
+    return [
+        (logits[i, : len(feed.clean)], logits[i, s - len(feed.noisy) :]) for i, feed in enumerate(feeds)
+    ]
+
+
+def keep(cache: SlotCache, slot: int, feed: Feed, count: int) -> None:
+    """Keep the first `count` clean tokens of `slot`'s last pass in its cache; the rest is overwritten next pass."""
+    cache.slots[slot].ids.extend(feed.clean[:count])
+
+
+def prefill_bucket(n: int) -> int:
+    """The smallest of 32, 48, 64, 96, 128, 192, ... (powers of two and 1.5 times them) holding `n` tokens."""
+    size = MIN_PREFILL_BUCKET
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@torch.inference_mode()
+def prefill(
+    model: torch.nn.Module,
+    cache: SlotCache,
+    slot: int,
+    tokens: Sequence[int],
+    reuse: bool = True,
+    cancel: threading.Event | None = None,
+) -> tuple[int, torch.Tensor | None]:
+    """Make `slot` hold exactly `tokens`, encoding only what its cache does not share with them (a conversation's next
+    prompt starts with the last one). Returns (tokens reused, logits `[V]` predicting the token after `tokens`, or None
+    when nothing was encoded).
+
+    Each forward is padded (with the last token) up to a `prefill_bucket` size, the padding left beyond the slot's
+    length: exact, because prompt positions attend only backwards. Why: a bf16 matmul on the CPU builds and keeps a
+    oneDNN kernel for every new input shape, so prefilling every turn's prompt at its own length grew a server's memory
+    by megabytes a turn. Prompts beyond `PREFILL_CHUNK` go in chunks, and `cancel` is checked before each, so a long
+    prompt does not hold the model after its answer was cancelled (`GenerationCancelled`; the slot then holds only
+    the chunks encoded so far).
+    """
+    held = cache.slots[slot].ids
+    start = common_prefix(held, tokens) if reuse else 0
+    del held[start:]
+    logits = None
+    for lo in range(start, len(tokens), PREFILL_CHUNK):
+        if cancel is not None and cancel.is_set():
+            raise GenerationCancelled("cancelled while encoding the prompt")
+        part = list(tokens[lo : lo + PREFILL_CHUNK])
+        size = prefill_bucket(len(part))
+        padded = Feed(clean=tuple(part + [part[-1]] * (size - len(part))))
+        ids, positions, noisy, allowed = pass_layout([lo], [padded])
+        device = model.base.device
+        cache.bind([slot], [lo])
+        logits = model(
+            ids.to(device), positions.to(device), additive_mask(allowed.to(device)), noisy.to(device), cache,
+            torch.tensor([len(part) - 1], device=device),
+        )[0, -1].float()
+        held.extend(part)
+    return start, logits

@@ -1,0 +1,293 @@
+"""Batched passes (model/batching.py, model/batch_runner.py) on a tiny random block-diffusion Llama in fp32: a
+sequence's logits and answers in a batch equal its own, whatever else shares the pass."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from model.batch_runner import BatchRunner, Run, admission
+from model.batching import Feed, SlotCache, batched_pass, keep, prefill
+from model.block_diffusion import BlockDiffusionDenoiser
+from model.chat import GenerationOptions
+from model.engine import DiffusionChatModel
+from model.refinement import Refinement
+from model.sampler import SamplerConfig, generate
+from model.speculative import generate_speculative
+from tests.unit.test_self_speculative import adapted
+from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
+
+EOS = LLAMA_EOS
+MODES = {
+    "self-speculative": SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=4),
+    "autoregressive": SamplerConfig(block_length=4, steps_per_block=4, decoding="autoregressive"),
+    "diffusion": SamplerConfig(block_length=4, steps_per_block=4, threshold=0.3, remasking="left_to_right"),
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, LLAMA_VOCAB) for _ in range(rng.randrange(1, 30))] for _ in range(count)]
+
+
+def reference_logits(denoiser: BlockDiffusionDenoiser, context: list[int], feed: Feed) -> torch.Tensor:
+    """Logits of `feed`'s rows after `context` from one cache-free forward over the whole sequence."""
+    ids = torch.tensor([context + list(feed.clean) + list(feed.noisy)])
+    return denoiser._run(ids, noisy_from=len(context) + len(feed.clean))[0, len(context) :].float()
+
+
+def test_a_batched_pass_gives_each_sequence_its_unbatched_logits() -> None:
+    model = adapted()
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    mask = model.mask_id
+    masks = (mask,) * 4
+    contexts = prompts(4, seed=1)
+    cache = SlotCache(4)
+    for slot, context in enumerate(contexts):
+        prefill(model, cache, slot, context)
+    rounds = [
+        # different cached lengths, different rows per pass; slots 0, 2, 3: not contiguous (the gathered path)
+        ([0, 2, 3], [Feed((5, 6, 7), masks), Feed((8,), masks), Feed((9, 10, 11, 12, 13), masks)]),
+        # a common noisy suffix (self-speculative and diffusion rows side by side: the adapter on the suffix only)
+        ([0, 1, 2], [Feed((14,), masks), Feed((15, 16, 17, 18), (19, mask, mask, mask)), Feed((20,), masks)]),
+        # no common suffix: autoregressive rows next to drafting ones (the adapter gated row by row)
+        ([1, 2, 3], [Feed((21,)), Feed((22, 23), masks), Feed((24, 25, 26))]),
+    ]
+    for slots, feeds in rounds:
+        outs = batched_pass(model, cache, slots, feeds)
+        for slot, feed, (clean, noisy) in zip(slots, feeds, outs, strict=True):
+            expected = reference_logits(denoiser, cache.slots[slot].ids, feed)
+            torch.testing.assert_close(clean, expected[: len(feed.clean)], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(noisy, expected[len(feed.clean) :], atol=1e-4, rtol=1e-4)
+            keep(cache, slot, feed, len(feed.clean) - 1)  # the slots grow by different amounts
+
+
+def stream(refinements: Iterator[Refinement]) -> list[tuple[object, ...]]:
+    """What a caller sees of an answer, pass by pass (timings aside)."""
+    return [(r.tokens, r.committed, r.done, r.finish_reason) for r in refinements]
+
+
+def alone(prompt: list[int], config: SamplerConfig, length: int, cancel_after: int | None = None):
+    """The answer decoded by itself on a fresh one-answer denoiser (no runner)."""
+    denoiser = BlockDiffusionDenoiser(adapted(), [EOS])
+    cancel = threading.Event()
+    if config.decoding == "diffusion":
+        refinements = generate(denoiser, prompt, length, config, cancel)
+    else:
+        masks = config.draft_masks if config.decoding == "self-speculative" else 0
+        refinements = generate_speculative(denoiser, prompt, length, masks, config.temperature, config.seed,
+                                           cancel=cancel)
+    out = []
+    for refinement in refinements:
+        out.append(refinement)
+        if cancel_after is not None and len(out) == cancel_after:
+            cancel.set()
+    return stream(iter(out))
+
+
+def engine() -> DiffusionChatModel:
+    return DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"])
+
+
+def requests(count: int) -> list[tuple[list[int], SamplerConfig, int]]:
+    """Prompts of different lengths in every mode, greedy, and a sampled one (its own seeded generator)."""
+    modes = list(MODES.values())
+    out = [(prompt, modes[i % len(modes)], 12 + 4 * (i % 3)) for i, prompt in enumerate(prompts(count, seed=3))]
+    sampled = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", temperature=0.8, seed=7)
+    out.append((prompts(1, seed=9)[0], sampled, 16))
+    return out
+
+
+def drain(run: Run, cancel: threading.Event | None = None, cancel_after: int | None = None) -> list[Refinement]:
+    out = []
+    for refinement in run:
+        out.append(refinement)
+        if cancel is not None and len(out) == cancel_after:
+            cancel.set()
+    return out
+
+
+def test_answers_in_a_batch_equal_their_answers_alone_in_every_mode() -> None:
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    cases = requests(9)
+    runs = [runner.submit(chat.sequence(prompt, length, config)) for prompt, config, length in cases]
+    results: dict[int, list[Refinement]] = {}
+    threads = [threading.Thread(target=lambda i=i, run=run: results.__setitem__(i, drain(run)))
+               for i, run in enumerate(runs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert max(runner.batch_sizes) >= 4  # the answers really shared passes
+    for i, (prompt, config, length) in enumerate(cases):
+        assert stream(iter(results[i])) == alone(prompt, config, length), (i, config.decoding)
+        assert results[i][-1].done
+
+
+def test_a_run_cancelled_mid_batch_leaves_the_others_unchanged() -> None:
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    cases = requests(5)[:5]
+    cancels = [threading.Event() for _ in cases]
+    runs = [runner.submit(chat.sequence(prompt, length, config), cancel=cancel)
+            for (prompt, config, length), cancel in zip(cases, cancels, strict=True)]
+    results: dict[int, list[Refinement]] = {}
+    victim = 1
+
+    def consume(i: int) -> None:
+        results[i] = drain(runs[i], cancels[i], 2 if i == victim else None)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(runs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert results[victim][-1].finish_reason == "cancelled" and len(results[victim]) <= 3
+    for i, (prompt, config, length) in enumerate(cases):
+        if i != victim:
+            assert stream(iter(results[i])) == alone(prompt, config, length), i
+    # an abandoned iterator (the caller went away) ends its run too, and the runner goes on serving
+    prompt, config, length = cases[0]
+    abandoned = iter(runner.submit(chat.sequence(prompt, length, config)))
+    next(abandoned)
+    abandoned.close()
+    assert stream(iter(drain(runner.submit(chat.sequence(prompt, length, config))))) == alone(prompt, config, length)
+
+
+def test_interactive_runs_are_admitted_first_and_bulk_ones_one_at_a_time() -> None:
+    def run(interactive: bool, arrived: float) -> Run:
+        return Run(sequence=None, interactive=interactive, cancel=None, arrived=arrived)  # type: ignore[arg-type]
+
+    bulk_a, bulk_b, voice_a, voice_b = run(False, 1.0), run(False, 2.0), run(True, 3.0), run(True, 4.0)
+    assert admission([bulk_a, bulk_b, voice_b, voice_a], free=8) == [voice_a, voice_b]
+    assert admission([bulk_a, bulk_b, voice_b, voice_a], free=1) == [voice_a]
+    assert admission([bulk_b, bulk_a], free=8) == [bulk_a]
+    assert admission([bulk_a, voice_a], free=0) == []
+
+
+def test_the_engine_streams_concurrent_answers_through_one_runner() -> None:
+    chat = engine()
+    prompt_sets = prompts(4, seed=5)
+    options = GenerationOptions(max_new_tokens=12)
+    texts: dict[int, str] = {}
+
+    def answer(i: int) -> None:
+        texts[i] = list(chat.stream_prompt(prompt_sets[i], options))[-1].text
+
+    threads = [threading.Thread(target=answer, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    for i, prompt in enumerate(prompt_sets):
+        assert texts[i] == list(chat.stream_prompt(prompt, options))[-1].text
+
+
+def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes() -> None:
+    import asyncio
+
+    from model.chat import ChatMessage
+    from model.server.scheduler import Scheduler
+    from tests.unit.tiny_models import word_tokenizer
+
+    chat = DiffusionChatModel("tiny", word_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"])
+    questions = ["hello how are you", "what is your name", "the cat and the dog", "good day"]
+    options = GenerationOptions(max_new_tokens=16)
+
+    async def serve_all() -> list[str]:
+        scheduler = Scheduler(chat, max_queue=8)
+        jobs = [scheduler.submit([ChatMessage("user", q)], options) for q in questions]
+        texts = []
+        for job in jobs:
+            texts.append([draft async for draft in job.stream()][-1].text)
+        await scheduler.close()
+        return texts
+
+    assert chat.max_batch > 1
+    texts = asyncio.run(serve_all())
+    assert max(chat._runner.batch_sizes) >= 2  # the jobs ran at the same time, in shared passes
+    assert texts == [list(chat.stream_chat([ChatMessage("user", q)], options))[-1].text for q in questions]
+
+
+def test_a_voice_turn_asks_the_model_for_priority() -> None:
+    import asyncio
+
+    from model.chat import ChatMessage
+    from tests.unit.test_session_shell import FakeLM
+    from voice.think.lm_run import LmRun
+
+    lm = FakeLM()
+    asked: list[bool] = []
+    stream_chat = lm.stream_chat
+
+    def recording(messages, options, cancel=None):
+        asked.append(options.interactive)
+        return stream_chat(messages, options, cancel)
+
+    lm.stream_chat = recording  # type: ignore[method-assign]
+
+    async def turn() -> None:
+        run = LmRun(lm, [ChatMessage("user", "hi")], GenerationOptions(), name="lm-test")
+        async for _ in run.drafts():
+            pass
+        await run.close()
+
+    asyncio.run(turn())
+    assert asked == [True]
+
+
+def test_an_interactive_answer_runs_its_first_pass_ahead_of_waiting_bulk_ones() -> None:
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    config = MODES["self-speculative"]
+    with runner._condition:  # the runner admits nothing until all four wait
+        bulk = [runner.submit(chat.sequence(p, 12, config)) for p in prompts(3, seed=11)]
+        voice = runner.submit(chat.sequence(prompts(1, seed=12)[0], 12, config), interactive=True)
+    for run in [*bulk, voice]:
+        drain(run)
+    assert voice.first_pass == 0 and runner.batch_sizes[0] == 1  # alone, before any bulk pass
+    assert all(run.first_pass > 0 for run in bulk)
+
+
+class FailingSequence:
+    """A real sequence whose decoding raises at its second pass (a bug in one answer's step function)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.cached_prompt = inner.cached_prompt
+        self.passes = 0
+
+    def feed(self) -> Feed:
+        return self.inner.feed()
+
+    def consume(self, clean, noisy, elapsed_s, cancelled=False):
+        self.passes += 1
+        if self.passes == 2:
+            raise RuntimeError("a bug in one answer's decoding")
+        return self.inner.consume(clean, noisy, elapsed_s, cancelled)
+
+
+def test_one_answer_failing_ends_only_that_answer() -> None:
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    cases = requests(3)[:3]
+    with runner._condition:
+        runs = [runner.submit(chat.sequence(p, n, c)) for p, c, n in cases]
+        broken = runner.submit(FailingSequence(chat.sequence(*cases[0][:1], cases[0][2], cases[0][1])))
+    with pytest.raises(RuntimeError, match="one answer's decoding"):
+        drain(broken)
+    for run, (prompt, config, length) in zip(runs, cases, strict=True):
+        assert stream(iter(drain(run))) == alone(prompt, config, length)
