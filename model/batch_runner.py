@@ -19,10 +19,12 @@ it: see the attention mask in model/batching.py).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,6 +38,16 @@ from model.refinement import Refinement
 from model.sampler import DiffusionDecoding
 
 log = logging.getLogger(__name__)
+_RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_runners() -> None:
+    """Let each runner finish the pass in flight before the interpreter exits: a daemon thread still inside a torch
+    op while the interpreter tears down aborted a test process once ("terminate called without an active
+    exception")."""
+    for runner in list(_RUNNERS):
+        runner.close()
 
 DEFAULT_MAX_BATCH = 8
 
@@ -131,10 +143,23 @@ class BatchRunner:
         self._waiting: list[Run] = []
         self._active: list[Run] = []  # admitted, prompt encoded, in a slot
         self._thread: threading.Thread | None = None
+        self._closed = False
+        _RUNNERS.add(self)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the runner after the pass in flight; answers still waiting or running end with an error."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def submit(self, sequence: Sequence, interactive: bool = False, cancel: threading.Event | None = None) -> Run:
         run = Run(sequence, interactive, cancel)
         with self._condition:
+            if self._closed:
+                raise ModelError("the model is shutting down")
             self._waiting.append(run)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="dlm-batch-runner", daemon=True)
@@ -146,8 +171,12 @@ class BatchRunner:
     def _loop(self) -> None:
         while True:
             with self._condition:
-                while not self._waiting and not self._active:
+                while not self._waiting and not self._active and not self._closed:
                     self._condition.wait()
+                if self._closed:
+                    for run in self._waiting + self._active:
+                        self._end(run, ModelError("the model is shutting down"))
+                    return
                 arrivals = self._admit()
             fresh = [run for run in arrivals if self._encode(run)]
             urgent = [run for run in fresh if run.interactive]

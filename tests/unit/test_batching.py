@@ -15,6 +15,7 @@ from model.batching import Feed, SlotCache, batched_pass, keep, prefill
 from model.block_diffusion import BlockDiffusionDenoiser
 from model.chat import GenerationOptions
 from model.engine import DiffusionChatModel
+from model.errors import ModelError
 from model.refinement import Refinement
 from model.sampler import SamplerConfig, generate
 from model.speculative import generate_speculative
@@ -291,3 +292,21 @@ def test_one_answer_failing_ends_only_that_answer() -> None:
         drain(broken)
     for run, (prompt, config, length) in zip(runs, cases, strict=True):
         assert stream(iter(drain(run))) == alone(prompt, config, length)
+
+
+def test_closing_the_runner_ends_its_answers_and_stops_its_thread() -> None:
+    """At interpreter exit (atexit) the runner stops after the pass in flight, so no torch op outlives the
+    interpreter; answers still running end with an error instead of waiting forever."""
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    prompt, config, length = requests(1)[0]
+    running = iter(runner.submit(chat.sequence(prompt, length, config)))
+    next(running)  # the runner thread is up and the answer is in a slot
+    runner.close()
+    assert runner._thread is not None and not runner._thread.is_alive()
+    try:  # the answer either finished before the close or ends with the error: it never waits forever
+        assert list(running)[-1].done
+    except ModelError as error:
+        assert "shutting down" in str(error)
+    with pytest.raises(ModelError, match="shutting down"):
+        runner.submit(chat.sequence(prompt, length, config))
