@@ -37,7 +37,10 @@ def url(server: VoiceServer) -> str:
     return f"ws://127.0.0.1:{server.port}/ws"
 
 
-def test_spoken_turn_typed_turn_and_interrupt(engines: Engines) -> None:
+def test_spoken_turn_typed_turn_and_interrupt(engines: Engines, monkeypatch: pytest.MonkeyPatch) -> None:
+    trims: list[bool] = []
+    monkeypatch.setattr("web.server.release_free_memory", lambda: trims.append(True) or True)
+
     async def scenario() -> tuple[Received, Received, Received, set[str]]:
         async with running_server(engines) as server, connect(url(server)) as ws:
             await ws.send(json.dumps({"type": "hello", "sample_rate": 16000}))
@@ -91,6 +94,7 @@ def test_spoken_turn_typed_turn_and_interrupt(engines: Engines) -> None:
     assert end["interrupted"] is True
     assert interrupted.of_type("clear"), "an interrupt while speaking must tell the client to stop playback"
     assert leftovers == set()
+    assert len(trims) >= 4  # freed pages handed back after each of the 3 turns and when the session ended
 
 
 def test_a_client_that_sends_a_clip_and_then_nothing_still_gets_its_answer(engines: Engines) -> None:
