@@ -94,7 +94,9 @@ def test_spoken_turn_typed_turn_and_interrupt(engines: Engines, monkeypatch: pyt
     assert end["interrupted"] is True
     assert interrupted.of_type("clear"), "an interrupt while speaking must tell the client to stop playback"
     assert leftovers == set()
-    assert len(trims) >= 4  # freed pages handed back after each of the 3 turns and when the session ended
+    # freed pages handed back after each turn: the first two trims come before the third turn's events are sent
+    # (the last turn's and the session's own may land after the client left); without them, at most 1
+    assert len(trims) >= 2
 
 
 def test_a_client_that_sends_a_clip_and_then_nothing_still_gets_its_answer(engines: Engines) -> None:
