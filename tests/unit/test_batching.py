@@ -19,7 +19,7 @@ from model.errors import ModelError
 from model.refinement import Refinement
 from model.sampler import SamplerConfig, generate
 from model.speculative import generate_speculative
-from tests.unit.test_self_speculative import adapted
+from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
 EOS = LLAMA_EOS
@@ -28,14 +28,6 @@ MODES = {
     "autoregressive": SamplerConfig(block_length=4, steps_per_block=4, decoding="autoregressive"),
     "diffusion": SamplerConfig(block_length=4, steps_per_block=4, threshold=0.3, remasking="left_to_right"),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:
