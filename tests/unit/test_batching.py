@@ -148,7 +148,11 @@ def test_a_run_cancelled_mid_batch_leaves_the_others_unchanged() -> None:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    assert results[victim][-1].finish_reason == "cancelled" and len(results[victim]) <= 3
+    # passes the runner made before it saw the cancel may already be queued (it runs ahead of a slow reader), so the
+    # bound is the uncancelled answer's pass count, not the cancel point
+    prompt, config, length = cases[victim]
+    assert results[victim][-1].finish_reason == "cancelled"
+    assert len(results[victim]) < len(alone(prompt, config, length))
     for i, (prompt, config, length) in enumerate(cases):
         if i != victim:
             assert stream(iter(results[i])) == alone(prompt, config, length), i
