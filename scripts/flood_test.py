@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report_lib.load import LoadTestError, SpawnedServer, check_loopback, pid_of, rss_mb
+from report_lib.load import LoadTestError, SpawnedServer, add_server_target, check_loopback, pid_of, rss_mb
 from report_lib.results import print_and_save
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -39,10 +39,7 @@ FRAME_BYTES = 64 * 1024  # the server's default message limit
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--ws", help="a running server on this machine, e.g. ws://127.0.0.1:8765/ws")
-    target.add_argument("--spawn", action="store_true", help="start `voice-assistant serve` on a free loopback port")
-    parser.add_argument("--server-pid", type=int, help="pid of the --ws server, to read its memory")
+    add_server_target(parser)
     parser.add_argument("--clients", type=int, default=8, help="flooding clients at once (1..8, default 8)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the flood lasts (default 60)")
     parser.add_argument("--bound-mb", type=float, default=400.0, help="allowed peak RSS above the baseline")

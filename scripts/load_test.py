@@ -25,6 +25,7 @@ from report_lib.inputs import InputError, check_audio, recorded_speech, resolve_
 from report_lib.load import (
     LoadTestError,
     SpawnedServer,
+    add_server_target,
     check_loopback,
     memory_bound_ok,
     pid_of,
@@ -46,10 +47,7 @@ SETTLE_S = 3.0
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("audio", nargs="*", type=Path, help="WAV files of speech (default: pocketsphinx-testdata)")
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--ws", help="a running server on this machine, e.g. ws://127.0.0.1:8765/ws")
-    target.add_argument("--spawn", action="store_true", help="start `voice-assistant serve` on a free loopback port")
-    parser.add_argument("--server-pid", type=int, help="pid of the --ws server, to read its memory")
+    add_server_target(parser)
     parser.add_argument("--clients", default="1,2,4,8", help="client counts to try, in order (default 1,2,4,8)")
     parser.add_argument("--turns", type=int, default=3, help="spoken turns per client per level (default 3)")
     parser.add_argument("--soak", type=int, default=0, help="then this many turns to check memory growth")

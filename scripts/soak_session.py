@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
-from report_lib.load import LoadTestError, SpawnedServer, check_loopback, pid_of, rss_mb
+from report_lib.load import LoadTestError, SpawnedServer, add_server_target, check_loopback, pid_of, rss_mb
 from report_lib.page import machine_info
 from report_lib.results import print_and_save
 from report_lib.runners import ServerUnreachable
@@ -320,10 +320,7 @@ def table(turns: list[SoakTurn]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--ws", help="a running server on this machine, e.g. ws://127.0.0.1:8765/ws")
-    target.add_argument("--spawn", action="store_true", help="start `voice-assistant serve` on a free loopback port")
-    parser.add_argument("--server-pid", type=int, help="pid of the --ws server, to read its memory")
+    add_server_target(parser)
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--quiet-s", type=float, default=1.0, help="silence after an answer before the next turn")
     parser.add_argument("--max-growth-mb", type=float, default=150.0, help="allowed RSS growth after the warm-up")

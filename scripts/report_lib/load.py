@@ -7,6 +7,7 @@ wall-clock limit per level after which the clients are cancelled and the level i
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import signal
@@ -216,6 +217,15 @@ def memory_bound_ok(before_mb: float | None, after_mb: float | None, bound_mb: f
     if before_mb is None or after_mb is None:
         return None
     return after_mb - before_mb <= bound_mb
+
+
+def add_server_target(parser: argparse.ArgumentParser) -> None:
+    """The server a load script talks to: a running one (`--ws`; `--server-pid` for its memory) or its own
+    (`--spawn`)."""
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--ws", help="a running server on this machine, e.g. ws://127.0.0.1:8765/ws")
+    target.add_argument("--spawn", action="store_true", help="start `voice-assistant serve` on a free loopback port")
+    parser.add_argument("--server-pid", type=int, help="pid of the --ws server, to read its memory")
 
 
 def pid_of(value: int | None) -> int | None:
