@@ -65,8 +65,9 @@ class Verifier(Protocol):
 class WordClasses:
     """Token ids grouped by the word they spell, so the guard sees "A quick" and " a quick" as the same words.
 
-    `of[t]` is token t's class, or -1 for a token that spells no word (punctuation, spaces): those are skipped when
-    n-grams are compared, as a listener skips them. `members[c]` are the tokens of class c, banned together.
+    `of[t]` is token t's class, or -1 for a token that spells no word (punctuation, spaces): the guard skips those
+    when it compares words alone and keys them by their own id otherwise. `members[c]` are the tokens of class c,
+    banned together.
     """
 
     of: tuple[int, ...]
@@ -123,7 +124,7 @@ class SpeechGuard:
         n, k = self.no_copy_ngram, self.no_copy_opening
         if n <= 0 and k <= 0:
             return self
-        keys = [self._copy_key(t) for t in prompt]
+        keys = [self._key(t) for t in prompt]
         index: dict[tuple[int, ...], set[int]] = {}
         for i in range(len(keys) - n + 1 if n > 0 else 0):
             index.setdefault(tuple(keys[i : i + n - 1]), set()).add(keys[i + n - 1])
@@ -132,8 +133,8 @@ class SpeechGuard:
         openings = frozenset(tuple(keys[i : i + k]) for i in starts if i + k <= len(prompt) - header)
         return replace(self, copied={c: frozenset(after) for c, after in index.items()}, openings=openings)
 
-    def _copy_key(self, token: int) -> int:
-        """A token's word class for copy matching; punctuation keeps its own identity (as -2 - id)."""
+    def _key(self, token: int) -> int:
+        """A token as heard: its word class, or for punctuation its own identity (as -2 - id)."""
         if self.words is None:
             return token
         word = self.words.of[token]
@@ -150,7 +151,7 @@ class SpeechGuard:
         n = self.no_repeat_ngram
         if n > 0:
             # tokens as said (punctuation counted: 'A: "A: "') and the words alone ("breakfast. A quick breakfast")
-            spoken = [self._copy_key(t) for t in answer]
+            spoken = [self._key(t) for t in answer]
             for keys in (spoken, [key for key in spoken if key >= 0]) if self.words is not None else (answer,):
                 if len(keys) >= n:
                     context = keys[len(keys) - n + 1 :]
@@ -158,11 +159,11 @@ class SpeechGuard:
                     banned.update(token for key in repeats for token in self._tokens_of(key))
         n = self.no_copy_ngram
         if n > 0 and self.copied and len(answer) >= n - 1:
-            context = tuple(self._copy_key(t) for t in answer[len(answer) - n + 1 :])
+            context = tuple(self._key(t) for t in answer[len(answer) - n + 1 :])
             banned.update(token for key in self.copied.get(context, ()) for token in self._tokens_of(key))
         k = len(answer) + 1
         if k == self.no_copy_opening and self.openings:
-            opened = tuple(self._copy_key(t) for t in answer)
+            opened = tuple(self._key(t) for t in answer)
             after = {opening[-1] for opening in self.openings if opening[:-1] == opened}
             banned.update(token for key in after for token in self._tokens_of(key))
         if banned:
