@@ -198,6 +198,12 @@ def _print(result: dict[str, Any]) -> None:
             f"| {lv['clients']} | {lv['turns_completed']}/{lv['turns_attempted']} | {lv['errors']} | "
             f"{_ms(v2v['p50'])} | {_ms(v2v['p95'])} | {_ms(client['p95'])} | {lv['server_rss_mb'] or '–'} |"
         )
+    stages = list(result["levels"][0]["stages_p50_ms"]) if result["levels"] else []
+    print("\np50 of each stage of a turn (ms, the server's breakdown):\n")
+    print("| clients | " + " | ".join(stages) + " |")
+    print("|---" * (len(stages) + 1) + "|")
+    for lv in result["levels"]:
+        print(f"| {lv['clients']} | " + " | ".join(_ms(lv["stages_p50_ms"][name]) for name in stages) + " |")
     print(f"largest N with p95 < {result['bound_ms']:.0f} ms: {result['largest_clients_p95_under_bound'] or 'none'}")
     soak = result.get("soak")
     if soak:

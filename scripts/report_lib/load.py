@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from report_lib.report_math import Summary, summarise
+from report_lib.report_math import LATENCY_FIELDS, Summary, summarise
 from report_lib.runners import ServerUnreachable, TurnResult, WebSocketRunner
 
 START_TIMEOUT_S = 180.0  # loading three models on a busy 2-core machine
@@ -205,6 +205,9 @@ async def run_level(
         "wall_s": round(time.monotonic() - started, 1),
         "voice_to_voice_ms": _figures(server_v2v),
         "client_voice_to_voice_ms": _figures(client_v2v),
+        # where the time goes as sessions are added: each stage's p50 (the server's breakdown of each turn)
+        "stages_p50_ms": {name: _figures(summarise(r.latency_ms.get(name) for r in spoken))["p50"]
+                          for name in LATENCY_FIELDS if name != "voice_to_voice"},
     }
 
 

@@ -76,3 +76,60 @@ def test_a_free_lock_is_taken_at_once_and_releasing_it_twice_is_an_error() -> No
     with lock:
         assert lock.locked()
     assert not lock.locked()
+
+
+def test_an_urgent_waiter_goes_ahead_of_ordinary_ones_but_behind_earlier_urgent_ones() -> None:
+    lock = FairLock()
+    order: list[str] = []
+    lock.acquire()
+    threads = queue_waiters(lock, ["partial-1", "partial-2"], order, {})
+
+    def urgent(name: str) -> threading.Thread:
+        def take() -> None:
+            with lock.urgently():
+                order.append(name)
+
+        before = lock.waiting
+        thread = threading.Thread(target=take, name=name)
+        thread.start()
+        wait_until(lambda: lock.waiting == before + 1)
+        return thread
+
+    threads += [urgent("final-1"), urgent("final-2")]
+    threads += queue_waiters(lock, ["partial-3"], order, {})
+    lock.release()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order == ["final-1", "final-2", "partial-1", "partial-2", "partial-3"]
+    assert not lock.locked() and lock.waiting == 0
+
+
+def test_an_urgent_waiter_that_gives_up_keeps_the_order_of_the_rest() -> None:
+    lock = FairLock(poll_s=0.01)
+    order: list[str] = []
+    gone = threading.Event()
+    lock.acquire()
+    threads = queue_waiters(lock, ["partial"], order, {})
+
+    def wait(name: str, cancel: threading.Event | None) -> threading.Thread:
+        def take() -> None:
+            if lock.acquire(cancel, urgent=True):
+                order.append(name)
+                lock.release()
+            else:
+                order.append(f"{name} gave up")
+
+        before = lock.waiting
+        thread = threading.Thread(target=take, name=name)
+        thread.start()
+        wait_until(lambda: lock.waiting == before + 1)
+        return thread
+
+    threads += [wait("final-gone", gone), wait("final", None)]
+    gone.set()
+    wait_until(lambda: "final-gone gave up" in order)
+    threads += [wait("final-late", None)]
+    lock.release()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order == ["final-gone gave up", "final", "final-late", "partial"]

@@ -6,6 +6,7 @@ work run in threads via `asyncio.to_thread`, so neither waits for the other:
   decided as soon as its last silent window arrives, however busy the recogniser is;
 - Whisper decodes, at most one in flight per stage, under the process-wide model lock (one model per process, shared).
   When a decode finishes, audio that arrived meanwhile is decoded next, so a slow CPU gets fewer, larger partials.
+  A turn's final decode (and the likely final at silence onset) takes the lock ahead of other sessions' partials.
 
 End of turn reuses work: once the trailing silence reaches the padding, the padded utterance is decoded at once, while
 the endpointer is still waiting out its minimum silence; `finish` then finds nothing new and returns that decode.
@@ -244,13 +245,14 @@ class ListenStage:
             self._maybe_decode()
 
     def _locked_process(self, chunks: list[np.ndarray], likely_final: bool) -> Hypothesis | None:
-        with self._model.lock:
+        # the likely final (the decode at silence onset) is what the answer waits for: ahead of others' partials
+        with self._model.lock.urgently() if likely_final else self._model.lock:
             for chunk in chunks:
                 self._transcriber.insert_audio(chunk)
             return self._transcriber.process(force=True, as_final=likely_final)
 
     def _locked_finish(self, chunks: list[np.ndarray]) -> Hypothesis:
-        with self._model.lock:
+        with self._model.lock.urgently():
             for chunk in chunks:
                 self._transcriber.insert_audio(chunk)
             return self._transcriber.finish()
