@@ -248,6 +248,8 @@ class BatchRunner:
         with self._condition:
             if run in self._active:
                 self._active.remove(run)
+        if run.slot is not None:  # it had a slot (finished, failed, or its prefill failed): runner thread, no pass runs
+            self.cache.release(run.slot)
         if error is not None:
             run._out.put(error)
         run._out.put(None)

@@ -34,6 +34,7 @@ from model.errors import GenerationCancelled
 PREFILL_CHUNK = 1024  # at most this many prompt tokens per prefill forward (see `prefill`)
 MIN_PREFILL_BUCKET = 32
 GROWTH = 256  # slot capacity grows in steps of at least this many positions
+KEEP_AFTER_ANSWER = 2048  # a finished answer's slot keeps at most this many tokens for the next prompt to reuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,22 @@ class SlotCache(Cache):
             bigger_v[:, :, : values.shape[2]] = values
             self._keys[layer], self._values[layer] = bigger_k, bigger_v
         return self._keys[layer], self._values[layer]
+
+    @property
+    def capacity(self) -> int:
+        """Positions each slot has room for (every slot the same: one buffer per layer)."""
+        return self._keys[0].shape[2] if self._keys else 0
+
+    def release(self, slot: int, keep_at_most: int = KEEP_AFTER_ANSWER) -> None:
+        """A slot's answer ended: forget its tokens if they are more than `keep_at_most` (a long prompt is rarely
+        asked again, and while any slot holds it every slot's buffer is that long), then give back the capacity no
+        slot needs any more. Without this, one 6,000-token prompt kept ~1 GB of buffers for 8 slots for good."""
+        if len(self.slots[slot].ids) > keep_at_most:
+            self.slots[slot].ids.clear()
+        needed = max(GROWTH, max(len(s.ids) for s in self.slots))
+        if self.capacity > 2 * needed:
+            self._keys = [keys[:, :, :needed].clone() for keys in self._keys]  # a copy: the big buffer is freed
+            self._values = [values[:, :, :needed].clone() for values in self._values]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max((len(slot.ids) for slot in self.slots), default=0)

@@ -289,13 +289,16 @@ class BlockDiffusionDenoiser:
         if self._runner is not None:
             self._runner.reuse_prompt_cache = value
 
-    def batch_runner(self) -> BatchRunner:
-        """The runner that decodes concurrent answers on this network in batched passes (created once; its own cache,
-        apart from this denoiser's one-answer cache)."""
-        from model.batch_runner import BatchRunner
+    def batch_runner(self, max_batch: int | None = None) -> BatchRunner:
+        """The runner that decodes concurrent answers on this network in batched passes (created once, with up to
+        `max_batch` answers a pass, default `DEFAULT_MAX_BATCH`; its own cache, apart from this denoiser's one-answer
+        cache)."""
+        from model.batch_runner import DEFAULT_MAX_BATCH, BatchRunner
 
         if self._runner is None:
-            self._runner = BatchRunner(self.model, reuse_prompt_cache=self._reuse_prompt_cache)
+            self._runner = BatchRunner(
+                self.model, max_batch or DEFAULT_MAX_BATCH, reuse_prompt_cache=self._reuse_prompt_cache
+            )
         return self._runner
 
     @property

@@ -142,6 +142,7 @@ def load_default_chat_model(
     settings.setdefault("end_after", SPOKEN_END_AFTER)
     settings.setdefault("no_copy_ngram", SPOKEN_NO_COPY_NGRAM)
     settings.setdefault("no_copy_opening", SPOKEN_NO_COPY_OPENING)
+    max_batch = sampler_overrides.pop("max_batch", None)
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
     return DiffusionChatModel(
@@ -151,6 +152,7 @@ def load_default_chat_model(
         sampler=SamplerConfig(**settings),
         system_prompt=VOICE_SYSTEM_PROMPT,
         context_length=context_length_of(base.config),
+        max_batch=max_batch,
     )
 
 

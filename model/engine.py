@@ -144,6 +144,7 @@ class DiffusionChatModel:
         sampler: SamplerConfig,
         system_prompt: str | None = None,
         context_length: int | None = None,
+        max_batch: int | None = None,
     ) -> None:
         self.name = name
         self.tokenizer = tokenizer
@@ -161,8 +162,11 @@ class DiffusionChatModel:
         self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and hasattr(denoiser, "fork") else None
         self._lock = FairLock()  # without batching, sessions take turns on the model, first come, first served
         # Batched passes for every mode the bundled model has; guidance needs a second state per answer: not batched.
+        # `max_batch`: answers per pass (None: the runner's default; 1: one at a time, still through the runner).
         make_runner = getattr(denoiser, "batch_runner", None)
-        self._runner = make_runner() if make_runner is not None and sampler.cfg_scale == 0 else None
+        if max_batch is not None and max_batch < 1:
+            raise ModelError(f"max_batch must be at least 1, got {max_batch}")
+        self._runner = make_runner(max_batch) if make_runner is not None and sampler.cfg_scale == 0 else None
 
     @property
     def max_batch(self) -> int:

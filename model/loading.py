@@ -59,7 +59,8 @@ def architecture(config: dict[str, Any]) -> str:
 
 
 def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
-    """Load a chat model. `overrides`: SamplerConfig fields (block_length, threshold, ...), `device`, `system_prompt`.
+    """Load a chat model. `overrides`: SamplerConfig fields (block_length, threshold, ...), `device`, `system_prompt`,
+    `max_batch` (answers decoded together in one pass, for models that batch).
 
     Raises ModelError for an unknown path, an unsupported architecture, or a checkpoint with no mask token.
     """
@@ -74,6 +75,7 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
     kind = architecture(config)
     device = overrides.pop("device", None)
     system_prompt = overrides.pop("system_prompt", None)
+    max_batch = overrides.pop("max_batch", None)
     unknown = set(overrides) - SAMPLER_FIELDS
     if unknown:
         raise ModelError(f"unknown model options: {sorted(unknown)}")
@@ -91,4 +93,4 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
         tokenizer, denoiser = load_masked_lm(spec, device=device)
     sampler = SamplerConfig(**overrides)
     context = context_length_of(denoiser.model.config)
-    return DiffusionChatModel(Path(spec).name or spec, tokenizer, denoiser, sampler, system_prompt, context)
+    return DiffusionChatModel(Path(spec).name or spec, tokenizer, denoiser, sampler, system_prompt, context, max_batch)

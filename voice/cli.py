@@ -35,6 +35,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     lm.add_argument("--threshold", type=float, help="confidence threshold of parallel decoding (local model)")
     lm.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"),
                     help="local model's decoding mode (default: the model's own)")
+    lm.add_argument("--max-batch", type=int, help="local model: answers decoded together in one pass (default 8)")
     lm.add_argument("--max-new-tokens", type=int, default=64)
     lm.add_argument("--system-prompt", help="replace the model's default system prompt")
     speech = parser.add_argument_group("speech")
@@ -99,6 +100,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_key_env=args.llm_key_env,
         lm_threshold=args.threshold,
         lm_decoding=args.decoding,
+        lm_max_batch=args.max_batch,
         asr_model=args.asr_model,
         tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
         turn_detector=not args.no_turn_detector,

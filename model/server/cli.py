@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds running answers may finish after SIGTERM/SIGINT")
     parser.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"), default=None,
                         help="self-speculative | autoregressive | diffusion (default: the model's own)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="answers decoded together in one batched pass (default 8; 1: one at a time)")
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -78,11 +80,14 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Serve
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     config = config_from_args(args, dict(os.environ))
+    if args.max_batch is not None and args.max_batch < 1:
+        raise SystemExit(f"dlm-serve: --max-batch must be at least 1, got {args.max_batch}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from model.loading import load_chat_model  # heavy (torch, transformers): only once the arguments are valid
 
     try:
-        model = load_chat_model(args.model, **({"decoding": args.decoding} if args.decoding else {}))
+        overrides = {"decoding": args.decoding, "max_batch": args.max_batch}
+        model = load_chat_model(args.model, **{key: value for key, value in overrides.items() if value is not None})
     except ModelError as error:
         sys.exit(f"dlm-serve: cannot load model: {error}")
     app = create_app(model, config)

@@ -43,6 +43,12 @@ def test_refuses_to_listen_on_all_interfaces_without_a_token() -> None:
     assert "DLM_API_KEY" in result.stderr
 
 
+def test_refuses_a_batch_of_no_answers_before_loading_the_model() -> None:
+    result = subprocess.run([str(DLM_SERVE), "--max-batch", "0"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "--max-batch must be at least 1" in result.stderr
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from model.batch_runner import BatchRunner, Run, admission
-from model.batching import Feed, SlotCache, batched_pass, keep, prefill
+from model.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
 from model.block_diffusion import BlockDiffusionDenoiser
 from model.chat import GenerationOptions
 from model.engine import DiffusionChatModel
@@ -306,3 +306,50 @@ def test_closing_the_runner_ends_its_answers_and_stops_its_thread() -> None:
         assert "shutting down" in str(error)
     with pytest.raises(ModelError, match="shutting down"):
         runner.submit(chat.sequence(prompt, length, config))
+
+
+def test_a_long_prompt_gives_its_cache_back_when_its_answer_ends() -> None:
+    """One long prompt grows every slot's buffer; once its answer is done the buffers shrink back to what the other
+    slots hold, and the answer still running beside it is unchanged."""
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    config = MODES["self-speculative"]
+    short = prompts(1, seed=11)[0]
+    long_prompt = [3 + (i * 7) % (LLAMA_VOCAB - 3) for i in range(KEEP_AFTER_ANSWER + 300)]
+    beside = iter(runner.submit(chat.sequence(short, 24, config)))
+    first = next(beside)  # running, in its slot, when the long prompt comes
+    long_answer = drain(runner.submit(chat.sequence(long_prompt, 4, config)))
+    assert long_answer[-1].done
+    assert stream(iter([first, *beside])) == alone(short, config, 24)
+    assert runner.cache.capacity <= 2 * GROWTH
+    assert all(len(slot.ids) <= KEEP_AFTER_ANSWER for slot in runner.cache.slots)
+
+
+def test_a_short_prompt_stays_cached_for_the_next_turn() -> None:
+    cache = SlotCache(2)
+    model = adapted()
+    prefill(model, cache, 0, list(range(3, 40)))
+    cache.release(0)
+    assert cache.slots[0].ids == list(range(3, 40))  # a voice session's next prompt starts with this one
+    assert prefill(model, cache, 0, list(range(3, 45)))[0] == 37
+
+
+def test_max_batch_bounds_the_answers_in_a_pass() -> None:
+    chat = DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"],
+                              max_batch=2)
+    assert chat.max_batch == 2
+    cases = requests(4)[:4]
+    runs = [chat._runner.submit(chat.sequence(prompt, length, config)) for prompt, config, length in cases]
+    results: dict[int, list[Refinement]] = {}
+    threads = [threading.Thread(target=lambda i=i, run=run: results.__setitem__(i, drain(run)))
+               for i, run in enumerate(runs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert max(chat._runner.batch_sizes) == 2
+    for i, (prompt, config, length) in enumerate(cases):
+        assert stream(iter(results[i])) == alone(prompt, config, length), i
+    with pytest.raises(ModelError, match="max_batch"):
+        DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"],
+                           max_batch=0)
