@@ -39,10 +39,27 @@ KEEP_AFTER_ANSWER = 2048  # a finished answer's slot keeps at most this many tok
 
 @dataclass(frozen=True, slots=True)
 class Feed:
-    """The rows one sequence feeds to a pass: `clean` tokens, then `noisy` ones (mask ids or a block's canvas)."""
+    """The rows one sequence feeds to a pass: `clean` tokens, then `noisy` ones (mask ids or a block's canvas).
+
+    `after` (one entry per noisy row, or empty) splits the noisy rows into blocks: a row with value g belongs to the
+    block that follows the first g clean tokens, sits at the positions right after clean token g - 1, sees only those
+    g clean tokens (and the cache) and the rows of its own block. Empty: one block after every clean token. Self-
+    speculative decoding drafts one block after each draft it verifies, so whichever draft is rejected, the block that
+    followed the accepted ones holds the next pass's drafts.
+    """
 
     clean: tuple[int, ...]
     noisy: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        after = self.after
+        if after and (
+            len(after) != len(self.noisy)
+            or not all(1 <= g <= len(self.clean) for g in after)
+            or list(after) != sorted(after)
+        ):
+            raise ValueError("Feed.after needs one value in [1, len(clean)] per noisy row, in ascending order")
 
     @property
     def rows(self) -> int:
@@ -154,12 +171,19 @@ def pass_layout(lengths: Sequence[int], feeds: Sequence[Feed]) -> tuple[torch.Te
         is_clean, is_noisy = col < c, col >= s - n
         real = is_clean | is_noisy
         ids[i, :c] = torch.tensor(feed.clean, dtype=torch.long)
+        # each noisy row's block: how many clean tokens it follows (-1 for clean and padding rows)
+        group = torch.full((s,), -1, dtype=torch.long)
+        within = torch.zeros(s, dtype=torch.long)  # a noisy row's index inside its block
         if n:
             ids[i, s - n :] = torch.tensor(feed.noisy, dtype=torch.long)
-        positions[i] = torch.where(is_noisy, length + c + col - (s - n), length + col)
+            after = torch.tensor(feed.after or (c,) * n, dtype=torch.long)
+            group[s - n :] = after
+            within[s - n :] = torch.arange(n) - torch.searchsorted(after, after) if feed.after else torch.arange(n)
+        positions[i] = torch.where(is_noisy, length + group + within, length + col)
         noisy[i] = is_noisy
+        sees_clean = is_clean[None, :] & (col[None, :] < group[:, None])  # the clean tokens the row's block follows
         new = (is_clean[:, None] & is_clean[None, :] & (col[:, None] >= col[None, :])) | (
-            is_noisy[:, None] & real[None, :]
+            is_noisy[:, None] & (sees_clean | (group[:, None] == group[None, :]))
         )
         new |= torch.eye(s, dtype=torch.bool) & ~real[:, None]  # padding rows see themselves only
         allowed[i, 0, :, :length] = real[:, None]

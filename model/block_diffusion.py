@@ -363,12 +363,12 @@ class BlockDiffusionDenoiser:
         self._encode(self._prompt[:-1])
 
     @torch.inference_mode()
-    def verify(self, tokens: list[int], masks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass over `[tokens | masks]` (see `Feed`): returns (clean logits `[len(tokens), V]`, mask logits
-        `[masks, V]`); the pass's tokens stay out of the cache until `keep`."""
+    def verify(self, feed: Feed) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over `feed` (see `Feed`): returns (clean logits `[len(clean), V]`, mask logits `[len(noisy), V]`);
+        the pass's tokens stay out of the cache until `keep`."""
         if self._prompt == [] or self._passes is not None:
             raise ModelError("verify() before start_verify(): there is no cache to extend")
-        self._feed = Feed(clean=tuple(tokens), noisy=(self.mask_id,) * masks)
+        self._feed = feed
         [(clean, noisy)] = batched_pass(self.model, self._cache, [0], [self._feed])
         return clean, noisy
 

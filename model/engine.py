@@ -283,7 +283,7 @@ class DiffusionChatModel:
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
         return SpeculativeDecoding(
             prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
-            self.speech_guard(prompt),
+            self.speech_guard(prompt), config.draft_branches,
         )
 
     def refinements(
@@ -304,7 +304,8 @@ class DiffusionChatModel:
             raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
         return generate_speculative(
-            self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(prompt), cancel
+            self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(prompt), cancel,
+            config.draft_branches,
         )
 
     def speech_guard(self, prompt: list[int] | None = None) -> SpeechGuard | None:

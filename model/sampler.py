@@ -58,6 +58,7 @@ class SamplerConfig:
     # "diffusion": this file's threshold/budget sampler; "self-speculative" / "autoregressive": model/speculative.py
     decoding: str = "diffusion"
     draft_masks: int = 4  # self-speculative: mask tokens per pass, i.e. how many tokens it drafts ahead
+    draft_branches: bool = True  # self-speculative: a block of masks after every draft (model/speculative.py)
     no_repeat_ngram: int = 0  # speculative/autoregressive: never repeat an n-gram of the answer (0: off)
     end_after: int = 0  # speculative/autoregressive: end at the first sentence end after this many tokens (0: off)
     no_copy_ngram: int = 0  # never copy a run of n tokens (words and punctuation) from the prompt (0: off)

@@ -8,10 +8,15 @@ feeds, after the KV cache::
       clean, causal, gate off (the teacher)   gate on, bidirectional among themselves, see every clean token
 
 Row i of the clean part is the teacher's prediction for the token after it, so the pass checks all k drafts at once
-(greedy: accept while the draft equals the teacher's argmax) and adds the teacher's own next token (the bonus). When
-every draft was accepted, the masks sat right after them and their argmax gives the next pass's drafts; otherwise the
-next pass starts again from masks alone. The cache keeps what was accepted and drops the rest. With m = 0 the same loop
-is plain autoregressive decoding (one token per pass, gate off), so both modes share every line but the drafting.
+(greedy: accept while the draft equals the teacher's argmax) and adds the teacher's own next token (the bonus). The
+masks must sit right after the accepted tokens for their argmax to be the next pass's drafts, and which drafts will be
+accepted is only known after the pass. So with `branches` the pass drafts one block of m masks after each of the k + 1
+possible accepted prefixes (`Feed.after`: block a sees the last token and d1..da, at the positions right after da),
+and the block after the accepted prefix gives the next drafts, whatever was rejected; a rejection no longer costs the
+next pass its drafts. Mask rows are cheap next to the weights a pass reads (MODEL_CARD.md, "Pass cost"). Without
+`branches` there is one block, after every draft, used only when all were accepted. The cache keeps what was accepted
+and drops the rest. With m = 0 the same loop is plain autoregressive decoding (one token per pass, gate off), so both
+modes share every line but the drafting.
 
 At temperature > 0 the rule is speculative sampling (Leviathan et al. 2023, gpt-fast's `speculative_decode`): accept a
 draft d with probability min(1, p(d) / q(d)); on rejection sample from the residual max(0, p - q). Drafts here are the
@@ -45,15 +50,17 @@ class Verifier(Protocol):
     """What a checkpoint needs for self-speculative and autoregressive decoding (BlockDiffusionDenoiser has it)."""
 
     eos_ids: frozenset[int]
+    mask_id: int
 
     def start_verify(self, prompt_ids: list[int]) -> None:
         """Cache every prompt token but the last (the first pass feeds that one)."""
         ...
 
-    def verify(self, tokens: list[int], masks: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass over `[tokens | masks]` after the cache; returns the teacher's logits `[len(tokens), V]` (row i
-        predicts the token after tokens[i]) and the masks' logits `[masks, V]` (row j predicts the token j + 1 places
-        after the token that follows tokens[-1]). All of the pass is appended to the cache until `keep` is called."""
+    def verify(self, feed: Feed) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over `feed` (clean tokens, then mask blocks: see `Feed`) after the cache; returns the teacher's
+        logits `[len(clean), V]` (row i predicts the token after clean[i]) and the masks' logits `[len(noisy), V]` (row
+        j of the block after the first g clean tokens predicts the token j + 1 places after the one that follows
+        clean[g - 1]). All of the pass is appended to the cache until `keep` is called."""
         ...
 
     def keep(self, count: int) -> None:
@@ -236,6 +243,7 @@ class SpeculativeDecoding:
         temperature: float = 0.0,
         seed: int | None = None,
         guard: SpeechGuard | None = None,
+        branches: bool = True,
     ) -> None:
         if not prompt_ids:
             raise ModelError("the prompt is empty: nothing to condition the answer on")
@@ -250,6 +258,7 @@ class SpeculativeDecoding:
         self.eos_ids = frozenset(eos_ids)
         self.temperature = temperature
         self.guard = guard
+        self.branches = branches  # a block of masks after every draft (see the module docstring)
         self.generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
         self.answer: list[int] = []  # verified tokens
         self.confidence: list[float] = []  # the teacher's probability of each verified token
@@ -265,9 +274,14 @@ class SpeculativeDecoding:
         return self.prompt[:-1]
 
     def feed(self) -> Feed:
-        """`[last committed token | k drafts]` clean, then m masks."""
+        """`[last committed token | k drafts]` clean, then m masks: one block after the drafts, or with `branches`
+        one after each of the k + 1 prefixes the pass may accept."""
         self.drafts = self.drafts[: self.max_new_tokens - len(self.answer) - 1]  # k + 1 new tokens at most
-        return Feed(clean=(self.last, *self.drafts), noisy=(self.mask_id,) * self.masks)
+        clean = (self.last, *self.drafts)
+        if not self.branches or not self.masks:
+            return Feed(clean=clean, noisy=(self.mask_id,) * self.masks)
+        after = tuple(g for g in range(1, len(clean) + 1) for _ in range(self.masks))
+        return Feed(clean=clean, noisy=(self.mask_id,) * len(after), after=after)
 
     def consume(
         self, clean_logits: torch.Tensor, mask_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
@@ -291,10 +305,12 @@ class SpeculativeDecoding:
         self.confidence += new_conf
         self.last = answer[-1]
 
-        # Drafts from the masks only if they were drafted after the right tokens: all drafts accepted.
-        if self.masks and accepted == len(drafts) and stop is None:
-            mask_probs = torch.softmax(mask_logits.float(), dim=-1)  # [m, V]
-            best = mask_probs.max(dim=-1)
+        # Drafts from the masks drafted after the right tokens: the block after the accepted prefix (without
+        # branches there is one block, after every draft).
+        block = accepted if self.branches else 0
+        if self.masks and (self.branches or accepted == len(drafts)) and stop is None:
+            mask_probs = torch.softmax(mask_logits[block * self.masks : (block + 1) * self.masks].float(), dim=-1)
+            best = mask_probs.max(dim=-1)  # [m]
             self.drafts, self.draft_conf = best.indices.tolist(), best.values.tolist()
         else:
             self.drafts, self.draft_conf = [], []
@@ -331,20 +347,21 @@ def generate_speculative(
     seed: int | None = None,
     guard: SpeechGuard | None = None,
     cancel: threading.Event | None = None,
+    branches: bool = True,
 ) -> Iterator[Refinement]:
     """Answer `prompt_ids` with at most `max_new_tokens` tokens, one `Refinement` per pass, on one verifier.
 
-    `masks` = 0 is autoregressive decoding; `masks` = m > 0 drafts up to m tokens ahead per pass.
+    `masks` = 0 is autoregressive decoding; `masks` = m > 0 drafts up to m tokens ahead per pass (`branches`: a block
+    after every draft).
     """
-    mask_id = getattr(verifier, "mask_id", -1)
     decoding = SpeculativeDecoding(
-        prompt_ids, max_new_tokens, masks, mask_id, verifier.eos_ids, temperature, seed, guard
+        prompt_ids, max_new_tokens, masks, verifier.mask_id, verifier.eos_ids, temperature, seed, guard, branches
     )
     verifier.start_verify(list(prompt_ids))
     while True:
         started = time.perf_counter()
         feed = decoding.feed()
-        clean_logits, mask_logits = verifier.verify(list(feed.clean), masks)  # [k + 1, V], [m, V]
+        clean_logits, mask_logits = verifier.verify(feed)  # [k + 1, V], [masks in the feed, V]
         cancelled = cancel is not None and cancel.is_set()
         refinement, kept = decoding.consume(clean_logits, mask_logits, time.perf_counter() - started, cancelled)
         verifier.keep(kept)

@@ -160,6 +160,7 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
     the masks), each with the LoRA computed only for the masked rows and, as before, for every row then gated. The
     pass's keys/values are dropped after each timing, so the cache length stays fixed."""
     import model.block_diffusion as block_diffusion
+    from model.batching import Feed
 
     suffix_start = block_diffusion.noisy_suffix_start
     variants = {"masked rows": suffix_start, "every row": lambda noisy: None}  # None: the general gated path
@@ -172,7 +173,7 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
             for variant, clean, masks in times:
                 block_diffusion.noisy_suffix_start = variants[variant]
                 started = time.perf_counter()
-                denoiser.verify(prompt[-1:] * clean, masks)
+                denoiser.verify(Feed(tuple(prompt[-1:] * clean), (denoiser.mask_id,) * masks))
                 if round_:  # the first round builds each shape's kernels: not timed
                     times[(variant, clean, masks)].append(time.perf_counter() - started)
                 denoiser.keep(0)

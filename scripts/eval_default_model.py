@@ -181,6 +181,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--draft-masks", type=int, default=None, help="masks per self-speculative pass")
+    parser.add_argument("--no-draft-branches", action="store_true",
+                        help="one mask block after all drafts (used only when every draft is accepted)")
     parser.add_argument("--verify-fp32", action="store_true", help="decode each differing prompt again in fp32")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -189,7 +191,9 @@ def main() -> None:
     modes = ["autoregressive", *[m for m in args.modes.split(",") if m and m != "autoregressive"]]
 
     prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
-    overrides = {} if args.draft_masks is None else {"draft_masks": args.draft_masks}
+    overrides: dict[str, object] = {} if args.draft_masks is None else {"draft_masks": args.draft_masks}
+    if args.no_draft_branches:
+        overrides["draft_branches"] = False
     chat = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.bfloat16, **overrides)
     eos_id = chat.tokenizer.eos_token_id
     for prompt in WARMUP_PROMPTS:  # kernels, allocator, the guard's vocabulary scan, the system prompt's cache

@@ -67,6 +67,27 @@ def test_a_batched_pass_gives_each_sequence_its_unbatched_logits() -> None:
             keep(cache, slot, feed, len(feed.clean) - 1)  # the slots grow by different amounts
 
 
+def test_mask_blocks_after_each_clean_prefix_see_only_that_prefix() -> None:
+    """`Feed.after`: the block after the first g clean tokens gives the logits of a pass that fed only those g tokens
+    and that block, whatever the other blocks and tokens in the pass."""
+    model = adapted()
+    mask = model.mask_id
+    context = prompts(1, seed=4)[0]
+    clean = (5, 6, 7)
+    cache = SlotCache(1)
+    prefill(model, cache, 0, context)
+    after = (1, 1, 1, 2, 2, 2, 3, 3, 3)
+    [(clean_logits, noisy_logits)] = batched_pass(model, cache, [0], [Feed(clean, (mask,) * 9, after)])
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    for g in (1, 2, 3):
+        expected = reference_logits(denoiser, context, Feed(clean[:g], (mask,) * 3))
+        torch.testing.assert_close(noisy_logits[3 * (g - 1) : 3 * g], expected[g:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(clean_logits, reference_logits(denoiser, context, Feed(clean))[:3], atol=1e-4,
+                               rtol=1e-4)
+    with pytest.raises(ValueError, match="ascending"):
+        Feed(clean, (mask,) * 2, (2, 1))
+
+
 def stream(refinements: Iterator[Refinement]) -> list[tuple[object, ...]]:
     """What a caller sees of an answer, pass by pass (timings aside)."""
     return [(r.tokens, r.committed, r.done, r.finish_reason) for r in refinements]
