@@ -12,9 +12,9 @@ Rotary positions are each sequence's own (L_i + j for clean row j, L_i + len(cle
 are cached after the rotation, so where a key sits in the slot does not matter: only the attention mask does. A row
 sees its own slot's cached keys and the new keys its pattern allows, nothing else: not the stale keys past L_i + S,
 not another pass's padding. Padding rows attend only to themselves (a row that attends to nothing gives NaN) and their
-outputs are thrown away. Padding sits between the clean and the noisy rows so that, when every sequence feeds the same
-number of noisy rows (all self-speculative, or all diffusion), the noisy rows are a common suffix and the adapter runs
-only on them (`_Gate.suffix_from`).
+outputs are thrown away. Padding sits between the clean and the noisy rows so that every sequence's noisy rows are
+its last columns: the adapter runs only on the columns from the longest noisy run on (`_Gate.suffix_from`), masked
+where a sequence has fewer noisy rows, never on the clean rows before them.
 
 After the pass a sequence keeps its first `keep` clean rows (accepted tokens; a finished block) by moving its length
 forward; everything after is overwritten by its next pass, as in gpt-fast's preallocated cache: no crop, no copy.

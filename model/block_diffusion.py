@@ -71,9 +71,10 @@ class AdapterConfig:
 
 
 class _Gate:
-    """Which tokens get the LoRA, shared by every adapted layer: `mask` `[batch, seq, 1]` of 0/1 for any pattern, or
-    `suffix_from` when they are the last rows of every sequence (every decoding pass), so only those rows pay for it.
-    Both None: the adapter is on everywhere."""
+    """Which tokens get the LoRA, shared by every adapted layer. `suffix_from` set: only columns from there on can be
+    noisy (every decoding pass: each sequence's noisy rows are its last ones), so only they pay for it, and `mask`
+    (`[batch, seq - suffix_from, 1]` of 0/1) says which of them are, or is None when all are. `suffix_from` None:
+    `mask` `[batch, seq, 1]` for any pattern (training). Both None: the adapter is on everywhere."""
 
     def __init__(self) -> None:
         self.mask: torch.Tensor | None = None
@@ -104,9 +105,12 @@ class GatedLoRALinear(nn.Module):
         if start is not None:  # clean rows [0, start) are exactly the base layer: no LoRA work for them
             if start >= x.shape[1]:
                 return out
+            delta = self._delta(x[:, start:])
+            if self._gate.mask is not None:  # sequences with fewer noisy rows than the longest suffix
+                delta = delta * self._gate.mask.to(delta.dtype)
             if start == 0:
-                return out + self._delta(x)
-            out[:, start:].add_(self._delta(x[:, start:]))  # in place: Linear's backward never needs its output
+                return out + delta
+            out[:, start:].add_(delta)  # in place: Linear's backward never needs its output
             return out
         delta = self._delta(x)
         if self._gate.mask is not None:
@@ -186,9 +190,13 @@ class BlockDiffusionLM(nn.Module):
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
         many (the prefill) asks for it.
         """
-        self._gate.mask, self._gate.suffix_from = None, noisy_suffix_start(noisy)
-        if self._gate.suffix_from is None:
-            self._gate.mask = noisy.unsqueeze(-1).float()
+        suffix = noisy_suffix(noisy)
+        if suffix is None:
+            self._gate.mask, self._gate.suffix_from = noisy.unsqueeze(-1).float(), None
+        else:
+            start, rows = suffix
+            self._gate.mask = None if rows is None else rows.unsqueeze(-1).float()
+            self._gate.suffix_from = start
         try:
             out = self.base(
                 inputs_embeds=self.embed(input_ids),
@@ -203,14 +211,18 @@ class BlockDiffusionLM(nn.Module):
         return out.logits
 
 
-def noisy_suffix_start(noisy: torch.Tensor) -> int | None:
-    """Where the noisy tokens start when every row of `noisy` ([B, S] bool) is clean tokens followed by the same number
-    of noisy ones (S when none is noisy); None for any other pattern."""
+def noisy_suffix(noisy: torch.Tensor) -> tuple[int, torch.Tensor | None] | None:
+    """When each row of `noisy` ([B, S] bool) is clean tokens followed by noisy ones (every decoding pass, a batch's
+    sequences each with their own count): where the longest noisy run starts (S when none is noisy), and which columns
+    from there on are noisy in each row (`[B, S - start]`), or None when all are (the same count in every row).
+    None for any other pattern."""
     counts = noisy.sum(dim=1)  # [B]
-    start = noisy.shape[1] - int(counts[0])
-    if bool((counts == counts[0]).all()) and bool(noisy[:, start:].all()):
-        return start
-    return None
+    s = noisy.shape[1]
+    suffixes = torch.arange(s, device=noisy.device)[None, :] >= (s - counts)[:, None]
+    if not torch.equal(suffixes, noisy):
+        return None
+    start = s - int(counts.max())
+    return start, None if bool((counts == counts[0]).all()) else noisy[:, start:]
 
 
 class BlockPasses:

@@ -162,7 +162,7 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
     import model.block_diffusion as block_diffusion
     from model.batching import Feed
 
-    suffix_start = block_diffusion.noisy_suffix_start
+    suffix_start = block_diffusion.noisy_suffix
     variants = {"masked rows": suffix_start, "every row": lambda noisy: None}  # None: the general gated path
     prompt = torch.randint(10, 1000, (cache_length + 1,), generator=torch.Generator().manual_seed(2)).tolist()
     denoiser.start_verify(prompt)
@@ -171,14 +171,14 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
     try:
         for round_ in range(repeats + 1):  # round-robin over everything, so a busy moment of the machine hits all
             for variant, clean, masks in times:
-                block_diffusion.noisy_suffix_start = variants[variant]
+                block_diffusion.noisy_suffix = variants[variant]
                 started = time.perf_counter()
                 denoiser.verify(Feed(tuple(prompt[-1:] * clean), (denoiser.mask_id,) * masks))
                 if round_:  # the first round builds each shape's kernels: not timed
                     times[(variant, clean, masks)].append(time.perf_counter() - started)
                 denoiser.keep(0)
     finally:
-        block_diffusion.noisy_suffix_start = suffix_start
+        block_diffusion.noisy_suffix = suffix_start
     return {
         f"{form}, LoRA on {variant}": [statistics.median(times[(variant, *shape)]) for shape in forms]
         for variant in variants

@@ -374,3 +374,16 @@ def test_max_batch_bounds_the_answers_in_a_pass() -> None:
     with pytest.raises(ModelError, match="max_batch"):
         DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"],
                            max_batch=0)
+
+
+def test_the_adapter_runs_only_from_the_longest_noisy_run_on() -> None:
+    from model.block_diffusion import noisy_suffix
+
+    def rows(*patterns: str) -> torch.Tensor:
+        return torch.tensor([[c == "n" for c in pattern] for pattern in patterns])
+
+    assert noisy_suffix(rows("ccnn", "ccnn")) == (2, None)  # the same count everywhere: no mask
+    start, mask = noisy_suffix(rows("cccn", "ccnn", "cccc"))  # each sequence's own count (one with drafts per outcome)
+    assert start == 2 and mask.tolist() == [[False, True], [True, True], [False, False]]
+    assert noisy_suffix(rows("cncn")) is None  # not a suffix (training batches): the adapter gated row by row
+    assert noisy_suffix(rows("cccc")) == (4, None)
