@@ -227,12 +227,13 @@ class BatchRunner:
                 self._end(run, error)
             return
         elapsed = time.perf_counter() - started
+        ended: list[tuple[Run, BaseException | None]] = []  # ended after every keep: `_end` may shrink the cache
         for run, feed, (clean, noisy) in zip(runs, feeds, logits, strict=True):
             try:
                 refinement, kept = run.sequence.consume(clean, noisy, elapsed, run.cancelled())
             except Exception as error:  # one answer's decoding failed: the others in the pass go on
                 log.exception("decoding step failed")
-                self._end(run, error)
+                ended.append((run, error))
                 continue
             keep(self.cache, run.slot, feed, kept)
             run.passes += 1
@@ -240,7 +241,9 @@ class BatchRunner:
                 run.first_pass = self.passes_run
             run._out.put(refinement)
             if refinement.done:
-                self._end(run, None)
+                ended.append((run, None))
+        for run, error in ended:
+            self._end(run, error)
         self.batch_sizes = [*self.batch_sizes[-999:], len(runs)]
         self.passes_run += 1
 
@@ -248,7 +251,9 @@ class BatchRunner:
         with self._condition:
             if run in self._active:
                 self._active.remove(run)
-        if run.slot is not None:  # it had a slot (finished, failed, or its prefill failed): runner thread, no pass runs
+        # It had a slot (finished, failed, or its prefill failed). Runner thread, between passes, after every keep of
+        # the last one: the other slots' lengths are final, so shrinking the buffers keeps all they hold.
+        if run.slot is not None:
             self.cache.release(run.slot)
         if error is not None:
             run._out.put(error)

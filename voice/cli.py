@@ -51,7 +51,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="voice-assistant", description=__doc__)
+    # no abbreviations: on Python 3.11 the top-level parser matched `file ... --out` against --output-device and
+    # --output-latency and refused it as ambiguous before the `file` command ever saw it
+    parser = argparse.ArgumentParser(prog="voice-assistant", description=__doc__, allow_abbrev=False)
     _common(parser)
     parser.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
     parser.add_argument("--input-device", help="microphone: an index or (part of) a name from --list-devices")
@@ -93,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    if args.max_batch is not None and args.max_batch < 1:  # refused before any model loads
+        raise SystemExit(f"voice-assistant: --max-batch must be at least 1, got {args.max_batch}")
     return EngineConfig(
         lm_model=args.model,
         lm_url=args.llm_url,

@@ -387,3 +387,34 @@ def test_the_adapter_runs_only_from_the_longest_noisy_run_on() -> None:
     assert start == 2 and mask.tolist() == [[False, True], [True, True], [False, False]]
     assert noisy_suffix(rows("cncn")) is None  # not a suffix (training batches): the adapter gated row by row
     assert noisy_suffix(rows("cccc")) == (4, None)
+
+
+def test_a_long_answer_ending_in_a_pass_keeps_what_the_others_in_that_pass_just_kept() -> None:
+    """The long prompt's slot (0) ends in a pass that a longer-running answer (slot 1) shares: the buffers shrink to
+    what slot 1 holds only after slot 1 has kept this pass's tokens, or their keys would be lost."""
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    config = MODES["autoregressive"]
+    long_prompt = [3 + (i * 7) % (LLAMA_VOCAB - 3) for i in range(KEEP_AFTER_ANSWER + 300)]
+    medium = [3 + (i * 5) % (LLAMA_VOCAB - 3) for i in range(400)]
+    long_run = runner.submit(chat.sequence(long_prompt, 12, config))
+    medium_run = runner.submit(chat.sequence(medium, 28, config))
+    results: dict[str, list[Refinement]] = {}
+    threads = [threading.Thread(target=lambda name=name, run=run: results.__setitem__(name, drain(run)))
+               for name, run in (("long", long_run), ("medium", medium_run))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert (long_run.slot, medium_run.slot) == (0, 1)
+    assert len(results["medium"]) > len(results["long"])  # it went on after the long one ended
+    assert stream(iter(results["medium"])) == alone(medium, config, 28)
+    assert runner.cache.capacity < KEEP_AFTER_ANSWER
+    # every key slot 1 holds is the one a fresh prefill of its tokens gives (a lost key would read as zeros)
+    held = list(runner.cache.slots[1].ids)
+    fresh = SlotCache(1)
+    prefill(chat.denoiser.model, fresh, 0, held)
+    for warm, cold in ((runner.cache._keys, fresh._keys), (runner.cache._values, fresh._values)):
+        for warm_layer, cold_layer in zip(warm, cold, strict=True):
+            torch.testing.assert_close(warm_layer[1, :, : len(held)], cold_layer[0, :, : len(held)], atol=1e-5,
+                                       rtol=1e-5)

@@ -1,0 +1,23 @@
+"""The voice-assistant command line as the README writes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from voice.cli import build_parser, engine_config
+
+
+def test_file_mode_takes_its_options_after_the_inputs() -> None:
+    """`--out` must reach the `file` command: with abbreviations on, Python 3.11's top-level parser took it for an
+    ambiguous prefix of --output-device / --output-latency and refused the README's own command."""
+    args = build_parser().parse_args(["file", "a.wav", "b.wav", "--out", "out.wav", "--json", "t.json", "--realtime"])
+    assert args.command == "file" and args.inputs == [Path("a.wav"), Path("b.wav")]
+    assert args.out == Path("out.wav") and args.json == Path("t.json") and args.realtime
+
+
+def test_max_batch_is_checked_before_any_model_loads() -> None:
+    assert engine_config(build_parser().parse_args(["serve", "--max-batch", "2"])).lm_max_batch == 2
+    with pytest.raises(SystemExit, match="--max-batch must be at least 1"):
+        engine_config(build_parser().parse_args(["file", "a.wav", "--out", "o.wav", "--max-batch", "0"]))
