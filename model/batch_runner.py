@@ -60,7 +60,9 @@ class Sequence(Protocol):
         """What the cache must hold before the first pass."""
         ...
 
-    def feed(self) -> Feed: ...
+    def feed(self, crowd: int = 1) -> Feed:
+        """The rows of this answer's next pass; `crowd`: how many answers share the pass."""
+        ...
 
     def consume(
         self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
@@ -75,7 +77,7 @@ class DiffusionSequence:
         self.passes = passes
         self.cached_prompt = list(prompt[:-1])
 
-    def feed(self) -> Feed:
+    def feed(self, crowd: int = 1) -> Feed:
         return self.passes.feed(self.decoding.canvas, self.decoding.lo, self.decoding.hi)
 
     def consume(
@@ -219,7 +221,7 @@ class BatchRunner:
         runs = sorted(runs, key=lambda run: run.slot)  # ascending slots: the cache returns views when contiguous
         started = time.perf_counter()
         try:
-            feeds = [run.sequence.feed() for run in runs]
+            feeds = [run.sequence.feed(len(runs)) for run in runs]
             logits = batched_pass(self.model, self.cache, [run.slot for run in runs], feeds)
         except Exception as error:  # a failed forward ends the answers in it, never the runner
             log.exception("batched pass failed")

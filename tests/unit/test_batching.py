@@ -23,8 +23,11 @@ from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  
 from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
 EOS = LLAMA_EOS
+# Pass by pass equal to the answer alone: one drafting block (an answer alone drafts a block after every draft, in a
+# batch one block; see test_a_lone_answer_drafts_after_every_draft_and_a_batched_one_after_all).
 MODES = {
-    "self-speculative": SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=4),
+    "self-speculative": SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=4,
+                                      draft_branches=False),
     "autoregressive": SamplerConfig(block_length=4, steps_per_block=4, decoding="autoregressive"),
     "diffusion": SamplerConfig(block_length=4, steps_per_block=4, threshold=0.3, remasking="left_to_right"),
 }
@@ -102,7 +105,7 @@ def alone(prompt: list[int], config: SamplerConfig, length: int, cancel_after: i
     else:
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
         refinements = generate_speculative(denoiser, prompt, length, masks, config.temperature, config.seed,
-                                           cancel=cancel)
+                                           cancel=cancel, branches=config.draft_branches)
     out = []
     for refinement in refinements:
         out.append(refinement)
@@ -119,7 +122,8 @@ def requests(count: int) -> list[tuple[list[int], SamplerConfig, int]]:
     """Prompts of different lengths in every mode, greedy, and a sampled one (its own seeded generator)."""
     modes = list(MODES.values())
     out = [(prompt, modes[i % len(modes)], 12 + 4 * (i % 3)) for i, prompt in enumerate(prompts(count, seed=3))]
-    sampled = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", temperature=0.8, seed=7)
+    sampled = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", temperature=0.8, seed=7,
+                            draft_branches=False)
     out.append((prompts(1, seed=9)[0], sampled, 16))
     return out
 
@@ -288,8 +292,8 @@ class FailingSequence:
         self.cached_prompt = inner.cached_prompt
         self.passes = 0
 
-    def feed(self) -> Feed:
-        return self.inner.feed()
+    def feed(self, crowd: int = 1) -> Feed:
+        return self.inner.feed(crowd)
 
     def consume(self, clean, noisy, elapsed_s, cancelled=False):
         self.passes += 1
@@ -418,3 +422,32 @@ def test_a_long_answer_ending_in_a_pass_keeps_what_the_others_in_that_pass_just_
         for warm_layer, cold_layer in zip(warm, cold, strict=True):
             torch.testing.assert_close(warm_layer[1, :, : len(held)], cold_layer[0, :, : len(held)], atol=1e-5,
                                        rtol=1e-5)
+
+
+def test_a_lone_answer_drafts_after_every_draft_and_a_batched_one_after_all() -> None:
+    """Blocks after every draft pay off only when an answer has the pass to itself; in a batch each answer drafts one
+    block. Either way the answer is the same tokens as alone (drafts only change the speed)."""
+    config = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=3)
+    decoding = engine().sequence(prompts(1, seed=6)[0], 16, config)
+    decoding.drafts = [5, 6]
+    assert decoding.feed(1).after == (1, 1, 1, 2, 2, 2, 3, 3, 3)
+    batched = decoding.feed(4)
+    assert batched.clean == (decoding.last, 5, 6) and batched.after == () and len(batched.noisy) == 3
+    chat = engine()
+    cases = [(prompt, config, 20) for prompt in prompts(4, seed=8)]
+    runs = [chat._runner.submit(chat.sequence(prompt, length, c)) for prompt, c, length in cases]
+    results: dict[int, list[Refinement]] = {}
+    threads = [threading.Thread(target=lambda i=i, run=run: results.__setitem__(i, drain(run)))
+               for i, run in enumerate(runs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert max(chat._runner.batch_sizes) >= 2
+    for i, (prompt, c, length) in enumerate(cases):
+        final = results[i][-1]
+        assert final.done and list(final.tokens) == final_tokens_alone(prompt, c, length), i
+
+
+def final_tokens_alone(prompt: list[int], config: SamplerConfig, length: int) -> list[int]:
+    return list(alone(prompt, config, length)[-1][0])
