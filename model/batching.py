@@ -178,7 +178,7 @@ def pass_layout(lengths: Sequence[int], feeds: Sequence[Feed]) -> tuple[torch.Te
             ids[i, s - n :] = torch.tensor(feed.noisy, dtype=torch.long)
             after = torch.tensor(feed.after or (c,) * n, dtype=torch.long)
             group[s - n :] = after
-            within[s - n :] = torch.arange(n) - torch.searchsorted(after, after) if feed.after else torch.arange(n)
+            within[s - n :] = torch.arange(n) - torch.searchsorted(after, after)  # minus where its block starts
         positions[i] = torch.where(is_noisy, length + group + within, length + col)
         noisy[i] = is_noisy
         sees_clean = is_clean[None, :] & (col[None, :] < group[:, None])  # the clean tokens the row's block follows

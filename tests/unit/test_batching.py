@@ -137,18 +137,24 @@ def drain(run: Run, cancel: threading.Event | None = None, cancel_after: int | N
     return out
 
 
-def test_answers_in_a_batch_equal_their_answers_alone_in_every_mode() -> None:
-    chat = engine()
-    runner: BatchRunner = chat._runner
-    cases = requests(9)
-    runs = [runner.submit(chat.sequence(prompt, length, config)) for prompt, config, length in cases]
-    results: dict[int, list[Refinement]] = {}
+def drain_together(runs: list[Run]) -> list[list[Refinement]]:
+    """Every run's Refinements, each read by its own thread at the same time (as concurrent callers read them)."""
+    results: list[list[Refinement]] = [[] for _ in runs]
     threads = [threading.Thread(target=lambda i=i, run=run: results.__setitem__(i, drain(run)))
                for i, run in enumerate(runs)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
+    return results
+
+
+def test_answers_in_a_batch_equal_their_answers_alone_in_every_mode() -> None:
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    cases = requests(9)
+    runs = [runner.submit(chat.sequence(prompt, length, config)) for prompt, config, length in cases]
+    results = drain_together(runs)
     assert max(runner.batch_sizes) >= 4  # the answers really shared passes
     for i, (prompt, config, length) in enumerate(cases):
         assert stream(iter(results[i])) == alone(prompt, config, length), (i, config.decoding)
@@ -365,13 +371,7 @@ def test_max_batch_bounds_the_answers_in_a_pass() -> None:
     assert chat.max_batch == 2
     cases = requests(4)[:4]
     runs = [chat._runner.submit(chat.sequence(prompt, length, config)) for prompt, config, length in cases]
-    results: dict[int, list[Refinement]] = {}
-    threads = [threading.Thread(target=lambda i=i, run=run: results.__setitem__(i, drain(run)))
-               for i, run in enumerate(runs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    results = drain_together(runs)
     assert max(chat._runner.batch_sizes) == 2
     for i, (prompt, config, length) in enumerate(cases):
         assert stream(iter(results[i])) == alone(prompt, config, length), i
@@ -403,16 +403,10 @@ def test_a_long_answer_ending_in_a_pass_keeps_what_the_others_in_that_pass_just_
     medium = [3 + (i * 5) % (LLAMA_VOCAB - 3) for i in range(400)]
     long_run = runner.submit(chat.sequence(long_prompt, 12, config))
     medium_run = runner.submit(chat.sequence(medium, 28, config))
-    results: dict[str, list[Refinement]] = {}
-    threads = [threading.Thread(target=lambda name=name, run=run: results.__setitem__(name, drain(run)))
-               for name, run in (("long", long_run), ("medium", medium_run))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    long_answer, medium_answer = drain_together([long_run, medium_run])
     assert (long_run.slot, medium_run.slot) == (0, 1)
-    assert len(results["medium"]) > len(results["long"])  # it went on after the long one ended
-    assert stream(iter(results["medium"])) == alone(medium, config, 28)
+    assert len(medium_answer) > len(long_answer)  # it went on after the long one ended
+    assert stream(iter(medium_answer)) == alone(medium, config, 28)
     assert runner.cache.capacity < KEEP_AFTER_ANSWER
     # every key slot 1 holds is the one a fresh prefill of its tokens gives (a lost key would read as zeros)
     held = list(runner.cache.slots[1].ids)
@@ -436,13 +430,7 @@ def test_a_lone_answer_drafts_after_every_draft_and_a_batched_one_after_all() ->
     chat = engine()
     cases = [(prompt, config, 20) for prompt in prompts(4, seed=8)]
     runs = [chat._runner.submit(chat.sequence(prompt, length, c)) for prompt, c, length in cases]
-    results: dict[int, list[Refinement]] = {}
-    threads = [threading.Thread(target=lambda i=i, run=run: results.__setitem__(i, drain(run)))
-               for i, run in enumerate(runs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    results = drain_together(runs)
     assert max(chat._runner.batch_sizes) >= 2
     for i, (prompt, c, length) in enumerate(cases):
         final = results[i][-1]

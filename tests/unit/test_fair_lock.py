@@ -18,14 +18,16 @@ def wait_until(predicate, timeout_s: float = 10.0) -> None:
     raise AssertionError("condition not reached")
 
 
-def queue_waiters(lock: FairLock, names: list[str], order: list[str], cancels: dict[str, threading.Event]):
+def queue_waiters(
+    lock: FairLock, names: list[str], order: list[str], cancels: dict[str, threading.Event], urgent: bool = False
+):
     """Start one waiter per name, each only once the previous one is queued, so arrival order is known."""
     threads = []
     for name in names:
         cancel = cancels.get(name)
 
         def wait_for_turn(name: str = name, cancel: threading.Event | None = cancel) -> None:
-            if lock.acquire(cancel):
+            if lock.acquire(cancel, urgent=urgent):
                 order.append(name)
                 lock.release()
             else:
@@ -83,25 +85,16 @@ def test_an_urgent_waiter_goes_ahead_of_ordinary_ones_but_behind_earlier_urgent_
     order: list[str] = []
     lock.acquire()
     threads = queue_waiters(lock, ["partial-1", "partial-2"], order, {})
-
-    def urgent(name: str) -> threading.Thread:
-        def take() -> None:
-            with lock.urgently():
-                order.append(name)
-
-        before = lock.waiting
-        thread = threading.Thread(target=take, name=name)
-        thread.start()
-        wait_until(lambda: lock.waiting == before + 1)
-        return thread
-
-    threads += [urgent("final-1"), urgent("final-2")]
+    threads += queue_waiters(lock, ["final-1", "final-2"], order, {}, urgent=True)
     threads += queue_waiters(lock, ["partial-3"], order, {})
     lock.release()
     for thread in threads:
         thread.join(timeout=10)
     assert order == ["final-1", "final-2", "partial-1", "partial-2", "partial-3"]
     assert not lock.locked() and lock.waiting == 0
+    with lock.urgently():  # the context form holds the lock and gives it back
+        assert lock.locked()
+    assert not lock.locked()
 
 
 def test_an_urgent_waiter_that_gives_up_keeps_the_order_of_the_rest() -> None:
@@ -110,25 +103,10 @@ def test_an_urgent_waiter_that_gives_up_keeps_the_order_of_the_rest() -> None:
     gone = threading.Event()
     lock.acquire()
     threads = queue_waiters(lock, ["partial"], order, {})
-
-    def wait(name: str, cancel: threading.Event | None) -> threading.Thread:
-        def take() -> None:
-            if lock.acquire(cancel, urgent=True):
-                order.append(name)
-                lock.release()
-            else:
-                order.append(f"{name} gave up")
-
-        before = lock.waiting
-        thread = threading.Thread(target=take, name=name)
-        thread.start()
-        wait_until(lambda: lock.waiting == before + 1)
-        return thread
-
-    threads += [wait("final-gone", gone), wait("final", None)]
+    threads += queue_waiters(lock, ["final-gone", "final"], order, {"final-gone": gone}, urgent=True)
     gone.set()
     wait_until(lambda: "final-gone gave up" in order)
-    threads += [wait("final-late", None)]
+    threads += queue_waiters(lock, ["final-late"], order, {}, urgent=True)
     lock.release()
     for thread in threads:
         thread.join(timeout=10)
