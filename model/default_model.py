@@ -18,6 +18,7 @@ import torch
 
 from model.cache import cache_root
 from model.errors import ModelError
+from model.passing_thread import on_passing_thread
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -109,6 +110,7 @@ def adapter_meta(directory: Path = ADAPTER_DIR) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+@on_passing_thread
 def load_default_chat_model(
     adapter_dir: Path | None = None, dtype: torch.dtype = torch.bfloat16, **sampler_overrides: Any
 ) -> DiffusionChatModel:
@@ -116,6 +118,7 @@ def load_default_chat_model(
 
     bf16 by default: on CPUs with AVX512-BF16 or AMX a refinement pass is about twice as fast as in fp32 (measured by
     scripts/bench_lm.py), and the answers match the fp32 ones almost token for token (scripts/eval_default_model.py).
+    Loads on a passing thread (`model.passing_thread`): the passes run on another thread, the batch runner's.
     """
     from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
     from model.engine import DiffusionChatModel, context_length_of

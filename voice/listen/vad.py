@@ -15,6 +15,7 @@ import numpy as np
 
 from voice.errors import ASRError
 from voice.io.audio import TARGET_RATE
+from voice.listen.whisper_import import import_faster_whisper
 
 FRAME_SAMPLES = 512
 CONTEXT_SAMPLES = 64
@@ -23,8 +24,7 @@ STATE_SHAPE = (1, 1, 128)
 
 def silero_model_path() -> str:
     """Where faster-whisper keeps the Silero VAD v6 model."""
-    import faster_whisper
-
+    faster_whisper = import_faster_whisper()
     return os.path.join(os.path.dirname(faster_whisper.__file__), "assets", "silero_vad_v6.onnx")
 
 

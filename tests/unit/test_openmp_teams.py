@@ -1,0 +1,87 @@
+"""Only the thread that runs the LM's passes may keep an OpenMP team of torch's runtime (model/passing_thread.py,
+voice/listen/whisper_import.py). Each scenario runs in a fresh interpreter: a team, once made, lives as long as its
+thread, and CTranslate2 binds its OpenMP symbols once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TEAMS = """
+import os, time, torch
+from model.passing_thread import run_in_passing_thread
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+def parallel_op():
+    a = torch.randn(512, 512)
+    for _ in range(5):
+        a @ a
+    return torch.get_num_threads()
+
+torch.set_num_threads(2)
+before = threads()
+assert run_in_passing_thread(parallel_op) == 2
+deadline = time.monotonic() + 5
+while threads() > before and time.monotonic() < deadline:  # its workers end just after it
+    time.sleep(0.05)
+after_passing = threads()
+parallel_op()
+after_main = threads()
+print(before, after_passing, after_main)
+"""
+
+
+def run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, **env}, check=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc to count threads")
+def test_a_passing_thread_takes_its_openmp_workers_with_it():
+    before, after_passing, after_main = map(int, run(TEAMS).stdout.split())
+    assert after_main > before  # the same op on a thread that stays (here: main) leaves its workers behind ...
+    assert after_passing == before  # ... on a passing thread it leaves none
+
+
+def test_the_loaders_run_on_a_passing_thread():
+    from model.default_model import load_default_chat_model
+    from model.loading import load_chat_model
+    from model.passing_thread import run_in_passing_thread
+
+    for loader in (load_chat_model, load_default_chat_model):
+        assert loader.__wrapped__ is not None  # the decorator's functools.wraps
+    with pytest.raises(ValueError, match="from the thread"):
+        run_in_passing_thread(lambda: (_ for _ in ()).throw(ValueError("from the thread")))
+    import threading
+
+    assert run_in_passing_thread(threading.current_thread) is not threading.current_thread()
+
+
+CTRANSLATE2_BINDINGS = """
+import numpy as np
+import torch  # first, as the web server and the CLIs import it: its libgomp is loaded RTLD_GLOBAL
+from voice.listen.asr_models import load_model
+from voice.listen.transcriber import TranscriberConfig, decode_words
+
+decode_words(load_model(cpu_threads=2).model, np.zeros(16000, np.float32), TranscriberConfig())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="LD_DEBUG is glibc's")
+def test_ctranslate2_keeps_its_own_openmp_runtime_after_torch():
+    """glibc prints each symbol binding with LD_DEBUG=bindings: CTranslate2's OpenMP calls must reach the libgomp it
+    ships, not torch's (one runtime for both made every LM pass ~1.8x slower with Whisper loaded)."""
+    stderr = run(CTRANSLATE2_BINDINGS, LD_DEBUG="bindings").stderr
+    bindings = [line for line in stderr.splitlines()
+                if "libctranslate2" in line.split(" to ")[0] and "libgomp" in line and "`GOMP_" in line]
+    assert bindings, "no OpenMP binding of CTranslate2 seen"
+    wrong = [line.strip() for line in bindings if "ctranslate2.libs/libgomp" not in line.split(" to ")[1]]
+    assert not wrong, wrong[:3]
