@@ -90,6 +90,15 @@ class DiffusionSequence:
         return refinement, kept
 
 
+@dataclass(frozen=True)
+class PromptOnly:
+    """A prompt to encode ahead of its answer, with no passes: the part of a conversation's next prompt that is known
+    before the user's next words (the history and the user header). Encoded while the runner is idle, it leaves a
+    slot holding it, so the answer's prefill, on the voice turn's critical path, encodes only the new words."""
+
+    cached_prompt: list[int]
+
+
 @dataclass(eq=False)
 class Run:
     """One submitted answer: iterate it for its Refinements (the last has done=True). Closing the iterator early
@@ -119,14 +128,18 @@ class Run:
             self._abandoned.set()  # no-op once the run ended; otherwise the runner drops it
 
 
-def admission(waiting: list[Run], free: int) -> list[Run]:
-    """Which waiting runs to start now, given `free` slots: every interactive one that fits, in arrival order; when
-    there is none, the oldest bulk run alone (each admission costs a prefill that the whole batch waits for)."""
+def admission(waiting: list[Run], free: int, busy: bool = False) -> list[Run]:
+    """Which waiting runs to start now, given `free` slots and whether any answer is `busy` decoding: every
+    interactive one that fits, in arrival order; when there is none, the oldest bulk run alone (each admission costs
+    a prefill that the whole batch waits for); prompts encoded ahead (`PromptOnly`) only when nothing else waits and
+    no answer is decoding, so they never delay one."""
     interactive = sorted((run for run in waiting if run.interactive), key=lambda run: run.arrived)
     if interactive:
         return interactive[:free]
-    bulk = sorted(waiting, key=lambda run: run.arrived)
-    return bulk[:1] if free else []
+    answers = [run for run in waiting if not isinstance(run.sequence, PromptOnly)]
+    if answers or busy:
+        return sorted(answers, key=lambda run: run.arrived)[:1] if free else []
+    return sorted(waiting, key=lambda run: run.arrived)[:1] if free else []
 
 
 class BatchRunner:
@@ -146,6 +159,8 @@ class BatchRunner:
         self._active: list[Run] = []  # admitted, prompt encoded, in a slot
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._slot_used = [0] * max_batch  # when each slot was last given to a run (admission count): ties go LRU
+        self._admissions = 0
         _RUNNERS.add(self)
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -169,6 +184,11 @@ class BatchRunner:
             self._condition.notify()
         return run
 
+    def prepare(self, tokens: list[int], cancel: threading.Event | None = None) -> Run:
+        """Encode `tokens` into a slot when the runner is idle, without an answer (`PromptOnly`); `cancel` drops it
+        while it waits (its answer came first). Iterating the returned run waits until it is encoded."""
+        return self.submit(PromptOnly(list(tokens)), interactive=False, cancel=cancel)  # type: ignore[arg-type]
+
     # --- the loop (runner thread only) --------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
@@ -181,6 +201,9 @@ class BatchRunner:
                     return
                 arrivals = self._admit()
             fresh = [run for run in arrivals if self._encode(run)]
+            for run in [run for run in fresh if isinstance(run.sequence, PromptOnly)]:
+                fresh.remove(run)
+                self._end(run, None)  # encoded: the slot keeps the prompt for the answer that will share it
             urgent = [run for run in fresh if run.interactive]
             self._pass(urgent or list(self._active))
 
@@ -190,13 +213,17 @@ class BatchRunner:
             self._waiting.remove(run)
             self._end(run, GenerationCancelled("cancelled while waiting for the model"))
         free = [slot for slot in range(self.max_batch) if all(run.slot != slot for run in self._active)]
-        chosen = admission(self._waiting, len(free))
+        chosen = admission(self._waiting, len(free), busy=bool(self._active))
         for run in chosen:
             self._waiting.remove(run)
-            # the free slot that already holds most of this prompt (a voice session's previous turn)
-            slot = max(free, key=lambda s: (common_prefix(self.cache.slots[s].ids, run.sequence.cached_prompt), -s))
+            # the free slot that already holds most of this prompt (a voice session's previous turn, or its prompt
+            # encoded ahead); among equals the least recently used, which another session is least likely to want
+            slot = max(free, key=lambda s: (common_prefix(self.cache.slots[s].ids, run.sequence.cached_prompt),
+                                            -self._slot_used[s], -s))
             free.remove(slot)
             run.slot = slot
+            self._admissions += 1
+            self._slot_used[slot] = self._admissions
         return chosen
 
     def _encode(self, run: Run) -> bool:

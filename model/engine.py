@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from model.batching import common_prefix
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.denoiser import Denoiser
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
@@ -190,6 +191,25 @@ class DiffusionChatModel:
         else:  # plain masked LMs (BERT) ship no template
             text = "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant:"
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None) -> list[int]:
+        """Encode, while the model is idle, the part of the next prompt that does not depend on the user's next
+        words: `messages` (what the next answer will see before them) and the user header. A voice session calls it
+        when an answer ends, so the next turn's prefill, on its critical path, encodes only the new words (turn 2-10
+        of a conversation re-encoded 57-87 tokens: the one-exchange history window slides every turn). `cancel`
+        drops it if it is still waiting. Returns the tokens queued (none without a batch runner)."""
+        if self._runner is None:
+            return []
+        shared = self.next_prompt_prefix(messages)
+        if shared:
+            self._runner.prepare(shared, cancel)
+        return shared
+
+    def next_prompt_prefix(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The tokens every prompt of `messages` plus one more user message starts with, whatever its words."""
+        one = self.prompt_ids([*messages, ChatMessage("user", "a")])
+        other = self.prompt_ids([*messages, ChatMessage("user", "b")])
+        return one[: common_prefix(one, other)]
 
     def sampler_for(self, options: GenerationOptions) -> tuple[SamplerConfig, int]:
         """This answer's sampler config and its length, rounded up to a whole number of blocks."""

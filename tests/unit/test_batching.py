@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from model.batch_runner import BatchRunner, Run, admission
+from model.batch_runner import BatchRunner, PromptOnly, Run, admission
 from model.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
 from model.block_diffusion import BlockDiffusionDenoiser
-from model.chat import GenerationOptions
+from model.chat import ChatMessage, GenerationOptions
 from model.engine import DiffusionChatModel
 from model.errors import ModelError
 from model.refinement import Refinement
@@ -439,3 +439,37 @@ def test_a_lone_answer_drafts_after_every_draft_and_a_batched_one_after_all() ->
 
 def final_tokens_alone(prompt: list[int], config: SamplerConfig, length: int) -> list[int]:
     return list(alone(prompt, config, length)[-1][0])
+
+
+def test_a_prompt_prepared_ahead_is_reused_by_the_answer_that_follows() -> None:
+    chat = engine()
+    history = [ChatMessage("user", "Hi there."), ChatMessage("assistant", "Hello! How can I help?")]
+    shared = chat.next_prompt_prefix(history)
+    question_ids = chat.prompt_ids([*history, ChatMessage("user", "What now?")])
+    other_ids = chat.prompt_ids([*history, ChatMessage("user", "b")])
+    assert question_ids[: len(shared)] == shared == other_ids[: len(shared)]  # the history and the user header ...
+    assert question_ids[len(shared)] != other_ids[len(shared)]  # ... and nothing of the user's words
+    assert len(shared) > len(chat.prompt_ids(history[:1]))
+
+    prefix, rest = prompts(2, seed=9)  # the tiny model's own vocabulary
+    question = prefix + rest
+    runner = chat._runner
+    assert list(runner.prepare(prefix)) == []  # encoded; a prompt encoded ahead has no passes
+    config = MODES["self-speculative"]
+    run = runner.submit(chat.sequence(question, 8, config), interactive=True)
+    assert stream(iter(drain(run))) == alone(question, config, 8)
+    assert run.reused_tokens == len(prefix)
+    cold = engine()._runner.submit(chat.sequence(question, 8, config), interactive=True)
+    drain(cold)
+    assert cold.reused_tokens == 0
+
+
+def test_a_prompt_prepared_ahead_waits_until_no_answer_is_decoding() -> None:
+    def run(sequence: object, interactive: bool, arrived: float) -> Run:
+        return Run(sequence=sequence, interactive=interactive, cancel=None, arrived=arrived)  # type: ignore[arg-type]
+
+    ahead, bulk, voice = run(PromptOnly([1, 2]), False, 1.0), run(None, False, 2.0), run(None, True, 3.0)
+    assert admission([ahead, bulk, voice], free=8) == [voice]
+    assert admission([ahead, bulk], free=8) == [bulk]  # an answer before any prompt encoded ahead
+    assert admission([ahead], free=8, busy=True) == []  # never delays the passes of answers in flight
+    assert admission([ahead], free=8) == [ahead]
