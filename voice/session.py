@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from model.chat import ChatMessage, GenerationOptions
+from model.errors import ModelError
 from voice.answer import Answer, AnswerRunner
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
@@ -126,13 +128,17 @@ class Session:
         self._turn_audio: list[np.ndarray] = []  # the open user turn's segments, for the turn detector
         self._audio_turn = 0  # the turn `_turn_audio` belongs to
         self._verdict_task: asyncio.Task[None] | None = None
+        self._early_verdict: tuple[int, np.ndarray, asyncio.Future[bool]] | None = None  # (turn, audio, verdict)
         self._speaking = False
         self._closed = False
+        self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
 
     # --- public API ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._listen is None:
             self._listen = ListenStage(self.id, self._on_listen, self.config.listen, model=self.engines.asr)
+            self._listen.on_likely_final = self._on_likely_final
+            self._prepare_next_prompt()
 
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None:
         """Microphone audio (PCM16 LE mono). Raises `AudioFormatError` for a bad frame; the session goes on."""
@@ -206,6 +212,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self._drop_prepared()
+        self._drop_early_verdict()
         answer, self._answer = self._answer, None
         if answer is not None:
             answer.cancelled = True
@@ -222,6 +230,7 @@ class Session:
         machine = self.turn_taking
         if isinstance(event, SpeechStart):
             await cancel_and_wait(self._verdict_task)  # that pause's verdict is moot: the user spoke again
+            self._drop_early_verdict()
             await self._dispatch(UserSpeechStarted(self._listen.speech_start_ms if self._listen else 0.0))
             self._emit(replace(event, turn=machine.user_turn))
         elif isinstance(event, SpeechEnd):
@@ -246,22 +255,51 @@ class Session:
             if machine.state is State.USER_PAUSED:
                 self._judge_turn(turn)
 
+    def _detector_window(self, turn: int, segment: np.ndarray) -> np.ndarray:
+        """What the turn detector hears for `turn` ending with `segment`: the turn's earlier segments and this one,
+        the last `max_seconds`."""
+        detector = self.engines.turn_detector
+        assert detector is not None
+        earlier = self._turn_audio if self._audio_turn == turn else []
+        return np.concatenate([*earlier, segment])[-int(detector.config.max_seconds * 16000):]
+
+    def _on_likely_final(self, segment: np.ndarray) -> None:
+        """The listener heard the padding of silence after the speech and starts the segment's likely final decode:
+        if the user stays silent, `segment` is the segment's audio. The detector judges it now, in the slack before
+        the segment ends, instead of beside the answer's first LM passes; `_judge_turn` takes this verdict when the
+        audio matches, and the user speaking on makes it moot."""
+        if self.engines.turn_detector is None:
+            return
+        self._drop_early_verdict()
+        turn = self.turn_taking.user_turn
+        audio = self._detector_window(turn, segment)
+        self._early_verdict = (turn, audio, asyncio.ensure_future(asyncio.to_thread(
+            self.engines.turn_detector.is_complete, audio)))
+
+    def _drop_early_verdict(self) -> None:
+        if self._early_verdict is not None:
+            self._early_verdict[2].cancel()
+            self._early_verdict = None
+
     def _judge_turn(self, turn: int) -> None:
         """Ask the turn detector, in a thread, whether the paused turn sounds finished; its verdict arrives as an
         event and moves the end of turn earlier or later (no detector: the silence rule alone)."""
         detector, listen = self.engines.turn_detector, self._listen
         if detector is None or listen is None:
             return
-        if self._audio_turn != turn:
-            self._turn_audio, self._audio_turn = [], turn
-        self._turn_audio.append(listen.last_segment_audio)
-        window = int(detector.config.max_seconds * 16000)
-        audio = np.concatenate(self._turn_audio)[-window:]
-        self._turn_audio = [audio]
+        audio = self._detector_window(turn, listen.last_segment_audio)
+        self._turn_audio, self._audio_turn = [audio], turn
+        early, self._early_verdict = self._early_verdict, None
+        if early is not None and early[0] == turn and np.array_equal(early[1], audio):
+            verdict = early[2]  # judged at the likely final, on this very audio
+        else:
+            if early is not None:
+                early[2].cancel()
+            verdict = asyncio.ensure_future(asyncio.to_thread(detector.is_complete, audio))
 
         async def judge() -> None:
             try:
-                complete = await asyncio.to_thread(detector.is_complete, audio)
+                complete = await verdict
             except VoiceError as err:  # audio it cannot judge: the silence rule decides this pause
                 log.warning("turn detector: %s", err)
                 return
@@ -322,6 +360,7 @@ class Session:
         self._update_idle()
 
     def _start_answer(self, action: StartAnswer) -> None:
+        self._drop_prepared()
         record = self._records.get(action.turn)
         record.user_text = action.text
         answer = Answer(action.answer_id, record, held=action.held, early=action.held)
@@ -387,6 +426,26 @@ class Session:
     def _end_turn(self, record: TurnRecord, answer: Answer | None, interrupted: bool,
                   stats: dict[str, float]) -> None:
         self._emit(self._records.end(record, answer, interrupted, stats))
+        self._prepare_next_prompt()
+
+    def _prepare_next_prompt(self) -> None:
+        """Have the LM encode the next prompt's known part (the history it will see and the user header) while the
+        user speaks, so the next answer's prefill encodes only the new words (`DiffusionChatModel.prepare`; a
+        remote LM has no such step). A prepare still waiting when the next answer starts is dropped."""
+        prepare = getattr(self.engines.lm, "prepare", None)
+        if prepare is None or self._closed:
+            return
+        self._drop_prepared()
+        self._prepared = threading.Event()
+        try:
+            prepare(self._records.messages_with("")[:-1], self._prepared)
+        except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
+            log.warning("could not encode the next prompt ahead: %s", error)
+
+    def _drop_prepared(self) -> None:
+        if self._prepared is not None:
+            self._prepared.set()
+            self._prepared = None
 
     def _update_idle(self) -> None:
         """After every transition: whether the session is idle, and whether the core needs the clock."""

@@ -385,3 +385,66 @@ def test_the_played_report_of_the_turn_decides_what_the_history_keeps(make_sessi
     end, session = asyncio.run(scenario())
     assert end.interrupted and end.spoken == ""
     assert not [m for m in session.dialogue.history if m.role == "assistant" and m.content]
+
+
+class PreparingLM(FakeLM):
+    """A FakeLM that, like the bundled model, can encode the next prompt's known part ahead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared: list[tuple[list[ChatMessage], threading.Event | None]] = []
+
+    def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None) -> list[int]:
+        self.prepared.append((list(messages), cancel))
+        return []
+
+
+def test_the_next_prompt_is_prepared_at_the_start_and_after_every_turn(make_session) -> None:
+    async def scenario() -> PreparingLM:
+        lm = PreparingLM()
+        session = make_session(lm)
+        listen, events, collector = await started(session)
+        assert len(lm.prepared) == 1 and lm.prepared[0][0] == []  # the system prompt and the user header
+        await say(listen, "What is the capital of France?")
+        listen.silence_ms = 700.0
+        await session.feed_audio(b"\x00\x00" * 320)
+        await until(lambda: any(isinstance(e, TurnEnd) for e in events))
+        await session.close()
+        await collector
+        return lm
+
+    lm = asyncio.run(scenario())
+    assert len(lm.prepared) == 2
+    first_cancel = lm.prepared[0][1]
+    assert first_cancel is not None and first_cancel.is_set()  # the answer came: a prepare still waiting is moot
+    messages, _ = lm.prepared[1]
+    assert [m.role for m in messages] == ["user", "assistant"]  # what the next answer sees before the new words
+    assert messages[0].content == "What is the capital of France?"
+    assert messages[1].content == " ".join(WORDS)
+    assert lm.prompts[0][-1].content == "What is the capital of France?"
+
+
+@pytest.mark.parametrize("spoke_on", [False, True])
+def test_the_turn_verdict_is_judged_once_at_the_likely_final(make_session, spoke_on) -> None:
+    """The detector judges the segment when its likely final decode starts; the end of the segment reuses that
+    verdict when the audio is the same, and asks again when the segment grew after it."""
+    async def scenario() -> tuple[list[Event], FakeDetector]:
+        detector = FakeDetector(True)
+        session = make_session(detector=detector)
+        listen, events, collector = await started(session)
+        heard = np.linspace(-0.1, 0.1, 16000, dtype=np.float32)
+        listen.last_segment_audio = heard
+        await listen.emit(SpeechStart(session="s", turn=0, t_ns=now_ns()))
+        listen.on_likely_final(heard[:8000] if spoke_on else heard.copy())
+        await until(lambda: detector.heard_s)
+        await listen.emit(SpeechEnd(session="s", turn=0, t_ns=now_ns(), detected_ns=now_ns()))
+        await listen.emit(Transcript(session="s", turn=0, text="Is it raining", committed="Is it raining", final=True))
+        listen.silence_ms = 350.0
+        await session.feed_audio(b"\x00\x00" * 320)
+        await until(lambda: any(isinstance(e, AudioOut) for e in events))
+        await session.close()
+        await collector
+        return events, detector
+
+    _events, detector = asyncio.run(scenario())
+    assert detector.heard_s == ([0.5, 1.0] if spoke_on else [1.0])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,6 +83,8 @@ class ListenStage:
         self._last_partial_text = ""  # partials are emitted only when their text changes (never empty ones)
         self._segment_audio: list[np.ndarray] = []  # the padded audio of the current segment, as fed to Whisper
         self.last_segment_audio = np.zeros(0, dtype=np.float32)  # ... of the segment that ended last (turn detector)
+        # called with the segment's padded audio when its likely final decode starts (the session's turn detector)
+        self.on_likely_final: Callable[[np.ndarray], None] | None = None
 
     # --- input ---------------------------------------------------------------------------------------------------
     async def accept(self, pcm: bytes, sample_rate: int = TARGET_RATE, arrival_ns: int | None = None) -> None:
@@ -230,6 +233,8 @@ class ListenStage:
             turn = self.turn
             ep = self._endpointer
             likely_final = self._fed_to >= ep.last_voiced_end + ep.config.samples(ep.config.speech_pad_ms)
+            if likely_final and self.on_likely_final is not None and self._in_turn:
+                self.on_likely_final(np.concatenate(self._segment_audio))
             partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)
             fresh = partial is not None and partial.text != self._last_partial_text
             if partial is not None and fresh and self._in_turn and turn == self.turn:
