@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run one unreported turn first, so first-call costs do not land on turn 1")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (in-process)")
     parser.add_argument("--threshold", type=float, help="the LM's confidence threshold (in-process)")
+    parser.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"),
+                        help="the LM's decoding (in-process; default: the model's own)")
     parser.add_argument("--model", help="local diffusion LM checkpoint (in-process; default: the bundled model)")
     parser.add_argument("--adapter", type=Path,
                         help="the bundled model with this adapter folder instead (e.g. a training checkpoint)")
@@ -105,7 +107,8 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
     try:
         # an adapter folder is a model spec of its own: the bundled base carrying that adapter (model.loading)
         lm_model = args.model or (str(args.adapter) if args.adapter else None)
-        engines = load_engines(EngineConfig(lm_model=lm_model, lm_threshold=args.threshold))
+        engines = load_engines(EngineConfig(lm_model=lm_model, lm_threshold=args.threshold,
+                                            lm_decoding=args.decoding))
     except ModelError as err:
         raise VoiceError(f"the language model could not be loaded: {err}") from err
     base = SessionConfig(generation=GenerationOptions(max_new_tokens=args.max_new_tokens), wait_for_playback=False)
