@@ -154,13 +154,24 @@ _loaded: dict[tuple[str, int], LoadedModel] = {}
 _loading_lock = threading.Lock()
 
 
+def default_cpu_threads() -> int:
+    """Half the cores, at least 1 and at most 4: the other half is the LM's.
+
+    On the 2-core machine one thread decodes as fast as two, or faster (tiny.en on 3-7 s LibriVox clips: 122-125 ms
+    against 161-194 ms with a 2 s encoder margin, 203-229 against 300-309 ms with 10 s), and an OpenMP team of two
+    spins on a core the LM's passes need: with 4 voice sessions the load test's p95 rose from 3.8 to 4.7-5.4 s once
+    CTranslate2 ran on its own OpenMP runtime. CTranslate2's own default of 4 threads oversubscribes such a machine.
+    """
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
 def load_model(spec: str | None = None, cpu_threads: int = 0, allow_download: bool = False) -> LoadedModel:
     """Load (once per process and spec) a faster-whisper model with int8 weights on the CPU.
 
-    `cpu_threads=0` means one per core up to 4: CTranslate2's own default of 4 oversubscribes a 2-core machine.
+    `cpu_threads=0` means half the cores, 1 to 4 (`default_cpu_threads`).
     """
     resolved = resolve_model(spec)
-    cpu_threads = cpu_threads or min(4, os.cpu_count() or 1)
+    cpu_threads = cpu_threads or default_cpu_threads()
     key = (resolved.source, cpu_threads)
     with _loading_lock:
         if key in _loaded:
