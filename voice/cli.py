@@ -26,7 +26,11 @@ from voice.speak.tts import TTSConfig
 from voice.think.dialogue import DialogueConfig
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
+    """The options every command takes. `repeated`: a command's copy of the top-level ones, which sets only what is
+    given after the command, so `voice-assistant --max-batch 2 serve` keeps the 2 (a copy with its own defaults
+    overwrote every option given before the command)."""
+    first = len(parser._actions)
     lm = parser.add_argument_group("language model")
     lm.add_argument("--model", help="local diffusion LM: a checkpoint folder or hub id (default: the bundled model)")
     lm.add_argument("--llm-url", help="use an OpenAI-compatible endpoint instead, e.g. http://127.0.0.1:8000/v1")
@@ -48,6 +52,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="end turns by silence alone, without Smart Turn")
     speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    if repeated:
+        for action in parser._actions[first:]:
+            action.default = argparse.SUPPRESS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
 
     serve = commands.add_parser("serve", help="serve the browser client and the WebSocket API")
-    _common(serve)
+    _common(serve, repeated=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--allow-remote", action="store_true", help="listen on a non-loopback host (needs a token)")
@@ -86,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     file = commands.add_parser("file", help="run WAV files as user turns and write the assistant's audio")
-    _common(file)
+    _common(file, repeated=True)
     file.add_argument("inputs", nargs="+", type=Path, help="WAV files, one user turn each")
     file.add_argument("--out", type=Path, required=True, help="WAV file for the assistant's speech")
     file.add_argument("--json", type=Path, help="write each turn's transcript, answer and latency breakdown here")

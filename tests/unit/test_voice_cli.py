@@ -21,3 +21,16 @@ def test_max_batch_is_checked_before_any_model_loads() -> None:
     assert engine_config(build_parser().parse_args(["serve", "--max-batch", "2"])).lm_max_batch == 2
     with pytest.raises(SystemExit, match="--max-batch must be at least 1"):
         engine_config(build_parser().parse_args(["file", "a.wav", "--out", "o.wav", "--max-batch", "0"]))
+
+
+@pytest.mark.parametrize("command", [["serve"], ["file", "a.wav", "--out", "o.wav"]])
+def test_options_before_the_command_are_kept(command: list[str]) -> None:
+    """A command's copy of the common options used to set its own defaults over those given before the command."""
+    parse = build_parser().parse_args
+    before = parse(["--max-batch", "2", "--no-speculation", "--max-new-tokens", "40", *command])
+    assert (before.max_batch, before.no_speculation, before.max_new_tokens) == (2, True, 40)
+    after = parse([*command, "--max-batch", "3", "--no-speculation"])
+    assert (after.max_batch, after.no_speculation, after.max_new_tokens) == (3, True, 64)
+    neither = parse(command)
+    assert (neither.max_batch, neither.no_speculation, neither.max_new_tokens) == (None, False, 64)
+    assert neither.verbose is False
