@@ -85,3 +85,11 @@ def test_ctranslate2_keeps_its_own_openmp_runtime_after_torch():
     assert bindings, "no OpenMP binding of CTranslate2 seen"
     wrong = [line.strip() for line in bindings if "ctranslate2.libs/libgomp" not in line.split(" to ")[1]]
     assert not wrong, wrong[:3]
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (4, 2), (8, 4), (32, 4)])
+def test_whisper_takes_half_the_cores(monkeypatch: pytest.MonkeyPatch, cores: int, threads: int) -> None:
+    from voice.listen import asr_models
+
+    monkeypatch.setattr(asr_models.os, "cpu_count", lambda: cores)
+    assert asr_models.default_cpu_threads() == threads
