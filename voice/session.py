@@ -85,6 +85,11 @@ from voice.turn_taking import (
 log = logging.getLogger(__name__)
 
 
+def _retrieve(future: asyncio.Future[bool]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
     listen: ListenConfig = field(default_factory=ListenConfig)
@@ -273,8 +278,9 @@ class Session:
         self._drop_early_verdict()
         turn = self.turn_taking.user_turn
         audio = self._detector_window(turn, segment)
-        self._early_verdict = (turn, audio, asyncio.ensure_future(asyncio.to_thread(
-            self.engines.turn_detector.is_complete, audio)))
+        verdict = asyncio.ensure_future(asyncio.to_thread(self.engines.turn_detector.is_complete, audio))
+        verdict.add_done_callback(_retrieve)  # a verdict dropped unread must not log "never retrieved"
+        self._early_verdict = (turn, audio, verdict)
 
     def _drop_early_verdict(self) -> None:
         if self._early_verdict is not None:
