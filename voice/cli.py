@@ -40,6 +40,8 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     lm.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"),
                     help="local model's decoding mode (default: the model's own)")
     lm.add_argument("--max-batch", type=int, help="local model: answers decoded together in one pass (default 8)")
+    lm.add_argument("--lm-threads", type=int, default=0,
+                    help="torch threads of the local model (default 0: half the cores; Whisper and Piper use the rest)")
     lm.add_argument("--max-new-tokens", type=int, default=64)
     lm.add_argument("--system-prompt", help="replace the model's default system prompt")
     speech = parser.add_argument_group("speech")
@@ -104,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     if args.max_batch is not None and args.max_batch < 1:  # refused before any model loads
         raise SystemExit(f"voice-assistant: --max-batch must be at least 1, got {args.max_batch}")
+    if args.lm_threads < 0:
+        raise SystemExit(f"voice-assistant: --lm-threads must be 0 (half the cores) or more, got {args.lm_threads}")
     return EngineConfig(
         lm_model=args.model,
         lm_url=args.llm_url,
@@ -112,6 +116,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_threshold=args.threshold,
         lm_decoding=args.decoding,
         lm_max_batch=args.max_batch,
+        lm_threads=args.lm_threads,
         asr_model=args.asr_model,
         tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
         turn_detector=not args.no_turn_detector,

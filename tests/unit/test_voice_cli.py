@@ -21,6 +21,9 @@ def test_max_batch_is_checked_before_any_model_loads() -> None:
     assert engine_config(build_parser().parse_args(["serve", "--max-batch", "2"])).lm_max_batch == 2
     with pytest.raises(SystemExit, match="--max-batch must be at least 1"):
         engine_config(build_parser().parse_args(["file", "a.wav", "--out", "o.wav", "--max-batch", "0"]))
+    assert engine_config(build_parser().parse_args(["--lm-threads", "2", "serve"])).lm_threads == 2
+    with pytest.raises(SystemExit, match="--lm-threads must be 0"):
+        engine_config(build_parser().parse_args(["serve", "--lm-threads", "-1"]))
 
 
 @pytest.mark.parametrize("command", [["serve"], ["file", "a.wav", "--out", "o.wav"]])
