@@ -137,9 +137,8 @@ def admission(waiting: list[Run], free: int, busy: bool = False) -> list[Run]:
     if interactive:
         return interactive[:free]
     answers = [run for run in waiting if not isinstance(run.sequence, PromptOnly)]
-    if answers or busy:
-        return sorted(answers, key=lambda run: run.arrived)[:1] if free else []
-    return sorted(waiting, key=lambda run: run.arrived)[:1] if free else []
+    candidates = answers if answers or busy else waiting
+    return sorted(candidates, key=lambda run: run.arrived)[:1] if free else []
 
 
 class BatchRunner:

@@ -278,9 +278,15 @@ class Session:
         self._drop_early_verdict()
         turn = self.turn_taking.user_turn
         audio = self._detector_window(turn, segment)
-        verdict = asyncio.ensure_future(asyncio.to_thread(self.engines.turn_detector.is_complete, audio))
+        self._early_verdict = (turn, audio, self._ask_detector(audio))
+
+    def _ask_detector(self, audio: np.ndarray) -> asyncio.Future[bool]:
+        """The turn detector's verdict on `audio`, computed in a thread."""
+        detector = self.engines.turn_detector
+        assert detector is not None
+        verdict = asyncio.ensure_future(asyncio.to_thread(detector.is_complete, audio))
         verdict.add_done_callback(_retrieve)  # a verdict dropped unread must not log "never retrieved"
-        self._early_verdict = (turn, audio, verdict)
+        return verdict
 
     def _drop_early_verdict(self) -> None:
         if self._early_verdict is not None:
@@ -295,13 +301,12 @@ class Session:
             return
         audio = self._detector_window(turn, listen.last_segment_audio)
         self._turn_audio, self._audio_turn = [audio], turn
-        early, self._early_verdict = self._early_verdict, None
+        early = self._early_verdict
         if early is not None and early[0] == turn and np.array_equal(early[1], audio):
-            verdict = early[2]  # judged at the likely final, on this very audio
+            verdict, self._early_verdict = early[2], None  # judged at the likely final, on this very audio
         else:
-            if early is not None:
-                early[2].cancel()
-            verdict = asyncio.ensure_future(asyncio.to_thread(detector.is_complete, audio))
+            self._drop_early_verdict()
+            verdict = self._ask_detector(audio)
 
         async def judge() -> None:
             try:
