@@ -35,6 +35,11 @@ PREFILL_CHUNK = 1024  # at most this many prompt tokens per prefill forward (see
 MIN_PREFILL_BUCKET = 32
 GROWTH = 256  # slot capacity grows in steps of at least this many positions
 KEEP_AFTER_ANSWER = 2048  # a finished answer's slot keeps at most this many tokens for the next prompt to reuse
+# Every pass attends over a key length rounded up to this (the keys past a slot's length are masked). A bf16 matmul on
+# the CPU sums its reduction dimension in an order that depends on its length, so attention over L + 1 keys (an
+# autoregressive step) and over L + 16 keys (a self-speculative pass) rounded the same query's output differently now
+# and then; over the same rounded length the sums match bit for bit (see `pass_layout`).
+KEY_MULTIPLE = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +104,7 @@ class SlotCache(Cache):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states: [B, heads, S, head_dim] for the rows bound by `bind`
         s = key_states.shape[2]
-        end = max(offset + s for offset in self.offsets)
+        end = round_up(max(offset + s for offset in self.offsets), KEY_MULTIPLE)
         if layer_idx == len(self._keys):
             shape = (len(self.slots), key_states.shape[1], 0, key_states.shape[3])
             self._keys.append(key_states.new_zeros(shape))
@@ -155,11 +160,16 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
     return zeros.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def pass_layout(lengths: Sequence[int], feeds: Sequence[Feed]) -> tuple[torch.Tensor, ...]:
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def pass_layout(lengths: Sequence[int], feeds: Sequence[Feed], key_multiple: int = 1) -> tuple[torch.Tensor, ...]:
     """The batch of one pass: ids `[B, S]`, positions `[B, S]`, noisy `[B, S]` bool, allowed `[B, 1, S, K]` bool,
-    with S the most rows any sequence feeds and K = max(L_i) + S (see the module docstring for the layout)."""
+    with S the most rows any sequence feeds and K = max(L_i) + S rounded up to `key_multiple` (see the module
+    docstring for the layout; a `SlotCache` returns keys up to `KEY_MULTIPLE`)."""
     s = max(feed.rows for feed in feeds)
-    k = max(lengths) + s
+    k = round_up(max(lengths) + s, key_multiple)
     b = len(feeds)
     ids = torch.zeros(b, s, dtype=torch.long)
     positions = torch.zeros(b, s, dtype=torch.long)
@@ -198,7 +208,7 @@ def batched_pass(
     """One forward over every sequence's feed; returns each one's (clean logits `[len(clean), V]`, noisy logits
     `[len(noisy), V]`), float32. The new keys are written after each slot's cached tokens but not kept: call `keep`."""
     lengths = [len(cache.slots[slot].ids) for slot in slots]
-    ids, positions, noisy, allowed = pass_layout(lengths, feeds)
+    ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
     device = model.base.device
     cache.bind(slots, lengths)
     logits = model(
@@ -262,7 +272,7 @@ def prefill(
         part = list(tokens[lo : lo + PREFILL_CHUNK])
         size = prefill_bucket(len(part))
         padded = Feed(clean=tuple(part + [part[-1]] * (size - len(part))))
-        ids, positions, noisy, allowed = pass_layout([lo], [padded])
+        ids, positions, noisy, allowed = pass_layout([lo], [padded], KEY_MULTIPLE)
         device = model.base.device
         cache.bind([slot], [lo])
         logits = model(

@@ -1,4 +1,5 @@
-"""Self-speculative and autoregressive decoding (model/speculative.py) on a tiny random block-diffusion Llama, fp32."""
+"""Self-speculative and autoregressive decoding (model/speculative.py) on a tiny random block-diffusion Llama, fp32
+(and bf16 where exactness depends on the kernels' rounding)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from model.batching import Feed
+from model.batching import Feed, SlotCache, batched_pass, prefill
 from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
 from model.block_training import make_batch
 from model.engine import DiffusionChatModel
@@ -359,3 +360,54 @@ def test_the_drafting_batch_masks_whole_shifted_blocks_and_weights_near_drafts_m
                 assert batch.targets[0, q] == [*answer, EOS, EOS][j + 1]
                 assert batch.weights[0, q] == 0.5 ** (j + len(prompt) - clean_sees[j])
     assert len(offsets) > 1  # copies start their blocks at different answer positions
+
+
+def bf16_adapted(seed: int = 0) -> BlockDiffusionLM:
+    """A bf16 Llama with SmolLM2's head size (64): the kernels whose rounding depends on a pass's shape."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=512, eos_token_id=EOS, tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    model = BlockDiffusionLM(LlamaForCausalLM(config).to(torch.bfloat16), AdapterConfig(block_length=4, lora_rank=4))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_b" in name:
+                parameter.normal_(0, 0.2)
+    return model.eval()
+
+
+def test_in_bf16_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() -> None:
+    # Without keys rounded up to KEY_MULTIPLE this failed for 40 of 260 (cache length, rows) pairs: the attention sum
+    # over L + 4 keys and over L + 19 keys rounded differently, and bf16 near-ties then flip whole answers.
+    model = bf16_adapted()
+    generator = torch.Generator().manual_seed(1)
+    differ = []
+    for length in range(5, 200, 3):
+        tokens = torch.randint(3, 512, (length,), generator=generator).tolist()
+        alone = None
+        for rows in (1, 4, 8, 16):
+            cache = SlotCache(1)
+            prefill(model, cache, 0, tokens[:-1])
+            clean = (tokens[-1], *torch.randint(3, 512, (rows - 1,), generator=generator).tolist())
+            [(logits, _)] = batched_pass(model, cache, [0], [Feed(clean=clean, noisy=(model.mask_id,) * 3)])
+            if alone is None:
+                alone = logits[0]
+            elif not torch.equal(alone, logits[0]):
+                differ.append((length, rows))
+    assert differ == []
+
+
+def test_in_bf16_self_speculative_answers_equal_autoregressive_ones_bit_for_bit() -> None:
+    model = bf16_adapted()
+    with torch.no_grad():  # large logits: bf16 near-ties are common, as in SmolLM2's 49k vocabulary (2 of 24 answers
+        model.base.model.norm.weight.mul_(60.0)  # differed between the modes before keys were rounded up)
+    teacher_logits = BlockDiffusionDenoiser(model, [EOS])
+    rng = random.Random(3)
+    for index in range(12):
+        prompt = [rng.randrange(3, 512) for _ in range(rng.randrange(1, 40))]
+        autoregressive = final_tokens(list(generate_speculative(teacher_logits, prompt, 40, masks=0)))
+        for masks in (3, 4):
+            speculative = final_tokens(list(generate_speculative(teacher_logits, prompt, 40, masks=masks)))
+            assert speculative == autoregressive, (index, masks)
