@@ -211,7 +211,7 @@ def batched_pass(
     ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
     device = model.base.device
     cache.bind(slots, lengths)
-    logits = model(
+    logits = model.inference_pass()(
         ids.to(device), positions.to(device), additive_mask(allowed.to(device)), noisy.to(device), cache
     ).float()  # [B, S, V]
     s = ids.shape[1]
@@ -275,7 +275,7 @@ def prefill(
         ids, positions, noisy, allowed = pass_layout([lo], [padded], KEY_MULTIPLE)
         device = model.base.device
         cache.bind([slot], [lo])
-        logits = model(
+        logits = model.inference_pass()(
             ids.to(device), positions.to(device), additive_mask(allowed.to(device)), noisy.to(device), cache,
             torch.tensor([len(part) - 1], device=device),
         )[0, -1].float()

@@ -30,6 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from model import fast_pass
 from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
     Feed,
     SlotCache,
@@ -41,6 +42,7 @@ from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket ar
     prefill_bucket,
 )
 from model.errors import ModelError
+from model.fast_pass import FastPass
 
 if TYPE_CHECKING:
     from model.batch_runner import BatchRunner
@@ -134,6 +136,7 @@ class BlockDiffusionLM(nn.Module):
         embed = base.get_input_embeddings()
         self.mask_embedding = nn.Parameter(embed.weight.detach().float().mean(0).clone().reshape(hidden))
         self._inject_lora(config)
+        self._fast_pass: FastPass | None = None
 
     def _inject_lora(self, config: AdapterConfig) -> None:
         for module in list(self.base.modules()):
@@ -158,15 +161,28 @@ class BlockDiffusionLM(nn.Module):
         with torch.no_grad():
             for name, tensor in state.items():
                 own[name].copy_(tensor.to(own[name].dtype))
+        self._fast_pass = None  # its fused LoRA factors are copies of the old ones
 
     def cast_adapter(self, dtype: torch.dtype) -> None:
         """Store the adapter in `dtype` (bf16 for CPU inference). Only the adapter: casting the whole model would also
         cast the rotary `inv_freq` buffer and blur positions."""
         for parameter in self.trainable_parameters():
             parameter.data = parameter.data.to(dtype)
+        self._fast_pass = None
 
     def trainable_parameters(self) -> Iterable[nn.Parameter]:
         return (p for p in self.parameters() if p.requires_grad)
+
+    def inference_pass(self) -> FastPass | BlockDiffusionLM:
+        """What runs a decoding pass over a `SlotCache`: the fused `FastPass` for a plain Llama (built once from the
+        current weights), else this module itself. Training (autograd) always uses the module."""
+        if self.training or not fast_pass.supports(self):
+            return self
+        if self._fast_pass is None:
+            # normal tensors even when first asked inside a pass: the modules' weights become views of the fused ones
+            with torch.inference_mode(False), torch.no_grad():
+                self._fast_pass = FastPass(self)
+        return self._fast_pass
 
     # --- forward --------------------------------------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

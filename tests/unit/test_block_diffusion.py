@@ -76,11 +76,11 @@ def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pyte
     model = adapted()
     denoiser = BlockDiffusionDenoiser(model, [EOS])
     shapes: set[tuple[int, ...]] = set()
-    forward = model.forward
+    runner = model.inference_pass()
 
     def recording(input_ids: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         shapes.add(tuple(input_ids.shape))
-        return forward(input_ids, *args, **kwargs)
+        return runner(input_ids, *args, **kwargs)
 
     monkeypatch.setattr(batching, "PREFILL_CHUNK", 40)  # so that long prompts take several chunks
     canvas = torch.full((8,), model.mask_id)
@@ -89,12 +89,12 @@ def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pyte
         prompt = [(5 + 7 * i) % (VOCAB - 3) + 3 for i in range(length)]
         denoiser.start(prompt, 8, use_cache=False)  # the reference: the whole sequence in one unpadded forward
         expected = [denoiser.block_logits(canvas, 0, 4), denoiser.block_logits(canvas, 4, 8)]
-        monkeypatch.setattr(model, "forward", recording)
+        monkeypatch.setattr(model, "inference_pass", lambda: recording)
         denoiser.start(prompt, 8, use_cache=True)
         first = denoiser.block_logits(canvas, 0, 4)
         denoiser.finish_block(canvas, 0, 4)
         second = denoiser.block_logits(canvas, 4, 8)  # attends to the cached prompt: padding must be gone
-        monkeypatch.setattr(model, "forward", forward)
+        monkeypatch.setattr(model, "inference_pass", lambda: runner)
         torch.testing.assert_close(torch.stack([first, second]), torch.stack(expected), atol=1e-4, rtol=1e-4)
     # chunks of 40 tokens are padded to 48: prefills (of all but the prompt's last token) ran at two lengths (32,
     # 48), block passes at two (the prompt's last token + 4; the finished block + 4)

@@ -279,17 +279,17 @@ def test_cancel_during_a_long_prefill_stops_between_chunks(monkeypatch: pytest.M
     monkeypatch.setattr(batching, "PREFILL_CHUNK", 32)
     cancel = threading.Event()
     chunks: list[int] = []
-    forward = network.forward
+    runner = network.inference_pass()
 
     def counting(input_ids, *args, **kwargs):
         chunks.append(input_ids.shape[1])
         cancel.set()  # the client leaves while the first chunk is encoded
-        return forward(input_ids, *args, **kwargs)
+        return runner(input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(network, "forward", counting)
+    monkeypatch.setattr(network, "inference_pass", lambda: counting)
     prompt = [5 + i % 40 for i in range(200)]  # seven chunks of 32
     drafts = list(model.stream_prompt(prompt, GenerationOptions(max_new_tokens=4), cancel))
     assert [(d.done, d.finish_reason) for d in drafts] == [(True, "cancelled")]
     assert chunks == [32]  # stopped before the second chunk
-    monkeypatch.setattr(network, "forward", forward)
+    monkeypatch.setattr(network, "inference_pass", lambda: runner)
     assert list(model.stream_prompt(prompt, GenerationOptions(max_new_tokens=4)))[-1].done  # the model is free

@@ -1,0 +1,200 @@
+"""One inference pass of a block-diffusion Llama, written out without transformers' per-module machinery.
+
+The bundled model's passes multiply ~270 MB of bf16 weights by 1-32 rows. On a 2-core CPU those matmuls take about
+40 ms; transformers' modules around them (per-call hooks and kwargs, a separate q, k, v, gate and up projection, and
+the gated LoRA's 420 thin matmuls and dtype casts per pass) added 25-35 ms more. This module is the same computation in
+the style of gpt-fast: q/k/v and gate/up are one matmul each, the LoRA factors of each fused group are stacked into one
+pair (a block-diagonal B), the rotary table is computed once, and keys go straight into the `SlotCache`.
+
+Exactness: the same operations in the same dtypes as transformers' Llama (RMSNorm in fp32, rotary in the model's
+dtype, SDPA attention, the LoRA in its factors' dtype); the fused projections shape each output column's sum as the
+separate ones did. Tests hold it to the transformers forward in fp32 (tests/unit/test_fast_pass.py), and the bf16
+exactness tests of self-speculative decoding run through it.
+
+The fused weights share storage with the modules (the modules' weights become views into them), so nothing is held
+twice, and training, which needs autograd through the modules, keeps using them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from model.batching import SlotCache
+    from model.block_diffusion import BlockDiffusionLM, GatedLoRALinear
+
+
+@dataclass(frozen=True, slots=True)
+class _LoRA:
+    """A fused group's LoRA: `delta = scale * (x @ a.T) @ b.T` (fp32 factors on a CPU: thin matmuls run faster)."""
+
+    a: torch.Tensor  # [rank * members, in]
+    b: torch.Tensor  # [out, rank * members], block-diagonal over the members
+    scale: float
+
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.scale * ((x.to(self.a.dtype) @ self.a.t()) @ self.b.t())).to(x.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: torch.Tensor  # [heads * d + 2 * kv_heads * d, hidden]
+    o: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+    qkv_lora: _LoRA
+    o_lora: _LoRA
+    gate_up_lora: _LoRA
+    down_lora: _LoRA
+
+
+def supports(model: BlockDiffusionLM) -> bool:
+    """Whether `FastPass` computes exactly what `model`'s own forward does: a plain Llama (SmolLM2's architecture) with
+    the LoRA on every linear layer."""
+    config = model.base.config
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return (
+        getattr(config, "model_type", "") == "llama"
+        and getattr(config, "hidden_act", "") == "silu"
+        and not getattr(config, "attention_bias", False)
+        and not getattr(config, "mlp_bias", False)
+        and rope.get("rope_type", "default") == "default"
+        and set(model.config.targets) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    )
+
+
+def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
+    """Stack the base weights of `modules` (same input) into one matrix whose rows the modules then view, and their
+    LoRA factors into one pair."""
+    fused = torch.cat([m.base.weight.detach() for m in modules])
+    offset = 0
+    for m in modules:
+        rows = m.base.weight.shape[0]
+        m.base.weight = nn.Parameter(fused[offset : offset + rows], requires_grad=False)  # a view: no second copy
+        offset += rows
+    a = torch.cat([m.lora_a.detach() for m in modules])
+    b = torch.block_diag(*[m.lora_b.detach() for m in modules])
+    scales = {m.scale for m in modules}
+    if len(scales) != 1:
+        raise ValueError("fused LoRA members must share one scale")
+    return fused, _LoRA(a, b, scales.pop())
+
+
+class FastPass:
+    """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.batching`). Built from
+    the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.fast_pass` does)."""
+
+    def __init__(self, model: BlockDiffusionLM) -> None:
+        base = model.base
+        config = base.config
+        self.model = model
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.eps = float(config.rms_norm_eps)
+        self.scaling = self.head_dim**-0.5
+        self.layers: list[_Layer] = []
+        for layer in base.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv, qkv_lora = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            gate_up, gate_up_lora = _fuse([mlp.gate_proj, mlp.up_proj])
+            _, o_lora = _fuse([attn.o_proj])
+            _, down_lora = _fuse([mlp.down_proj])
+            self.layers.append(_Layer(
+                layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                qkv, attn.o_proj.base.weight.detach(), gate_up, mlp.down_proj.base.weight.detach(),
+                qkv_lora, o_lora, gate_up_lora, down_lora,
+            ))
+        self.norm = base.model.norm.weight.detach()
+        self.lm_head = base.get_output_embeddings().weight.detach()
+        rotary = base.model.rotary_emb
+        self.inv_freq = rotary.inv_freq.detach().float()
+        self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.dtype = self.lm_head.dtype
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [B, S] -> cos, sin: [B, 1, S, head_dim], computed as transformers' LlamaRotaryEmbedding does
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(self.dtype)
+        sin = (emb.sin() * self.attention_scaling).to(self.dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * cos) + (rotated * sin)
+
+    @staticmethod
+    def _linear(
+        x: torch.Tensor, weight: torch.Tensor, lora: _LoRA, start: int | None, rows: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`x @ weight.T` plus the LoRA on columns [start, S), masked per sequence by `rows` (start None: none)."""
+        out = F.linear(x, weight)
+        if start is None or start >= x.shape[1]:
+            return out
+        delta = lora.delta(x[:, start:])
+        if rows is not None:
+            delta = delta * rows.to(delta.dtype)
+        out[:, start:].add_(delta)
+        return out
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        input_ids: torch.Tensor,  # [B, S]
+        position_ids: torch.Tensor,  # [B, S]
+        attention_bias: torch.Tensor,  # [B, 1, S, K] additive float
+        noisy: torch.Tensor,  # [B, S] bool: noisy rows are each sequence's last ones (see model.batching)
+        cache: SlotCache,
+        keep: int | torch.Tensor = 0,
+    ) -> torch.Tensor:
+        from model.block_diffusion import noisy_suffix
+
+        suffix = noisy_suffix(noisy)
+        if suffix is None:
+            raise ValueError("FastPass needs each sequence's noisy rows after its clean ones")
+        start: int | None = suffix[0]
+        rows = None if suffix[1] is None else suffix[1].unsqueeze(-1)
+        if start is not None and start >= input_ids.shape[1]:
+            start = None  # a clean pass: no LoRA anywhere
+        b, s = input_ids.shape
+        h = self.model.embed(input_ids).to(self.dtype)  # [B, S, hidden]
+        bias = attention_bias.to(self.dtype)
+        cos, sin = self._rotary(position_ids)
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for index, layer in enumerate(self.layers):
+            x = self._rms_norm(h, layer.input_norm)
+            qkv = self._linear(x, layer.qkv, layer.qkv_lora, start, rows)
+            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+            q = self._rotate(q.view(b, s, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+            k = self._rotate(k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+            keys, values = cache.update(k, v, index)
+            attended = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=bias, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
+            )
+            attended = attended.transpose(1, 2).reshape(b, s, q_size)
+            h = h + self._linear(attended, layer.o, layer.o_lora, start, rows)
+            x = self._rms_norm(h, layer.post_norm)
+            gate, up = self._linear(x, layer.gate_up, layer.gate_up_lora, start, rows).chunk(2, dim=-1)
+            h = h + self._linear(F.silu(gate) * up, layer.down, layer.down_lora, start, rows)
+        h = self._rms_norm(h, self.norm)
+        if isinstance(keep, torch.Tensor):
+            h = h[:, keep]
+        elif keep:
+            h = h[:, -keep:]
+        return F.linear(h, self.lm_head)

@@ -1,0 +1,62 @@
+"""The fused inference pass (model/fast_pass.py) computes what the block-diffusion model's modules compute."""
+
+from __future__ import annotations
+
+import torch
+
+from model.batching import KEY_MULTIPLE, Feed, SlotCache, additive_mask, pass_layout, prefill
+from model.block_diffusion import BlockDiffusionLM
+from model.fast_pass import FastPass
+from tests.unit.test_self_speculative import adapted, bf16_adapted, one_thread  # noqa: F401  (autouse: 1 thread)
+
+FEEDS = (
+    Feed(clean=(3, 4, 5), noisy=(0, 0, 0, 0), after=(1, 1, 3, 3)),  # blocks after drafts
+    Feed(clean=(6,), noisy=(0, 0)),  # fewer noisy rows: padding between its clean and noisy rows
+    Feed(clean=(7, 8)),  # clean only
+)
+
+
+def one_pass(model: BlockDiffusionLM, runner) -> torch.Tensor:
+    """Logits of one batched pass over three sequences with different cached lengths, through `runner`."""
+    cache = SlotCache(3)
+    with torch.inference_mode():
+        for slot, tokens in enumerate(([5, 7, 9, 11, 3, 4, 20, 30, 31], [5, 7, 9, 2, 1], [9, 8, 7, 6, 5, 4, 3])):
+            prefill(model, cache, slot, tokens)
+        feeds = [Feed(f.clean, (model.mask_id,) * len(f.noisy), f.after) for f in FEEDS]
+        lengths = [len(slot.ids) for slot in cache.slots]
+        ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
+        cache.bind([0, 1, 2], lengths)
+        return runner(ids, positions, additive_mask(allowed), noisy, cache)
+
+
+def test_the_fused_pass_gives_the_modules_logits_bit_for_bit() -> None:
+    for model in (adapted(seed=2), bf16_adapted(seed=2)):
+        fused = model.inference_pass()
+        assert isinstance(fused, FastPass)
+        assert torch.equal(one_pass(model, fused), one_pass(model, model))
+
+
+def test_the_modules_weights_are_views_of_the_fused_ones() -> None:
+    model = adapted()
+    fused = model.inference_pass()
+    attention = model.base.model.layers[0].self_attn
+    storage = fused.layers[0].qkv.untyped_storage().data_ptr()
+    for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+        assert projection.base.weight.untyped_storage().data_ptr() == storage
+    assert not any(p.is_inference() for p in model.parameters())  # training can still use the modules
+
+
+def test_a_new_adapter_rebuilds_the_fused_pass() -> None:
+    model = adapted()
+    before = one_pass(model, model.inference_pass())
+    state = {name: tensor * 2 for name, tensor in model.adapter_state().items()}
+    model.load_adapter_state(state)
+    after = one_pass(model, model.inference_pass())
+    assert torch.equal(after, one_pass(model, model))
+    assert not torch.equal(after, before)  # the noisy rows see the new LoRA
+
+
+def test_training_uses_the_modules() -> None:
+    model = adapted()
+    model.train()
+    assert model.inference_pass() is model
