@@ -152,6 +152,23 @@ class FastPass:
         out[:, start:].add_(delta)
         return out
 
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """SDPA laid out as transformers lays it out, because the CPU kernel's rounding depends on the layout: a lone
+        query row goes in as its head group's rows over the shared key head; several rows see each key head repeated
+        for its query heads. Either way a row's output is the same bits whatever else shares the pass (SDPA's own
+        `enable_gqa`, or a lone row over repeated keys, rounded it differently from the same row among others)."""
+        b, _, s, d = q.shape
+        groups = self.heads // self.kv_heads
+        if groups == 1:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling)
+        if s == 1:
+            packed = q.reshape(b, self.kv_heads, groups, d)  # bias [B, 1, 1, K] broadcasts over the group's rows
+            out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=bias, scale=self.scaling)
+            return out.reshape(b, self.heads, 1, d)
+        keys = keys.repeat_interleave(groups, dim=1)
+        values = values.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling)
+
     @torch.inference_mode()
     def __call__(
         self,
@@ -184,10 +201,7 @@ class FastPass:
             k = self._rotate(k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
             v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
             keys, values = cache.update(k, v, index)
-            attended = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=bias, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
-            )
-            attended = attended.transpose(1, 2).reshape(b, s, q_size)
+            attended = self._attend(q, keys, values, bias).transpose(1, 2).reshape(b, s, q_size)
             h = h + self._linear(attended, layer.o, layer.o_lora, start, rows)
             x = self._rms_norm(h, layer.post_norm)
             gate, up = self._linear(x, layer.gate_up, layer.gate_up_lora, start, rows).chunk(2, dim=-1)
