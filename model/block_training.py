@@ -47,10 +47,12 @@ def make_batch(
     drafting: bool = False,
     near_weight: float = 1.0,
 ) -> Batch:
-    """A training batch. `drafting`: every block fully masked and each copy's blocks shifted by its own random offset,
-    which is what self-speculative decoding asks of the masks (draft a whole block after a clean prefix, at any
-    position); `near_weight` < 1 weights the j-th drafted token of a block near_weight ** (j - 1), nearer ones more
-    (a draft is only accepted after every draft before it)."""
+    """A training batch. `drafting`: what self-speculative decoding asks of the masks, laid out as a decoding pass
+    lays them out: each copy's blocks shifted by its own random offset (a draft starts after a clean prefix at any
+    position), every block fully masked, and its last position hidden, so a block is `block - 1` mask rows that draft
+    the `block - 1` tokens after the teacher's next one (model/speculative.py feeds exactly that many masks after a
+    clean token). `near_weight` < 1 weights the j-th drafted token of a block near_weight ** (j - 1), nearer ones
+    more (a draft is only accepted after every draft before it)."""
     b = len(examples)
     prompt_lens = [len(p) for p, _ in examples]
     # answer regions rounded up to whole blocks, EOS-filled
@@ -114,8 +116,10 @@ def make_batch(
     noisy_allowed = (copy_idx[:, None] == copy_idx[None, :]) & (blk[:, None] == blk[None, :])
     noisy_allowed = noisy_allowed[None].expand(b, -1, -1).clone()
     valid_k = valid.repeat(1, copies)  # [b, K*n]
+    if drafting:  # a block's last position is no mask row of a decoding pass: nothing attends to it
+        valid_k &= (in_block != block - 1).reshape(copies * n)[None]
     noisy_allowed &= valid_k[:, None, :]
-    # rows outside the answer attend only to themselves (keeps softmax finite; they carry no loss)
+    # rows outside the answer (and hidden ones) attend only to themselves (keeps softmax finite; they carry no loss)
     eye = torch.eye(copies * n, dtype=torch.bool)[None]
     noisy_allowed |= eye & ~valid_k[:, :, None]
     allowed = torch.cat([clean_allowed, noisy_allowed], dim=2)

@@ -29,7 +29,9 @@ from model.block_training import block_diffusion_loss, make_batch  # noqa: E402
 from model.default_model import ADAPTER_DIR, VOICE_SYSTEM_PROMPT, load_base  # noqa: E402
 from model.teacher_data import (  # noqa: E402
     TeacherExample,
+    assistant_questions,
     chitchat_prompts,
+    example_row,
     load_examples,
     split_prompts,
     teacher_answers,
@@ -37,13 +39,20 @@ from model.teacher_data import (  # noqa: E402
 
 HELDOUT_FILE = ROOT / "tests" / "data" / "heldout_prompts.txt"
 TEACHER_SYSTEM_PROMPT = VOICE_SYSTEM_PROMPT
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "default")
     p.add_argument("--heldout", type=int, default=120, help="prompts held out forever (tests/data)")
-    p.add_argument("--examples", type=int, default=3000, help="training prompts the teacher answers")
+    p.add_argument("--examples", type=int, default=3000, help="chit-chat prompts the teacher answers as first turns")
+    p.add_argument("--history-examples", type=int, default=0,
+                   help="further chit-chat prompts answered after an earlier exchange (as in a voice session)")
+    p.add_argument("--assistant-questions", action=argparse.BooleanOptionalAction, default=True,
+                   help="also the assistant-style questions of model/teacher_data.py")
+    p.add_argument("--teacher-dtype", choices=tuple(DTYPES), default="bf16",
+                   help="the teacher's dtype when it writes answers (bf16: what decoding verifies against)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--block-length", type=int, default=4)
     p.add_argument("--rank", type=int, default=16)
@@ -59,31 +68,62 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--publish", action="store_true", help="write the adapter to model/default/ when done")
     p.add_argument("--drafting", action="store_true",
                    help="one-shot drafting objective: whole blocks masked at random offsets (self-speculative)")
+    p.add_argument("--draft-masks", type=int, default=4,
+                   help="drafting: the mask rows of a drafting block (decoding feeds this many after a clean token)")
     p.add_argument("--near-weight", type=float, default=1.0, help="loss weight ratio of each further draft (< 1)")
+    p.add_argument("--data-only", action="store_true", help="stop after the teacher data is written")
     p.add_argument("--init", type=Path, default=None, help="warm start from this adapter folder (e.g. model/default)")
     return p.parse_args()
 
 
-def ensure_teacher_data(args: argparse.Namespace, model, tokenizer) -> list[TeacherExample]:
-    prompts = chitchat_prompts()
-    train, heldout = split_prompts(prompts, args.heldout, seed=0)
+def teacher_plan(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """What the teacher answers, in order: (first turns, prompts that follow an earlier exchange).
+
+    First turns are the assistant-style questions and `--examples` chit-chat prompts; then `--history-examples`
+    further chit-chat prompts and the assistant questions again, each after an exchange drawn from the first turns:
+    a voice session shows the model its previous exchange, and drafts were accepted less often there (1.31 tokens a
+    pass against 1.77 on single questions)."""
+    train, heldout = split_prompts(chitchat_prompts(), args.heldout, seed=0)
     HELDOUT_FILE.parent.mkdir(parents=True, exist_ok=True)
     HELDOUT_FILE.write_text("\n".join(heldout) + "\n")
+    questions = assistant_questions() if args.assistant_questions else []
+    first = questions + train[: args.examples]
+    follow = train[args.examples : args.examples + args.history_examples]
+    follow += questions if args.history_examples else []
+    return first, follow
+
+
+def ensure_teacher_data(args: argparse.Namespace, tokenizer) -> list[TeacherExample]:
+    first, follow = teacher_plan(args)
     path = args.out / "teacher.jsonl"
     done = load_examples(path) if path.exists() else []
-    wanted = train[: args.examples]
-    todo = wanted[len(done) :]
-    if todo:
-        with path.open("a") as f, tqdm(total=len(wanted), initial=len(done), desc="teacher answers") as bar:
-            for ex in teacher_answers(model, tokenizer, todo, TEACHER_SYSTEM_PROMPT, args.max_new_tokens):
-                row = {"prompt": ex.prompt, "prompt_ids": ex.prompt_ids, "answer_ids": ex.answer_ids}
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                done.append(ex)
-                bar.update(1)
     eos = tokenizer.eos_token_id
+    todo_first, todo_follow = first[len(done) :], follow[max(0, len(done) - len(first)) :]
+    if todo_first or todo_follow:
+        teacher, _ = load_base(DTYPES[args.teacher_dtype])
+        bar = tqdm(total=len(first) + len(follow), initial=len(done), desc="teacher answers")
+        with path.open("a") as f, bar:
+
+            def write(examples) -> None:
+                for ex in examples:
+                    f.write(json.dumps(example_row(ex)) + "\n")
+                    f.flush()
+                    done.append(ex)
+                    bar.update(1)
+
+            write(teacher_answers(teacher, tokenizer, todo_first, TEACHER_SYSTEM_PROMPT, args.max_new_tokens))
+            # each follow-up's earlier exchange: a finished first turn, drawn with a fixed seed (resumable)
+            finished = [ex for ex in done[: len(first)] if ex.answer_ids and ex.answer_ids[-1] == eos]
+            rng = random.Random(args.seed)
+            draws = [rng.choice(finished) for _ in follow][len(follow) - len(todo_follow) :]
+            histories = [(ex.prompt, tokenizer.decode(ex.answer_ids, skip_special_tokens=True).strip()) for ex in draws]
+            write(teacher_answers(teacher, tokenizer, todo_follow, TEACHER_SYSTEM_PROMPT, args.max_new_tokens,
+                                  histories=histories))
+        del teacher
     finished = [ex for ex in done if ex.answer_ids and ex.answer_ids[-1] == eos]
-    print(f"teacher data: {len(done)} answers, {len(finished)} end with EOS (used for training)")
+    with_history = sum(ex.history is not None for ex in finished)
+    print(f"teacher data: {len(done)} answers, {len(finished)} end with EOS (used for training; "
+          f"{with_history} after an earlier exchange)")
     return finished
 
 
@@ -129,7 +169,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     base, tokenizer = load_base(torch.float32)
-    examples = ensure_teacher_data(args, base, tokenizer)
+    examples = ensure_teacher_data(args, tokenizer)
+    if args.data_only:
+        return
     pairs = [(ex.prompt_ids, ex.answer_ids) for ex in examples]
 
     if args.init is not None:
@@ -171,7 +213,8 @@ def main() -> None:
     started, seen_tokens = time.monotonic(), 0.0
     while step < args.max_steps and time.monotonic() < deadline:
         batch_pairs = order_rng.sample(pairs, args.batch)
-        batch = make_batch(batch_pairs, args.block_length, model.mask_id, eos, args.copies, generator,
+        block = args.draft_masks + 1 if args.drafting else model.config.block_length
+        batch = make_batch(batch_pairs, block, model.mask_id, eos, args.copies, generator,
                            drafting=args.drafting, near_weight=args.near_weight)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args)
@@ -215,9 +258,14 @@ def main() -> None:
                     "teacher_system_prompt": TEACHER_SYSTEM_PROMPT,
                     "drafting_objective": args.drafting,
                     "near_weight": args.near_weight,
+                    "draft_masks": args.draft_masks if args.drafting else None,
+                    "examples_after_an_earlier_exchange": sum(ex.history is not None for ex in examples),
                     "warm_start": str(args.init) if args.init else None,
                 },
-                "sampler": {"block_length": args.block_length, "threshold": 0.9, "remasking": "left_to_right"},
+                "sampler": {
+                    "block_length": model.config.block_length, "threshold": 0.9, "remasking": "left_to_right",
+                    **({"draft_masks": args.draft_masks} if args.drafting else {}),
+                },
             },
         )
         plot_losses(history, ADAPTER_DIR / "loss_curve.png")
