@@ -34,7 +34,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
@@ -266,6 +266,7 @@ class SpeculativeDecoding:
         self.drafts: list[int] = []  # [k] the masks' guesses for the tokens after `answer`
         self.draft_conf: list[float] = []
         self.last = self.prompt[-1]  # the newest token not yet in the cache
+        self.lead: tuple[int, ...] = ()  # prompt tokens before `last` that the first pass encodes (`fold_prompt`)
         self.step = 0
 
     @property
@@ -274,25 +275,33 @@ class SpeculativeDecoding:
         and its row predicts the answer's first token)."""
         return self.prompt[:-1]
 
+    def fold_prompt(self, tokens: Sequence[int]) -> None:
+        """Encode `tokens` (the prompt's uncached part before its last token) in the first pass, ahead of the last
+        token, instead of in a prefill of their own: a voice turn's new words then cost no extra forward."""
+        self.lead = tuple(tokens)
+
     def feed(self, crowd: int = 1) -> Feed:
         """`[last committed token | k drafts]` clean, then m masks: one block after the drafts, or with `branches`
         one after each of the k + 1 prefixes the pass may accept. Only when the answer has the pass to itself
         (`crowd` 1): in a batched pass the extra mask rows of every answer cost more than they gain (bench_api, 4
-        clients: 26.2 tokens/s with one block, 21.8 with a block after every draft)."""
+        clients: 26.2 tokens/s with one block, 21.8 with a block after every draft). A folded prompt's tokens
+        (`fold_prompt`) come first in the first pass."""
         self.drafts = self.drafts[: self.max_new_tokens - len(self.answer) - 1]  # k + 1 new tokens at most
-        clean = (self.last, *self.drafts)
+        clean = (*self.lead, self.last, *self.drafts)
         self._branched = self.branches and self.masks > 0 and crowd <= 1
         if not self._branched:
             return Feed(clean=clean, noisy=(self.mask_id,) * self.masks)
-        after = tuple(g for g in range(1, len(clean) + 1) for _ in range(self.masks))
+        after = tuple(g for g in range(len(self.lead) + 1, len(clean) + 1) for _ in range(self.masks))
         return Feed(clean=clean, noisy=(self.mask_id,) * len(after), after=after)
 
     def consume(
         self, clean_logits: torch.Tensor, mask_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
     ) -> tuple[Refinement, int]:
-        """The pass's teacher logits `[k + 1, V]` and mask logits `[m, V]` -> (Refinement, clean tokens to keep)."""
+        """The pass's teacher logits `[k + 1, V]` (after a folded prompt's rows) and mask logits `[m, V]` ->
+        (Refinement, clean tokens to keep)."""
         drafts, answer = self.drafts, self.answer
-        logits = guarded(clean_logits, answer, drafts, self.guard)
+        lead, self.lead = len(self.lead), ()
+        logits = guarded(clean_logits[lead:], answer, drafts, self.guard)
         draft_ids = torch.tensor(drafts, dtype=torch.long)  # [k]
         if self.temperature == 0:
             accepted, bonus = accept_greedy(draft_ids, logits)
@@ -339,7 +348,7 @@ class SpeculativeDecoding:
             eos_ids=self.eos_ids,
         )
         self.step += 1
-        return refinement, 1 + accepted
+        return refinement, lead + 1 + accepted
 
 
 def generate_speculative(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from model.batch_runner import BatchRunner, PromptOnly, Run, admission
+from model.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
 from model.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
 from model.block_diffusion import BlockDiffusionDenoiser
 from model.chat import ChatMessage, GenerationOptions
@@ -473,3 +473,34 @@ def test_a_prompt_prepared_ahead_waits_until_no_answer_is_decoding() -> None:
     assert admission([ahead, bulk], free=8) == [bulk]  # an answer before any prompt encoded ahead
     assert admission([ahead], free=8, busy=True) == []  # never delays the passes of answers in flight
     assert admission([ahead], free=8) == [ahead]
+
+
+def test_a_short_uncached_prompt_is_encoded_by_the_answers_first_pass() -> None:
+    chat = engine()
+    runner = chat._runner
+    model = chat.denoiser.model
+    forwards: list[int] = []  # rows of every forward the runner runs
+    fused = model.inference_pass()
+
+    def counting(input_ids, *args, **kwargs):
+        forwards.append(input_ids.shape[1])
+        return fused(input_ids, *args, **kwargs)
+
+    model.inference_pass = lambda: counting
+    prefix = prompts(1, seed=9)[0]
+    list(runner.prepare(prefix))  # a voice session's history and user header, encoded ahead
+    for mode in ("self-speculative", "autoregressive", "diffusion"):
+        config = MODES[mode]
+        for tail in (3, FOLD_LIMIT, FOLD_LIMIT + 1):  # uncached tokens before the prompt's last one
+            question = prefix + [(7 * i) % (LLAMA_VOCAB - 3) + 3 for i in range(tail + 1)]
+            forwards.clear()
+            run = runner.submit(chat.sequence(question, 8, config), interactive=True)
+            refinements = drain(run)
+            assert stream(iter(refinements)) == alone(question, config, 8), (mode, tail)
+            assert run.reused_tokens == len(prefix)
+            prefills = len(forwards) - len(refinements)
+            # the new words and the prompt's last token are the first pass's first rows; a longer tail gets a
+            # prefill of its own
+            assert prefills == (0 if tail <= FOLD_LIMIT else 1), (mode, tail)
+            assert forwards[prefills] >= (tail + 1 if tail <= FOLD_LIMIT else 1)
+            runner.cache.slots[run.slot].ids[len(prefix):] = []  # the next question starts after the prefix again
