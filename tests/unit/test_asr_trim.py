@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from voice.listen.local_agreement import Word
 from voice.listen.transcriber import whole_word_boundaries
 
@@ -29,6 +31,8 @@ def test_the_committed_end_is_a_cut_when_nothing_tentative_follows() -> None:
 class _Segment:
     def __init__(self, words: list[Word]) -> None:
         self.words = [_W(w.text, w.start, w.end) for w in words]
+        self.text = "".join(w.text for w in words)
+        self.start = words[0].start if words else 0.0
         self.end = words[-1].end if words else 0.0
 
 
@@ -82,3 +86,47 @@ def test_finish_never_doubles_a_first_word_committed_in_an_untrimmed_buffer() ->
         transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
         transcriber.process(force=True)
     assert transcriber.finish().text == "Hi there"
+
+
+def test_spread_words_keeps_whispers_spacing_and_covers_the_segment() -> None:
+    from voice.listen.transcriber import spread_words
+
+    timed = spread_words(" Hello there, friend.", 1.0, 2.5)
+    assert [w.word for w in timed] == [" Hello", " there,", " friend."]
+    assert (timed[0].start, timed[-1].end) == (1.0, 2.5)
+    assert all(a.end == b.start for a, b in itertools.pairwise(timed))
+
+
+class TimingWhisper(ScriptedWhisper):
+    """Also records whether each decode asked for word timestamps."""
+
+    def __init__(self, hypothesis) -> None:
+        super().__init__(hypothesis)
+        self.word_times: list[bool] = []
+
+    def transcribe(self, audio, **options):
+        self.word_times.append(options["word_timestamps"])
+        return super().transcribe(audio, **options)
+
+
+def test_the_likely_final_skips_word_alignment_and_is_the_final_when_no_audio_follows() -> None:
+    import numpy as np
+
+    from voice.listen.transcriber import StreamingTranscriber
+
+    def growing(seconds: float, n: int) -> list[Word]:
+        return [Word(f" w{i}", i * 0.5, i * 0.5 + 0.4) for i in range(int(seconds * 2))]
+
+    model = TimingWhisper(growing)
+    transcriber = StreamingTranscriber(model)
+    for _ in range(3):
+        transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
+        transcriber.process(force=True)
+    committed = transcriber.process(force=True)  # nothing new: no decode
+    assert committed is None
+    transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
+    likely = transcriber.process(force=True, as_final=True)
+    assert likely is not None and likely.text == "w0 w1 w2 w3"  # two seconds of audio
+    final = transcriber.finish()
+    assert final.text == likely.text
+    assert model.word_times == [True, True, True, False]  # partials aligned words; the final decoded once, without

@@ -30,6 +30,7 @@ MAX_TOKENS_PER_S = 8
 MAX_NEW_TOKENS = 200  # with the prompt, within Whisper's 448-token decoder limit
 WHISPER_WINDOW_S = 30
 _HAS_WORD = re.compile(r"\w")
+_PIECES = re.compile(r"\s*\S+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +85,14 @@ def decode_options(config: TranscriberConfig) -> dict[str, Any]:
 
 
 def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offset_s: float = 0.0,
-                 prompt: str | None = None, window_margin_s: float | None = None) -> tuple[list[Word], list[float]]:
+                 prompt: str | None = None, window_margin_s: float | None = None,
+                 word_times: bool = True) -> tuple[list[Word], list[float]]:
     """Decode `audio` once; return its words and segment end times, shifted by `offset_s` into turn time.
 
     `window_margin_s` shows the encoder only the audio plus that margin instead of Whisper's 30 s window (see
-    `voice.listen.asr_models.windowed_model_class`); ignored by a model without `encoder_frames`.
+    `voice.listen.asr_models.windowed_model_class`); ignored by a model without `encoder_frames`. Without
+    `word_times` the words are the same (alignment runs after decoding) but their times are spread evenly over their
+    segment: faster-whisper's word alignment is a quarter of a decode, and a turn's final text does not need it.
     """
     windowed = window_margin_s is not None and hasattr(model, "encoder_frames")
     options = decode_options(config)
@@ -102,12 +106,13 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
         # buffers; cap the tokens at a fast speaker's rate so a loop costs little and ends.
         options["max_new_tokens"] = min(int(MAX_TOKENS_PER_S * audio.size / TARGET_RATE) + 8, MAX_NEW_TOKENS)
     try:
-        segments, _info = model.transcribe(audio, word_timestamps=True, initial_prompt=prompt or None, **options)
+        segments, _info = model.transcribe(audio, word_timestamps=word_times, initial_prompt=prompt or None, **options)
         words: list[Word] = []
         segment_ends: list[float] = []
         for segment in segments:
+            timed = segment.words if word_times else spread_words(segment.text, segment.start, segment.end)
             # punctuation-only "words" carry no speech (and are what a model hallucinates on silence)
-            words.extend(Word(w.word, offset_s + w.start, offset_s + w.end) for w in segment.words or ()
+            words.extend(Word(w.word, offset_s + w.start, offset_s + w.end) for w in timed or ()
                          if _HAS_WORD.search(w.word))
             segment_ends.append(offset_s + segment.end)
     except (RuntimeError, ValueError) as err:
@@ -116,6 +121,20 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
         if windowed:
             model.encoder_frames = None
     return words, segment_ends
+
+
+@dataclass(frozen=True, slots=True)
+class _TimedWord:
+    word: str
+    start: float
+    end: float
+
+
+def spread_words(text: str, start: float, end: float) -> list[_TimedWord]:
+    """A segment's words (each with its leading space, as Whisper's word timestamps give them), timed evenly."""
+    pieces = _PIECES.findall(text)
+    step = (end - start) / max(1, len(pieces))
+    return [_TimedWord(piece, start + i * step, start + (i + 1) * step) for i, piece in enumerate(pieces)]
 
 
 def whole_word_boundaries(committed: list[Word], tentative: list[Word]) -> list[float]:
@@ -172,13 +191,20 @@ class StreamingTranscriber:
     def process(self, force: bool = False, as_final: bool = False) -> Hypothesis | None:
         """Decode if `partial_step_s` of new audio arrived (or any, with `force`); return the new partial or None.
 
-        `as_final` decodes the way `finish` would (its encoder window), so that a `finish` with no audio in between
-        returns this decode instead of repeating it: call it when the speaker has probably stopped.
+        `as_final` decodes the way `finish` would (its encoder window, no word times), so that a `finish` with no
+        audio in between returns this decode instead of repeating it: call it when the speaker has probably stopped.
+        Its words, timed only roughly, do not go into LocalAgreement; if the speaker goes on, the next partial picks up
+        from the one before.
         """
         new_samples = self._total - self._decoded_to
         if new_samples <= 0 or (not force and new_samples < self.config.partial_step_s * TARGET_RATE):
             return None
-        words = self._decode(self.config.final_margin_s if as_final else self.config.partial_margin_s)
+        if as_final:
+            words = self._decode(self.config.final_margin_s, word_times=False)
+            committed = join_words(self._agreement.committed)
+            return Hypothesis(committed, join_words([*self._words_before_buffer(), *words]), False,
+                              self._decoded_to / TARGET_RATE)
+        words = self._decode(self.config.partial_margin_s)
         self._agreement.update(words)
         self._trim()
         return self._hypothesis(final=False)
@@ -194,25 +220,29 @@ class StreamingTranscriber:
         if self._total == 0:
             return Hypothesis("", "", True, 0.0)
         if self._total > self._decoded_to or self._last_margin_s != self.config.final_margin_s or not self.decodes:
-            words = self._decode(self.config.final_margin_s)
+            words = self._decode(self.config.final_margin_s, word_times=False)
         else:
             words = self._last_words
-        # the buffer may have been trimmed after the reused decode: split where that decode's buffer began (a buffer
-        # never trimmed began at 0, and the last decode heard every word: keeping one would say it twice)
-        start = self._last_decode_start_s
-        before = [word for word in self._agreement.committed if word.end <= start + 0.05] if start > 0 else []
+        before = self._words_before_buffer()
         self._agreement.reset()
         self._agreement.committed = [*before, *words]
         text = join_words(self._agreement.committed)
         return Hypothesis(text, text, True, self._decoded_to / TARGET_RATE)
 
-    def _decode(self, margin_s: float | None) -> list[Word]:
+    def _words_before_buffer(self) -> list[Word]:
+        """Committed words before the last decode's buffer. The buffer may have been trimmed after that decode: split
+        where its buffer began (a buffer never trimmed began at 0, and the decode heard every word: keeping one would
+        say it twice)."""
+        start = self._last_decode_start_s
+        return [word for word in self._agreement.committed if word.end <= start + 0.05] if start > 0 else []
+
+    def _decode(self, margin_s: float | None, word_times: bool = True) -> list[Word]:
         if self._chunks:
             self._buffer = np.concatenate([self._buffer, *self._chunks])
             self._chunks = []
         offset_s = self._buffer_start / TARGET_RATE
         words, self._segment_ends = decode_words(self.model, self._buffer, self.config, offset_s, self._prompt(),
-                                                 margin_s)
+                                                 margin_s, word_times)
         self._last_margin_s = margin_s
         self._last_decode_start_s = offset_s
         self._decoded_to = self._total
