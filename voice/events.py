@@ -51,11 +51,18 @@ class SpeechEnd(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Transcript(Event):
     """A partial (`final=False`) or final transcript of the current user turn. `committed` is the prefix that
-    LocalAgreement has fixed; `text` is the whole current hypothesis."""
+    LocalAgreement has fixed; `text` is the whole current hypothesis. `likely_final`: a partial that is the
+    segment's final unless the voice comes back (its speech was followed by silence and decoded whole)."""
 
     text: str
     committed: str
     final: bool
+    likely_final: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoiceResumed(Event):
+    """The user's voice came back inside the current segment after its likely final (a pause too short to end it)."""
 
 
 # --- thinking --------------------------------------------------------------------------------------------------------
@@ -187,6 +194,7 @@ EVENT_TYPES: dict[type[Event], str] = {
     SpeechStart: "speech_start",
     SpeechEnd: "speech_end",
     Transcript: "transcript",
+    VoiceResumed: "voice_resumed",
     LmStarted: "lm_started",
     DraftUpdate: "draft",
     LmFirstPass: "lm_first_pass",

@@ -48,6 +48,7 @@ from voice.events import (
     SpeechEnd,
     SpeechStart,
     Transcript,
+    VoiceResumed,
     now_ns,
 )
 from voice.listen.stage import ListenConfig, ListenStage
@@ -77,6 +78,8 @@ from voice.turn_taking import (
     TypedText,
     UserDone,
     UserFinal,
+    UserLikelyFinal,
+    UserResumed,
     UserSpeechEnded,
     UserSpeechStarted,
     UserWords,
@@ -137,6 +140,7 @@ class Session:
         self._speaking = False
         self._closed = False
         self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
+        self._likely_final_ns: int | None = None  # when the likely final the held answer started from came
 
     # --- public API ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -242,18 +246,30 @@ class Session:
             self._segment_end = (event.t_ns, event.detected_ns)
             await self._dispatch(UserSpeechEnded(self._listen.speech_end_ms if self._listen else 0.0))
             self._emit(replace(event, turn=machine.user_turn))
+        elif isinstance(event, VoiceResumed):
+            self._likely_final_ns = None
+            self._emit(replace(event, turn=machine.user_turn))
+            await self._dispatch(UserResumed())
         elif isinstance(event, Transcript) and not event.final:
             self._emit(replace(event, turn=machine.user_turn))
             if event.text.strip():
                 await self._dispatch(UserWords())
+            if event.likely_final:
+                actions = machine.handle(UserLikelyFinal(event.text))
+                if any(isinstance(action, StartAnswer) for action in actions):
+                    self._likely_final_ns = event.t_ns  # the transcript this answer started from
+                await self._execute(actions)
         elif isinstance(event, Transcript):
             actions = machine.handle(UserFinal(event.text))
             turn = machine.user_turn
+            kept = self._likely_final_ns if not any(isinstance(a, StartAnswer) for a in actions) else None
+            self._likely_final_ns = None
             if machine.state in (State.USER_PAUSED, State.ANSWERING) and self._segment_end is not None:
-                # the turn's timing is its last segment's: voice-to-voice counts from the last word said
+                # the turn's timing is its last segment's: voice-to-voice counts from the last word said; its
+                # transcript is the one its answer started from (the likely final, when the answer kept it)
                 record = self._records.get(turn)
                 record.marks["speech_end"], record.endpoint_detected_ns = self._segment_end
-                record.marks["asr_final"] = event.t_ns
+                record.marks["asr_final"] = kept if kept is not None else event.t_ns
             self._segment_end = None
             self._emit(replace(event, turn=turn))
             await self._execute(actions)

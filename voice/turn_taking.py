@@ -4,9 +4,12 @@ The shape is h11's and websockets' `Protocol`: a small `State` enum, one method,
 holds every legal transition, and a thin async shell (`voice.session.Session`) that only executes the actions. Tests
 drive it with lists of events and assert the actions: no models, no sleeps, no event loop.
 
-Speculative end of turn. The listener reports a speech segment's end (`UserFinal`) after a short silence, ~200 ms. The
-answer starts right there (`StartAnswer(held=True)`): the LM and the first phrase's TTS run while the end of turn is
-still undecided (state `USER_PAUSED`). The end of turn is confirmed by more silence (`Silence`: the silence rule, or
+Speculative end of turn. The listener decodes a segment as soon as its speech has been followed by a moment of
+silence (~64 ms: the likely final, `UserLikelyFinal`), and the answer starts right there (`StartAnswer(held=True)`),
+while the segment is still open: the LM and the first phrase's TTS run while the end of turn is undecided. A voice that
+comes back inside the segment (`UserResumed`) drops that answer. The segment's end (`UserFinal`, after ~320 ms of
+silence) keeps the answer when its transcript is the one the answer started from, or replaces it (state
+`USER_PAUSED`). The end of turn is confirmed by more silence (`Silence`: the silence rule, or
 Smart Turn's verdict shortening or lengthening it), or by the caller saying the user is done (`UserDone`: a file's
 end, push-to-talk); then the held audio is released at once (`ReleaseAnswer`). If the user speaks again first, the held
 answer is dropped and counted (`CancelAnswer(ends_turn=False)`), and the next segment continues the same turn.
@@ -70,6 +73,19 @@ class UserWords:
 
 
 @dataclass(frozen=True, slots=True)
+class UserLikelyFinal:
+    """The current segment's transcript if the user stays silent: its speech was followed by a moment of silence and
+    decoded whole; the segment is still open (its end and `UserFinal` follow unless the voice comes back)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class UserResumed:
+    """The user's voice came back inside the current segment after its likely final (a short pause)."""
+
+
+@dataclass(frozen=True, slots=True)
 class UserFinal:
     """The final transcript of one speech segment (empty when Whisper heard no words)."""
 
@@ -128,8 +144,8 @@ class AnswerFinished:
     answer_id: int
 
 
-TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserFinal | Silence | TurnVerdict | UserDone
-             | ClockTick | TypedText | ClientInterrupt | AnswerAudio | AnswerFinished)
+TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserLikelyFinal | UserResumed | UserFinal | Silence
+             | TurnVerdict | UserDone | ClockTick | TypedText | ClientInterrupt | AnswerAudio | AnswerFinished)
 
 
 # --- actions (out of the machine) ------------------------------------------------------------------------------------
@@ -244,6 +260,7 @@ class _Answer:
     turn: int
     held: bool
     spoken_turn: bool  # answers a spoken turn (continuation applies), not a typed one
+    text: str = ""  # the user's words it answers
 
 
 @dataclass(slots=True)
@@ -301,6 +318,12 @@ class TurnTaking:
             case UserWords():
                 if self.state is State.BARGE_IN_PENDING:
                     return self._confirm_barge_in()
+                return []
+            case UserLikelyFinal(text=text):
+                return self._likely_final(text.strip())
+            case UserResumed():
+                if self.state is State.USER_SPEAKING and self._answer is not None:
+                    return self._cancel("user_continued", ends_turn=False)  # the answer to the likely final
                 return []
             case UserFinal(text=text):
                 return self._final(text.strip())
@@ -368,6 +391,19 @@ class TurnTaking:
         self.state = State.USER_SPEAKING
         return actions
 
+    def _likely_final(self, text: str) -> list[TurnAction]:
+        """Start the held answer on the segment's likely final, before the segment ends."""
+        user = self._user
+        if self.state is not State.USER_SPEAKING or user is None or not self.config.speculate or user.done:
+            return []
+        joined = " ".join(segment for segment in [*user.segments, text] if segment)
+        if not joined:
+            return []
+        actions = self._cancel("transcript_changed", ends_turn=False)  # an earlier likely final of this segment
+        user.speculations += 1
+        answer = self._new_answer(user.turn, held=True, spoken_turn=True, text=joined)
+        return [*actions, StartAnswer(answer.answer_id, user.turn, joined, held=True)]
+
     def _final(self, text: str) -> list[TurnAction]:
         if self.state is State.BARGE_IN_PENDING:
             if not text:
@@ -381,19 +417,25 @@ class TurnTaking:
         if text:
             user.segments.append(text)
         if not user.text:  # noise that looked like speech: no words, no turn
+            actions = self._cancel("no_words", ends_turn=False)
             self._user = None
             self.state = State.LISTENING
-            return []
+            return actions
         user.silence_ms = user.stalled_ms = 0.0
         user.verdict = None
         confirmed = user.done
+        started = self._answer
+        if started is not None and started.text == user.text:  # the answer to the likely final: these very words
+            self.state = State.USER_PAUSED
+            return self._confirm() if confirmed else []
+        actions = self._cancel("transcript_changed", ends_turn=False)
         if not confirmed and not self.config.speculate:
             self.state = State.USER_PAUSED  # nothing starts until the end of turn is confirmed
-            return []
+            return actions
         user.speculations += 1
-        answer = self._new_answer(user.turn, held=not confirmed, spoken_turn=True)
+        answer = self._new_answer(user.turn, held=not confirmed, spoken_turn=True, text=user.text)
         self.state = State.ANSWERING if confirmed else State.USER_PAUSED
-        return [StartAnswer(answer.answer_id, user.turn, user.text, held=answer.held)]
+        return [*actions, StartAnswer(answer.answer_id, user.turn, user.text, held=answer.held)]
 
     def _maybe_confirm(self) -> list[TurnAction]:
         """The end-of-turn rule: the pause ends the turn once its silence reaches what the verdict asks for."""
@@ -424,7 +466,7 @@ class TurnTaking:
             self._answer.held = False
             return [ReleaseAnswer(self._answer.answer_id)]
         user.speculations += 1
-        answer = self._new_answer(user.turn, held=False, spoken_turn=True)
+        answer = self._new_answer(user.turn, held=False, spoken_turn=True, text=user.text)
         return [StartAnswer(answer.answer_id, user.turn, user.text, held=False)]
 
     # --- the shell's clock -----------------------------------------------------------------------------------------
@@ -506,9 +548,9 @@ class TurnTaking:
         self._user = _UserTurn(self.turn_no)
         self.state = State.USER_SPEAKING
 
-    def _new_answer(self, turn: int, held: bool, spoken_turn: bool) -> _Answer:
+    def _new_answer(self, turn: int, held: bool, spoken_turn: bool, text: str = "") -> _Answer:
         self._answer_ids += 1
-        self._answer = _Answer(self._answer_ids, turn, held, spoken_turn)
+        self._answer = _Answer(self._answer_ids, turn, held, spoken_turn, text)
         return self._answer
 
     def _continues(self, start_ms: float) -> bool:

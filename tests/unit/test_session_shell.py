@@ -15,7 +15,19 @@ import pytest
 import voice.session as session_module
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from voice.engines import Engines
-from voice.events import AudioOut, Clear, Event, Pause, Resume, SpeechEnd, SpeechStart, Transcript, TurnEnd, now_ns
+from voice.events import (
+    AudioOut,
+    Clear,
+    Event,
+    Pause,
+    Resume,
+    SpeechEnd,
+    SpeechStart,
+    Transcript,
+    TurnEnd,
+    VoiceResumed,
+    now_ns,
+)
 from voice.session import Session, SessionConfig
 from voice.think.lm_run import LmRun
 from voice.turn_taking import State
@@ -448,3 +460,38 @@ def test_the_turn_verdict_is_judged_once_at_the_likely_final(make_session, spoke
 
     _events, detector = asyncio.run(scenario())
     assert detector.heard_s == ([0.5, 1.0] if spoke_on else [1.0])
+
+
+def test_the_answer_starts_from_the_likely_final_and_a_resumed_voice_drops_it(make_session) -> None:
+    spoke = now_ns()
+
+    async def scenario() -> tuple[FakeLM, list[Event], list[TurnEnd]]:
+        lm = FakeLM(pass_s=0.01)
+        session = make_session(lm, detector=FakeDetector(complete=True))
+        listen, events, collector = await started(session)
+        await listen.emit(SpeechStart(session="s", turn=0, t_ns=spoke))
+        await listen.emit(Transcript(session="s", turn=0, text="I was", committed="", final=False, likely_final=True))
+        await until(lambda: len(lm.prompts) == 1)  # started before the segment ended
+        await listen.emit(VoiceResumed(session="s", turn=0))  # a short pause: the user goes on
+        await until(lambda: lm.running == 0)
+        await listen.emit(Transcript(session="s", turn=0, text="I was wondering why", committed="I was", final=False,
+                                     likely_final=True))
+        await until(lambda: len(lm.prompts) == 2)
+        await listen.emit(SpeechEnd(session="s", turn=0, t_ns=spoke + 2_000_000, detected_ns=now_ns()))
+        await listen.emit(Transcript(session="s", turn=0, text="I was wondering why", committed="", final=True))
+        await session.user_done()
+        await asyncio.wait_for(session.wait_idle(), 10)
+        await session.close()
+        await collector
+        return lm, events, [e for e in events if isinstance(e, TurnEnd)]
+
+    lm, events, ends = asyncio.run(scenario())
+    assert [m[-1].content for m in lm.prompts] == ["I was", "I was wondering why"]  # no third start at the final
+    assert len(ends) == 1 and ends[0].user_text == "I was wondering why" and ends[0].answer
+    assert ends[0].stats["speculations_dropped"] == 1
+    likely = next(e for e in events if isinstance(e, Transcript) and e.text == "I was wondering why" and not e.final)
+    final = next(e for e in events if isinstance(e, Transcript) and e.final)
+    # the turn's ASR mark is when the transcript its answer used came (the likely final), not the segment's end
+    speech_end = spoke + 2_000_000
+    assert ends[0].latency_ms["at_asr_final"] == pytest.approx((likely.t_ns - speech_end) / 1e6)
+    assert likely.t_ns < final.t_ns

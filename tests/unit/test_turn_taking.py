@@ -26,6 +26,8 @@ from voice.turn_taking import (
     TypedText,
     UserDone,
     UserFinal,
+    UserLikelyFinal,
+    UserResumed,
     UserSpeechEnded,
     UserSpeechStarted,
     UserWords,
@@ -282,3 +284,64 @@ def test_at_most_one_answer_whatever_the_order_of_events():
                 live.add(action.answer_id)
             elif isinstance(action, CancelAnswer | FinishTurn):
                 live.discard(action.answer_id)
+
+
+def test_the_answer_starts_on_the_likely_final_and_the_segments_end_keeps_it():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=600))
+    drive(machine, UserSpeechStarted(0))
+    # a moment of silence after the speech: the segment is decoded whole and the answer starts, held
+    assert drive(machine, UserLikelyFinal("What time is it?")) == [StartAnswer(1, 1, "What time is it?", held=True)]
+    assert machine.state is State.USER_SPEAKING  # the segment is still open
+    # the segment ends with the same words: nothing restarts
+    assert drive(machine, UserSpeechEnded(1000), UserFinal("What time is it?")) == []
+    assert machine.state is State.USER_PAUSED
+    assert drive(machine, Silence(600)) == [ReleaseAnswer(1)]
+    drive(machine, AnswerAudio(1))
+    assert drive(machine, AnswerFinished(1)) == [FinishTurn(1, 1, speculations=1, dropped=0)]
+
+
+def test_a_voice_coming_back_inside_the_segment_drops_the_likely_answer():
+    machine = TurnTaking()
+    drive(machine, UserSpeechStarted(0))
+    drive(machine, UserLikelyFinal("I was wondering"))
+    dropped = CancelAnswer(1, 1, "user_continued", clear=False, ends_turn=False, speculations=1, dropped=1)
+    assert drive(machine, UserResumed()) == [dropped]
+    assert drive(machine, UserResumed()) == []  # nothing left to drop
+    # the next moment of silence starts the answer to everything said
+    start = drive(machine, UserLikelyFinal("I was wondering what the weather will be"))
+    assert start == [StartAnswer(2, 1, "I was wondering what the weather will be", held=True)]
+    assert drive(machine, UserSpeechEnded(2000), UserFinal("I was wondering what the weather will be")) == []
+    assert machine.state is State.USER_PAUSED
+
+
+def test_a_final_that_differs_from_the_likely_one_replaces_its_answer():
+    machine = TurnTaking()
+    drive(machine, UserSpeechStarted(0), UserLikelyFinal("Play some"))
+    actions = drive(machine, UserSpeechEnded(900), UserFinal("Play some music"))
+    assert actions == [
+        CancelAnswer(1, 1, "transcript_changed", clear=False, ends_turn=False, speculations=1, dropped=1),
+        StartAnswer(2, 1, "Play some music", held=True),
+    ]
+    assert machine.state is State.USER_PAUSED
+
+
+def test_a_later_segment_of_the_turn_answers_all_of_it_from_its_likely_final():
+    machine = TurnTaking()
+    drive(machine, *segment(0, 800, "I was wondering."))  # answer 1, held
+    continued = drive(machine, UserSpeechStarted(1200))
+    assert [type(a) for a in continued] == [CancelAnswer]
+    start = drive(machine, UserLikelyFinal("What will the weather be like?"))
+    assert start == [StartAnswer(2, 1, "I was wondering. What will the weather be like?", held=True)]
+    assert drive(machine, UserSpeechEnded(3000), UserFinal("What will the weather be like?")) == []
+
+
+def test_the_likely_final_waits_for_the_end_of_a_file_turn_or_without_speculation():
+    for config in (TurnTakingConfig(speculate=False), TurnTakingConfig()):
+        machine = TurnTaking(config)
+        drive(machine, UserSpeechStarted(0))
+        if config.speculate:
+            drive(machine, UserDone())  # the caller knows the turn ends here: the final starts it, released
+            assert drive(machine, UserLikelyFinal("Hello")) == []
+            assert drive(machine, UserSpeechEnded(500), UserFinal("Hello")) == [StartAnswer(1, 1, "Hello", held=False)]
+        else:
+            assert drive(machine, UserLikelyFinal("Hello")) == []

@@ -24,13 +24,16 @@ from voice.io.audio import TARGET_RATE
 @dataclass(frozen=True, slots=True)
 class EndpointerConfig:
     """Defaults give an endpoint delay of about min_silence_ms + one 32 ms window (~350 ms) after the last voiced
-    sample, while keeping the 100-200 ms pauses between words and clauses inside one turn."""
+    sample, while keeping the 100-200 ms pauses between words and clauses inside one turn. `speech_pad_ms` of audio
+    after the last voiced sample reach Whisper: the likely final is decoded once they are in. On 48 clips (LibriVox,
+    cards, synthesised questions) 32, 64, 96, 128 and 160 ms gave 5.1, 6.5, 5.9, 5.4 and 7.0 % WER (tiny.en's noise,
+    no trend), and each 32 ms less is 32 ms earlier to every answer."""
 
     threshold: float = 0.5
     neg_threshold: float | None = None  # None: threshold - 0.15, as Silero does
     min_speech_ms: int = 160
     min_silence_ms: int = 320
-    speech_pad_ms: int = 160
+    speech_pad_ms: int = 64
     sample_rate: int = TARGET_RATE
     frame_samples: int = 512
 

@@ -10,6 +10,8 @@ work run in threads via `asyncio.to_thread`, so neither waits for the other:
 
 End of turn reuses work: once the trailing silence reaches the padding, the padded utterance is decoded at once, while
 the endpointer is still waiting out its minimum silence; `finish` then finds nothing new and returns that decode.
+That decode goes out as soon as it is done, as a partial marked `likely_final` (the session starts the answer on it);
+a voice that comes back in the same segment afterwards is reported (`VoiceResumed`), so that answer can be dropped.
 `SpeechEnd.t_ns` is the arrival time of the last voiced sample (pass `arrival_ns` to `accept` when chunks were queued).
 """
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from voice.errors import VoiceError
-from voice.events import Emit, SpeechEnd, SpeechStart, Transcript, now_ns
+from voice.events import Emit, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
 from voice.io.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.endpointer import EndpointDecision, Endpointer, EndpointerConfig
@@ -47,9 +49,10 @@ class ListenConfig:
 class ListenStage:
     """One session's ears. Call `accept` with each PCM16 chunk, `flush` at end of stream; events are awaited on `emit`.
 
-    Emits, per turn: `SpeechStart`, zero or more partial `Transcript(final=False)` (only when the text changed),
-    `SpeechEnd`, then exactly one `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then
-    `turn` advances. Await `accept` calls one at a time: the final decode runs inside the `accept` that ends the turn.
+    Emits, per turn: `SpeechStart`, zero or more partial `Transcript(final=False)` (only when the text changed; a
+    likely final always, each followed by `VoiceResumed` if the speech goes on), `SpeechEnd`, then exactly one
+    `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then `turn` advances. Await
+    `accept` calls one at a time: the final decode runs inside the `accept` that ends the turn.
     Errors are raised, never swallowed: `AudioFormatError` from `accept` for a bad chunk (dropped; the stream goes
     on), `ASRError` from the `accept`/`flush` that ends a turn whose decode failed (that turn has no final).
     """
@@ -81,6 +84,7 @@ class ListenStage:
         self._decode_task: asyncio.Task[None] | None = None
         self._decode_error: VoiceError | None = None
         self._last_partial_text = ""  # partials are emitted only when their text changes (never empty ones)
+        self._likely_voiced_end: int | None = None  # the voiced end a likely final went out for, until speech resumes
         self._segment_audio: list[np.ndarray] = []  # the padded audio of the current segment, as fed to Whisper
         self.last_segment_audio = np.zeros(0, dtype=np.float32)  # ... of the segment that ended last (turn detector)
         # called with the segment's padded audio when its likely final decode starts (the session's turn detector)
@@ -159,6 +163,10 @@ class ListenStage:
             except VoiceError as err:
                 failure = failure or err
         if self._in_turn:
+            resumed = self._likely_voiced_end
+            if resumed is not None and self._endpointer.last_voiced_end > resumed:
+                self._likely_voiced_end = None  # the likely final sent out is not this segment's final any more
+                await self._emit(VoiceResumed(session=self.session, turn=self.turn, t_ns=arrival))
             self._feed(self._feed_target())
             self._maybe_decode()
         self._forget_old_audio()
@@ -172,6 +180,7 @@ class ListenStage:
         self._pending = []
         self._segment_audio = []
         self._last_partial_text = ""
+        self._likely_voiced_end = None
         await self._emit(SpeechStart(session=self.session, turn=self.turn, t_ns=self._arrival_of(decision.sample)))
 
     async def _end_turn(self, decision: EndpointDecision) -> None:
@@ -180,6 +189,7 @@ class ListenStage:
         detected = now_ns()
         self._feed(decision.audio_to)
         self._in_turn = False
+        self._likely_voiced_end = None
         segment, self._segment_audio = self._segment_audio, []
         self.last_segment_audio = np.concatenate(segment) if segment else np.zeros(0, dtype=np.float32)
         last_voiced = self._arrival_of(max(decision.sample - 1, 0))
@@ -232,15 +242,20 @@ class ListenStage:
             self._decoded_from = self._fed_to
             turn = self.turn
             ep = self._endpointer
-            likely_final = self._fed_to >= ep.last_voiced_end + ep.config.samples(ep.config.speech_pad_ms)
+            voiced_end = ep.last_voiced_end
+            likely_final = self._fed_to >= voiced_end + ep.config.samples(ep.config.speech_pad_ms)
             if likely_final and self.on_likely_final is not None and self._in_turn:
                 self.on_likely_final(np.concatenate(self._segment_audio))
             partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)
-            fresh = partial is not None and partial.text != self._last_partial_text
-            if partial is not None and fresh and self._in_turn and turn == self.turn:
+            current = partial is not None and self._in_turn and turn == self.turn
+            # a likely final counts only if no speech came while it was decoded (else the next decode follows)
+            likely = current and likely_final and ep.last_voiced_end == voiced_end
+            if partial is not None and current and partial.text and (likely or partial.text != self._last_partial_text):
                 self._last_partial_text = partial.text
+                if likely:
+                    self._likely_voiced_end = voiced_end
                 await self._emit(Transcript(session=self.session, turn=self.turn, text=partial.text,
-                                            committed=partial.committed, final=False))
+                                            committed=partial.committed, final=False, likely_final=likely))
         except VoiceError as err:
             self._decode_error = err  # raised from the end of the turn; no more partials for this turn
             return
