@@ -110,9 +110,18 @@ def test_speculation_off_gives_the_same_commits_and_no_renders() -> None:
 
 
 def test_low_confidence_draft_is_not_rendered() -> None:
-    speculator = PhraseSpeculator(SpeculatorConfig(stable_passes=1, min_confidence=0.5))
+    speculator = PhraseSpeculator(SpeculatorConfig(stable_passes=1, min_confidence=0.5, first_min_confidence=0.5))
     assert speculator.feed(draft(0, [], ANSWER, confidence=0.2)) == []
     assert speculator.feed(draft(1, [], ANSWER, confidence=0.7)) == [Render(0, "Hello there, my friend.")]
+
+
+def test_the_first_phrase_is_rendered_at_a_lower_confidence_than_the_others() -> None:
+    # the first phrase's audio is what the user waits for: a wrong render costs CPU, a late one costs latency
+    tokens = [*ANSWER, " Fine", "."]
+    speculator = PhraseSpeculator(SpeculatorConfig(stable_passes=1, min_confidence=0.5, first_min_confidence=0.1))
+    assert speculator.feed(draft(0, [], tokens, confidence=0.2)) == [Render(0, "Hello there, my friend.")]
+    assert speculator.feed(draft(1, tokens[:7], tokens[7:], confidence=0.2)) == [Commit(0, "Hello there, my friend.")]
+    assert speculator.feed(draft(2, tokens[:7], tokens[7:], confidence=0.6)) == [Render(1, "How are you?")]
 
 
 def test_render_only_max_ahead_phrases() -> None:
@@ -134,9 +143,12 @@ def test_no_cut_inside_number_or_after_abbreviation() -> None:
 def test_first_phrase_word_budget_cuts_early_but_not_after_a_number() -> None:
     config = SpeculatorConfig(first_phrase_words=4)
     spans, _ = split_phrases("I think that the answer is yes and more ", config, final=False)
-    assert [s.text for s in spans] == ["I think that the"]  # later phrases wait for punctuation
+    # not after "the", which leans on the next word; later phrases wait for punctuation
+    assert [s.text for s in spans] == ["I think that the answer"]
     spans, _ = split_phrases("It costs about 3 million dollars today ", config, final=False)
     assert spans[0].text == "It costs about 3 million"
+    spans, _ = split_phrases("The capital of France is Paris. ", SpeculatorConfig(first_phrase_words=3), final=False)
+    assert [s.text for s in spans] == ["The capital of France", "is Paris."]
 
 
 def test_short_clause_is_not_cut_but_sentence_and_line_are() -> None:
