@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("audio", nargs="*", type=Path, help="WAV files, one spoken user turn each (any sample rate)")
     parser.add_argument("--audio-dir", type=Path, help="also every .wav file of this folder")
+    parser.add_argument("--conversational", action="store_true",
+                        help="also 12 conversational questions no test uses, half with a pause inside (synthesised)")
     parser.add_argument("--ws", help="client of a running server instead, e.g. ws://127.0.0.1:8765/ws")
     parser.add_argument("--turns", type=int, help="number of turns (cycles through the inputs; default: each once)")
     parser.add_argument("--out", type=Path, default=Path("artifacts/latency"), help="output folder")
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ws and (args.compare or args.compare_all):
         return _fail("--compare needs in-process mode: the server's configuration is fixed when it starts")
     try:
-        paths = pick_turns(resolve_inputs(args.audio, args.audio_dir), args.turns)
+        paths = pick_turns(resolve_inputs(args.audio, args.audio_dir, args.conversational), args.turns)
         check_audio(sorted(set(paths)))
     except (InputError, AudioFormatError) as err:
         return _fail(str(err))

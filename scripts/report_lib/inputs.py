@@ -31,6 +31,23 @@ QUESTIONS: tuple[str, ...] = (
     "Give me a tip for sleeping better.",
 )
 LEAD_SILENCE_S = 0.3  # a microphone hears a moment of room before the user speaks
+# Conversational turns that no test, no training prompt and no other report uses (`--conversational`): questions an
+# assistant hears, half of them spoken in two parts with a pause inside, as people do when they think as they talk.
+CONVERSATIONAL: tuple[tuple[str, ...], ...] = (
+    ("Could you remind me what a prime number is?",),
+    ("Is it going to be cold this evening?",),
+    ("What's a quick dinner I can make with pasta?",),
+    ("How many hours of sleep does a teenager need?",),
+    ("Tell me something cheerful.",),
+    ("Which is bigger, a lion or a tiger?",),
+    ("So I have a question.", "How do airplanes stay in the air?"),
+    ("Okay, and then.", "What should I pack for a beach holiday?"),
+    ("I was thinking about dinner.", "Is rice healthier than potatoes?"),
+    ("Hmm, let me see.", "What year did the first person walk on the moon?"),
+    ("My friend told me something.", "Do goldfish really have a short memory?"),
+    ("Before I forget.", "How do I say thank you in Italian?"),
+)
+PAUSE_S = 0.6  # between the two parts of a conversational turn: longer than a segment end, shorter than a new turn
 
 
 class InputError(Exception):
@@ -60,6 +77,30 @@ def synthesised_questions(cache_dir: Path = CACHE_DIR, questions: Sequence[str] 
     return paths
 
 
+def conversational_turns(cache_dir: Path = CACHE_DIR) -> list[Path]:
+    """The `CONVERSATIONAL` turns as 16 kHz WAVs: each part synthesised with the bundled voice, parts joined by
+    `PAUSE_S` of silence, cached like `synthesised_questions`."""
+    parts = synthesised_questions(cache_dir, sorted({part for turn in CONVERSATIONAL for part in turn}))
+    audio = {text: path for text, path in zip(sorted({part for turn in CONVERSATIONAL for part in turn}), parts,
+                                               strict=True)}
+    paths = []
+    for turn in CONVERSATIONAL:
+        if len(turn) == 1:
+            paths.append(audio[turn[0]])
+            continue
+        digest = hashlib.sha256(" | ".join(turn).encode()).hexdigest()[:12]
+        path = cache_dir / f"{audio[turn[0]].stem.split('-')[0]}-pause-{digest}.wav"
+        if not path.is_file():
+            pause = np.zeros(int(PAUSE_S * TARGET_RATE), np.float32)
+            first = load_audio_16k(audio[turn[0]])
+            second = load_audio_16k(audio[turn[1]])[int(LEAD_SILENCE_S * TARGET_RATE):]  # its own lead-in dropped
+            partial = path.with_suffix(".part.wav")
+            soundfile.write(partial, np.concatenate([first, pause, second]), TARGET_RATE, subtype="PCM_16")
+            partial.replace(path)
+        paths.append(path)
+    return paths
+
+
 def recorded_speech(testdata: Path = TESTDATA_DIR) -> list[Path]:
     """The real-speech clips of pocketsphinx-testdata (LibriVox sentences, spoken card names); empty when absent."""
     return sorted((testdata / "librivox").glob("*.wav")) + sorted((testdata / "cards").glob("*.wav"))
@@ -75,9 +116,9 @@ def builtin_inputs() -> list[Path]:
     return mixed
 
 
-def resolve_inputs(files: Sequence[Path], audio_dir: Path | None) -> list[Path]:
-    """The caller's files (and the WAVs of `audio_dir`), else the built-in set. Raises InputError for a folder
-    without WAV files or a missing file."""
+def resolve_inputs(files: Sequence[Path], audio_dir: Path | None, conversational: bool = False) -> list[Path]:
+    """The caller's files (and the WAVs of `audio_dir`), else the built-in set; with `conversational`, the
+    conversational turns after them. Raises InputError for a folder without WAV files or a missing file."""
     paths = list(files)
     if audio_dir is not None:
         found = sorted(audio_dir.glob("*.wav"))
@@ -87,7 +128,7 @@ def resolve_inputs(files: Sequence[Path], audio_dir: Path | None) -> list[Path]:
     for path in paths:
         if not path.is_file():
             raise InputError(f"input not found: {path}")
-    return paths or builtin_inputs()
+    return (paths or builtin_inputs()) + (conversational_turns() if conversational else [])
 
 
 def check_audio(paths: Sequence[Path]) -> None:

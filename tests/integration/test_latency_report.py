@@ -125,3 +125,25 @@ def test_an_unreachable_server_fails_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert f"cannot reach the voice server at ws://127.0.0.1:{port}/ws" in done.stderr
+
+
+def test_the_conversational_turns_are_new_speech_half_of_it_with_a_pause_inside(tmp_path: Path) -> None:
+    from report_lib.inputs import CONVERSATIONAL, PAUSE_S, QUESTIONS, conversational_turns
+    from report_lib.soak_inputs import SOAK_QUESTIONS
+
+    from model.teacher_data import assistant_questions
+
+    spoken = {part for turn in CONVERSATIONAL for part in turn}
+    assert not spoken & (set(QUESTIONS) | set(SOAK_QUESTIONS) | set(assistant_questions()))  # unseen elsewhere
+    paths = conversational_turns(tmp_path)
+    assert len(paths) == len(CONVERSATIONAL) == len(set(paths))
+    for turn, path in zip(CONVERSATIONAL, paths, strict=True):
+        audio = load_audio_16k(path)
+        quiet = np.abs(audio) < 1e-3
+        run = longest = 0
+        for silent in quiet[int(0.5 * 16000):]:  # after the lead-in
+            run = run + 1 if silent else 0
+            longest = max(longest, run)
+        trailing = len(quiet) - np.flatnonzero(~quiet)[-1] - 1  # Piper's own silence after the speech
+        inside = longest > trailing and longest >= int(0.9 * PAUSE_S * 16000)
+        assert inside == (len(turn) == 2), turn
