@@ -19,6 +19,9 @@ answer starts, continues the same user turn: the answer is cancelled (and the ou
 the segments' transcripts are joined, and the turn gets one answer. Later speech starts a new turn, and an answer that
 has not finished is cancelled then, never queued behind the new turn.
 
+A transcript that trails off ("My brother and I...", "should I take the") waits as long as an unfinished verdict,
+whatever the detector heard (`voice.listen.words.trails_off`).
+
 Barge-in needs real speech. Sound heard while the assistant is speaking pauses its audio (`PauseOutput`, state
 `BARGE_IN_PENDING`) and interrupts only once a word is recognised. A cough or an echo is not words: the audio resumes
 (`ResumeOutput`) when its transcript comes back empty, or `resume_after_ms` after the pause if no word has come by then
@@ -39,6 +42,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+from voice.listen.words import same_words, trails_off
 
 
 class State(enum.Enum):
@@ -428,7 +433,7 @@ class TurnTaking:
         user.verdict = None
         confirmed = user.done
         started = self._answer
-        if started is not None and started.text == user.text:  # the answer to the likely final: these very words
+        if started is not None and same_words(started.text, user.text):  # the answer to the likely final's words
             self.state = State.USER_PAUSED
             return self._confirm() if confirmed else []
         actions = self._cancel("transcript_changed", ends_turn=False)
@@ -445,7 +450,9 @@ class TurnTaking:
         user = self._user
         if user is None or self.config.explicit_end:
             return []
-        if user.verdict is None:  # no detector, or its verdict has not come yet: the silence rule
+        if trails_off(user.text):  # the words stop mid-thought, whatever the audio sounds like
+            needed = self.config.incomplete_silence_ms
+        elif user.verdict is None:  # no detector, or its verdict has not come yet: the silence rule
             needed = self.config.silence_rule_ms
         elif user.verdict:
             needed = self.config.complete_silence_ms

@@ -95,3 +95,12 @@ def test_emoji_are_dropped() -> None:
     assert normalize_for_speech("Great job 👍🏽!") == "Great job!"
     assert normalize_for_speech("😀 🎉") == ""  # nothing speakable left
     assert normalize_for_speech("👨‍👩‍👧 family") == "family"
+
+
+def test_a_transcript_trails_off_when_whisper_says_so_or_it_ends_on_a_leaning_word() -> None:
+    from voice.listen.words import trails_off
+
+    for text in ("My brother and I...", "is the museum open on the-", "should I take the", "What do you think? What"):
+        assert trails_off(text), text
+    for text in ("He was not.", "Front", "bread on the way home", "Is it?", "", "Tell me about it, "[:-2]):
+        assert not trails_off(text), text

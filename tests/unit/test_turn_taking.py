@@ -345,3 +345,24 @@ def test_the_likely_final_waits_for_the_end_of_a_file_turn_or_without_speculatio
             assert drive(machine, UserSpeechEnded(500), UserFinal("Hello")) == [StartAnswer(1, 1, "Hello", held=False)]
         else:
             assert drive(machine, UserLikelyFinal("Hello")) == []
+
+
+def test_words_that_trail_off_wait_as_long_as_an_unfinished_verdict():
+    config = TurnTakingConfig(silence_rule_ms=600, complete_silence_ms=200, incomplete_silence_ms=1500)
+    cases = (("Should I take the", True), ("My brother and I...", True), ("So I was thinking about", None))
+    for text, verdict in cases:
+        machine = TurnTaking(config)
+        drive(machine, *segment(0, 800, text))
+        if verdict is not None:
+            drive(machine, TurnVerdict(verdict))
+        assert drive(machine, Silence(1400)) == [], text  # past the complete and the silence rules
+        assert drive(machine, Silence(1500)) == [ReleaseAnswer(1)], text
+    finished = TurnTaking(config)
+    drive(finished, *segment(0, 800, "Should I take the bus?"), TurnVerdict(True))
+    assert drive(finished, Silence(200)) == [ReleaseAnswer(1)]
+
+
+def test_a_final_that_differs_from_the_likely_one_only_in_punctuation_keeps_its_answer():
+    machine = TurnTaking()
+    drive(machine, UserSpeechStarted(0), UserLikelyFinal("what time is it"))
+    assert drive(machine, UserSpeechEnded(900), UserFinal("What time is it?")) == []

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from model.chat import Draft
+from voice.listen.words import LEANING_WORDS
 
 _SENTENCE_END = ".!?…"
 _CLAUSE_END = ",;:—–"
@@ -34,17 +35,6 @@ _ABBREVIATIONS = frozenset(
         "dr.", "mr.", "mrs.", "ms.", "prof.", "st.", "jr.", "sr.", "vs.", "etc.", "e.g.", "i.e.", "approx.", "no.",
         "fig.", "inc.", "ltd.", "co.", "mt.", "dept.", "est.", "a.m.", "p.m.", "jan.", "feb.", "mar.", "apr.", "jun.",
         "jul.", "aug.", "sep.", "sept.", "oct.", "nov.", "dec.", "u.s.", "u.k.",
-    )
-)
-# Words that lean on the next one: a first phrase cut after them ("The capital of", "I think that") is spoken with a
-# sentence's final fall where the sentence goes on, so the cut waits for the next word.
-_LEANING = frozenset(
-    (
-        "a", "an", "the", "of", "to", "in", "on", "at", "for", "with", "by", "from", "about", "into", "as", "and", "or",
-        "but", "so", "if", "that", "than", "because", "is", "are", "was", "were", "be", "been", "am", "i", "i'm",
-        "you", "we", "they", "he", "she", "it", "it's", "my", "your", "our", "their", "his", "her", "its", "this",
-        "these", "those", "can", "could", "will", "would", "should", "do", "does", "did", "have", "has", "had", "not",
-        "very", "more", "most", "some", "any", "no", "what", "how", "there", "here", "just",
     )
 )
 _INITIALS = re.compile(r"(?:[A-Za-z]\.){2,}|[B-HJ-Z]\.")
@@ -136,7 +126,7 @@ def _ends_phrase(word: str, words: int, first: bool, config: SpeculatorConfig) -
         return True
     if first and config.first_phrase_words and words >= config.first_phrase_words:
         # Keep "3 million", "$5 billion", "Dr. Smith" and "the capital of France" in one piece.
-        leaning = core.lstrip(_OPENERS).lower().replace("\u2019", "'") in _LEANING
+        leaning = core.lstrip(_OPENERS).lower().replace("\u2019", "'") in LEANING_WORDS
         return not (core[-1:].isdigit() or _is_abbreviation(core) or leaning)
     return False
 
