@@ -157,13 +157,14 @@ def pass_cost(denoiser: Denoiser, use_cache: bool, prompt_tokens: int, block: in
 def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
     """Median seconds of one self-speculative pass after `cache_length` cached tokens, for each input size n: the
     autoregressive form (n clean tokens, gate off) and the drafting form (1 clean token + n - 1 masks, gate on for
-    the masks), each with the LoRA computed only for the masked rows and, as before, for every row then gated. The
-    pass's keys/values are dropped after each timing, so the cache length stays fixed."""
-    import model.block_diffusion as block_diffusion
+    the masks), each through the fused pass (model/fast_pass.py, what decoding runs) and through transformers'
+    modules (the same logits). The pass's keys/values are dropped after each timing, so the cache length stays
+    fixed."""
     from model.batching import Feed
 
-    suffix_start = block_diffusion.noisy_suffix
-    variants = {"masked rows": suffix_start, "every row": lambda noisy: None}  # None: the general gated path
+    model = denoiser.model
+    fused = model.inference_pass()
+    variants = {"fused pass": lambda: fused, "modules": lambda: model}
     prompt = torch.randint(10, 1000, (cache_length + 1,), generator=torch.Generator().manual_seed(2)).tolist()
     denoiser.start_verify(prompt)
     shapes = [(n, 0) for n in sizes] + [(1, n - 1) for n in sizes]
@@ -171,16 +172,16 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
     try:
         for round_ in range(repeats + 1):  # round-robin over everything, so a busy moment of the machine hits all
             for variant, clean, masks in times:
-                block_diffusion.noisy_suffix = variants[variant]
+                model.inference_pass = variants[variant]
                 started = time.perf_counter()
                 denoiser.verify(Feed(tuple(prompt[-1:] * clean), (denoiser.mask_id,) * masks))
                 if round_:  # the first round builds each shape's kernels: not timed
                     times[(variant, clean, masks)].append(time.perf_counter() - started)
                 denoiser.keep(0)
     finally:
-        block_diffusion.noisy_suffix = suffix_start
+        del model.inference_pass  # the class's own method again
     return {
-        f"{form}, LoRA on {variant}": [statistics.median(times[(variant, *shape)]) for shape in forms]
+        f"{form}, {variant}": [statistics.median(times[(variant, *shape)]) for shape in forms]
         for variant in variants
         for form, forms in (("clean", shapes[: len(sizes)]), ("1 + masks", shapes[len(sizes) :]))
     }
