@@ -16,6 +16,7 @@ import soxr
 from report_lib.speech_samples import librivox_clips
 from report_lib.wer import word_error_rate
 
+from model.fair_lock import FairLock
 from voice.errors import AudioFormatError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript
 from voice.io.audio import float32_to_pcm16, load_audio_16k, stream_pcm16
@@ -201,3 +202,42 @@ def test_long_turn_is_trimmed_at_committed_segments_and_stays_accurate(model):
     assert transcriber.decodes == decodes  # finish reused the last decode
     reference = " ".join(clip.text for clip in CLIPS.values())
     assert word_error_rate([(reference, final.text)]) <= 0.15, final.text  # no words lost or doubled at the cuts
+
+
+class _ScriptedWhisper:
+    """Answers every decode with one word per half second of audio; counts the decodes."""
+
+    def __init__(self) -> None:
+        self.decodes = 0
+
+    def transcribe(self, audio, **options):
+        from types import SimpleNamespace
+
+        self.decodes += 1
+        seconds = audio.size / 16000
+        words = [SimpleNamespace(word=f" w{i}", start=i * 0.5, end=i * 0.5 + 0.4) for i in range(int(seconds * 2))]
+        segment = SimpleNamespace(words=words, text="".join(w.word for w in words), start=0.0, end=seconds)
+        return [segment], None
+
+
+class _BusyLock(FairLock):
+    """The shared model's lock as other sessions would keep it: `others` of them waiting for it."""
+
+    def __init__(self, others: int) -> None:
+        super().__init__()
+        self.others = others
+
+    @property
+    def waiting(self) -> int:
+        return self.others
+
+
+def test_partials_are_spaced_out_while_other_sessions_wait_for_the_model():
+    audio = np.concatenate([silence(0.5), load_audio_16k(CLIPS["0930"].path), silence(1.0)])
+    decodes = {}
+    for others in (0, 3):
+        whisper = _ScriptedWhisper()
+        asyncio.run(stream(LoadedModel("scripted", whisper, _BusyLock(others)), audio, settle=True))
+        decodes[others] = whisper.decodes
+    assert decodes[3] * 2 < decodes[0]  # partials every ~1 s instead of every 0.25 s; the final still decoded
+    assert decodes[3] >= 2

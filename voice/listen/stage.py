@@ -5,7 +5,8 @@ work run in threads via `asyncio.to_thread`, so neither waits for the other:
 - VAD + endpointing of each chunk (well under a millisecond per 32 ms window), awaited by `accept`, so speech_end is
   decided as soon as its last silent window arrives, however busy the recogniser is;
 - Whisper decodes, at most one in flight per stage, under the process-wide model lock (one model per process, shared).
-  When a decode finishes, audio that arrived meanwhile is decoded next, so a slow CPU gets fewer, larger partials.
+  When a decode finishes, audio that arrived meanwhile is decoded next, so a slow CPU gets fewer, larger partials;
+  while other sessions hold or wait for the model, partials are spaced out by their number.
   A turn's final decode (and the likely final at silence onset) takes the lock ahead of other sessions' partials.
 
 End of turn reuses work: once the trailing silence reaches the padding, the padded utterance is decoded at once, while
@@ -232,7 +233,10 @@ class ListenStage:
             # Trailing silence: no partials of silence; decode once the padded end is in (the likely final).
             due = self._fed_to >= ep.last_voiced_end + ep.config.samples(ep.config.speech_pad_ms)
         else:
-            due = self._fed_to - self._decoded_from >= step
+            # Partials only show the words so far, and a final decode waits behind the partial in flight: while
+            # other sessions decode or wait for the shared model, each session's partials come that much less often.
+            lock = self._model.lock
+            due = self._fed_to - self._decoded_from >= step * (1 + lock.waiting + lock.locked())
         if due:
             self._decode_task = asyncio.create_task(self._decode_once(), name=f"asr-decode-{self.session}")
 
