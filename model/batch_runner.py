@@ -136,6 +136,13 @@ class Run:
             self._abandoned.set()  # no-op once the run ended; otherwise the runner drops it
 
 
+def reuse_score(held: list[int], prompt: list[int]) -> int:
+    """What putting `prompt` in a slot that holds `held` is worth: the tokens it need not encode, minus the tokens of
+    the slot's conversation it overwrites (an empty slot scores 0)."""
+    shared = common_prefix(held, prompt)
+    return shared - (len(held) - shared)
+
+
 def admission(waiting: list[Run], free: int, busy: bool = False) -> list[Run]:
     """Which waiting runs to start now, given `free` slots and whether any answer is `busy` decoding: every
     interactive one that fits, in arrival order; when there is none, the oldest bulk run alone (each admission costs
@@ -224,8 +231,10 @@ class BatchRunner:
         for run in chosen:
             self._waiting.remove(run)
             # the free slot that already holds most of this prompt (a voice session's previous turn, or its prompt
-            # encoded ahead); among equals the least recently used, which another session is least likely to want
-            slot = max(free, key=lambda s: (common_prefix(self.cache.slots[s].ids, run.sequence.cached_prompt),
+            # encoded ahead) and throws away least of what it holds beyond that: every prompt shares the system
+            # prompt, and a slot chosen for that alone overwrote another session's conversation (two sessions
+            # took turns in one slot and each re-encoded its whole history). Among equals the least recently used.
+            slot = max(free, key=lambda s: (reuse_score(self.cache.slots[s].ids, run.sequence.cached_prompt),
                                             -self._slot_used[s], -s))
             free.remove(slot)
             run.slot = slot

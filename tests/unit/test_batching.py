@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from model.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
+from model.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission, reuse_score
 from model.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
 from model.block_diffusion import BlockDiffusionDenoiser
 from model.chat import ChatMessage, GenerationOptions
@@ -504,3 +504,28 @@ def test_a_short_uncached_prompt_is_encoded_by_the_answers_first_pass() -> None:
             assert prefills == (0 if tail <= FOLD_LIMIT else 1), (mode, tail)
             assert forwards[prefills] >= (tail + 1 if tail <= FOLD_LIMIT else 1)
             runner.cache.slots[run.slot].ids[len(prefix):] = []  # the next question starts after the prefix again
+
+
+def test_two_conversations_taking_turns_keep_their_prompts_encoded_ahead() -> None:
+    # Every prompt shares the system prompt: a slot chosen for that alone overwrote the other conversation's prompt
+    # encoded ahead, and each turn re-encoded its whole history.
+    chat = engine()
+    runner = chat._runner
+    system = [5, 6, 7, 8, 9, 10]
+    first = [*system, *prompts(1, seed=21)[0]]
+    second = [*system, *prompts(1, seed=22)[0]]
+    config = MODES["self-speculative"]
+    list(runner.prepare(first))
+    list(runner.prepare(second))
+    for prefix in (first, second, first, second):
+        question = [*prefix, 11, 12, 13]
+        run = runner.submit(chat.sequence(question, 8, config), interactive=True)
+        drain(run)
+        assert run.reused_tokens == len(prefix)
+        list(runner.prepare(prefix))  # the conversation's next prompt starts the same way again
+
+
+def test_a_slot_is_worth_what_it_saves_minus_what_it_overwrites() -> None:
+    assert reuse_score([], [1, 2, 3]) == 0
+    assert reuse_score([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert reuse_score([1, 2, 9, 9, 9], [1, 2, 3]) == -1  # shares 2, overwrites 3: an empty slot is better
