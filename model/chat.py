@@ -33,6 +33,9 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
     # A voice turn someone is waiting to hear: a model that batches answers starts it ahead of bulk (API) work.
     interactive: bool = False
+    # The conversation this answer continues (a voice session's id): a model that batches answers keeps its cache
+    # slot for it, so other conversations never overwrite what it encoded ahead.
+    conversation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

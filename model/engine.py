@@ -192,17 +192,20 @@ class DiffusionChatModel:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant:"
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None) -> list[int]:
+    def prepare(
+        self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None, conversation: str | None = None
+    ) -> list[int]:
         """Encode, while the model is idle, the part of the next prompt that does not depend on the user's next
         words: `messages` (what the next answer will see before them) and the user header. A voice session calls it
         when an answer ends, so the next turn's prefill, on its critical path, encodes only the new words (turn 2-10
-        of a conversation re-encoded 57-87 tokens: the one-exchange history window slides every turn). `cancel`
-        drops it if it is still waiting. Returns the tokens queued (none without a batch runner)."""
+        of a conversation re-encoded 57-87 tokens: the one-exchange history window slides every turn), into the
+        cache slot kept for `conversation` (`GenerationOptions.conversation`). `cancel` drops it if it is still
+        waiting. Returns the tokens queued (none without a batch runner)."""
         if self._runner is None:
             return []
         shared = self.next_prompt_prefix(messages)
         if shared:
-            self._runner.prepare(shared, cancel)
+            self._runner.prepare(shared, cancel, conversation)
         return shared
 
     def next_prompt_prefix(self, messages: Sequence[ChatMessage]) -> list[int]:
@@ -261,7 +264,8 @@ class DiffusionChatModel:
     ) -> Iterator[Draft]:
         cancelled = Draft(step=0, pieces=(), done=True, finish_reason="cancelled", prompt_tokens=len(prompt))
         if self._runner is not None and config.use_cache:
-            run = self._runner.submit(self.sequence(prompt, length, config), options.interactive, cancel)
+            run = self._runner.submit(self.sequence(prompt, length, config), options.interactive, cancel,
+                                      options.conversation)
             refinements, reused = iter(run), lambda: run.reused_tokens
         else:
             refinements = self._locked_refinements(prompt, length, config, cancel)

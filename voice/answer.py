@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,7 +142,8 @@ class AnswerRunner:
     async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
         """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
         becomes the answer's `ErrorEvent`. Returns early only when cancelled."""
-        run = LmRun(self.engines.lm, messages, self.config.generation, f"lm-{self.session_id}-{answer.turn}")
+        options = dataclasses.replace(self.config.generation, conversation=self.session_id)  # its own cache slot
+        run = LmRun(self.engines.lm, messages, options, f"lm-{self.session_id}-{answer.turn}")
         answer.run = run
         answer.stats["early_lm"] = 1.0 if answer.early else 0.0
         started = LmStarted(session=self.session_id, turn=answer.turn, t_ns=run.started_ns, early=answer.early)

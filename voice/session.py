@@ -465,7 +465,7 @@ class Session:
         self._drop_prepared()
         self._prepared = threading.Event()
         try:
-            prepare(self._records.messages_with("")[:-1], self._prepared)
+            prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from model.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission, reuse_score
+from model.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
 from model.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
 from model.block_diffusion import BlockDiffusionDenoiser
 from model.chat import ChatMessage, GenerationOptions
@@ -506,26 +506,22 @@ def test_a_short_uncached_prompt_is_encoded_by_the_answers_first_pass() -> None:
             runner.cache.slots[run.slot].ids[len(prefix):] = []  # the next question starts after the prefix again
 
 
-def test_two_conversations_taking_turns_keep_their_prompts_encoded_ahead() -> None:
-    # Every prompt shares the system prompt: a slot chosen for that alone overwrote the other conversation's prompt
-    # encoded ahead, and each turn re-encoded its whole history.
+def test_conversations_taking_turns_keep_their_prompts_encoded_ahead() -> None:
+    # Every prompt shares the system prompt: a slot chosen for that alone let two voice sessions take turns in one
+    # slot, each overwriting the other's prompt encoded ahead, and each turn re-encoded its whole history. An API
+    # request (no conversation) that shares only the system prompt takes a free slot too.
     chat = engine()
     runner = chat._runner
     system = [5, 6, 7, 8, 9, 10]
-    first = [*system, *prompts(1, seed=21)[0]]
-    second = [*system, *prompts(1, seed=22)[0]]
+    prefixes = {owner: [*system, *prompts(1, seed=seed)[0]] for owner, seed in (("a", 21), ("b", 22))}
     config = MODES["self-speculative"]
-    list(runner.prepare(first))
-    list(runner.prepare(second))
-    for prefix in (first, second, first, second):
-        question = [*prefix, 11, 12, 13]
-        run = runner.submit(chat.sequence(question, 8, config), interactive=True)
-        drain(run)
-        assert run.reused_tokens == len(prefix)
-        list(runner.prepare(prefix))  # the conversation's next prompt starts the same way again
-
-
-def test_a_slot_is_worth_what_it_saves_minus_what_it_overwrites() -> None:
-    assert reuse_score([], [1, 2, 3]) == 0
-    assert reuse_score([1, 2, 3], [1, 2, 3, 4]) == 3
-    assert reuse_score([1, 2, 9, 9, 9], [1, 2, 3]) == -1  # shares 2, overwrites 3: an empty slot is better
+    for owner, prefix in prefixes.items():
+        list(runner.prepare(prefix, owner=owner))
+    for turn in range(3):
+        for owner, prefix in prefixes.items():
+            if turn == 1:  # bulk work in between
+                drain(runner.submit(chat.sequence([*system, 40, 41, 42], 8, config)))
+            run = runner.submit(chat.sequence([*prefix, 11, 12, 13], 8, config), interactive=True, owner=owner)
+            drain(run)
+            assert run.reused_tokens == len(prefix), (turn, owner)
+            list(runner.prepare(prefix, owner=owner))  # its next prompt starts the same way again

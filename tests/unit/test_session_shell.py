@@ -405,14 +405,22 @@ class PreparingLM(FakeLM):
     def __init__(self) -> None:
         super().__init__()
         self.prepared: list[tuple[list[ChatMessage], threading.Event | None]] = []
+        self.conversations: list[str | None] = []  # of every prepare and answer, in order
 
-    def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None) -> list[int]:
+    def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None,
+                conversation: str | None = None) -> list[int]:
         self.prepared.append((list(messages), cancel))
+        self.conversations.append(conversation)
         return []
+
+    def stream_chat(self, messages: Sequence[ChatMessage], options: GenerationOptions,
+                    cancel: threading.Event | None = None) -> Iterator[Draft]:
+        self.conversations.append(options.conversation)
+        return super().stream_chat(messages, options, cancel)
 
 
 def test_the_next_prompt_is_prepared_at_the_start_and_after_every_turn(make_session) -> None:
-    async def scenario() -> PreparingLM:
+    async def scenario() -> tuple[PreparingLM, str]:
         lm = PreparingLM()
         session = make_session(lm)
         listen, events, collector = await started(session)
@@ -423,9 +431,10 @@ def test_the_next_prompt_is_prepared_at_the_start_and_after_every_turn(make_sess
         await until(lambda: any(isinstance(e, TurnEnd) for e in events))
         await session.close()
         await collector
-        return lm
+        return lm, session.id
 
-    lm = asyncio.run(scenario())
+    lm, session_id = asyncio.run(scenario())
+    assert lm.conversations == [session_id] * 3  # prepare, answer, prepare: all in the session's own cache slot
     assert len(lm.prepared) == 2
     first_cancel = lm.prepared[0][1]
     assert first_cancel is not None and first_cancel.is_set()  # the answer came: a prepare still waiting is moot
