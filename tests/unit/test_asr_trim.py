@@ -130,3 +130,15 @@ def test_the_likely_final_skips_word_alignment_and_is_the_final_when_no_audio_fo
     final = transcriber.finish()
     assert final.text == likely.text
     assert model.word_times == [True, True, True, False]  # partials aligned words; the final decoded once, without
+
+
+def test_a_decode_that_is_one_sentence_said_twice_keeps_it_once() -> None:
+    from voice.listen.transcriber import drop_repeated_sentence
+
+    def spoken(text: str) -> list[Word]:
+        return [Word(f" {w}", i * 0.3, i * 0.3 + 0.2) for i, w in enumerate(text.split())]
+
+    assert [w.text for w in drop_repeated_sentence(spoken("10 of close. 10 of close."))] == [" 10", " of", " close."]
+    assert len(drop_repeated_sentence(spoken("Hi. Hi. Hi."))) == 1
+    for kept in ("5, 5, 5, 5,", "Ten of clubs. Seven of clubs.", "no no no", "I said it. I said it again."):
+        assert drop_repeated_sentence(spoken(kept)) == spoken(kept), kept

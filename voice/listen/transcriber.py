@@ -120,7 +120,21 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
     finally:
         if windowed:
             model.encoder_frames = None
-    return words, segment_ends
+    return drop_repeated_sentence(words), segment_ends
+
+
+def drop_repeated_sentence(words: list[Word]) -> list[Word]:
+    """One sentence said once, when a decode is nothing but that sentence two or more times over ("10 of clubs. 10 of
+    clubs."): tiny.en writes such repeats on a short utterance followed by its window's silence (3 of the 5 card
+    commands in a conversation, depending on where the segment's end fell), and no one asks an assistant the same
+    sentence twice in one breath. A repeated word without a sentence end between ("5, 5") is kept."""
+    keys = [word.key for word in words]
+    for period in range(1, len(words) // 2 + 1):
+        if len(words) % period or keys != keys[:period] * (len(words) // period):
+            continue
+        if words[period - 1].text.rstrip().endswith((".", "?", "!")):
+            return words[:period]
+    return words
 
 
 @dataclass(frozen=True, slots=True)
