@@ -43,7 +43,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from voice.listen.words import same_words, trails_off
+from voice.listen.words import asks_a_question, same_words, trails_off
 
 
 class State(enum.Enum):
@@ -248,6 +248,9 @@ class TurnTakingConfig:
     # utterances as unfinished (scripts/bench_turn_detector.py), and each then waited this long: 1.5 s keeps a thinking
     # pause inside the turn and a misjudged question under 2 s (it was 2 s: the load test's p95 sat at 2,000 ms)
     incomplete_silence_ms: float = 1500.0
+    # ... unless Whisper wrote the words as a finished question (`asks_a_question`): a pause after a question mark
+    # is rarely a thinking pause, and the misjudged questions were most of the holds in the latency report
+    question_silence_ms: float = 800.0
     continuation_ms: float = 1200.0  # speech resuming this soon after the last voiced sample continues the turn
     # Wall clock: no audio for this long means the client stopped sending (a frame every 20-100 ms is normal)
     stalled_audio_ms: float = 1000.0
@@ -256,8 +259,8 @@ class TurnTakingConfig:
     speculate: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("silence_rule_ms", "complete_silence_ms", "incomplete_silence_ms", "continuation_ms",
-                     "stalled_audio_ms", "resume_after_ms"):
+        for name in ("silence_rule_ms", "complete_silence_ms", "incomplete_silence_ms", "question_silence_ms",
+                     "continuation_ms", "stalled_audio_ms", "resume_after_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
@@ -456,6 +459,8 @@ class TurnTaking:
             needed = self.config.silence_rule_ms
         elif user.verdict:
             needed = self.config.complete_silence_ms
+        elif asks_a_question(user.text):
+            needed = min(self.config.question_silence_ms, self.config.incomplete_silence_ms)
         else:
             needed = self.config.incomplete_silence_ms
         return self._confirm() if user.silence_ms + user.stalled_ms >= needed else []

@@ -104,3 +104,12 @@ def test_a_transcript_trails_off_when_whisper_says_so_or_it_ends_on_a_leaning_wo
         assert trails_off(text), text
     for text in ("He was not.", "Front", "bread on the way home", "Is it?", "", "Tell me about it, "[:-2]):
         assert not trails_off(text), text
+
+
+def test_a_question_is_a_question_mark_after_three_words_or_more() -> None:
+    from voice.listen.words import asks_a_question
+
+    for text in ("Can you recommend a good book?", "Is it going to be cold this evening? ", 'He asked "is it far?"'):
+        assert asks_a_question(text), text
+    for text in ("So what?", "Could you tell me...?", "I was wondering.", "Can you recommend a good", "", "?"):
+        assert not asks_a_question(text), text

@@ -362,6 +362,16 @@ def test_words_that_trail_off_wait_as_long_as_an_unfinished_verdict():
     assert drive(finished, Silence(200)) == [ReleaseAnswer(1)]
 
 
+def test_a_question_heard_as_unfinished_waits_less_than_other_unfinished_words():
+    config = TurnTakingConfig(complete_silence_ms=200, incomplete_silence_ms=1500, question_silence_ms=800)
+    for text, needed in (("Can you recommend a good book?", 800), ("So what?", 1500), ("I was wondering.", 1500),
+                         ("Could you tell me...?", 1500)):
+        machine = TurnTaking(config)
+        drive(machine, *segment(0, 800, text), TurnVerdict(False))
+        assert drive(machine, Silence(needed - 10)) == [], text
+        assert drive(machine, Silence(needed)) == [ReleaseAnswer(1)], text
+
+
 def test_a_final_that_differs_from_the_likely_one_only_in_punctuation_keeps_its_answer():
     machine = TurnTaking()
     drive(machine, UserSpeechStarted(0), UserLikelyFinal("what time is it"))

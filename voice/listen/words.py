@@ -51,3 +51,15 @@ def trails_off(text: str) -> bool:
         return False
     words = normalize_words(stripped)
     return bool(words) and words[-1] in LEANING_WORDS
+
+
+def asks_a_question(text: str) -> bool:
+    """Whether Whisper wrote the transcript as a finished question of three words or more ("Can you recommend a good
+    book?"). Whisper puts the question mark from the words and their intonation, which Smart Turn, hearing the audio
+    alone, misses: in the latency report it held 4 of 30 complete questions as unfinished. On the turn detector
+    benchmark's decodes 11 of 84 ended this way; Smart Turn called 4 of them unfinished: one complete question, one
+    cut that is a question in itself, and two cuts ("So what?", "is the museum open up?"), of which the three-word
+    floor keeps out the first."""
+    stripped = text.strip().rstrip("\"')”’")
+    question = stripped.endswith("?") and not stripped.rstrip("?").endswith(_TRAILING_OFF)  # not "tell me...?"
+    return question and len(normalize_words(stripped)) >= 3
