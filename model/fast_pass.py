@@ -89,7 +89,7 @@ def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
 
 class FastPass:
     """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.batching`). Built from
-    the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.fast_pass` does)."""
+    the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does)."""
 
     def __init__(self, model: BlockDiffusionLM) -> None:
         base = model.base

@@ -98,6 +98,11 @@ def teacher_plan(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return first, follow
 
 
+def ends_with(example: TeacherExample, eos: int) -> bool:
+    """Whether the teacher finished this answer (it ends with EOS) rather than being cut at --max-new-tokens."""
+    return bool(example.answer_ids) and example.answer_ids[-1] == eos
+
+
 def ensure_teacher_data(args: argparse.Namespace, tokenizer) -> list[TeacherExample]:
     first, follow = teacher_plan(args)
     path = args.out / "teacher.jsonl"
@@ -118,14 +123,14 @@ def ensure_teacher_data(args: argparse.Namespace, tokenizer) -> list[TeacherExam
 
             write(teacher_answers(teacher, tokenizer, todo_first, TEACHER_SYSTEM_PROMPT, args.max_new_tokens))
             # each follow-up's earlier exchange: a finished first turn, drawn with a fixed seed (resumable)
-            finished = [ex for ex in done[: len(first)] if ex.answer_ids and ex.answer_ids[-1] == eos]
+            finished = [ex for ex in done[: len(first)] if ends_with(ex, eos)]
             rng = random.Random(args.seed)
             draws = [rng.choice(finished) for _ in follow][len(follow) - len(todo_follow) :]
             histories = [(ex.prompt, tokenizer.decode(ex.answer_ids, skip_special_tokens=True).strip()) for ex in draws]
             write(teacher_answers(teacher, tokenizer, todo_follow, TEACHER_SYSTEM_PROMPT, args.max_new_tokens,
                                   histories=histories))
         del teacher
-    finished = [ex for ex in done if ex.answer_ids and ex.answer_ids[-1] == eos]
+    finished = [ex for ex in done if ends_with(ex, eos)]
     with_history = sum(ex.history is not None for ex in finished)
     print(f"teacher data: {len(done)} answers, {len(finished)} end with EOS (used for training; "
           f"{with_history} after an earlier exchange)")
@@ -216,9 +221,9 @@ def main() -> None:
     order_rng = random.Random(args.seed + step)
     bar = tqdm(total=args.max_steps, initial=step, desc="train")
     started, seen_tokens, first_step = time.monotonic(), 0.0, step
+    block = args.draft_masks + 1 if args.drafting else model.config.block_length
     while step < args.max_steps and time.monotonic() < deadline:
         batch_pairs = order_rng.sample(pairs, args.batch)
-        block = args.draft_masks + 1 if args.drafting else model.config.block_length
         batch = make_batch(batch_pairs, block, model.mask_id, eos, args.copies, generator,
                            drafting=args.drafting, near_weight=args.near_weight)
         for group in optimizer.param_groups:

@@ -88,6 +88,10 @@ from voice.turn_taking import (
 log = logging.getLogger(__name__)
 
 
+def _starts_answer(actions: list[TurnAction]) -> bool:
+    return any(isinstance(action, StartAnswer) for action in actions)
+
+
 def _retrieve(future: asyncio.Future[bool]) -> None:
     if not future.cancelled():
         future.exception()
@@ -256,13 +260,13 @@ class Session:
                 await self._dispatch(UserWords())
             if event.likely_final:
                 actions = machine.handle(UserLikelyFinal(event.text))
-                if any(isinstance(action, StartAnswer) for action in actions):
+                if _starts_answer(actions):
                     self._likely_final_ns = event.t_ns  # the transcript this answer started from
                 await self._execute(actions)
         elif isinstance(event, Transcript):
             actions = machine.handle(UserFinal(event.text))
             turn = machine.user_turn
-            kept = self._likely_final_ns if not any(isinstance(a, StartAnswer) for a in actions) else None
+            kept = None if _starts_answer(actions) else self._likely_final_ns
             self._likely_final_ns = None
             if machine.state in (State.USER_PAUSED, State.ANSWERING) and self._segment_end is not None:
                 # the turn's timing is its last segment's: voice-to-voice counts from the last word said; its

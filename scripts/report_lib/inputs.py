@@ -80,9 +80,8 @@ def synthesised_questions(cache_dir: Path = CACHE_DIR, questions: Sequence[str] 
 def conversational_turns(cache_dir: Path = CACHE_DIR) -> list[Path]:
     """The `CONVERSATIONAL` turns as 16 kHz WAVs: each part synthesised with the bundled voice, parts joined by
     `PAUSE_S` of silence, cached like `synthesised_questions`."""
-    parts = synthesised_questions(cache_dir, sorted({part for turn in CONVERSATIONAL for part in turn}))
-    audio = {text: path for text, path in zip(sorted({part for turn in CONVERSATIONAL for part in turn}), parts,
-                                               strict=True)}
+    texts = sorted({part for turn in CONVERSATIONAL for part in turn})
+    audio = dict(zip(texts, synthesised_questions(cache_dir, texts), strict=True))
     paths = []
     for turn in CONVERSATIONAL:
         if len(turn) == 1:

@@ -100,7 +100,8 @@ def test_emoji_are_dropped() -> None:
 def test_a_transcript_trails_off_when_whisper_says_so_or_it_ends_on_a_leaning_word() -> None:
     from voice.listen.words import trails_off
 
-    for text in ("My brother and I...", "is the museum open on the-", "should I take the", "What do you think? What"):
+    for text in ("My brother and I...", "is the museum open on the-", "should I take the", "What do you think? What",
+                 "I think it’s"):
         assert trails_off(text), text
     for text in ("He was not.", "Front", "bread on the way home", "Is it?", "", "Tell me about it, "[:-2]):
         assert not trails_off(text), text

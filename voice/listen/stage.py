@@ -213,8 +213,12 @@ class ListenStage:
     def _feed_target(self) -> int:
         """Feed everything while voiced; in trailing silence only up to the padded end, so that silence the
         endpointer will cut never reaches Whisper (and the decode made during the silence is the final one)."""
-        return min(self._received, self._endpointer.last_voiced_end + self._endpointer.config.samples(
-            self._endpointer.config.speech_pad_ms))
+        return min(self._received, self._padded_end(self._endpointer.last_voiced_end))
+
+    def _padded_end(self, voiced_end: int) -> int:
+        """Where a segment whose speech ends at `voiced_end` stops reaching Whisper: its likely final is decoded once
+        the audio is fed that far."""
+        return voiced_end + self._endpointer.config.samples(self._endpointer.config.speech_pad_ms)
 
     def _feed(self, target: int) -> None:
         start = max(self._fed_to, self._history_start)
@@ -231,7 +235,7 @@ class ListenStage:
         ep = self._endpointer
         if self._received - ep.last_voiced_end >= ep.config.frame_samples:
             # Trailing silence: no partials of silence; decode once the padded end is in (the likely final).
-            due = self._fed_to >= ep.last_voiced_end + ep.config.samples(ep.config.speech_pad_ms)
+            due = self._fed_to >= self._padded_end(ep.last_voiced_end)
         else:
             # Partials only show the words so far, and a final decode waits behind the partial in flight: while
             # other sessions decode or wait for the shared model, each session's partials come that much less often.
@@ -247,7 +251,7 @@ class ListenStage:
             turn = self.turn
             ep = self._endpointer
             voiced_end = ep.last_voiced_end
-            likely_final = self._fed_to >= voiced_end + ep.config.samples(ep.config.speech_pad_ms)
+            likely_final = self._fed_to >= self._padded_end(voiced_end)
             if likely_final and self.on_likely_final is not None and self._in_turn:
                 self.on_likely_final(np.concatenate(self._segment_audio))
             partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)

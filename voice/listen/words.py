@@ -21,6 +21,7 @@ LEANING_WORDS = frozenset(
     )
 )  # not words that end sentences as well ("I love it", "thank you", "I think so", "why not", "over there")
 _TRAILING_OFF = ("...", "…", "-", "–", "—")
+_CLOSING_QUOTES = "\"')”’"
 _SEPARATORS = re.compile(r"[-–—/]")
 _NOT_WORD = re.compile(r"[^\w' ]+|_")
 
@@ -37,20 +38,24 @@ def same_words(a: str, b: str) -> bool:
     return normalize_words(a) == normalize_words(b)
 
 
+def ends_leaning(text: str) -> bool:
+    """Whether the last word of `text` leans on the next one (`LEANING_WORDS`), whatever its case, quotes or
+    apostrophe ("“The", "it’s")."""
+    words = normalize_words(text.replace("\u2019", "'"))
+    return bool(words) and words[-1] in LEANING_WORDS
+
+
 def trails_off(text: str) -> bool:
     """Whether a transcript stops mid-thought: Whisper wrote it trailing off ("My brother and I...", "on the-"), or it
     ends on a word that leans on the next one without a sentence end ("should I take the"). On the turn detector
     benchmark's recordings this marked 5 of the 28 cuts Smart Turn heard as complete, and none of the 23 complete
     utterances."""
-    stripped = text.strip().rstrip("\"')”’")
+    stripped = text.strip().rstrip(_CLOSING_QUOTES)
     if not stripped:
         return False
     if stripped.endswith(_TRAILING_OFF):
         return True
-    if stripped[-1] in ".?!,;:":
-        return False
-    words = normalize_words(stripped)
-    return bool(words) and words[-1] in LEANING_WORDS
+    return stripped[-1] not in ".?!,;:" and ends_leaning(stripped)
 
 
 def asks_a_question(text: str) -> bool:
@@ -60,6 +65,6 @@ def asks_a_question(text: str) -> bool:
     benchmark's decodes 11 of 84 ended this way; Smart Turn called 4 of them unfinished: one complete question, one
     cut that is a question in itself, and two cuts ("So what?", "is the museum open up?"), of which the three-word
     floor keeps out the first."""
-    stripped = text.strip().rstrip("\"')”’")
+    stripped = text.strip().rstrip(_CLOSING_QUOTES)
     question = stripped.endswith("?") and not stripped.rstrip("?").endswith(_TRAILING_OFF)  # not "tell me...?"
     return question and len(normalize_words(stripped)) >= 3

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from model.chat import Draft
-from voice.listen.words import LEANING_WORDS
+from voice.listen.words import ends_leaning
 
 _SENTENCE_END = ".!?…"
 _CLAUSE_END = ",;:—–"
@@ -126,8 +126,7 @@ def _ends_phrase(word: str, words: int, first: bool, config: SpeculatorConfig) -
         return True
     if first and config.first_phrase_words and words >= config.first_phrase_words:
         # Keep "3 million", "$5 billion", "Dr. Smith" and "the capital of France" in one piece.
-        leaning = core.lstrip(_OPENERS).lower().replace("\u2019", "'") in LEANING_WORDS
-        return not (core[-1:].isdigit() or _is_abbreviation(core) or leaning)
+        return not (core[-1:].isdigit() or _is_abbreviation(core) or ends_leaning(core))
     return False
 
 
