@@ -26,6 +26,7 @@ from typing import Any
 from report_lib.inputs import InputError, check_audio, pick_turns, resolve_inputs
 from report_lib.report_math import summary, turn_record
 from report_lib.runners import InProcessRunner, ServerUnreachable, TurnResult, WebSocketRunner
+from report_lib.work_trace import Interval, WorkTrace, instrument, render_summary, work_summary
 from tqdm import tqdm
 
 from voice.errors import AudioFormatError, VoiceError
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="local diffusion LM checkpoint (in-process; default: the bundled model)")
     parser.add_argument("--adapter", type=Path,
                         help="the bundled model with this adapter folder instead (e.g. a training checkpoint)")
+    parser.add_argument("--no-turn-detector", action="store_true",
+                        help="end turns by silence alone, without Smart Turn (in-process)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also time every model call and what ran beside it (trace.json, trace.md; in-process)")
     return parser
 
 
@@ -72,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python scripts/latency_report.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.ws and (args.compare or args.compare_all):
         return _fail("--compare needs in-process mode: the server's configuration is fixed when it starts")
+    if args.trace and (args.ws or args.compare or args.compare_all):
+        return _fail("--trace times the models of one in-process configuration: drop --ws and --compare")
     try:
         paths = pick_turns(resolve_inputs(args.audio, args.audio_dir, args.conversational), args.turns)
         check_audio(sorted(set(paths)))
@@ -95,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(summary_table(report["runs"]))
     print(comparison_table(report["runs"]))
+    if "work" in report:
+        print(render_summary(report["work"]))
     return 0
 
 
@@ -110,7 +119,7 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
         # an adapter folder is a model spec of its own: the bundled base carrying that adapter (model.loading)
         lm_model = args.model or (str(args.adapter) if args.adapter else None)
         engines = load_engines(EngineConfig(lm_model=lm_model, lm_threshold=args.threshold,
-                                            lm_decoding=args.decoding))
+                                            lm_decoding=args.decoding, turn_detector=not args.no_turn_detector))
     except ModelError as err:
         raise VoiceError(f"the language model could not be loaded: {err}") from err
     base = SessionConfig(generation=GenerationOptions(max_new_tokens=args.max_new_tokens), wait_for_playback=False)
@@ -122,7 +131,11 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
         replace(base, speculator=replace(base.speculator, enabled=speculation), early_lm=early_lm)
         for _, speculation, early_lm in runs
     ]
-    results = asyncio.run(_in_process_turns(engines, configs, paths, args.realtime))
+    trace = WorkTrace()
+    with instrument(trace) if args.trace else contextlib.nullcontext(trace):
+        results = asyncio.run(_in_process_turns(engines, configs, paths, args.realtime))
+    if args.trace:
+        report["trace"] = trace.as_json()
     for (name, speculation, early_lm), run_results in zip(runs, results, strict=True):
         report["runs"].append(_run_entry(name, {"speculation": speculation, "early_lm": early_lm}, run_results))
     return report
@@ -234,9 +247,29 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
         "voice-to-voice distribution": plot_distribution(report["runs"], out / "voice_to_voice.png"),
     }
     report["plots"] = {name: path.name for name, path in plots.items()}
+    trace = report.pop("trace", None)
+    if trace is not None:
+        report["work"] = work_summary([Interval(**interval) for interval in trace])
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(render(report, report["plots"]))
-    return [out / "report.json", out / "report.md", *plots.values()]
+    written = [out / "report.json", out / "report.md", *plots.values()]
+    if trace is not None:
+        (out / "trace.json").write_text(json.dumps(trace) + "\n")
+        (out / "trace.md").write_text(_trace_page(report))
+        written += [out / "trace.json", out / "trace.md"]
+    return written
+
+
+def _trace_page(report: dict[str, Any]) -> str:
+    table = render_summary(report["work"])
+    return (
+        "# Model calls during the latency report\n\n"
+        f"Produced by `{report.get('command', 'scripts/latency_report.py --trace')}` on {report['created']}. "
+        "Every Whisper decode, Smart Turn verdict, LM pass and prefill and Piper render of the reported turns, "
+        "grouped by what else ran during at least a quarter of it (scripts/report_lib/work_trace.py). "
+        "All intervals are in trace.json.\n\n"
+        f"{table}\n"
+    )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
         model = ["--model", str(tiny_bert(folder / "tiny-bert"))]
     done = _report(str(CLIP), str(stereo), "--turns", "2", "--no-realtime", "--no-warmup",
-                   "--max-new-tokens", "12", "--out", str(out), *model)
+                   "--max-new-tokens", "12", "--trace", "--out", str(out), *model)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -104,6 +104,28 @@ def test_plots_are_valid_pngs_and_the_page_links_them(report_dir: Path) -> None:
         assert height > 200 and width > 300
         assert f"]({name})" in page
     assert "voice-to-voice" in page and "| p50 | p90 | p95 | max |" in page
+
+
+def test_the_trace_times_each_model_call_of_the_turns(report_dir: Path) -> None:
+    from report_lib.work_trace import ASR_PARTIAL, KINDS, LIKELY_FINAL, LM_PASS, TTS_RENDER
+
+    trace = json.loads((report_dir / "trace.json").read_text())
+    kinds = {interval["kind"] for interval in trace}
+    assert kinds <= set(KINDS)
+    assert {LM_PASS, TTS_RENDER} <= kinds and kinds & {LIKELY_FINAL, ASR_PARTIAL}  # two answered, spoken turns
+    assert all(interval["end_ns"] >= interval["start_ns"] for interval in trace)
+    starts = [interval["start_ns"] for interval in trace]
+    assert starts == sorted(starts)
+    work = {row["kind"]: row for row in json.loads((report_dir / "report.json").read_text())["work"]}
+    assert work[LM_PASS]["calls"] == sum(g["calls"] for g in work[LM_PASS]["by_company"].values()) > 0
+    assert "| LM pass |" in (report_dir / "trace.md").read_text()
+
+
+def test_the_trace_refuses_a_comparison_in_one_line(tmp_path: Path) -> None:
+    done = _report(str(CLIP), "--trace", "--compare", "--out", str(tmp_path / "out"), timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "--trace" in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_input_that_is_not_audio_fails_in_one_line(tmp_path: Path) -> None:
