@@ -26,7 +26,7 @@ from typing import Any
 from report_lib.inputs import InputError, check_audio, pick_turns, resolve_inputs
 from report_lib.report_math import summary, turn_record
 from report_lib.runners import InProcessRunner, ServerUnreachable, TurnResult, WebSocketRunner
-from report_lib.work_trace import Interval, WorkTrace, instrument, render_summary, work_summary
+from report_lib.work_trace import WorkTrace, instrument, render_summary, work_summary
 from tqdm import tqdm
 
 from voice.errors import AudioFormatError, VoiceError
@@ -132,10 +132,10 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
         for _, speculation, early_lm in runs
     ]
     trace = WorkTrace()
-    with instrument(trace) if args.trace else contextlib.nullcontext(trace):
+    with instrument(trace) if args.trace else contextlib.nullcontext():
         results = asyncio.run(_in_process_turns(engines, configs, paths, args.realtime))
     if args.trace:
-        report["trace"] = trace.as_json()
+        report["trace"], report["work"] = trace.as_json(), work_summary(trace.intervals)
     for (name, speculation, early_lm), run_results in zip(runs, results, strict=True):
         report["runs"].append(_run_entry(name, {"speculation": speculation, "early_lm": early_lm}, run_results))
     return report
@@ -247,9 +247,7 @@ def write_report(report: dict[str, Any], out: Path) -> list[Path]:
         "voice-to-voice distribution": plot_distribution(report["runs"], out / "voice_to_voice.png"),
     }
     report["plots"] = {name: path.name for name, path in plots.items()}
-    trace = report.pop("trace", None)
-    if trace is not None:
-        report["work"] = work_summary([Interval(**interval) for interval in trace])
+    trace = report.pop("trace", None)  # its own file: thousands of intervals
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(render(report, report["plots"]))
     written = [out / "report.json", out / "report.md", *plots.values()]

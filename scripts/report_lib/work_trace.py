@@ -170,9 +170,9 @@ def _timed_iterator(trace: WorkTrace, kind: str, function: Callable[..., Iterato
             try:
                 item = next(items)
             except StopIteration:
-                trace.add(kind, start, time.perf_counter_ns())
                 return
-            trace.add(kind, start, time.perf_counter_ns())
+            finally:
+                trace.add(kind, start, time.perf_counter_ns())
             yield item
 
     return wrapper
