@@ -198,6 +198,13 @@ class SpeakerRecorder:
         spans = self.voiced_spans(since, threshold)
         return spans[0][0] if spans else None
 
+    def sounding(self, since: float, threshold: float = 0.01, within_s: float = 0.1) -> bool:
+        """Whether the speaker is voiced now: its last voiced stretch after `since` reaches the last `within_s`
+        seconds of the recording (parec delivers in ~10 ms reads, so "now" is the recording's end)."""
+        anchor, samples = self.audio()
+        spans = self.voiced_spans(since, threshold)
+        return bool(spans) and spans[-1][1] > anchor + len(samples) / SPEAKER_RATE - within_s
+
 
 @dataclass
 class VirtualDevices:

@@ -141,6 +141,11 @@ def test_headset_barge_in_stops_the_speaker_and_keeps_what_was_heard(
         assert time.monotonic() < deadline, f"the answer was never heard; console:\n{assistant.output()}"
         time.sleep(0.05)
     time.sleep(max(0.0, answer_at + BARGE_IN_AFTER_S - time.monotonic()))
+    # barge in while the speaker is sounding, not in a pause between two phrases (a slow machine leaves gaps there),
+    # so that the speaker going quiet afterwards is the barge-in's doing
+    while not devices.speaker.sounding(answer_at):
+        assert time.monotonic() < deadline, f"the answer went quiet and never resumed; console:\n{assistant.output()}"
+        time.sleep(0.02)
     barge_in_at = time.monotonic()
     devices.mic.say(speech(BARGE_IN))
     barge_in_end = devices.mic.wait_spoken(spoken + 2, 30)
@@ -175,3 +180,25 @@ def test_speaker_recorder_timeline(devices: VirtualDevices) -> None:
     time.sleep(0.3)
     spans = devices.speaker.voiced_spans(started)
     assert spans and 0.8 < spans[0][1] - spans[0][0] < 1.3
+    assert not devices.speaker.sounding(started)  # the tone is over
+
+
+def test_speaker_recorder_knows_when_the_speaker_is_sounding(devices: VirtualDevices) -> None:
+    assert devices.speaker is not None
+    tone = (np.sin(np.arange(3 * 16000) * 2 * np.pi * 440 / 16000) * 8000).astype("<i2").tobytes()
+    started = time.monotonic()
+    playing = subprocess.Popen(["pacat", "--playback", "--raw", "--format=s16le", "--rate=16000", "--channels=1"],
+                               stdin=subprocess.PIPE, env=devices.env)  # fmt: skip
+    try:
+        assert playing.stdin is not None
+        playing.stdin.write(tone)
+        playing.stdin.flush()
+        deadline = time.monotonic() + 2.0
+        while not devices.speaker.sounding(started):
+            assert time.monotonic() < deadline, "a 3 s tone was never heard as sounding"
+            time.sleep(0.02)
+        assert time.monotonic() - started < 2.5  # heard while it plays, not after
+    finally:
+        playing.communicate(timeout=30)
+    time.sleep(0.3)
+    assert not devices.speaker.sounding(started)
