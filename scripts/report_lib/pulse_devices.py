@@ -176,23 +176,7 @@ class SpeakerRecorder:
     def voiced_spans(self, since: float, threshold: float = 0.01, window_s: float = 0.02) -> list[tuple[float, float]]:
         """(start, end) monotonic times of the stretches after `since` whose 20 ms RMS is above `threshold`; gaps
         shorter than 0.3 s (pauses between words) are bridged."""
-        anchor, samples = self.audio()
-        window = int(SPEAKER_RATE * window_s)
-        first = max(0, int((since - anchor) * SPEAKER_RATE))
-        usable = (len(samples) - first) // window
-        if usable <= 0:
-            return []
-        frames = samples[first : first + usable * window].reshape(usable, window)
-        loud = np.sqrt(np.mean(frames**2, axis=1)) > threshold
-        spans: list[tuple[float, float]] = []
-        for index in np.flatnonzero(loud):
-            start = anchor + (first + index * window) / SPEAKER_RATE
-            end = start + window_s
-            if spans and start - spans[-1][1] < 0.3:
-                spans[-1] = (spans[-1][0], end)
-            else:
-                spans.append((start, end))
-        return spans
+        return _voiced_spans(*self.audio(), since, threshold, window_s)
 
     def first_voice_after(self, since: float, threshold: float = 0.01) -> float | None:
         spans = self.voiced_spans(since, threshold)
@@ -200,10 +184,33 @@ class SpeakerRecorder:
 
     def sounding(self, since: float, threshold: float = 0.01, within_s: float = 0.1) -> bool:
         """Whether the speaker is voiced now: its last voiced stretch after `since` reaches the last `within_s`
-        seconds of the recording (parec delivers in ~10 ms reads, so "now" is the recording's end)."""
+        seconds of the recording (parec delivers in ~10 ms reads, so "now" is the recording's end). The spans and
+        the end come from one snapshot of the recording."""
         anchor, samples = self.audio()
-        spans = self.voiced_spans(since, threshold)
+        spans = _voiced_spans(anchor, samples, since, threshold)
         return bool(spans) and spans[-1][1] > anchor + len(samples) / SPEAKER_RATE - within_s
+
+
+def _voiced_spans(
+    anchor: float, samples: np.ndarray, since: float, threshold: float, window_s: float = 0.02
+) -> list[tuple[float, float]]:
+    """`SpeakerRecorder.voiced_spans` of a recording whose sample 0 was at monotonic time `anchor`."""
+    window = int(SPEAKER_RATE * window_s)
+    first = max(0, int((since - anchor) * SPEAKER_RATE))
+    usable = (len(samples) - first) // window
+    if usable <= 0:
+        return []
+    frames = samples[first : first + usable * window].reshape(usable, window)
+    loud = np.sqrt(np.mean(frames**2, axis=1)) > threshold
+    spans: list[tuple[float, float]] = []
+    for index in np.flatnonzero(loud):
+        start = anchor + (first + index * window) / SPEAKER_RATE
+        end = start + window_s
+        if spans and start - spans[-1][1] < 0.3:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+    return spans
 
 
 @dataclass
