@@ -256,7 +256,8 @@ def prefill(
     when nothing was encoded).
 
     Each forward is padded (with the last token) up to a `prefill_bucket` size, the padding left beyond the slot's
-    length: exact, because prompt positions attend only backwards. Why: a bf16 matmul on the CPU builds and keeps a
+    length: exact, because prompt positions attend only backwards. Its rows are attended together (`exact_rows=0`): a
+prompt is encoded the same way whichever decoding mode then answers it. Why: a bf16 matmul on the CPU builds and keeps a
     oneDNN kernel for every new input shape, so prefilling every turn's prompt at its own length grew a server's memory
     by megabytes a turn. Prompts beyond `PREFILL_CHUNK` go in chunks, and `cancel` is checked before each, so a long
     prompt does not hold the model after its answer was cancelled (`GenerationCancelled`; the slot then holds only
@@ -277,7 +278,7 @@ def prefill(
         cache.bind([slot], [lo])
         logits = model.inference_pass()(
             ids.to(device), positions.to(device), additive_mask(allowed.to(device)), noisy.to(device), cache,
-            torch.tensor([len(part) - 1], device=device),
+            torch.tensor([len(part) - 1], device=device), exact_rows=0,
         )[0, -1].float()
         held.extend(part)
     return start, logits

@@ -30,7 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from model import fast_pass
+from model import fast_pass, row_exact
 from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
     Feed,
     SlotCache,
@@ -137,6 +137,8 @@ class BlockDiffusionLM(nn.Module):
         self.mask_embedding = nn.Parameter(embed.weight.detach().float().mean(0).clone().reshape(hidden))
         self._inject_lora(config)
         self._fast_pass: FastPass | None = None
+        if base.config._attn_implementation == "sdpa":  # SDPA, with the fused pass's exact rows (model.row_exact)
+            base.set_attn_implementation(row_exact.ATTENTION_NAME)
 
     def _inject_lora(self, config: AdapterConfig) -> None:
         for module in list(self.base.modules()):
@@ -199,8 +201,12 @@ class BlockDiffusionLM(nn.Module):
         noisy: torch.Tensor,  # [B, S] bool: which tokens get the adapter
         cache: Cache | None,
         keep: int | torch.Tensor = 0,
+        exact_rows: int | None = None,
     ) -> torch.Tensor:
         """Logits `[B, S, vocab]`; appends this call's keys/values to `cache` when given.
+
+        In a decoding pass (clean rows, then noisy ones) the clean rows, or the first `exact_rows`, are attended one
+        by one (`model.row_exact`), as in the fused pass; any other pattern (training) is plain SDPA.
 
         `keep` is the base model's `logits_to_keep` (0: every position; k: the last k; a 1-D tensor: those
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
@@ -213,6 +219,8 @@ class BlockDiffusionLM(nn.Module):
             start, rows = suffix
             self._gate.mask = None if rows is None else rows.unsqueeze(-1).float()
             self._gate.suffix_from = start
+            if exact_rows is None:
+                exact_rows = start
         try:
             out = self.base(
                 inputs_embeds=self.embed(input_ids),
@@ -221,6 +229,7 @@ class BlockDiffusionLM(nn.Module):
                 past_key_values=cache,
                 use_cache=cache is not None,
                 logits_to_keep=keep,
+                exact_rows=exact_rows,
             )
         finally:
             self._gate.mask, self._gate.suffix_from = None, None

@@ -3,13 +3,15 @@
 The bundled model's passes multiply ~270 MB of bf16 weights by 1-32 rows. On a 2-core CPU those matmuls take about
 40 ms; transformers' modules around them (per-call hooks and kwargs, a separate q, k, v, gate and up projection, and
 the gated LoRA's 420 thin matmuls and dtype casts per pass) added 25-35 ms more. This module is the same computation in
-the style of gpt-fast: q/k/v and gate/up are one matmul each, the LoRA factors of each fused group are stacked into one
-pair (a block-diagonal B), the rotary table is computed once, and keys go straight into the `SlotCache`.
+the style of gpt-fast: q/k/v and gate/up are one matmul each, the LoRA runs only on the noisy rows, the rotary table is
+computed once, and keys go straight into the `SlotCache`.
 
 Exactness: the same operations in the same dtypes as transformers' Llama (RMSNorm in fp32, rotary in the model's
-dtype, SDPA attention, the LoRA in its factors' dtype); the fused projections shape each output column's sum as the
-separate ones did. Tests hold it to the transformers forward in fp32 (tests/unit/test_fast_pass.py), and the bf16
-exactness tests of self-speculative decoding run through it.
+dtype, the LoRA in its factors' dtype, member by member) and the same attention function as the modules
+(`model.row_exact`, which also multiplies a lone row as one of two); the fused projections shape each output column's
+sum as the separate ones did. Tests hold it to the modules' forward bit for bit in fp32 and bf16, also under other
+CPUs' kernels (tests/unit/test_fast_pass.py, tests/unit/test_other_cpus.py), and the bf16 exactness tests of
+self-speculative decoding run through it.
 
 The fused weights share storage with the modules (the modules' weights become views into them), so nothing is held
 twice, and training, which needs autograd through the modules, keeps using them.
@@ -24,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model import row_exact
+
 if TYPE_CHECKING:
     from model.batching import SlotCache
     from model.block_diffusion import BlockDiffusionLM, GatedLoRALinear
@@ -31,14 +35,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class _LoRA:
-    """A fused group's LoRA: `delta = scale * (x @ a.T) @ b.T` (fp32 factors on a CPU: thin matmuls run faster)."""
+    """A fused group's LoRA: each member's `scale * (x @ a.T) @ b.T`, side by side (fp32 factors on a CPU: thin
+    matmuls run faster). Computed member by member, as the modules do: stacking the factors into one pair (a
+    block-diagonal B) changed the sums' rounding on MKL's AVX2 kernels, whose thin matmuls round by their width."""
 
-    a: torch.Tensor  # [rank * members, in]
-    b: torch.Tensor  # [out, rank * members], block-diagonal over the members
+    factors: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per member: a [rank, in], b [out, rank]
     scale: float
 
     def delta(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.scale * ((x.to(self.a.dtype) @ self.a.t()) @ self.b.t())).to(x.dtype)
+        h = x.to(self.factors[0][0].dtype)
+        parts = [self.scale * ((h @ a.t()) @ b.t()) for a, b in self.factors]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,20 +78,18 @@ def supports(model: BlockDiffusionLM) -> bool:
 
 
 def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
-    """Stack the base weights of `modules` (same input) into one matrix whose rows the modules then view, and their
-    LoRA factors into one pair."""
+    """Stack the base weights of `modules` (same input) into one matrix whose rows the modules then view; keep
+    their LoRA factors member by member."""
     fused = torch.cat([m.base.weight.detach() for m in modules])
     offset = 0
     for m in modules:
         rows = m.base.weight.shape[0]
         m.base.weight = nn.Parameter(fused[offset : offset + rows], requires_grad=False)  # a view: no second copy
         offset += rows
-    a = torch.cat([m.lora_a.detach() for m in modules])
-    b = torch.block_diag(*[m.lora_b.detach() for m in modules])
     scales = {m.scale for m in modules}
     if len(scales) != 1:
         raise ValueError("fused LoRA members must share one scale")
-    return fused, _LoRA(a, b, scales.pop())
+    return fused, _LoRA(tuple((m.lora_a.detach(), m.lora_b.detach()) for m in modules), scales.pop())
 
 
 class FastPass:
@@ -143,7 +148,7 @@ class FastPass:
         x: torch.Tensor, weight: torch.Tensor, lora: _LoRA, start: int | None, rows: torch.Tensor | None
     ) -> torch.Tensor:
         """`x @ weight.T` plus the LoRA on columns [start, S), masked per sequence by `rows` (start None: none)."""
-        out = F.linear(x, weight)
+        out = row_exact.linear(x, weight)
         if start is None or start >= x.shape[1]:
             return out
         delta = lora.delta(x[:, start:])
@@ -151,23 +156,6 @@ class FastPass:
             delta = delta * rows.to(delta.dtype)
         out[:, start:].add_(delta)
         return out
-
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """SDPA laid out as transformers lays it out, because the CPU kernel's rounding depends on the layout: a lone
-        query row goes in as its head group's rows over the shared key head; several rows see each key head repeated
-        for its query heads. Either way a row's output is the same bits whatever else shares the pass (SDPA's own
-        `enable_gqa`, or a lone row over repeated keys, rounded it differently from the same row among others)."""
-        b, _, s, d = q.shape
-        groups = self.heads // self.kv_heads
-        if groups == 1:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling)
-        if s == 1:
-            packed = q.reshape(b, self.kv_heads, groups, d)  # bias [B, 1, 1, K] broadcasts over the group's rows
-            out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=bias, scale=self.scaling)
-            return out.reshape(b, self.heads, 1, d)
-        keys = keys.repeat_interleave(groups, dim=1)
-        values = values.repeat_interleave(groups, dim=1)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling)
 
     @torch.inference_mode()
     def __call__(
@@ -178,7 +166,11 @@ class FastPass:
         noisy: torch.Tensor,  # [B, S] bool: noisy rows are each sequence's last ones (see model.batching)
         cache: SlotCache,
         keep: int | torch.Tensor = 0,
+        exact_rows: int | None = None,
     ) -> torch.Tensor:
+        """Logits `[B, S, V]` (or the rows `keep` selects). `exact_rows` (default: the clean rows) are the rows
+        whose logits and keys must not depend on the rest of the pass (`model.row_exact`); a prefill, whose layout is
+        the same in every decoding mode, needs none."""
         from model.block_diffusion import noisy_suffix
 
         suffix = noisy_suffix(noisy)
@@ -186,9 +178,11 @@ class FastPass:
             raise ValueError("FastPass needs each sequence's noisy rows after its clean ones")
         start: int | None = suffix[0]
         rows = None if suffix[1] is None else suffix[1].unsqueeze(-1)
-        if start is not None and start >= input_ids.shape[1]:
-            start = None  # a clean pass: no LoRA anywhere
         b, s = input_ids.shape
+        if exact_rows is None:
+            exact_rows = min(start, s)
+        if start is not None and start >= s:
+            start = None  # a clean pass: no LoRA anywhere
         h = self.model.embed(input_ids).to(self.dtype)  # [B, S, hidden]
         bias = attention_bias.to(self.dtype)
         cos, sin = self._rotary(position_ids)
@@ -201,7 +195,7 @@ class FastPass:
             k = self._rotate(k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
             v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
             keys, values = cache.update(k, v, index)
-            attended = self._attend(q, keys, values, bias).transpose(1, 2).reshape(b, s, q_size)
+            attended = row_exact.attend(q, keys, values, bias, self.scaling, exact_rows).reshape(b, s, q_size)
             h = h + self._linear(attended, layer.o, layer.o_lora, start, rows)
             x = self._rms_norm(h, layer.post_norm)
             gate, up = self._linear(x, layer.gate_up, layer.gate_up_lora, start, rows).chunk(2, dim=-1)
@@ -211,4 +205,4 @@ class FastPass:
             h = h[:, keep]
         elif keep:
             h = h[:, -keep:]
-        return F.linear(h, self.lm_head)
+        return row_exact.linear(h, self.lm_head)

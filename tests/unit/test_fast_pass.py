@@ -7,6 +7,7 @@ import torch
 from model.batching import KEY_MULTIPLE, Feed, SlotCache, additive_mask, pass_layout, prefill
 from model.block_diffusion import BlockDiffusionLM
 from model.fast_pass import FastPass
+from model.row_exact import attend
 from tests.unit.test_self_speculative import adapted, bf16_adapted, one_thread  # noqa: F401  (autouse: 1 thread)
 
 FEEDS = (
@@ -63,16 +64,16 @@ def test_training_uses_the_modules() -> None:
 
 
 def test_in_bf16_a_query_rows_attention_does_not_depend_on_the_rows_beside_it() -> None:
-    # SmolLM2's attention shape: 9 query heads of 64 over 3 key heads. A lone row over repeated keys (as SDPA's own
-    # GQA did too) came out differently from the same row among others in 25 of these 256 cases, enough to flip
-    # bf16 near-ties between an autoregressive step and a self-speculative pass.
-    attention = FastPass.__new__(FastPass)  # only `_attend` and the head layout are used
-    attention.heads, attention.kv_heads, attention.head_dim, attention.scaling = 9, 3, 64, 0.125
+    # SmolLM2's attention shape: 9 query heads of 64 over 3 key heads. Attended together, a row's output depended on
+    # how many rows shared the SDPA call (25 of these cases with a lone row over repeated keys; on MKL's AVX2 kernels
+    # and oneDNN without AMX also with the group layout), enough to flip bf16 near-ties between an autoregressive
+    # step and a self-speculative pass. The exact rows (a pass's clean ones) must come out as if each were alone.
     generator = torch.Generator().manual_seed(0)
     differ = []
     for keys_length in range(32, 1056, 32):  # key lengths as a SlotCache returns them: multiples of KEY_MULTIPLE
         for _ in range(8):
             visible = int(torch.randint(1, keys_length - 16, (1,), generator=generator))
+            exact = int(torch.randint(1, 8, (1,), generator=generator))  # clean rows; the rest are mask rows
             q = torch.randn(1, 9, 8, 64, generator=generator).bfloat16()
             k = torch.randn(1, 3, keys_length, 64, generator=generator).bfloat16()
             v = torch.randn(1, 3, keys_length, 64, generator=generator).bfloat16()
@@ -81,8 +82,29 @@ def test_in_bf16_a_query_rows_attention_does_not_depend_on_the_rows_beside_it() 
             for row in range(1, 8):  # the other rows see a few more keys (drafts after the first row)
                 allowed[0, 0, row, visible : visible + row] = True
             bias = additive_mask(allowed).bfloat16()
-            alone = attention._attend(q[:, :, :1], k, v, bias[:, :, :1])[0, :, 0]
-            among = attention._attend(q, k, v, bias)[0, :, 0]
-            if not torch.equal(alone, among):
-                differ.append((keys_length, visible))
+            among = attend(q, k, v, bias, 0.125, exact_rows=exact)
+            for row in range(exact):
+                alone = attend(q[:, :, row : row + 1], k, v, bias[:, :, row : row + 1], 0.125, exact_rows=1)
+                if not torch.equal(alone[0, 0], among[0, row]):
+                    differ.append((keys_length, visible, exact, row))
     assert differ == []
+
+
+def test_mask_rows_attended_together_match_the_exact_layout_closely() -> None:
+    """The rows after `exact_rows` take the cheaper grouped layout: the same attention up to bf16 rounding."""
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 9, 12, 64, generator=generator).bfloat16()
+    k = torch.randn(2, 3, 96, 64, generator=generator).bfloat16()
+    v = torch.randn(2, 3, 96, 64, generator=generator).bfloat16()
+    allowed = torch.rand(2, 1, 12, 96, generator=generator) < 0.7
+    allowed[..., 0] = True
+    bias = additive_mask(allowed).bfloat16()
+    exact = attend(q, k, v, bias, 0.125, exact_rows=12)
+    mixed = attend(q, k, v, bias, 0.125, exact_rows=4)
+    assert torch.equal(exact[:, :4], mixed[:, :4])
+    assert torch.allclose(exact.float(), mixed.float(), atol=2e-2)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(3, 1), v.float().repeat_interleave(3, 1), attn_mask=bias.float(),
+        scale=0.125,
+    )
+    assert torch.allclose(exact.float(), reference.transpose(1, 2), atol=2e-2)

@@ -1,0 +1,69 @@
+"""The bit-exactness tests again, under settings that make this CPU's libraries choose another CPU's kernels.
+
+Which kernels run is decided when oneDNN and MKL load, so each profile runs the tests in a fresh interpreter.
+`amd-zen4` reproduces the AMD EPYC machine this project is also tested on: with it, the code before `model.row_exact`
+failed exactly the five tests that failed there (and passed them without it, on an Intel AMX machine). `avx2` stands
+for a laptop CPU without AVX-512. On a CPU that lacks an instruction set a profile names, the cap is simply its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXACTNESS_TESTS = [
+    "tests/unit/test_fast_pass.py::test_the_fused_pass_gives_the_modules_logits_bit_for_bit",
+    "tests/unit/test_fast_pass.py::test_a_new_adapter_rebuilds_the_fused_pass",
+    "tests/unit/test_fast_pass.py::test_in_bf16_a_query_rows_attention_does_not_depend_on_the_rows_beside_it",
+    "tests/unit/test_self_speculative.py::test_in_bf16_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass",
+    "tests/unit/test_self_speculative.py::test_in_bf16_self_speculative_answers_equal_autoregressive_ones_bit_for_bit",
+    "tests/unit/test_self_speculative.py::test_self_speculative_equals_autoregressive_equals_the_teacher",
+]
+PROFILES = {
+    # oneDNN without AMX (AVX-512 with BF16 and VNNI) and MKL's AVX2 code path, which MKL takes on AMD CPUs
+    "amd-zen4": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    # no AVX-512 at all: oneDNN, MKL and ATen's own vectorised kernels on AVX2
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+}
+
+
+def run_under(profile: dict[str, str], tests: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **profile}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+
+
+def kernels_chosen(profile: dict[str, str]) -> str:
+    """The oneDNN ISA and ATen capability a fresh interpreter reports under `profile`."""
+    code = (
+        "import torch, torch.nn.functional as F;"
+        "print(torch.backends.cpu.get_cpu_capability());"
+        "F.linear(torch.ones(2, 64, dtype=torch.bfloat16), torch.ones(64, 64, dtype=torch.bfloat16))"
+    )
+    env = {**os.environ, **profile, "ONEDNN_VERBOSE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return done.stdout
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_the_exactness_tests_pass_with_another_cpus_kernels(name: str) -> None:
+    done = run_under(PROFILES[name], EXACTNESS_TESTS)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert f"{len(EXACTNESS_TESTS)} passed" in done.stdout
+
+
+def test_a_profile_really_changes_the_kernels() -> None:
+    """The caps take effect (else the profiles would test this CPU twice): ATen's capability, and oneDNN's bf16
+    matmul (without AVX-512 torch does not hand bf16 matmuls to oneDNN at all)."""
+    chosen = kernels_chosen(PROFILES["avx2"])
+    assert chosen.splitlines()[0] == "AVX2"
+    assert not [line for line in chosen.splitlines() if ",matmul," in line and "avx512" in line]
+    amd = [line for line in kernels_chosen(PROFILES["amd-zen4"]).splitlines() if ",matmul," in line]
+    assert amd and all("amx" not in line for line in amd), amd
