@@ -100,6 +100,10 @@ def sampler_overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def generate_command(args: argparse.Namespace, out: TextIO) -> None:
+    import torch
+
+    from model import row_exact
+    from model.engine import DiffusionChatModel
     from model.loading import load_chat_model
 
     model = load_chat_model(args.model, **sampler_overrides(args))
@@ -120,6 +124,16 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
         f"{tokens} tokens in {passes} passes, {seconds:.2f} s: {tokens / seconds:.1f} tokens/s, "
         f"{tokens / passes:.2f} tokens/pass ({last.finish_reason})\n"
     )
+    if isinstance(model, DiffusionChatModel) and model.sampler.decoding == "self-speculative":
+        out.write(exactness_note(row_exact.check_here(torch.get_num_threads())) + "\n")
+
+
+def exactness_note(problem: str | None) -> str:
+    """What self-speculative decoding guarantees on this CPU, from `row_exact.check_here`."""
+    if problem is None:
+        return "exact: this answer is the teacher's autoregressive answer bit for bit (row-exact kernels on this CPU)"
+    return (f"not guaranteed exact on this CPU ({problem}): the answer can differ from autoregressive decoding "
+            "where the teacher's two best tokens tie within bf16 rounding")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,50 @@
+"""The runtime's own check of the row-exact kernels (model/row_exact.py), and what `dlm generate` says with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import row_exact
+from model.cli import exactness_note
+
+
+def test_the_guarantee_holds_on_this_cpus_kernels() -> None:
+    assert row_exact.check_here.__wrapped__(1) is None
+    assert row_exact.check_here.__wrapped__(2) is None
+
+
+def test_the_check_finds_a_linear_that_rounds_a_row_by_the_rows_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    def row_dependent(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, weight)
+        return out + (x.shape[0] > 2) * out.abs().max() * 1e-2  # what a kernel blocked by the row count looks like
+
+    monkeypatch.setattr(row_exact, "linear", row_dependent)
+    problem = row_exact.check_here.__wrapped__(1)
+    assert problem is not None and "linear 576 -> 960" in problem
+
+
+def test_the_check_finds_attention_that_rounds_a_row_by_the_rows_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    exact = row_exact.attend
+
+    def row_dependent(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        out = exact(q, *args, **kwargs)  # type: ignore[arg-type]
+        return out * (1.0 + 1e-2 * (q.shape[2] > 1))
+
+    monkeypatch.setattr(row_exact, "attend", row_dependent)
+    assert row_exact.check_here.__wrapped__(1) == "bf16 attention rounds a query row by the rows beside it"
+
+
+def test_a_lone_row_is_multiplied_as_one_of_two() -> None:
+    weight = torch.randn(8, 4)
+    x = torch.randn(1, 1, 4)
+    out = row_exact.linear(x, weight)
+    assert out.shape == (1, 1, 8)
+    torch.testing.assert_close(out, F.linear(x, weight))
+
+
+def test_dlm_generate_says_what_is_guaranteed_on_this_cpu() -> None:
+    assert exactness_note(None).startswith("exact: ")
+    note = exactness_note("bf16 attention rounds a query row by the rows beside it")
+    assert note.startswith("not guaranteed exact on this CPU (bf16 attention") and "bf16 rounding" in note
