@@ -146,6 +146,7 @@ def load_default_chat_model(
     # The gated adapter makes lossless self-speculative decoding possible (model/speculative.py): it is the default.
     settings.setdefault("decoding", "self-speculative")
     settings.setdefault("draft_masks", DRAFT_MASKS)
+    settings.setdefault("draft_layout", "adaptive")  # as many drafts a pass as pay on this CPU (model/draft_policy.py)
     settings.setdefault("no_repeat_ngram", SPOKEN_NO_REPEAT_NGRAM)
     settings.setdefault("end_after", SPOKEN_END_AFTER)
     settings.setdefault("no_copy_ngram", SPOKEN_NO_COPY_NGRAM)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from model.batching import common_prefix
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.denoiser import Denoiser
+from model.draft_policy import DraftPolicy
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
 from model.refinement import Refinement
@@ -159,6 +160,8 @@ class DiffusionChatModel:
                 "(clean tokens see exactly the autoregressive teacher); use --decoding diffusion"
             )
         self._guard: SpeechGuard | None = None  # built on first use: it scans the vocabulary
+        self._draft_policies: dict[int, DraftPolicy] = {}
+        self._policies_lock = threading.Lock()
         # classifier-free guidance needs a second state over the same weights
         self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and hasattr(denoiser, "fork") else None
         self._lock = FairLock()  # without batching, sessions take turns on the model, first come, first served
@@ -307,7 +310,7 @@ class DiffusionChatModel:
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
         return SpeculativeDecoding(
             prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
-            self.speech_guard(prompt), config.draft_branches,
+            self.speech_guard(prompt), config.draft_branches, self.draft_policy(config),
         )
 
     def refinements(
@@ -329,8 +332,16 @@ class DiffusionChatModel:
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
         return generate_speculative(
             self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(prompt), cancel,
-            config.draft_branches,
+            config.draft_branches, self.draft_policy(config),
         )
+
+    def draft_policy(self, config: SamplerConfig) -> DraftPolicy | None:
+        """The model's shared draft policy for `config` (one per mask count: what it learns about pass costs and
+        acceptance holds for every answer), or None when the layout is fixed."""
+        if config.decoding != "self-speculative" or config.draft_layout != "adaptive":
+            return None
+        with self._policies_lock:
+            return self._draft_policies.setdefault(config.draft_masks, DraftPolicy(config.draft_masks))
 
     def speech_guard(self, prompt: list[int] | None = None) -> SpeechGuard | None:
         """The sampler's anti-loop rules with this tokenizer's word classes and sentence-end tokens, for `prompt`

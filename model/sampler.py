@@ -41,6 +41,7 @@ from model.speculative import SpeechGuard
 
 REMASKING = ("low_confidence", "random", "left_to_right")
 DECODING_MODES = ("self-speculative", "autoregressive", "diffusion")
+DRAFT_LAYOUTS = ("fixed", "adaptive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,9 @@ class SamplerConfig:
     decoding: str = "diffusion"
     draft_masks: int = 4  # self-speculative: mask tokens per pass, i.e. how many tokens it drafts ahead
     draft_branches: bool = True  # self-speculative: a block of masks after every draft (model/speculative.py)
+    # self-speculative: "fixed" drafts `draft_masks` every pass; "adaptive" lets a lone answer draft 0..draft_masks, as
+    # many as pay on this machine (model/draft_policy.py)
+    draft_layout: str = "fixed"
     no_repeat_ngram: int = 0  # speculative/autoregressive: never repeat an n-gram of the answer (0: off)
     end_after: int = 0  # speculative/autoregressive: end at the first sentence end after this many tokens (0: off)
     no_copy_ngram: int = 0  # never copy a run of n tokens (words and punctuation) from the prompt (0: off)
@@ -82,6 +86,8 @@ class SamplerConfig:
             raise ModelError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
         if self.decoding not in DECODING_MODES:
             raise ModelError(f"decoding must be one of {DECODING_MODES}, got {self.decoding!r}")
+        if self.draft_layout not in DRAFT_LAYOUTS:
+            raise ModelError(f"draft_layout must be one of {DRAFT_LAYOUTS}, got {self.draft_layout!r}")
         if self.draft_masks < 1:
             raise ModelError(f"draft_masks must be at least 1, got {self.draft_masks}")
         if min(self.no_repeat_ngram, self.end_after, self.no_copy_ngram, self.no_copy_opening) < 0:

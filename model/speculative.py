@@ -41,6 +41,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from model.batching import Feed
+from model.draft_policy import DraftPolicy
 from model.errors import ModelError
 from model.refinement import Refinement
 
@@ -244,6 +245,7 @@ class SpeculativeDecoding:
         seed: int | None = None,
         guard: SpeechGuard | None = None,
         branches: bool = True,
+        policy: DraftPolicy | None = None,
     ) -> None:
         if not prompt_ids:
             raise ModelError("the prompt is empty: nothing to condition the answer on")
@@ -259,7 +261,9 @@ class SpeculativeDecoding:
         self.temperature = temperature
         self.guard = guard
         self.branches = branches  # a block of masks after every draft (see the module docstring), when alone
+        self.policy = policy  # None: `masks` every pass; else the policy's choice (up to `masks`) for lone passes
         self._branched = False  # whether the last feed() drafted a block after every draft
+        self._fed_masks = masks  # masks per block in the last feed()
         self.generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
         self.answer: list[int] = []  # verified tokens
         self.confidence: list[float] = []  # the teacher's probability of each verified token
@@ -286,12 +290,16 @@ class SpeculativeDecoding:
         (`crowd` 1): in a batched pass the extra mask rows of every answer cost more than they gain (bench_api, 4
         clients: 26.2 tokens/s with one block, 21.8 with a block after every draft). A folded prompt's tokens
         (`fold_prompt`) come first in the first pass."""
-        self.drafts = self.drafts[: self.max_new_tokens - len(self.answer) - 1]  # k + 1 new tokens at most
+        masks = self.masks
+        if self.policy is not None and crowd <= 1 and masks:
+            masks = min(masks, self.policy.choose())
+        self._fed_masks = masks
+        self.drafts = self.drafts[: min(masks, self.max_new_tokens - len(self.answer) - 1)]  # k + 1 new at most
         clean = (*self.lead, self.last, *self.drafts)
-        self._branched = self.branches and self.masks > 0 and crowd <= 1
+        self._branched = self.branches and masks > 0 and crowd <= 1
         if not self._branched:
-            return Feed(clean=clean, noisy=(self.mask_id,) * self.masks)
-        after = tuple(g for g in range(len(self.lead) + 1, len(clean) + 1) for _ in range(self.masks))
+            return Feed(clean=clean, noisy=(self.mask_id,) * masks)
+        after = tuple(g for g in range(len(self.lead) + 1, len(clean) + 1) for _ in range(masks))
         return Feed(clean=clean, noisy=(self.mask_id,) * len(after), after=after)
 
     def consume(
@@ -320,9 +328,13 @@ class SpeculativeDecoding:
 
         # Drafts from the masks drafted after the right tokens: the block after the accepted prefix (without
         # branches there is one block, after every draft).
+        masks = self._fed_masks
+        if self.policy is not None:  # a lone pass in the steady layout of `masks` says what that layout costs
+            steady = not lead and len(drafts) == masks and (self._branched or not masks)
+            self.policy.observe(masks, len(drafts), accepted, elapsed_s * 1e3 if steady else None)
         block = accepted if self._branched else 0
-        if self.masks and (self._branched or accepted == len(drafts)) and stop is None:
-            mask_probs = torch.softmax(mask_logits[block * self.masks : (block + 1) * self.masks].float(), dim=-1)
+        if masks and (self._branched or accepted == len(drafts)) and stop is None:
+            mask_probs = torch.softmax(mask_logits[block * masks : (block + 1) * masks].float(), dim=-1)
             best = mask_probs.max(dim=-1)  # [m]
             self.drafts, self.draft_conf = best.indices.tolist(), best.values.tolist()
         else:
@@ -361,6 +373,7 @@ def generate_speculative(
     guard: SpeechGuard | None = None,
     cancel: threading.Event | None = None,
     branches: bool = True,
+    policy: DraftPolicy | None = None,
 ) -> Iterator[Refinement]:
     """Answer `prompt_ids` with at most `max_new_tokens` tokens, one `Refinement` per pass, on one verifier.
 
@@ -368,7 +381,8 @@ def generate_speculative(
     after every draft).
     """
     decoding = SpeculativeDecoding(
-        prompt_ids, max_new_tokens, masks, verifier.mask_id, verifier.eos_ids, temperature, seed, guard, branches
+        prompt_ids, max_new_tokens, masks, verifier.mask_id, verifier.eos_ids, temperature, seed, guard, branches,
+        policy,
     )
     verifier.start_verify(list(prompt_ids))
     while True:

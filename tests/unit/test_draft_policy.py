@@ -1,0 +1,83 @@
+"""The draft policy (model/draft_policy.py): which layout a lone self-speculative pass uses, from what passes cost
+and how often drafts are accepted; answers stay the teacher's whatever it chooses."""
+
+from __future__ import annotations
+
+from model.block_diffusion import BlockDiffusionDenoiser
+from model.draft_policy import RETIME_EVERY, TIMINGS_BEFORE_JUDGING, DraftPolicy
+from model.speculative import generate_speculative
+from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse)
+    EOS,
+    OracleDrafts,
+    adapted,
+    final_tokens,
+    one_thread,
+    prompts,
+    teacher_greedy,
+)
+from tests.unit.tiny_models import tiny_llama
+
+
+def settle(policy: DraftPolicy, cost_ms: dict[int, float], accepted_of: dict[int, int], passes: int) -> list[int]:
+    """Drive `policy` as a decoder would (steady passes: drafts = the masks chosen); returns the choices made."""
+    chosen = []
+    for _ in range(passes):
+        masks = policy.choose()
+        chosen.append(masks)
+        policy.observe(masks, masks, min(accepted_of.get(masks, 0), masks), cost_ms[masks])
+    return chosen
+
+
+def test_every_layout_is_timed_before_it_is_judged() -> None:
+    policy = DraftPolicy(max_masks=3)
+    first = settle(policy, {0: 25, 1: 27, 2: 30, 3: 46}, {}, 4 * TIMINGS_BEFORE_JUDGING)
+    assert first == [m for m in range(4) for _ in range(TIMINGS_BEFORE_JUDGING)]
+
+
+def test_drafts_that_do_not_pay_for_their_mask_rows_give_autoregressive_passes() -> None:
+    # the AMD machine's shape: a drafting pass costs 1.8x a lone row, and drafts are rarely right
+    policy = DraftPolicy(max_masks=3)
+    choices = settle(policy, {0: 25.6, 1: 33.0, 2: 39.0, 3: 46.4}, {1: 0, 2: 0, 3: 0}, 200)
+    assert choices[-50:].count(0) >= 45
+
+
+def test_good_drafts_on_flat_pass_costs_draft_the_most() -> None:
+    # the Intel AMX machine's shape: a 16-row pass costs about 1.3x a lone row; drafts right 90 % of the time
+    policy = DraftPolicy(max_masks=3)
+    cost = {0: 55.0, 1: 57.0, 2: 63.0, 3: 72.0}
+    choices = settle(policy, cost, {1: 1, 2: 2, 3: 3}, 200)
+    assert choices[-50:].count(3) >= 45
+    assert policy.acceptance()[0] > 0.9
+    assert policy.expected_tokens(3) > 3.5
+
+
+def test_a_layout_is_timed_again_as_the_machine_changes() -> None:
+    policy = DraftPolicy(max_masks=2)
+    settle(policy, {0: 20, 1: 30, 2: 40}, {}, RETIME_EVERY * 3)
+    assert all(layout.timed_at >= RETIME_EVERY for layout in policy.layouts)  # every layout was timed again
+
+
+def test_acceptance_counts_each_position_only_when_the_drafts_before_it_were_accepted() -> None:
+    policy = DraftPolicy(max_masks=3)
+    tried, accepted = list(policy.tried), list(policy.accepted)
+    policy.observe(3, drafted=3, accepted=1, pass_ms=None)  # draft 1 accepted, draft 2 rejected, draft 3 unseen
+    assert [t - t0 for t, t0 in zip(policy.tried, tried, strict=True)] == [1, 1, 0]
+    assert [a - a0 for a, a0 in zip(policy.accepted, accepted, strict=True)] == [1, 0, 0]
+    assert all(layout.timings == 0 for layout in policy.layouts)  # no timing: nothing learnt about cost
+
+
+def test_adaptive_layouts_still_give_the_teachers_answer() -> None:
+    model = adapted()
+    teacher = tiny_llama()
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    policy = DraftPolicy(max_masks=4)
+    layouts = set()
+    for index, prompt in enumerate(prompts(10)):
+        reference = teacher_greedy(teacher, prompt, 20)
+        expected = reference[: reference.index(EOS) + 1] if EOS in reference else reference
+        oracle = OracleDrafts(denoiser, reference, error_rate=0.3, seed=index)
+        before = policy.choices
+        refinements = list(generate_speculative(oracle, prompt, 20, masks=4, policy=policy))
+        assert final_tokens(refinements) == expected, index
+        layouts.update(m for m, layout in enumerate(policy.layouts) if layout.timed_at > before)
+    assert len(layouts) >= 3  # the answers really ran under different layouts
