@@ -55,9 +55,12 @@ def has_repeated_trigram(text: str) -> bool:
     return len(grams) != len(set(grams))
 
 
-def answer_of(chat: DiffusionChatModel, prompt: str, decoding: str, options: GenerationOptions) -> dict:
-    """One answer in one decoding mode: tokens, passes, timings, and the drafts each pass showed."""
-    chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding)
+def answer_of(chat: DiffusionChatModel, prompt: str, mode: str, options: GenerationOptions, layout: str) -> dict:
+    """One answer in one decoding mode: tokens, passes, timings, and the drafts each pass showed. `mode` is a
+    decoding mode, for self-speculative decoding optionally with its draft layout ("self-speculative:fixed");
+    `layout` is the layout a mode without one uses."""
+    decoding, _, own_layout = mode.partition(":")
+    chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding, draft_layout=own_layout or layout)
     messages = [ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", prompt)]
     prompt_ids = chat.prompt_ids(messages)
     config, length = chat.sampler_for(options)
@@ -177,7 +180,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapter", type=Path, default=ADAPTER_DIR)
     parser.add_argument("--limit", type=int, default=120)
-    parser.add_argument("--modes", default="self-speculative", help="compared with autoregressive (comma-separated)")
+    parser.add_argument("--modes", default="self-speculative",
+                        help="compared with autoregressive (comma-separated; self-speculative:fixed or :adaptive picks"
+                             " the draft layout, else the model's own)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--draft-masks", type=int, default=None, help="masks per self-speculative pass")
@@ -196,14 +201,15 @@ def main() -> None:
         overrides["draft_branches"] = False
     chat = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.bfloat16, **overrides)
     eos_id = chat.tokenizer.eos_token_id
+    layout = chat.sampler.draft_layout
     for prompt in WARMUP_PROMPTS:  # kernels, allocator, the guard's vocabulary scan, the system prompt's cache
         for mode in modes:
-            answer_of(chat, prompt, mode, options)
+            answer_of(chat, prompt, mode, options, layout)
     rows = []
     for index, prompt in enumerate(tqdm(prompts, desc="interleaved " + " / ".join(modes))):
         row: dict = {"prompt": prompt}
         for mode in modes if index % 2 == 0 else modes[::-1]:
-            row[mode] = answer_of(chat, prompt, mode, options)
+            row[mode] = answer_of(chat, prompt, mode, options, layout)
         rows.append(row)
 
     prompt_ids = [chat.prompt_ids([ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", p)])
@@ -221,8 +227,8 @@ def main() -> None:
         for row in rows:
             for mode in modes[1:]:
                 if (row["prompt"], mode) in gaps:
-                    ar32 = answer_of(chat32, row["prompt"], "autoregressive", options)["ids"]
-                    md32 = answer_of(chat32, row["prompt"], mode, options)["ids"]
+                    ar32 = answer_of(chat32, row["prompt"], "autoregressive", options, layout)["ids"]
+                    md32 = answer_of(chat32, row["prompt"], mode, options, layout)["ids"]
                     row[f"{mode}_fp32_equal"] = ar32 == md32
     teacher32, _ = load_base(torch.float32)  # perplexities in full precision
     results = [summarize(rows, mode, teacher32, prompt_ids, gaps, eos_id) for mode in modes[1:]]
