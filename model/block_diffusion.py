@@ -205,8 +205,8 @@ class BlockDiffusionLM(nn.Module):
     ) -> torch.Tensor:
         """Logits `[B, S, vocab]`; appends this call's keys/values to `cache` when given.
 
-        In a decoding pass (clean rows, then noisy ones) the clean rows, or the first `exact_rows`, are attended one
-        by one (`model.row_exact`), as in the fused pass; any other pattern (training) is plain SDPA.
+        In a decoding pass (clean rows, then noisy ones) of one answer the clean rows, or the first `exact_rows`, are
+        attended one by one (`model.row_exact`), as in the fused pass; any other pattern (training) is plain SDPA.
 
         `keep` is the base model's `logits_to_keep` (0: every position; k: the last k; a 1-D tensor: those
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
@@ -219,8 +219,8 @@ class BlockDiffusionLM(nn.Module):
             start, rows = suffix
             self._gate.mask = None if rows is None else rows.unsqueeze(-1).float()
             self._gate.suffix_from = start
-            if exact_rows is None:
-                exact_rows = start
+            if exact_rows is None:  # as the fused pass chooses
+                exact_rows = start if input_ids.shape[0] == 1 else 0
         try:
             out = self.base(
                 inputs_embeds=self.embed(input_ids),

@@ -168,9 +168,9 @@ class FastPass:
         keep: int | torch.Tensor = 0,
         exact_rows: int | None = None,
     ) -> torch.Tensor:
-        """Logits `[B, S, V]` (or the rows `keep` selects). `exact_rows` (default: the clean rows) are the rows
-        whose logits and keys must not depend on the rest of the pass (`model.row_exact`); a prefill, whose layout is
-        the same in every decoding mode, needs none."""
+        """Logits `[B, S, V]` (or the rows `keep` selects). `exact_rows` (default: the clean rows of a pass of one
+        answer) are the rows whose logits and keys must not depend on the rest of the pass (`model.row_exact`); a
+        prefill, whose layout is the same in every decoding mode, needs none."""
         from model.block_diffusion import noisy_suffix
 
         suffix = noisy_suffix(noisy)
@@ -179,8 +179,8 @@ class FastPass:
         start: int | None = suffix[0]
         rows = None if suffix[1] is None else suffix[1].unsqueeze(-1)
         b, s = input_ids.shape
-        if exact_rows is None:
-            exact_rows = min(start, s)
+        if exact_rows is None:  # a batch of answers is not bit-exact anyway (model.row_exact): no per-row cost
+            exact_rows = min(start, s) if b == 1 else 0
         if start is not None and start >= s:
             start = None  # a clean pass: no LoRA anywhere
         h = self.model.embed(input_ids).to(self.dtype)  # [B, S, hidden]

@@ -16,7 +16,8 @@ CPU kernels choose their blocking by the number of rows, and blocking changes a 
   (weights stream from memory either way, so the second row is nearly free). So the guarantee covers passes of at
   most `EXACT_ROWS` rows: one answer's passes are (at most a folded prompt tail of 24 tokens, the last token and 3
   masks; later 4 clean rows and 12 masks). Answers batched together are equal to their answers alone in fp32 and
-  within bf16 rounding, not bit for bit past 32 rows on AMX.
+  within bf16 rounding, not bit for bit (past 32 rows AMX rounds by rows too), so a batched pass attends its rows
+  together, without the per-row cost.
 
 `attention_forward` is `attend` in transformers' attention interface, so the modules' forward (training, tests) and
 the fused pass compute the same bits; without `exact_rows` it is plain SDPA. The exactness tests run under settings

@@ -17,16 +17,20 @@ FEEDS = (
 )
 
 
-def one_pass(model: BlockDiffusionLM, runner) -> torch.Tensor:
-    """Logits of one batched pass over three sequences with different cached lengths, through `runner`."""
-    cache = SlotCache(3)
+PROMPTS = ([5, 7, 9, 11, 3, 4, 20, 30, 31], [5, 7, 9, 2, 1], [9, 8, 7, 6, 5, 4, 3])
+
+
+def one_pass(model: BlockDiffusionLM, runner, answers: int = 3) -> torch.Tensor:
+    """Logits of one pass over `answers` sequences with different cached lengths (batched: 3), through `runner`.
+    A pass of one answer attends its clean rows one by one (model/row_exact.py), a batched one together."""
+    cache = SlotCache(answers)
     with torch.inference_mode():
-        for slot, tokens in enumerate(([5, 7, 9, 11, 3, 4, 20, 30, 31], [5, 7, 9, 2, 1], [9, 8, 7, 6, 5, 4, 3])):
+        for slot, tokens in enumerate(PROMPTS[:answers]):
             prefill(model, cache, slot, tokens)
-        feeds = [Feed(f.clean, (model.mask_id,) * len(f.noisy), f.after) for f in FEEDS]
+        feeds = [Feed(f.clean, (model.mask_id,) * len(f.noisy), f.after) for f in FEEDS[:answers]]
         lengths = [len(slot.ids) for slot in cache.slots]
         ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
-        cache.bind([0, 1, 2], lengths)
+        cache.bind(list(range(answers)), lengths)
         return runner(ids, positions, additive_mask(allowed), noisy, cache)
 
 
@@ -34,7 +38,8 @@ def test_the_fused_pass_gives_the_modules_logits_bit_for_bit() -> None:
     for model in (adapted(seed=2), bf16_adapted(seed=2)):
         fused = model.inference_pass()
         assert isinstance(fused, FastPass)
-        assert torch.equal(one_pass(model, fused), one_pass(model, model))
+        for answers in (1, 3):
+            assert torch.equal(one_pass(model, fused, answers), one_pass(model, model, answers)), answers
 
 
 def test_the_modules_weights_are_views_of_the_fused_ones() -> None:
