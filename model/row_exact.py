@@ -119,6 +119,10 @@ def attention_forward(
     if exact_rows is None or attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if attention_mask.dtype == torch.bool:  # "may attend" -> additive, as SDPA reads a bool mask
+        attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
+            ~attention_mask, torch.finfo(query.dtype).min
+        )
     return attend(query, key, value, attention_mask.to(query.dtype), scale, exact_rows), None  # [B, S, H, D]
 
 
