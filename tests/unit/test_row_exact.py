@@ -48,3 +48,20 @@ def test_dlm_generate_says_what_is_guaranteed_on_this_cpu() -> None:
     assert exactness_note(None).startswith("exact: ")
     note = exactness_note("bf16 attention rounds a query row by the rows beside it")
     assert note.startswith("not guaranteed exact on this CPU (bf16 attention") and "bf16 rounding" in note
+
+
+def test_the_attention_interface_reads_a_bool_mask_as_may_attend() -> None:
+    class Attention(torch.nn.Module):
+        num_key_value_groups = 3
+
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 9, 5, 64, generator=generator)
+    k = torch.randn(1, 3, 32, 64, generator=generator)
+    v = torch.randn(1, 3, 32, 64, generator=generator)
+    allowed = torch.rand(1, 1, 5, 32, generator=generator) < 0.6
+    allowed[..., 0] = True
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    by_bool, _ = row_exact.attention_forward(Attention(), q, k, v, allowed, scaling=0.125, exact_rows=2)
+    by_bias, _ = row_exact.attention_forward(Attention(), q, k, v, additive, scaling=0.125, exact_rows=2)
+    assert torch.equal(by_bool, by_bias)
+    assert by_bool.shape == (1, 5, 9, 64)
