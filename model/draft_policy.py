@@ -70,8 +70,8 @@ class DraftPolicy:
         with self._lock:
             self.choices += 1
             untimed = [m for m, layout in enumerate(self.layouts) if layout.timings < TIMINGS_BEFORE_JUDGING]
-            if untimed:
-                return untimed[0]
+            if untimed:  # the most drafts first: a process's first answers draft as a fixed layout would
+                return untimed[-1]
             if self.choices % RETIME_EVERY == 0:
                 return min(range(len(self.layouts)), key=lambda m: self.layouts[m].timed_at)
             return max(range(len(self.layouts)), key=lambda m: self.expected_tokens(m) / self.layouts[m].cost_ms)

@@ -31,7 +31,7 @@ def settle(policy: DraftPolicy, cost_ms: dict[int, float], accepted_of: dict[int
 def test_every_layout_is_timed_before_it_is_judged() -> None:
     policy = DraftPolicy(max_masks=3)
     first = settle(policy, {0: 25, 1: 27, 2: 30, 3: 46}, {}, 4 * TIMINGS_BEFORE_JUDGING)
-    assert first == [m for m in range(4) for _ in range(TIMINGS_BEFORE_JUDGING)]
+    assert first == [m for m in (3, 2, 1, 0) for _ in range(TIMINGS_BEFORE_JUDGING)]
 
 
 def test_drafts_that_do_not_pay_for_their_mask_rows_give_autoregressive_passes() -> None:
