@@ -15,10 +15,11 @@ from model.errors import ModelError
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
-def resolve_device(choice: str | None = "auto") -> torch.device:
+def resolve_device(choice: str | torch.device | None = "auto") -> torch.device:
     """`auto` (or None): CUDA when torch sees a GPU, else the CPU. `cuda` without one is a clear error, not a
-    silent fallback: a user who asked for the GPU should learn that this torch cannot use it."""
-    choice = choice or "auto"
+    silent fallback: a user who asked for the GPU should learn that this torch cannot use it. A `torch.device`
+    (already resolved) is checked the same way."""
+    choice = str(choice or "auto")
     if choice not in DEVICE_CHOICES and not choice.startswith("cuda:"):
         raise ModelError(f"unknown device {choice!r}: expected one of {', '.join(DEVICE_CHOICES)}")
     if choice == "auto":
