@@ -58,13 +58,14 @@ class Budget:
     """How much to measure: a GPU gets real repeat counts; 2 CPU cores get what fits in a minute."""
 
     cache_length: int  # tokens cached per answer before the timed passes
-    warmup: int  # untimed passes per shape (a GPU's first calls pick kernels; a CPU builds oneDNN's)
+    warmup: int  # untimed passes per shape: a GPU's first calls pick kernels, and oneDNN builds a bf16 kernel per
+    # shape on its first call (a CPU's first pass of a shape measured several times its later ones)
     repeats: int  # timed passes per shape (the median is reported)
     new_tokens: int  # tokens per answer in the decoding runs
 
     @classmethod
     def for_device(cls, device: torch.device) -> Budget:
-        return cls(256, 3, 20, 64) if device.type == "cuda" else cls(32, 0, 1, 4)
+        return cls(256, 3, 20, 64) if device.type == "cuda" else cls(32, 1, 1, 4)
 
 
 def random_model(device: torch.device) -> BlockDiffusionLM:
@@ -230,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     parser.add_argument("--random", action="store_true", help="random weights even when the bundled ones are here")
     parser.add_argument("--json", type=Path, default=Path("device_check.json"))
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default: torch's choice; 1 on a CPU that others share: a team of two "
+                             "stalls at every barrier while either thread waits for a core)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     begun = time.perf_counter()
     try:
         device = resolve_device(args.device)
