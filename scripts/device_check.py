@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -232,11 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random", action="store_true", help="random weights even when the bundled ones are here")
     parser.add_argument("--json", type=Path, default=Path("device_check.json"))
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (default: torch's choice; 1 on a CPU that others share: a team of two "
-                             "stalls at every barrier while either thread waits for a core)")
+                        help="torch CPU threads (default: half the cores, as a voice process gives its LM)")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # Half the cores by default, as voice.engines.default_lm_threads gives a voice process's LM: on the 2-core
+    # development machine shared with other work (load average ~6), two threads took 144 s for this check and one
+    # 28 s; a team of two OpenMP threads stalls at every barrier while either waits for a core.
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // 2))
     begun = time.perf_counter()
     try:
         device = resolve_device(args.device)
