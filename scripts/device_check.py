@@ -1,6 +1,6 @@
 """The device check: what the diffusion LM's passes and decoding cost on this machine's GPU (or CPU), as one JSON.
 
-    python scripts/device_check.py --device cuda --json device_check.json    # a few minutes on a GPU
+    python scripts/device_check.py --device cuda --json device_check.json    # sized to fit a 10-minute run
     python scripts/device_check.py --device cpu --json device_check_cpu.json # under a minute on 2 cores
 
 What a pass costs depends on the architecture, the size, the dtype and the shapes, not on the weights' values. So when
