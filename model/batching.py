@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache
 
+from model.device import upload
 from model.errors import GenerationCancelled
+from model.noisy_rows import noisy_suffix
 
 PREFILL_CHUNK = 1024  # at most this many prompt tokens per prefill forward (see `prefill`)
 MIN_PREFILL_BUCKET = 32
@@ -111,8 +113,9 @@ class SlotCache(Cache):
             self._values.append(value_states.new_zeros(shape))
         keys, values = self._grow(layer_idx, end)
         if self._where is None or self._where[0].shape[1] != s:  # once per forward: every layer writes the same places
-            slot_index = torch.tensor(self.rows, device=keys.device).unsqueeze(1).expand(-1, s)  # [B, S]
-            position = torch.tensor(self.offsets, device=keys.device).unsqueeze(1) + torch.arange(s, device=keys.device)
+            slot_index = upload(torch.tensor(self.rows), keys.device).unsqueeze(1).expand(-1, s)  # [B, S]
+            offsets = upload(torch.tensor(self.offsets), keys.device)
+            position = offsets.unsqueeze(1) + torch.arange(s, device=keys.device)
             self._where = (slot_index, position)
         slot_index, position = self._where
         keys[slot_index, :, position] = key_states.transpose(1, 2)  # [B, S, heads, head_dim]: one write for all rows
@@ -120,7 +123,7 @@ class SlotCache(Cache):
         first, last = self.rows[0], self.rows[-1]
         if self.rows == list(range(first, last + 1)):  # the usual case: a view, no copy
             return keys[first : last + 1, :, :end], values[first : last + 1, :, :end]
-        index = torch.tensor(self.rows, device=keys.device)
+        index = upload(torch.tensor(self.rows), keys.device)
         return keys[index, :, :end], values[index, :, :end]
 
     def _grow(self, layer: int, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,6 +136,15 @@ class SlotCache(Cache):
             bigger_v[:, :, : values.shape[2]] = values
             self._keys[layer], self._values[layer] = bigger_k, bigger_v
         return self._keys[layer], self._values[layer]
+
+    @torch.inference_mode()
+    def copy_slot(self, source: int, target: int) -> None:
+        """Make slot `target` hold what slot `source` holds (keys, values and tokens): a prompt that several answers
+        share, encoded once (the device check fills 64 slots this way)."""
+        for keys, values in zip(self._keys, self._values, strict=True):
+            keys[target] = keys[source]
+            values[target] = values[source]
+        self.slots[target].ids = list(self.slots[source].ids)
 
     @property
     def capacity(self) -> int:
@@ -201,6 +213,28 @@ def pass_layout(lengths: Sequence[int], feeds: Sequence[Feed], key_multiple: int
     return ids, positions, noisy, allowed
 
 
+def _forward(
+    model: torch.nn.Module,
+    cache: SlotCache,
+    layout: tuple[torch.Tensor, ...],
+    keep: torch.Tensor | None = None,
+    exact_rows: int | None = None,
+) -> torch.Tensor:
+    """The model's inference pass over a host-side `pass_layout` (and `keep` rows): its inputs uploaded without a
+    host sync (`model.device.upload`), and where the adapter runs found on the host (`noisy_suffix`), so nothing in
+    the pass waits for the device. Logits stay on the model's device."""
+    ids, positions, noisy, allowed = layout
+    device = model.base.device
+    suffix = noisy_suffix(noisy)
+    if suffix is not None and suffix[1] is not None:
+        suffix = (suffix[0], upload(suffix[1], device))
+    return model.inference_pass()(
+        upload(ids, device), upload(positions, device), additive_mask(upload(allowed, device)),
+        upload(noisy, device), cache, 0 if keep is None else upload(keep, device), exact_rows=exact_rows,
+        suffix=suffix,
+    )
+
+
 @torch.inference_mode()
 def batched_pass(
     model: torch.nn.Module, cache: SlotCache, slots: Sequence[int], feeds: Sequence[Feed]
@@ -209,11 +243,9 @@ def batched_pass(
     `[len(noisy), V]`), float32. The new keys are written after each slot's cached tokens but not kept: call `keep`."""
     lengths = [len(cache.slots[slot].ids) for slot in slots]
     ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
-    device = model.base.device
     cache.bind(slots, lengths)
-    logits = model.inference_pass()(
-        ids.to(device), positions.to(device), additive_mask(allowed.to(device)), noisy.to(device), cache
-    ).float()  # [B, S, V]
+    # one copy back per pass, of every sequence's logits: the decoding decisions are made on the host
+    logits = _forward(model, cache, (ids, positions, noisy, allowed)).float().cpu()  # [B, S, V]
     s = ids.shape[1]
     return [
         (logits[i, : len(feed.clean)], logits[i, s - len(feed.noisy) :]) for i, feed in enumerate(feeds)
@@ -273,12 +305,8 @@ prompt is encoded the same way whichever decoding mode then answers it. Why: a b
         part = list(tokens[lo : lo + PREFILL_CHUNK])
         size = prefill_bucket(len(part))
         padded = Feed(clean=tuple(part + [part[-1]] * (size - len(part))))
-        ids, positions, noisy, allowed = pass_layout([lo], [padded], KEY_MULTIPLE)
-        device = model.base.device
+        layout = pass_layout([lo], [padded], KEY_MULTIPLE)
         cache.bind([slot], [lo])
-        logits = model.inference_pass()(
-            ids.to(device), positions.to(device), additive_mask(allowed.to(device)), noisy.to(device), cache,
-            torch.tensor([len(part) - 1], device=device), exact_rows=0,
-        )[0, -1].float()
+        logits = _forward(model, cache, layout, torch.tensor([len(part) - 1]), exact_rows=0)[0, -1].float()
         held.extend(part)
     return start, logits

@@ -43,6 +43,7 @@ from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket ar
 )
 from model.errors import ModelError
 from model.fast_pass import FastPass
+from model.noisy_rows import Suffix, noisy_suffix
 
 if TYPE_CHECKING:
     from model.batch_runner import BatchRunner
@@ -202,6 +203,7 @@ class BlockDiffusionLM(nn.Module):
         cache: Cache | None,
         keep: int | torch.Tensor = 0,
         exact_rows: int | None = None,
+        suffix: Suffix | None = None,
     ) -> torch.Tensor:
         """Logits `[B, S, vocab]`; appends this call's keys/values to `cache` when given.
 
@@ -210,9 +212,11 @@ class BlockDiffusionLM(nn.Module):
 
         `keep` is the base model's `logits_to_keep` (0: every position; k: the last k; a 1-D tensor: those
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
-        many (the prefill) asks for it.
+        many (the prefill) asks for it. `suffix`: `noisy_suffix(noisy)` found by the caller on the host (a decoding
+        pass's, model/batching.py); None: found here.
         """
-        suffix = noisy_suffix(noisy)
+        if suffix is None:
+            suffix = noisy_suffix(noisy)
         if suffix is None:
             self._gate.mask, self._gate.suffix_from = noisy.unsqueeze(-1).float(), None
         else:
@@ -234,20 +238,6 @@ class BlockDiffusionLM(nn.Module):
         finally:
             self._gate.mask, self._gate.suffix_from = None, None
         return out.logits
-
-
-def noisy_suffix(noisy: torch.Tensor) -> tuple[int, torch.Tensor | None] | None:
-    """When each row of `noisy` ([B, S] bool) is clean tokens followed by noisy ones (every decoding pass, a batch's
-    sequences each with their own count): where the longest noisy run starts (S when none is noisy), and which columns
-    from there on are noisy in each row (`[B, S - start]`), or None when all are (the same count in every row).
-    None for any other pattern."""
-    counts = noisy.sum(dim=1)  # [B]
-    s = noisy.shape[1]
-    suffixes = torch.arange(s, device=noisy.device)[None, :] >= (s - counts)[:, None]
-    if not torch.equal(suffixes, noisy):
-        return None
-    start = s - int(counts.max())
-    return start, None if bool((counts == counts[0]).all()) else noisy[:, start:]
 
 
 class BlockPasses:

