@@ -8,6 +8,7 @@ workers drain) and kills what does not exit in time. A worker can be killed on p
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import httpx
 
 from report_lib.haproxy import Backend, BalancerConfig, haproxy_config
 from report_lib.load import LoadTestError, SpawnedServer, free_port
+from voice.engines import default_lm_threads
 
 LM_NAME = "voice-lm"
 START_TIMEOUT_S = 180.0
@@ -32,6 +34,10 @@ class Cluster:
     workers: int = 2
     max_sessions: int = 8
     max_new_tokens: int | None = None
+    # The LM service shares this machine's cores with the workers' Whisper and Piper: give it the thread count a
+    # voice process gives its own LM (voice.engines.default_lm_threads), or its OpenMP team of every core stalls at
+    # each barrier while a worker holds one of them. On its own machine dlm-serve keeps torch's default.
+    lm_threads: int = field(default_factory=default_lm_threads)
     lm_port: int = 0
     balancer_port: int = 0
     lm: subprocess.Popen[bytes] | None = None
@@ -77,7 +83,7 @@ class Cluster:
         self.lm_port = self.lm_port or free_port()
         command = [sys.executable, "-m", "model.server.cli", "--port", str(self.lm_port), "--served-name", LM_NAME,
                    "--log-level", "warning"]
-        self.lm = _launch(command, self.folder / "lm.log")
+        self.lm = _launch(command, self.folder / "lm.log", {"OMP_NUM_THREADS": str(self.lm_threads)})
         await _until_ready(f"{self.lm_url}/readyz", self.lm)
 
     def kill_lm(self) -> None:
@@ -122,10 +128,10 @@ class Cluster:
         await self.stop()
 
 
-def _launch(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+def _launch(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A child process whose output is appended to `log_path` (a restarted service keeps its earlier log)."""
     with log_path.open("ab") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
 def _check_haproxy_config(config: Path) -> None:
