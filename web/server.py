@@ -97,6 +97,7 @@ class _Connection:
     open_turns: set[int] = field(default_factory=set)  # turns begun (speech or an answer) and not yet ended
     idle_turns: asyncio.Event = field(default_factory=asyncio.Event)  # set while open_turns is empty
     going_away: asyncio.Event = field(default_factory=asyncio.Event)  # draining: close once no turn is open
+    metrics: VoiceMetrics | None = None  # counts the errors this connection sends
 
     def send(self, frame: str) -> None:
         """Queue a control message; raises ClientTooSlow when the client has stopped reading."""
@@ -323,7 +324,8 @@ class VoiceServer:
             await conn.close(close.code, close.reason)
 
     async def _run_connection(self, conn: ServerConnection, session: VoiceSession, slot: int) -> CloseWith | None:
-        state = _Connection(OutboundQueue(self.config.outbound_limits, session.output_sample_rate), asyncio.Event())
+        out = OutboundQueue(self.config.outbound_limits, session.output_sample_rate)
+        state = _Connection(out, asyncio.Event(), metrics=self.metrics)
         state.idle_turns.set()
         if self._draining:
             state.going_away.set()
@@ -486,6 +488,8 @@ class VoiceServer:
 
 
 def _send_error(state: _Connection, exc: VoiceError, turn: int | None = None) -> None:
+    if state.metrics is not None:
+        state.metrics.error_sent(exc.code)
     state.send(protocol.error_message(exc.code, str(exc), turn))
 
 

@@ -40,6 +40,7 @@ def test_health_readiness_and_metrics_follow_a_spoken_turn(engines: Engines) -> 
                 await collect(ws, received, until="ready")
                 full = await http.get(base(server) + "/readyz")
                 seen["ready_full"] = (full.status_code, full.text)
+                await ws.send("{not json")  # one refused frame: an `error` the server itself sends
                 sender = asyncio.create_task(stream_pcm16(ws.send, speech_pcm16(), realtime=True))
                 await collect(ws, received, until="turn_end")
                 await sender
@@ -57,6 +58,7 @@ def test_health_readiness_and_metrics_follow_a_spoken_turn(engines: Engines) -> 
     assert status == 200 and content_type.startswith("text/plain; version=0.0.4")
     assert "voice_sessions_open 1.0" in text and "voice_sessions_total 1.0" in text
     assert 'voice_turns_total{interrupted="false"} 1.0' in text
+    assert 'voice_errors_total{code="protocol_error"} 1.0' in text
     # the one observation sits in the bucket that holds the turn's own voice-to-voice figure
     v2v_s = seen["turn_end"]["latency_ms"]["voice_to_voice"] / 1000
     buckets = histogram_buckets(text, "voice_to_voice_seconds")
