@@ -2,8 +2,9 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-# pulseaudio, pulseaudio-utils and libasound2-plugins: the virtual microphone and speaker of the local-mode test
-APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins
+# pulseaudio, pulseaudio-utils and libasound2-plugins: the virtual microphone and speaker of the local-mode test;
+# haproxy: the balancer in front of voice workers (scripts/cluster.py, tests/integration/test_cluster.py)
+APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins haproxy
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 # torch's build: auto (CUDA where an NVIDIA GPU is seen, else CPU), cpu or cuda

@@ -24,12 +24,21 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
-from model.errors import ModelError
+from model.errors import LmUnavailable, ModelError
 
 _CANCEL_POLL_S = 0.05
+# A service that is down must fail a turn in seconds, not minutes: connecting is quick on any network that works, and a
+# healthy server sends a chunk per pass (tens of ms), so 15 s without one is a server that is stuck or overloaded.
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 15.0
+_RETRY = "; this turn is not answered, the next one tries again"
+# What a stream raises when its connection breaks: openai 3 reads through httpx2, earlier releases through httpx; a
+# response closed under a broken read raises StreamError (a RuntimeError, not an HTTPError).
+_HTTP_ERRORS = (httpx.HTTPError, httpx.StreamError, httpx2.HTTPError, httpx2.StreamError)
 
 
 class OpenAIChatModel:
@@ -41,12 +50,13 @@ class OpenAIChatModel:
         model: str,
         api_key: str | None = None,
         diffusing: bool | None = None,
-        timeout_s: float = 60.0,
+        timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.name = model
         self.base_url = base_url
         # openai insists on a key; servers without auth ignore the header
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "no-key", timeout=timeout_s, max_retries=1)
+        timeout = httpx2.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "no-key", timeout=timeout, max_retries=1)
         self._diffusing = diffusing
 
     @classmethod
@@ -70,7 +80,7 @@ class OpenAIChatModel:
         try:
             models = self._client.models.list()
         except openai.APIError as error:
-            raise ModelError(f"cannot list models at {self.base_url}: {_describe(error)}") from error
+            raise _failure(f"cannot list models at {self.base_url}", error) from error
         for entry in models.data:
             if entry.id == self.name:
                 return bool((entry.model_extra or {}).get("diffusing", False))
@@ -102,7 +112,7 @@ class OpenAIChatModel:
         try:
             stream = self._client.chat.completions.create(**request)
         except openai.APIError as error:
-            raise ModelError(f"chat request to {self.base_url} failed: {_describe(error)}") from error
+            raise _failure(f"chat request to {self.base_url} failed", error) from error
         finished = threading.Event()
         watcher = threading.Thread(
             target=_close_when_cancelled, args=(cancel, finished, stream), name="openai-stream-cancel", daemon=True
@@ -144,9 +154,13 @@ class OpenAIChatModel:
                     now = time.monotonic()
                     yield Draft(step=step, pieces=_pieces(text, committed_chars), elapsed_s=now - last_time)
                     step, last_time = step + 1, now
-        except (openai.APIError, httpx.HTTPError) as error:
+        except (openai.APIError, *_HTTP_ERRORS) as error:
             if not cancel.is_set():
-                raise ModelError(f"stream from {self.base_url} failed: {_describe(error)}") from error
+                raise _failure(f"stream from {self.base_url} failed", error) from error
+        if finish_reason is None and not cancel.is_set():
+            # the service went away mid-answer (a stream that just stops, no finish_reason): never pass that off as
+            # the whole answer
+            raise LmUnavailable(f"the language model at {self.base_url} stopped mid-answer{_RETRY}")
         if cancel.is_set():
             yield Draft(step=step, pieces=_pieces(text, committed_chars), done=True, finish_reason="cancelled",
                         elapsed_s=time.monotonic() - last_time)
@@ -177,6 +191,16 @@ def _close_when_cancelled(cancel: threading.Event, finished: threading.Event, st
         if cancel.wait(_CANCEL_POLL_S):
             stream.close()
             return
+
+
+def _failure(what: str, error: Exception) -> ModelError:
+    """The service unreachable, timing out or failing (5xx) is `LmUnavailable`; a refusal of this request is not."""
+    status = getattr(error, "status_code", None)
+    transport = isinstance(error, openai.APIConnectionError | httpx.TransportError | httpx2.TransportError
+                           | httpx2.StreamError)
+    if transport or (status is not None and status >= 500):
+        return LmUnavailable(f"{what}: {_describe(error)}{_RETRY}")
+    return ModelError(f"{what}: {_describe(error)}")
 
 
 def _describe(error: Exception) -> str:

@@ -18,3 +18,10 @@ class GenerationCancelled(ModelError):
 class ContextLengthExceeded(ModelError):
     """The prompt and the answer asked for do not fit the model's context: the request's fault, refused before any
     pass (the API answers 400 `context_length_exceeded`)."""
+
+
+class LmUnavailable(ModelError):
+    """The language-model service (`--llm-url`) cannot be reached, is failing, or is too slow: the turn ends with this
+    error and the session goes on; the next turn tries again, so the session recovers once the service is back."""
+
+    code = "lm_unavailable"

@@ -73,6 +73,8 @@ class WebConfig:
     audio_lead_s: float = 1.0  # speech sent ahead of real time, so a `clear` is never stuck behind seconds of audio
 
     shutdown_timeout_s: float = 5.0
+    # SIGTERM: turns in flight get this long to end before their sessions are closed anyway (web.server.drain)
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not is_loopback(self.host) and not self.allow_remote:
@@ -111,6 +113,7 @@ class WebConfig:
             "typed_turn_burst": self.typed_turn_burst,
             "typed_turn_interval_s": self.typed_turn_interval_s,
             "shutdown_timeout_s": self.shutdown_timeout_s,
+            "drain_timeout_s": self.drain_timeout_s,
         }
         bad = [name for name, value in positive.items() if not value > 0]
         if bad:

@@ -10,9 +10,11 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from voice.cancellation import cancel_and_wait
 from web.config import TOKEN_ENV, WebConfig
 from web.native_memory import limit_malloc_arenas
 from web.server import VoiceServer
@@ -92,27 +94,42 @@ def start_notes(config: WebConfig, port: int) -> list[str]:
 
 
 def run_server(engines: Engines, session_config: SessionConfig, web_config: WebConfig) -> None:
-    """Blocking entry point for `voice-assistant serve`: serve until SIGTERM or SIGINT, then stop accepting, close every
-    session and close each socket with code 1001 and a reason. Prints the page's URL once it is listening."""
+    """Blocking entry point for `voice-assistant serve`: serve until a signal. SIGTERM (a deploy, systemd, a balancer's
+    rolling restart) drains: new sessions are refused, turns in flight end, then each socket closes with 1001 after an
+    `error` event saying why (web.server.VoiceServer.drain). SIGINT, or a second SIGTERM, stops at once: every session
+    is closed and each socket gets 1001 with a reason. Prints the page's URL once it is listening."""
 
     async def main() -> None:
         stop = asyncio.Event()
+        drain = asyncio.Event()
         loop = asyncio.get_running_loop()
         limit_malloc_arenas(MALLOC_ARENAS)
         loop.set_default_executor(
             ThreadPoolExecutor(max_workers=worker_threads(web_config.max_sessions), thread_name_prefix="voice-work")
         )
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, lambda: stop.set() if drain.is_set() else drain.set())
+        loop.add_signal_handler(signal.SIGINT, stop.set)
         try:
             async with VoiceServer(engines, session_config, web_config) as server:
                 print(f"voice-assistant: serving {server.url}", flush=True)
                 for line in start_notes(web_config, server.port):
                     print(f"voice-assistant: {line}", flush=True)
-                await stop.wait()
+                await _first_of(stop.wait(), drain.wait())
+                if not stop.is_set():
+                    print(f"voice-assistant: draining ({server.active_sessions} sessions)", flush=True)
+                    await _first_of(stop.wait(), server.drain())
                 print("voice-assistant: shutting down", flush=True)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
 
     asyncio.run(main())
+
+
+async def _first_of(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Run the coroutines until one ends; cancel the others."""
+    tasks = [asyncio.create_task(wait, name=f"serve-wait-{i}") for i, wait in enumerate(waits)]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(*tasks)

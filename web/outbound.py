@@ -154,3 +154,7 @@ class OutboundQueue:
     @property
     def queued_control(self) -> int:
         return len(self._control)
+
+    def has_pending(self) -> bool:
+        """Whether anything still waits to be sent (a control message or speech)."""
+        return bool(self._control or self._audio)

@@ -18,7 +18,7 @@ import math
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
@@ -34,6 +34,8 @@ from voice.errors import VoiceError
 from web import protocol
 from web.access import Denied, check_websocket_access, own_origins, page_token_redirect
 from web.config import WebConfig
+from web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from web.metrics import VoiceMetrics
 from web.native_memory import release_free_memory
 from web.outbound import ClientTooSlow, OutboundQueue
 from web.protocol import LimitExceeded
@@ -49,6 +51,10 @@ log = logging.getLogger("web.server")
 
 WS_PATH = "/ws"
 SHUTDOWN_REASON = "server shutting down"
+DRAIN_MESSAGE = "this server is going away (a restart or a deploy); reconnect to be served by another"
+HEALTH_PATHS = ("/healthz", "/readyz", "/metrics")
+FLUSH_BEFORE_CLOSE_S = 5.0  # draining: at most this long for a session's queued speech to go out before its close
+FLUSH_POLL_S = 0.05
 
 
 class VoiceSession(Protocol):
@@ -76,6 +82,7 @@ class CloseWith:
 
     code: int
     reason: str
+    final_error: str | None = None  # an `error` message sent just before the close (draining says why)
 
 
 @dataclass(slots=True)
@@ -87,6 +94,10 @@ class _Connection:
     wake: asyncio.Event
     speech_since: float | None = None
     input_sample_rate: int = protocol.DEFAULT_INPUT_SAMPLE_RATE
+    open_turns: set[int] = field(default_factory=set)  # turns begun (speech or an answer) and not yet ended
+    idle_turns: asyncio.Event = field(default_factory=asyncio.Event)  # set while open_turns is empty
+    going_away: asyncio.Event = field(default_factory=asyncio.Event)  # draining: close once no turn is open
+    metrics: VoiceMetrics | None = None  # counts the errors this connection sends
 
     def send(self, frame: str) -> None:
         """Queue a control message; raises ClientTooSlow when the client has stopped reading."""
@@ -113,8 +124,12 @@ class VoiceServer:
         self._server: Server | None = None
         self._sessions: dict[int, VoiceSession | None] = {}  # slot -> session (None while it starts)
         self._per_client: dict[str, int] = {}  # client address -> open sessions
+        self._connections: dict[int, _Connection] = {}  # slot -> its connection's state, while it runs
         self._next_slot = 0
         self._closing = False
+        self._draining = False
+        self.metrics = VoiceMetrics()
+        self.metrics.sessions_max.set(web_config.max_sessions)
         self._idle = asyncio.Event()  # set while no session is open
         self._idle.set()
         self._origins: frozenset[str] = frozenset()
@@ -160,6 +175,35 @@ class VoiceServer:
         """Return once no session is open (every closed session's cleanup has finished)."""
         await self._idle.wait()
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether a balancer should send this worker a new session, and why not."""
+        if self._closing or self._draining:
+            return False, "draining: not accepting new sessions"
+        if len(self._sessions) >= self.config.max_sessions:
+            return False, f"full: {len(self._sessions)} of {self.config.max_sessions} sessions in use"
+        return True, f"ready: {len(self._sessions)} of {self.config.max_sessions} sessions in use"
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Deploy-safe stop: refuse new sessions at once (`/readyz` answers 503, handshakes get 503), let every turn in
+        flight end (at most `timeout_s`, default the config's drain timeout), closing each session as soon as it has
+        no turn open with a final `error` event (`going_away`) and 1001; whatever is left then is shut down."""
+        timeout = self.config.drain_timeout_s if timeout_s is None else timeout_s
+        self._draining = True
+        self.metrics.draining.set(1)
+        log.info("draining: %d sessions open, waiting up to %.0f s for their turns", len(self._sessions), timeout)
+        for state in self._connections.values():
+            state.going_away.set()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            log.warning("drain: %d sessions still had a turn open after %.0f s", len(self._sessions), timeout)
+        await self.shutdown()
+
     async def shutdown(self, reason: str = SHUTDOWN_REASON) -> None:
         """Stop accepting, close every session and socket (1001 with `reason`), wait for handlers (bounded)."""
         if self._server is None or self._closing:
@@ -187,6 +231,8 @@ class VoiceServer:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
         upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
+        if path in HEALTH_PATHS and not upgrade:
+            return self._health_response(path)
         if path != WS_PATH:
             if upgrade:
                 return http_response(404, "Not Found", f"the WebSocket is at {WS_PATH}\n".encode(), "text/plain")
@@ -196,7 +242,8 @@ class VoiceServer:
             if moved is not None:
                 return redirect_response(moved.location, moved.set_cookie)
             return static_response(self.config.static_dir, request.path)
-        if self._closing:
+        if self._closing or self._draining:
+            self.metrics.refused.labels(reason="draining").inc()
             return http_response(503, "Service Unavailable", SHUTDOWN_REASON.encode(), "text/plain")
         denied = check_websocket_access(self.config, self.port, request.path, request.headers, self._origins)
         if denied is not None:
@@ -209,6 +256,18 @@ class VoiceServer:
                 return None
             return _refusal(denied)
         return None  # websockets answers a plain GET /ws with 426 Upgrade Required
+
+    def _health_response(self, path: str) -> Response:
+        """`/healthz`: the process answers (liveness). `/readyz`: it would take a new session (a balancer's check).
+        `/metrics`: Prometheus text. None of them needs the token: they carry counts, never a session's content."""
+        if path == "/metrics":
+            self.metrics.sessions_open.set(len(self._sessions))
+            return http_response(200, "OK", self.metrics.render(), METRICS_CONTENT_TYPE)
+        if path == "/healthz":
+            return http_response(200, "OK", b"ok\n", "text/plain; charset=utf-8")
+        ready, why = self.readiness()
+        status, reason = (200, "OK") if ready else (503, "Service Unavailable")
+        return http_response(status, reason, (why + "\n").encode(), "text/plain; charset=utf-8")
 
     # --- one connection ----------------------------------------------------------------------------------------------
     async def _handle(self, conn: ServerConnection) -> None:
@@ -225,6 +284,8 @@ class VoiceServer:
             limit = self.config.max_sessions_per_client
             busy = ("too many sessions from your address", f"{limit} sessions are already open from {client}")
         if busy is not None:
+            self.metrics.refused.labels(reason="busy").inc()
+            self.metrics.error_sent("server_busy")
             with contextlib.suppress(ConnectionClosed):
                 await conn.send(protocol.error_message("server_busy", busy[1]))
             await conn.close(CloseCode.TRY_AGAIN_LATER, busy[0])
@@ -234,16 +295,24 @@ class VoiceServer:
         self._sessions[slot] = None  # reserve before any await, so concurrent handshakes cannot overshoot the limit
         self._idle.clear()
         self._per_client[client] = self._per_client.get(client, 0) + 1
+        self.metrics.sessions.inc()
+        self.metrics.sessions_open.set(len(self._sessions))
         session: VoiceSession | None = None
         try:
             session = self._new_session()
             self._sessions[slot] = session
             await session.start()
-            close = await self._run_connection(conn, session)
+            close = await self._run_connection(conn, session, slot)
+            if close is not None and close.final_error is not None:
+                # before this session counts as gone: a drain then shuts the server down, closing every socket
+                with contextlib.suppress(ConnectionClosed):
+                    await conn.send(close.final_error)
         finally:
             if session is not None:
                 await session.close()
             del self._sessions[slot]
+            self._connections.pop(slot, None)
+            self.metrics.sessions_open.set(len(self._sessions))
             if not self._sessions:
                 self._idle.set()
             self._per_client[client] -= 1
@@ -254,8 +323,13 @@ class VoiceServer:
         if close is not None:
             await conn.close(close.code, close.reason)
 
-    async def _run_connection(self, conn: ServerConnection, session: VoiceSession) -> CloseWith | None:
-        state = _Connection(OutboundQueue(self.config.outbound_limits, session.output_sample_rate), asyncio.Event())
+    async def _run_connection(self, conn: ServerConnection, session: VoiceSession, slot: int) -> CloseWith | None:
+        out = OutboundQueue(self.config.outbound_limits, session.output_sample_rate)
+        state = _Connection(out, asyncio.Event(), metrics=self.metrics)
+        state.idle_turns.set()
+        if self._draining:
+            state.going_away.set()
+        self._connections[slot] = state
         limits = self.config.protocol_limits
         state.send(protocol.ready_message(session.id, session.output_sample_rate, state.input_sample_rate, limits))
         tasks = {
@@ -263,6 +337,7 @@ class VoiceServer:
             asyncio.create_task(self._produce(session, state), name=f"ws-producer-{session.id}"),
             asyncio.create_task(self._send_out(conn, state), name=f"ws-sender-{session.id}"),
             asyncio.create_task(self._watch_utterance(session, state), name=f"ws-watchdog-{session.id}"),
+            asyncio.create_task(self._go_away_when_idle(state), name=f"ws-drain-{session.id}"),
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -358,6 +433,7 @@ class VoiceServer:
         so a slow link cannot back up into the session."""
         async for event in session.events():
             _track_turn(state, event)
+            self.metrics.observe(event)
             _queue_event(state, event)
             if isinstance(event, ev.TurnEnd):
                 # a turn's buffers (its audio, the answer's speech) are free now: hand the pages back, or a long
@@ -380,6 +456,22 @@ class VoiceServer:
                 async with asyncio.timeout(None if math.isinf(wait) else wait):
                     await state.wake.wait()
 
+    @staticmethod
+    async def _go_away_when_idle(state: _Connection) -> CloseWith:
+        """Draining: end the connection once it has no turn open, so no answer is cut; the client is told why in a
+        last `error` event and reconnects (through a balancer, to another worker)."""
+        await state.going_away.wait()
+        while state.open_turns:
+            state.idle_turns.clear()
+            await state.idle_turns.wait()
+        # the speech still queued for this client (the end of its last answer) goes out before the close
+        for _ in range(round(FLUSH_BEFORE_CLOSE_S / FLUSH_POLL_S)):
+            if not state.out.has_pending():
+                break
+            await asyncio.sleep(FLUSH_POLL_S)
+        final = protocol.error_message("going_away", DRAIN_MESSAGE)
+        return CloseWith(CloseCode.GOING_AWAY, SHUTDOWN_REASON, final_error=final)
+
     async def _watch_utterance(self, session: VoiceSession, state: _Connection) -> None:
         """Cut a user utterance that runs past max_utterance_s (a television that never pauses, a stuck VAD): tell
         the client and force an endpoint, so the session transcribes what it has instead of buffering forever. The
@@ -396,6 +488,8 @@ class VoiceServer:
 
 
 def _send_error(state: _Connection, exc: VoiceError, turn: int | None = None) -> None:
+    if state.metrics is not None:
+        state.metrics.error_sent(exc.code)
     state.send(protocol.error_message(exc.code, str(exc), turn))
 
 
@@ -453,10 +547,18 @@ class _CloseRequested(Exception):
 
 def _track_turn(state: _Connection, event: ev.Event) -> None:
     match event:
-        case ev.SpeechStart():
+        case ev.SpeechStart(turn=turn):
             state.speech_since = time.monotonic()
+            state.open_turns.add(turn)
         case ev.SpeechEnd() | ev.Transcript(final=True):
             state.speech_since = None
+        case ev.LmStarted(turn=turn):
+            state.open_turns.add(turn)
+        case ev.TurnEnd(turn=turn) | ev.ErrorEvent(turn=turn):
+            # a turn's end closes it and any earlier one a noise left open (a segment with no words has no TurnEnd)
+            state.open_turns = {open_turn for open_turn in state.open_turns if open_turn > turn}
+    if not state.open_turns:
+        state.idle_turns.set()
 
 
 def _real_session_factory(engines: Engines, session_config: SessionConfig) -> SessionFactory:

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +40,8 @@ from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions, Tokeniz
 from model.errors import ContextLengthExceeded, ModelError
 from model.server.answer import view_of
 from model.server.config import ServerConfig
+from model.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from model.server.metrics import ApiMetrics
 from model.server.protocol import (
     ERROR_RESPONSES,
     ChatCompletionRequest,
@@ -330,32 +332,62 @@ async def authorize(
 
 
 def create_app(model: ChatModel, config: ServerConfig) -> FastAPI:
-    """The API over `model`. The app owns one `Scheduler` (app.state.scheduler), closed when the app shuts down."""
-    scheduler = Scheduler(model, config.max_queue)
+    """The API over `model`. The app owns one `Scheduler` (app.state.scheduler), closed when the app shuts down, and
+    its metrics (app.state.metrics)."""
+    metrics = ApiMetrics()
+    scheduler = Scheduler(model, config.max_queue, on_draft=metrics.observe_draft)
+    metrics.watch(scheduler)
     names = config.model_names or (model.name,)
+    shutting_down = False
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        nonlocal shutting_down
         yield
+        shutting_down = True
         await scheduler.close()
 
     app = FastAPI(title="dlm-serve: OpenAI-compatible diffusion LM API", version="1", lifespan=lifespan)
     app.state.scheduler = scheduler
     app.state.config = config
+    app.state.metrics = metrics
+
+    def answer(error: ApiError) -> JSONResponse:
+        metrics.errors.labels(code=error.code or error.type).inc()
+        return error.response()
+
     @app.exception_handler(ApiError)
     async def on_api_error(_: Request, error: ApiError) -> JSONResponse:
-        return error.response()
+        return answer(error)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
         errors = list(error.errors())
         message, param = _validation_message(errors[0]) if errors else ("Invalid request", None)
-        return ApiError(400, message, param=param).response()
+        return answer(ApiError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         type_ = "invalid_request_error" if error.status_code < 500 else "server_error"
-        return ApiError(error.status_code, str(error.detail), type_).response()
+        return answer(ApiError(error.status_code, str(error.detail), type_))
+
+    # Health and metrics carry no model output and no prompt, so a balancer and Prometheus reach them without the key.
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> PlainTextResponse:
+        """Liveness: the process answers."""
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> PlainTextResponse:
+        """Readiness: the model is loaded (it is before the app exists) and a request now would be queued."""
+        if shutting_down or not scheduler.accepting:
+            why = "shutting down" if shutting_down else f"busy: {scheduler.pending} generations queued or running"
+            return PlainTextResponse(why + "\n", status_code=503, headers={"Retry-After": "1"})
+        return PlainTextResponse(f"ready: {scheduler.pending} of {scheduler.max_queue} places in use\n")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(authorize)], responses={401: ERROR_RESPONSES[401]})
     async def list_models() -> dict[str, Any]:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -76,9 +76,10 @@ class Scheduler:
     """A fair (FIFO) queue in front of one `ChatModel`, starting up to `model.max_batch` jobs at once. Create and use
     it inside one running event loop."""
 
-    def __init__(self, model: ChatModel, max_queue: int) -> None:
+    def __init__(self, model: ChatModel, max_queue: int, on_draft: Callable[[Draft], None] | None = None) -> None:
         self.model = model
         self.max_queue = max_queue
+        self._on_draft = on_draft  # called in the job's worker thread for every draft (the server's metrics)
         self.stats = SchedulerStats()
         self._queue: asyncio.Queue[Job] = asyncio.Queue()
         self._pending = 0  # queued + running
@@ -96,6 +97,16 @@ class Scheduler:
     def pending(self) -> int:
         """Jobs queued or running."""
         return self._pending
+
+    @property
+    def running(self) -> int:
+        """Jobs decoding now."""
+        return len(self._running)
+
+    @property
+    def accepting(self) -> bool:
+        """Whether a job submitted now would be queued (not shutting down, room in the queue)."""
+        return not self._closed and self._pending < self.max_queue
 
     def submit(
         self, messages: Sequence[ChatMessage], options: GenerationOptions, prompt: Sequence[int] | None = None
@@ -188,6 +199,8 @@ class Scheduler:
             else:
                 drafts = self.model.stream_chat(job.messages, job.options, job.cancel)
             for draft in drafts:
+                if self._on_draft is not None:
+                    self._on_draft(draft)
                 try:
                     loop.call_soon_threadsafe(job.drafts.put_nowait, draft)
                 except RuntimeError:  # the event loop closed under us (shutdown): nobody is listening any more

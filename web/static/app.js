@@ -6,6 +6,7 @@ const FRAME_MS = 20;
 const MAX_BACKOFF_MS = 10000;
 // Policy closes (flood, frame too large): reconnecting would only repeat what got the socket closed.
 const NO_RECONNECT_CODES = new Set([1008, 1009]);
+const GOING_AWAY = 1001; // the server drains (web/PROTOCOL.md): reconnect at once, the page says why
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -26,6 +27,7 @@ const app = {
   ready: false,
   attempts: 0,
   reconnectTimer: null,
+  goingAwayMessage: null, // the `going_away` error's text, shown when its 1001 close arrives
   outputRate: 22050,
   audioContext: null,
   player: null,
@@ -107,6 +109,12 @@ function connect() {
     app.thinking = false;
     window.__closeCode = event.code;
     if (event.reason) showError(`connection closed (${event.code}): ${event.reason}`);
+    if (event.code === GOING_AWAY) {
+      // A drain (deploy, restart): behind a balancer another worker takes the next session at once.
+      showError(`${app.goingAwayMessage || "the server went away"}; reconnecting`);
+      app.goingAwayMessage = null;
+      app.attempts = 0;
+    }
     if (NO_RECONNECT_CODES.has(event.code)) {
       if (app.mic) stopMic();
       ui.start.disabled = true;
@@ -118,7 +126,8 @@ function connect() {
 }
 
 function scheduleReconnect() {
-  const delay = Math.min(MAX_BACKOFF_MS, 500 * 2 ** app.attempts) * (0.75 + Math.random() * 0.5);
+  // the first retry comes soon (a drained worker's sessions move to another); later ones back off, with jitter
+  const delay = Math.min(MAX_BACKOFF_MS, 250 * 2 ** app.attempts) * (0.75 + Math.random() * 0.5);
   app.attempts += 1;
   setState("reconnecting", `retry in ${(delay / 1000).toFixed(1)} s`);
   app.reconnectTimer = setTimeout(connect, delay);
@@ -186,6 +195,7 @@ function onServerMessage(msg) {
       onTurnEnd(msg);
       break;
     case "error":
+      if (msg.code === "going_away") app.goingAwayMessage = msg.message;
       showError(`${msg.code}: ${msg.message}`);
       setState("error", msg.code);
       if (msg.turn !== undefined) app.thinking = false;

@@ -1,0 +1,125 @@
+"""A voice session whose LM is a separate `dlm-serve` process (the bundled model) on loopback: the service killed
+mid-answer fails that turn with `lm_unavailable`, a turn while it is down fails fast the same way, and the session
+answers again, on its own, once the service is back on the same port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from model.chat import GenerationOptions
+from model.client import OpenAIChatModel
+from voice.engines import Engines
+from voice.events import AnswerDone, DraftUpdate, ErrorEvent, Event, TurnEnd
+from voice.listen.asr_models import load_model
+from voice.session import Session, SessionConfig
+from voice.speak.tts import load_synthesizer
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVED = "voice-lm"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_lm_service(port: int) -> subprocess.Popen[bytes]:
+    """`dlm-serve` with the bundled model, as its own process; returns once /readyz answers 200."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "model.server.cli", "--port", str(port), "--served-name", SERVED, "--log-level",
+         "warning"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "dlm-serve exited while starting"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise TimeoutError("dlm-serve did not become ready in 120 s")
+
+
+async def next_turn_outcome(session_events: asyncio.Queue[Event], turn_timeout_s: float = 90) -> list[Event]:
+    """Events up to and including the turn's end (TurnEnd; a failed turn's error comes before it)."""
+    seen: list[Event] = []
+    async with asyncio.timeout(turn_timeout_s):
+        while True:
+            event = await session_events.get()
+            seen.append(event)
+            if isinstance(event, TurnEnd):
+                return seen
+
+
+def test_lm_service_killed_mid_answer_fails_the_turn_and_the_session_recovers_when_it_is_back() -> None:
+    port = free_port()
+    service = start_lm_service(port)
+    remote = OpenAIChatModel(f"http://127.0.0.1:{port}/v1", SERVED)
+    engines = Engines(asr=load_model(None), tts=load_synthesizer(), lm=remote, load_seconds={})
+    config = SessionConfig(early_lm=False, wait_for_playback=False, generation=GenerationOptions(max_new_tokens=48))
+
+    async def scenario() -> tuple[list[Event], list[Event], float, list[Event]]:
+        nonlocal service
+        session = Session(engines, config)
+        await session.start()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        async def pump() -> None:
+            async for event in session.events():
+                await events.put(event)
+
+        pumping = asyncio.create_task(pump(), name="test-session-events")
+        try:
+            await session.send_text("Tell me a long story about the sea and the ships on it.")
+            killed: list[Event] = []
+            async with asyncio.timeout(90):
+                while not any(isinstance(e, DraftUpdate) for e in killed):
+                    killed.append(await events.get())
+            service.kill()  # mid-answer: its first drafts arrived, the rest never will
+            service.wait()
+            killed += await next_turn_outcome(events)
+
+            started = time.monotonic()
+            await session.send_text("Are you there?")
+            down = await next_turn_outcome(events)
+            down_s = time.monotonic() - started
+
+            service = start_lm_service(port)
+            await session.send_text("What is the capital of France?")
+            back = await next_turn_outcome(events)
+            return killed, down, down_s, back
+        finally:
+            await session.close()
+            await asyncio.wait_for(pumping, 30)
+
+    try:
+        killed, down, down_s, back = asyncio.run(scenario())
+    finally:
+        service.kill()
+        service.wait()
+
+    errors = [e for e in killed if isinstance(e, ErrorEvent)]
+    assert [e.code for e in errors] == ["lm_unavailable"], killed
+    assert "next one tries again" in errors[0].message
+    assert not any(isinstance(e, AnswerDone) for e in killed)  # no half answer passed off as a whole one
+    assert [e.code for e in down if isinstance(e, ErrorEvent)] == ["lm_unavailable"], down
+    assert down_s < 10  # connection refused: fails in seconds, not after the turn's 60 s limit
+    answered = [e for e in back if isinstance(e, AnswerDone)]
+    assert answered and answered[0].text.strip(), [type(e).__name__ for e in back if type(e).__name__ != "AudioOut"]
+    assert not any(isinstance(e, ErrorEvent) for e in back), back
+    assert isinstance(back[-1], TurnEnd) and back[-1].answer.strip()
