@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,13 +18,12 @@ from pathlib import Path
 
 import httpx
 
-from report_lib.haproxy import Backend, BalancerConfig, haproxy_config
+from report_lib.haproxy import Backend, BalancerConfig, haproxy_binary, haproxy_config
 from report_lib.load import LoadTestError, SpawnedServer, free_port
 from voice.engines import default_lm_threads
 
 LM_NAME = "voice-lm"
 START_TIMEOUT_S = 180.0
-HAPROXY = "haproxy"  # Debian package `haproxy` (Makefile APT_PACKAGES)
 
 
 @dataclass(slots=True)
@@ -56,7 +54,7 @@ class Cluster:
         return f"http://127.0.0.1:{self.voice[index].port}"
 
     async def start(self) -> None:
-        if shutil.which(HAPROXY) is None:
+        if haproxy_binary() is None:
             raise LoadTestError("haproxy is not installed (Debian package haproxy; `make install` installs it)")
         self.folder.mkdir(parents=True, exist_ok=True)
         await self.start_lm()
@@ -73,7 +71,7 @@ class Cluster:
         config = self.folder / "haproxy.cfg"
         config.write_text(haproxy_config(backends, balancer))
         _check_haproxy_config(config)
-        self.balancer = _launch([HAPROXY, "-db", "-f", str(config)], self.folder / "haproxy.log")
+        self.balancer = _launch([_haproxy(), "-db", "-f", str(config)], self.folder / "haproxy.log")
         await _until_ready(f"http://127.0.0.1:{self.balancer_port}/readyz")
         # both workers seen up by the balancer's own checks (rise 2 at 500 ms)
         await asyncio.sleep(1.5)
@@ -135,7 +133,7 @@ def _launch(command: list[str], log_path: Path, env: dict[str, str] | None = Non
 
 
 def _check_haproxy_config(config: Path) -> None:
-    check = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True, check=False)
+    check = subprocess.run([_haproxy(), "-c", "-f", str(config)], capture_output=True, text=True, check=False)
     if check.returncode != 0:
         raise LoadTestError(f"haproxy refused its config: {check.stdout}{check.stderr}")
 
@@ -160,3 +158,10 @@ async def _until_ready(url: str, process: subprocess.Popen[bytes] | None = None)
                 pass
             await asyncio.sleep(0.3)
     raise LoadTestError(f"{url} was not ready within {START_TIMEOUT_S:g} s")
+
+
+def _haproxy() -> str:
+    binary = haproxy_binary()
+    if binary is None:
+        raise LoadTestError("haproxy is not installed (Debian package haproxy; `make install` installs it)")
+    return binary

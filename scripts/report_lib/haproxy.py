@@ -11,6 +11,7 @@ stick table counting each client's open connections); the workers get a per-addr
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ class BalancerConfig:
     max_sessions_per_client: int = 3
     session_timeout_s: int = 600  # an open WebSocket with no traffic either way for this long is closed
     tls_pem: str | None = None  # certificate + key in one PEM file: TLS ends at the balancer
+
+
+def haproxy_binary() -> str | None:
+    """The `haproxy` program: on PATH, else where Debian's package puts it (/usr/sbin, often not on a user's PATH)."""
+    return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
 
 
 def haproxy_config(workers: Sequence[Backend], config: BalancerConfig) -> str:

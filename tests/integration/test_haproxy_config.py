@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from report_lib.haproxy import Backend, BalancerConfig, haproxy_config
+from report_lib.haproxy import Backend, BalancerConfig, haproxy_binary, haproxy_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -16,7 +16,9 @@ def test_haproxy_accepts_the_config_and_it_balances_by_least_connections_checked
     text = haproxy_config(workers, BalancerConfig(bind_port=18000, max_sessions_per_client=5))
     config = tmp_path / "haproxy.cfg"
     config.write_text(text)
-    check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True, check=False)
+    binary = haproxy_binary()
+    assert binary is not None, "haproxy is not installed (Makefile APT_PACKAGES)"
+    check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "balance leastconn" in text and "option httpchk GET /readyz" in text
     assert "server worker0 127.0.0.1:18001 check" in text and "server worker1 127.0.0.1:18002 check" in text
