@@ -224,7 +224,7 @@ class BlockDiffusionLM(nn.Module):
             self._gate.mask = None if rows is None else rows.unsqueeze(-1).float()
             self._gate.suffix_from = start
             if exact_rows is None:  # as the fused pass chooses
-                exact_rows = start if input_ids.shape[0] == 1 else 0
+                exact_rows = row_exact.default_exact_rows(input_ids.shape[0], start)
         try:
             out = self.base(
                 inputs_embeds=self.embed(input_ids),

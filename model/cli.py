@@ -134,17 +134,18 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
         out.write((exactness_note(row_exact.check_here(torch.get_num_threads())) if cpu else GPU_NOTE) + "\n")
 
 
+MAY_DIFFER = (
+    "the answer can differ from autoregressive decoding where the teacher's two best tokens tie within bf16 rounding"
+)
 # The row-exact kernels (model/row_exact.py) were chosen for, and are probed on, CPUs; a GPU's are not probed.
-GPU_NOTE = ("not guaranteed exact on a GPU (row-exactness is probed on CPUs only): the answer can differ from "
-            "autoregressive decoding where the teacher's two best tokens tie within bf16 rounding")
+GPU_NOTE = f"not guaranteed exact on a GPU (row-exactness is probed on CPUs only): {MAY_DIFFER}"
 
 
 def exactness_note(problem: str | None) -> str:
     """What self-speculative decoding guarantees on this CPU, from `row_exact.check_here`."""
     if problem is None:
         return "exact: this answer is the teacher's autoregressive answer bit for bit (row-exact kernels on this CPU)"
-    return (f"not guaranteed exact on this CPU ({problem}): the answer can differ from autoregressive decoding "
-            "where the teacher's two best tokens tie within bf16 rounding")
+    return f"not guaranteed exact on this CPU ({problem}): {MAY_DIFFER}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -182,8 +182,8 @@ class FastPass:
         start: int | None = suffix[0]
         rows = None if suffix[1] is None else suffix[1].unsqueeze(-1)
         b, s = input_ids.shape
-        if exact_rows is None:  # a batch of answers is not bit-exact anyway (model.row_exact): no per-row cost
-            exact_rows = min(start, s) if b == 1 else 0
+        if exact_rows is None:
+            exact_rows = row_exact.default_exact_rows(b, min(start, s))
         if start is not None and start >= s:
             start = None  # a clean pass: no LoRA anywhere
         h = self.model.embed(input_ids).to(self.dtype)  # [B, S, hidden]

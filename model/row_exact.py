@@ -35,9 +35,17 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from model.batching import additive_mask
+
 ATTENTION_NAME = "dlm_exact_rows"
 # The most rows a pass may have for its exact rows to be exact on every kernel measured (see the module docstring).
 EXACT_ROWS = 32
+
+
+def default_exact_rows(answers: int, clean_rows: int) -> int:
+    """The rows a decoding pass over `answers` answers keeps exact when its caller does not say: the clean rows of a
+    pass of one answer; none in a batch of answers, which is not bit-exact anyway (see the module docstring)."""
+    return clean_rows if answers == 1 else 0
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -119,10 +127,8 @@ def attention_forward(
     if exact_rows is None or attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if attention_mask.dtype == torch.bool:  # "may attend" -> additive, as SDPA reads a bool mask
-        attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
-            ~attention_mask, torch.finfo(query.dtype).min
-        )
+    if attention_mask.dtype == torch.bool:  # "may attend", as SDPA reads a bool mask
+        attention_mask = additive_mask(attention_mask, query.dtype)
     return attend(query, key, value, attention_mask.to(query.dtype), scale, exact_rows), None  # [B, S, H, D]
 
 
