@@ -7,15 +7,19 @@ PIP := $(VENV)/bin/pip
 APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins haproxy
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
 # torch's build: auto (CUDA where an NVIDIA GPU is seen, else CPU), cpu or cuda
 TORCH_BUILD ?= auto
 
-.PHONY: install install-dev system-packages models run serve api test test-fast lint bench report train eval clean
+.PHONY: install install-dev install-bench system-packages models run serve api test test-fast lint bench report train eval clean
 
 # install: what the assistant needs to run; install-dev: the test and lint tools too (make test and make lint)
 install: $(STAMP)
 
 install-dev: $(DEV_STAMP)
+
+# install-bench: llama.cpp (llama-cpp-python) built for this CPU, the engine `make bench` compares against
+install-bench: $(BENCH_STAMP)
 
 system-packages:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -42,9 +46,14 @@ $(DEV_STAMP): $(STAMP)
 	$(PIP) install -q -e '.[dev]'
 	touch $(DEV_STAMP)
 
-# The first start converts the base model's packaged GGUF into a safetensors cache once (~20-60 s; see README)
+$(BENCH_STAMP): $(STAMP)
+	CMAKE_ARGS="$$(bash scripts/llama_cpp_flags.sh)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+# The first start converts the base model's packaged GGUF into a safetensors cache and packs its int4 weights, once
+# (~30-70 s; see README)
 models: install
-	$(PY) -c 'from model.default_model import ensure_base_checkpoint; ensure_base_checkpoint()'
+	$(PY) -c 'from model.default_model import ensure_int4_checkpoint; ensure_int4_checkpoint()'
 
 run: install
 	$(VENV)/bin/voice-assistant
@@ -65,7 +74,8 @@ test: models install-dev
 test-fast: install-dev
 	$(VENV)/bin/python -m pytest -q tests/unit
 
-bench: install
+bench: install-bench
+	$(PY) scripts/bench_llama_cpp.py --json artifacts/bench_llama_cpp.json
 	$(PY) scripts/bench_lm.py --json artifacts/bench_lm.json
 	$(PY) scripts/bench_conversation.py --json artifacts/bench_conversation.json
 

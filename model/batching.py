@@ -219,6 +219,7 @@ def _forward(
     layout: tuple[torch.Tensor, ...],
     keep: torch.Tensor | None = None,
     exact_rows: int | None = None,
+    prefill: bool = False,
 ) -> torch.Tensor:
     """The model's inference pass over a host-side `pass_layout` (and `keep` rows): its inputs uploaded without a
     host sync (`model.device.upload`), and where the adapter runs found on the host (`noisy_suffix`), so nothing in
@@ -231,7 +232,7 @@ def _forward(
     return model.inference_pass()(
         upload(ids, device), upload(positions, device), additive_mask(upload(allowed, device)),
         upload(noisy, device), cache, 0 if keep is None else upload(keep, device), exact_rows=exact_rows,
-        suffix=suffix,
+        suffix=suffix, prefill=prefill,
     )
 
 
@@ -307,6 +308,7 @@ prompt is encoded the same way whichever decoding mode then answers it. Why: a b
         padded = Feed(clean=tuple(part + [part[-1]] * (size - len(part))))
         layout = pass_layout([lo], [padded], KEY_MULTIPLE)
         cache.bind([slot], [lo])
-        logits = _forward(model, cache, layout, torch.tensor([len(part) - 1]), exact_rows=0)[0, -1].float()
+        keep_last = torch.tensor([len(part) - 1])
+        logits = _forward(model, cache, layout, keep_last, exact_rows=0, prefill=True)[0, -1].float()
         held.extend(part)
     return start, logits

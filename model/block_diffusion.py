@@ -43,6 +43,7 @@ from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket ar
 )
 from model.errors import ModelError
 from model.fast_pass import FastPass
+from model.int4_weights import Int4Weights
 from model.noisy_rows import Suffix, noisy_suffix
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ class BlockDiffusionLM(nn.Module):
         self.mask_embedding = nn.Parameter(embed.weight.detach().float().mean(0).clone().reshape(hidden))
         self._inject_lora(config)
         self._fast_pass: FastPass | None = None
+        self.int4: Int4Weights | None = None  # see `use_int4`
         if base.config._attn_implementation == "sdpa":  # SDPA, with the fused pass's exact rows (model.row_exact)
             base.set_attn_implementation(row_exact.ATTENTION_NAME)
 
@@ -173,6 +175,14 @@ class BlockDiffusionLM(nn.Module):
             parameter.data = parameter.data.to(dtype)
         self._fast_pass = None
 
+    def use_int4(self, weights: Int4Weights | None) -> None:
+        """Decode with these int4 weights (`model.int4_weights`, the base's own weights as the GGUF stores them) in
+        the fused pass, or with the bf16 ones again (None). The modules' forward (training) always uses bf16."""
+        if weights is not None and len(weights.layers) != len(self.base.model.layers):
+            raise ModelError(f"{len(weights.layers)} int4 layers for a model of {len(self.base.model.layers)}")
+        self.int4 = weights
+        self._fast_pass = None
+
     def trainable_parameters(self) -> Iterable[nn.Parameter]:
         return (p for p in self.parameters() if p.requires_grad)
 
@@ -204,6 +214,7 @@ class BlockDiffusionLM(nn.Module):
         keep: int | torch.Tensor = 0,
         exact_rows: int | None = None,
         suffix: Suffix | None = None,
+        prefill: bool = False,
     ) -> torch.Tensor:
         """Logits `[B, S, vocab]`; appends this call's keys/values to `cache` when given.
 
@@ -213,7 +224,7 @@ class BlockDiffusionLM(nn.Module):
         `keep` is the base model's `logits_to_keep` (0: every position; k: the last k; a 1-D tensor: those
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
         many (the prefill) asks for it. `suffix`: `noisy_suffix(noisy)` found by the caller on the host (a decoding
-        pass's, model/batching.py); None: found here.
+        pass's, model/batching.py); None: found here. `prefill` is the fused pass's (these modules are bf16 always).
         """
         if suffix is None:
             suffix = noisy_suffix(noisy)

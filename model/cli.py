@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from model.chat import ChatMessage, Draft, GenerationOptions
+from model.default_model import WEIGHTS as WEIGHT_CHOICES
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
 from model.sampler import DECODING_MODES
@@ -80,6 +81,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     gen.add_argument("--draft-masks", type=int, default=None, help="self-speculative: tokens drafted ahead per pass")
     gen.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                      help="where the model runs (auto: a CUDA GPU when torch sees one, else the CPU)")
+    gen.add_argument("--weights", choices=WEIGHT_CHOICES, default="auto",
+                     help="the bundled model's: int4 (the GGUF's own blocks, default on a CPU) or bf16")
     return parser.parse_args(argv)
 
 
@@ -99,6 +102,8 @@ def sampler_overrides(args: argparse.Namespace) -> dict[str, object]:
         overrides["decoding"] = args.decoding
     if args.draft_masks is not None:
         overrides["draft_masks"] = args.draft_masks
+    if getattr(args, "weights", "auto") != "auto":
+        overrides["weights"] = args.weights
     return overrides
 
 

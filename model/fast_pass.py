@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import row_exact
+from model.int4_weights import Int4Layer, Int4Linear, Q8Head
 from model.noisy_rows import Suffix, noisy_suffix
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class _Layer:
     o_lora: _LoRA
     gate_up_lora: _LoRA
     down_lora: _LoRA
+    int4: Int4Layer | None  # the same linears from the GGUF's int4 blocks, for decoding passes (model.int4_weights)
 
 
 def supports(model: BlockDiffusionLM) -> bool:
@@ -95,7 +97,10 @@ def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
 
 class FastPass:
     """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.batching`). Built from
-    the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does)."""
+    the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does).
+
+    With the model's int4 weights (`BlockDiffusionLM.int4`), decoding passes multiply by them and prefills by
+    the bf16 ones (`model.int4_weights` says why); without, every pass is bf16."""
 
     def __init__(self, model: BlockDiffusionLM) -> None:
         base = model.base
@@ -107,7 +112,8 @@ class FastPass:
         self.eps = float(config.rms_norm_eps)
         self.scaling = self.head_dim**-0.5
         self.layers: list[_Layer] = []
-        for layer in base.model.layers:
+        int4 = model.int4.layers if model.int4 else [None] * len(base.model.layers)
+        for layer, quantized in zip(base.model.layers, int4, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             qkv, qkv_lora = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             gate_up, gate_up_lora = _fuse([mlp.gate_proj, mlp.up_proj])
@@ -116,10 +122,11 @@ class FastPass:
             self.layers.append(_Layer(
                 layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                 qkv, attn.o_proj.base.weight.detach(), gate_up, mlp.down_proj.base.weight.detach(),
-                qkv_lora, o_lora, gate_up_lora, down_lora,
+                qkv_lora, o_lora, gate_up_lora, down_lora, quantized,
             ))
         self.norm = base.model.norm.weight.detach()
         self.lm_head = base.get_output_embeddings().weight.detach()
+        self.int4_head: Q8Head | None = model.int4.head if model.int4 else None
         rotary = base.model.rotary_emb
         self.inv_freq = rotary.inv_freq.detach().float()
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
@@ -146,10 +153,14 @@ class FastPass:
 
     @staticmethod
     def _linear(
-        x: torch.Tensor, weight: torch.Tensor, lora: _LoRA, start: int | None, rows: torch.Tensor | None
+        x: torch.Tensor,
+        weight: torch.Tensor | Int4Linear,
+        lora: _LoRA,
+        start: int | None,
+        rows: torch.Tensor | None,
     ) -> torch.Tensor:
         """`x @ weight.T` plus the LoRA on columns [start, S), masked per sequence by `rows` (start None: none)."""
-        out = row_exact.linear(x, weight)
+        out = weight(x) if isinstance(weight, Int4Linear) else row_exact.linear(x, weight)
         if start is None or start >= x.shape[1]:
             return out
         delta = lora.delta(x[:, start:])
@@ -169,12 +180,13 @@ class FastPass:
         keep: int | torch.Tensor = 0,
         exact_rows: int | None = None,
         suffix: Suffix | None = None,
+        prefill: bool = False,
     ) -> torch.Tensor:
-        """Logits `[B, S, V]` (or the rows `keep` selects). `exact_rows` (default: the clean rows of a pass of one
-        answer) are the rows whose logits and keys must not depend on the rest of the pass (`model.row_exact`); a
-        prefill, whose layout is the same in every decoding mode, needs none. `suffix`: `noisy_suffix(noisy)`, found
-        by the caller on the host (model/batching.py: then nothing in the pass reads a device tensor back); None:
-        found here."""
+        """Logits `[B, S, V]` (or the rows `keep` selects). `prefill`: a prompt's encoding (bf16 weights even when the
+        model has int4 ones). `exact_rows` (default: the clean rows of a pass of one answer) are the rows whose logits
+        and keys must not depend on the rest of the pass (`model.row_exact`); a prefill, whose layout is the same in
+        every decoding mode, needs none. `suffix`: `noisy_suffix(noisy)`, found by the caller on the host
+        (model/batching.py: then nothing in the pass reads a device tensor back); None: found here."""
         if suffix is None:
             suffix = noisy_suffix(noisy)
         if suffix is None:
@@ -191,21 +203,24 @@ class FastPass:
         cos, sin = self._rotary(position_ids)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
+            w: _Layer | Int4Layer = layer if layer.int4 is None or prefill else layer.int4
             x = self._rms_norm(h, layer.input_norm)
-            qkv = self._linear(x, layer.qkv, layer.qkv_lora, start, rows)
+            qkv = self._linear(x, w.qkv, layer.qkv_lora, start, rows)
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
             q = self._rotate(q.view(b, s, self.heads, self.head_dim).transpose(1, 2), cos, sin)
             k = self._rotate(k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
             v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
             keys, values = cache.update(k, v, index)
             attended = row_exact.attend(q, keys, values, bias, self.scaling, exact_rows).reshape(b, s, q_size)
-            h = h + self._linear(attended, layer.o, layer.o_lora, start, rows)
+            h = h + self._linear(attended, w.o, layer.o_lora, start, rows)
             x = self._rms_norm(h, layer.post_norm)
-            gate, up = self._linear(x, layer.gate_up, layer.gate_up_lora, start, rows).chunk(2, dim=-1)
-            h = h + self._linear(F.silu(gate) * up, layer.down, layer.down_lora, start, rows)
+            gate, up = self._linear(x, w.gate_up, layer.gate_up_lora, start, rows).chunk(2, dim=-1)
+            h = h + self._linear(F.silu(gate) * up, w.down, layer.down_lora, start, rows)
         h = self._rms_norm(h, self.norm)
         if isinstance(keep, torch.Tensor):
             h = h[:, keep]
         elif keep:
             h = h[:, -keep:]
+        if self.int4_head is not None and not prefill:
+            return self.int4_head(h)
         return row_exact.linear(h, self.lm_head)

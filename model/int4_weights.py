@@ -1,0 +1,324 @@
+"""The bundled model's linear layers as int4 weight-only matmuls, built from the shipped GGUF's own Q4_1 blocks.
+
+A decoding pass multiplies a few rows by every weight of the model, so it is bound by reading the weights: 270 MB in
+bf16. The file we ship stores them as Q4_1 (each group of 32 weights of a row is `w = d * q + m`, a 4-bit `q` and
+fp16 `d`, `m`), ~4.5 bits a weight. torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) reads exactly that shape of
+data: 4-bit values in groups of 32 along the input, with a scale and a zero per group and output, `w = (q - 8) *
+scale + zero`. So `scale = d` and `zero = m + 8 d` carry the file's weights over without a second rounding of the
+4-bit values: the teacher these passes compute is the shipped file itself, not a re-quantization of a bf16 copy.
+
+What is rounded: the kernel takes scales and zeros in the activations' dtype (bf16 here; its fp32 path is a scalar
+loop, ~40x slower), so `d` and `m + 8 d` lose their fp16 mantissa's last 3 bits: an error of up to 2^-8 of the
+group's centre, as a bf16 copy of the weights has 2^-8 of each weight (on the bundled model's weights, up to 0.015 on
+weights up to 3.2 where a bf16 copy is off by up to 0.002, the same on average within 2x). The kernel
+dequantizes and accumulates in fp32, and a row's output never depends on the other rows of the call (checked by
+`check_rows_independent` and tests/unit/test_int4_weights.py, also under other CPUs' kernel settings), so
+self-speculative decoding stays exact with these weights.
+
+What it costs, one thread (scripts/bench_lm.py --pass-costs): a lone row reads a quarter of the bytes, about 2x
+faster than bf16 `F.linear`; from ~8 rows on the kernel's arithmetic dominates and bf16 is cheaper. So the prefill,
+whose rows are many and whose layout is the same whichever decoding mode answers, keeps the bf16 weights
+(`model.fast_pass`), and the draft policy (`model.draft_policy`) times the drafting layouts on these weights.
+
+The LM head (the tied embedding) is Q8_0 in the file: 8-bit `q` in groups of 32 with an fp16 scale `d`. Writing
+`q = 16 hi + lo` (`hi` in [-8, 7], `lo` in [0, 15]) makes it two int4 weights, `16 d * hi` and `d * lo`, whose
+matmuls add up to the file's head with only `d` rounded to bf16 (as a bf16 copy rounds each weight): 28 MB of
+nibbles instead of 56 MB of bf16, the largest single read of a pass. torch's per-channel int8 kernel was 1.5x faster
+than bf16 for one row but 4x slower for 16 and 10x less precise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from model.errors import ModelError
+
+GROUP = 32  # weights per Q4_1 block, and the kernel's group size
+_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
+_Q8_BLOCK_BYTES = 34  # fp16 d, 32 int8
+_INNER_K_TILES = 2  # the kernel's packing: measured 1, 2, 4, 8 within noise of each other
+# The GGUF's tensor names for one layer's linears, in HF's names
+_GGUF_NAMES = {
+    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+    "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Q4Blocks:
+    """One Q4_1 weight in HF's row order: `w[n, g*32 + j] = d[n, g] * q[n, g*32 + j] + m[n, g]`."""
+
+    q: torch.Tensor  # [N, K] int32 in [0, 15]
+    d: torch.Tensor  # [N, K / 32] float32 (fp16 values)
+    m: torch.Tensor  # [N, K / 32] float32 (fp16 values)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight `[N, K]` in fp32, exactly as `gguf.quants.dequantize` (and transformers) computes it."""
+        n, k = self.q.shape
+        groups = self.q.view(n, k // GROUP, GROUP).float()
+        return (groups * self.d[..., None] + self.m[..., None]).view(n, k)
+
+    def rows(self, order: torch.Tensor) -> Q4Blocks:
+        return Q4Blocks(self.q[order], self.d[order], self.m[order])
+
+    @staticmethod
+    def stack(parts: list[Q4Blocks]) -> Q4Blocks:
+        """Weights of one input stacked along the output (q, k, v as one qkv)."""
+        return Q4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Linear:
+    """`x @ w.T` for the Q4_1 weight `w` `[out_features, in_features]`, with torch's CPU int4 kernel."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor  # [K / 32, N, 2]: (d, m + 8 d) in the activations' dtype
+    out_features: int
+
+    @classmethod
+    def from_blocks(cls, blocks: Q4Blocks, dtype: torch.dtype = torch.bfloat16) -> Int4Linear:
+        return cls.from_scales(blocks.q, blocks.d, blocks.m + 8 * blocks.d, dtype)
+
+    @classmethod
+    def from_scales(
+        cls, nibbles: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+    ) -> Int4Linear:
+        """The weight `(nibbles - 8) * scale + zero`: `nibbles` `[N, K]` in [0, 15], `scale`, `zero` `[N, K / 32]`."""
+        packed = torch._convert_weight_to_int4pack_for_cpu(nibbles.to(torch.int32).contiguous(), _INNER_K_TILES)
+        scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+        return cls(packed, scales_zeros, int(nibbles.shape[0]))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+@dataclass(frozen=True, slots=True)
+class Q8Head:
+    """`x @ w.T` for a Q8_0 weight as the sum of two int4 matmuls (see the module docstring); fp32 logits."""
+
+    high: Int4Linear  # 16 d * hi
+    low: Int4Linear  # d * lo
+
+    @classmethod
+    def from_q8_0(cls, q: torch.Tensor, d: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> Q8Head:
+        """`q` `[N, K]` int8 values, `d` `[N, K / 32]` their groups' scales."""
+        q = q.to(torch.int32)
+        high, low = torch.div(q, 16, rounding_mode="floor"), q.remainder(16)  # q = 16 high + low, low in [0, 15]
+        # the kernel computes (nibble - 8) * scale + zero: nibble high + 8 with zero 0, nibble low with zero 8 d
+        return cls(
+            Int4Linear.from_scales(high + 8, 16 * d, torch.zeros_like(d), dtype),
+            Int4Linear.from_scales(low, d, 8 * d, dtype),
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.high(x).float() + self.low(x).float()
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Weights:
+    """What a decoding pass multiplies by: every layer's linears, and the LM head when the file's is Q8_0."""
+
+    layers: list[Int4Layer]
+    head: Q8Head | None
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Layer:
+    """One decoder layer's linears, fused as `model.fast_pass` runs them (q/k/v as one, gate/up as one)."""
+
+    qkv: Int4Linear
+    o: Int4Linear
+    gate_up: Int4Linear
+    down: Int4Linear
+
+
+def _read_q4_1(tensor: Any) -> Q4Blocks:
+    """A GGUF tensor of type Q4_1 (`gguf.GGUFReader`'s) as blocks, in the file's row order."""
+    raw = np.asarray(tensor.data)
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, _BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., 4:]  # element j in the low nibble of byte j, element j + 16 in its high one
+    q = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=-1).reshape(rows, -1).astype(np.int32)
+    return Q4Blocks(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(m))
+
+
+def _read_q8_0(tensor: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF tensor of type Q8_0 as (int8 values `[N, K]`, fp16 scales as fp32 `[N, K / 32]`)."""
+    raw = np.asarray(tensor.data)
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, _Q8_BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+    return torch.from_numpy(q), torch.from_numpy(d)
+
+
+def _unpermute_order(rows: int, heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's rotary permutation of q and k (as transformers' GGUF loader does)."""
+    half = rows // heads // 2
+    return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
+
+
+def _gguf_tensors(path: Path) -> dict[str, Any]:
+    import gguf
+
+    return {t.name: t for t in gguf.GGUFReader(str(path)).tensors}  # ~4 s: it parses the tokenizer's 49k strings
+
+
+def read_gguf_linears(path: Path, config: Any, tensors: dict[str, Any] | None = None) -> list[dict[str, Q4Blocks]]:
+    """Per layer, each linear's Q4_1 blocks in HF's row order (keys `q_proj` ... `down_proj`)."""
+    tensors = tensors or _gguf_tensors(path)
+    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
+    layers = []
+    for index in range(int(config.num_hidden_layers)):
+        weights = {}
+        for hf_name, gguf_name in _GGUF_NAMES.items():
+            tensor = tensors.get(f"blk.{index}.{gguf_name}.weight")
+            if tensor is None or tensor.tensor_type.name != "Q4_1":
+                kind = "missing" if tensor is None else tensor.tensor_type.name
+                raise ModelError(f"{path.name}: blk.{index}.{gguf_name}.weight is {kind}, int4 weights need Q4_1")
+            blocks = _read_q4_1(tensor)
+            if hf_name in ("q_proj", "k_proj"):
+                blocks = blocks.rows(_unpermute_order(blocks.q.shape[0], heads if hf_name == "q_proj" else kv_heads))
+            weights[hf_name] = blocks
+        layers.append(weights)
+    return layers
+
+
+def _fused(w: dict[str, Q4Blocks], dtype: torch.dtype) -> Int4Layer:
+    return Int4Layer(
+        qkv=Int4Linear.from_blocks(Q4Blocks.stack([w["q_proj"], w["k_proj"], w["v_proj"]]), dtype),
+        o=Int4Linear.from_blocks(w["o_proj"], dtype),
+        gate_up=Int4Linear.from_blocks(Q4Blocks.stack([w["gate_proj"], w["up_proj"]]), dtype),
+        down=Int4Linear.from_blocks(w["down_proj"], dtype),
+    )
+
+
+def read_gguf_head(path: Path, tensors: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The LM head's Q8_0 (values, scales): the output weight, or the tied embedding; None when it is not Q8_0."""
+    tensors = tensors or _gguf_tensors(path)
+    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    return None if tensor is None or tensor.tensor_type.name != "Q8_0" else _read_q8_0(tensor)
+
+
+def int4_weights(path: Path, config: Any, dtype: torch.dtype = torch.bfloat16) -> Int4Weights:
+    """The model's linears (fused for `model.fast_pass`) and LM head from the GGUF at `path`."""
+    tensors = _gguf_tensors(path)
+    head = read_gguf_head(path, tensors)
+    return Int4Weights(
+        [_fused(w, dtype) for w in read_gguf_linears(path, config, tensors)],
+        None if head is None else Q8Head.from_q8_0(*head, dtype),
+    )
+
+
+def cached_int4_weights(
+    gguf_path: Path, config: Any, cache_file: Path, dtype: torch.dtype = torch.bfloat16
+) -> Int4Weights:
+    """`int4_weights`, kept packed in `cache_file` after the first time: reading the GGUF and packing it takes ~10 s
+    on 2 cores, loading the packed tensors a fraction of a second. The cache names the torch version and the GGUF's
+    size and time that made it, and is rebuilt when they change (the packed layout is torch's own)."""
+    from safetensors.torch import load_file, save_file
+
+    stat = gguf_path.stat()
+    made_from = f"{gguf_path.name}:{stat.st_size}:{stat.st_mtime_ns}"
+    stamp = {"torch": torch.__version__, "gguf": made_from, "dtype": str(dtype)}
+    if cache_file.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(cache_file), "pt") as handle:
+            fresh = handle.metadata() == stamp
+        if fresh:
+            return _unflatten(load_file(str(cache_file)))
+    weights = int4_weights(gguf_path, config, dtype)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache_file.with_name(cache_file.name + ".partial")
+    save_file(_flatten(weights), str(partial), metadata=stamp)
+    partial.replace(cache_file)
+    return weights
+
+
+def _flatten(weights: Int4Weights) -> dict[str, torch.Tensor]:
+    linears: dict[str, Int4Linear] = {}
+    for index, layer in enumerate(weights.layers):
+        linears.update({f"layers.{index}.{name}": getattr(layer, name) for name in ("qkv", "o", "gate_up", "down")})
+    if weights.head is not None:
+        linears.update({"head.high": weights.head.high, "head.low": weights.head.low})
+    flat = {}
+    for name, linear in linears.items():
+        flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = linear.packed, linear.scales_zeros
+    return flat
+
+
+def _unflatten(flat: dict[str, torch.Tensor]) -> Int4Weights:
+    def linear(name: str) -> Int4Linear:
+        scales_zeros = flat[f"{name}.scales_zeros"]
+        return Int4Linear(flat[f"{name}.packed"], scales_zeros, int(scales_zeros.shape[1]))
+
+    count = len({key.split(".")[1] for key in flat if key.startswith("layers.")})
+    layers = [Int4Layer(*(linear(f"layers.{i}.{n}") for n in ("qkv", "o", "gate_up", "down"))) for i in range(count)]
+    head = Q8Head(linear("head.high"), linear("head.low")) if "head.high.packed" in flat else None
+    return Int4Weights(layers, head)
+
+
+def quantize_q4_1(weight: torch.Tensor) -> Q4Blocks:
+    """Round a float weight `[N, K]` to Q4_1 as llama.cpp does (per group of 32: `d = (max - min) / 15`, `m = min`,
+    both fp16): for checkpoints that come without a GGUF, and for tests on tiny models."""
+    n, k = weight.shape
+    if k % GROUP:
+        raise ModelError(f"int4 weights need inputs in groups of {GROUP}, this layer has {k}")
+    groups = weight.detach().float().view(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    d = ((high - low) / 15).half().float()
+    m = low.half().float()
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    q = torch.round((groups - m[..., None]) / safe[..., None]).clamp(0, 15).to(torch.int32)
+    return Q4Blocks(q.view(n, k), d, m)
+
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round a float weight `[N, K]` to Q8_0 as llama.cpp does (per group of 32: `d = max |w| / 127` in fp16)."""
+    n, k = weight.shape
+    groups = weight.detach().float().view(n, k // GROUP, GROUP)
+    d = (groups.abs().amax(-1) / 127).half().float()
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    q = torch.round(groups / safe[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.view(n, k), d
+
+
+def int4_weights_of(causal_lm: Any, dtype: torch.dtype = torch.bfloat16) -> Int4Weights:
+    """Int4 weights rounded from a Llama's own (`quantize_q4_1`, `quantize_q8_0` for the head): for checkpoints
+    that come without a GGUF, and for tests on tiny models."""
+    layers = []
+    for layer in causal_lm.model.layers:
+        modules = {**{n: getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
+                   **{n: getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")}}
+        layers.append(_fused({n: quantize_q4_1(getattr(m, "base", m).weight) for n, m in modules.items()}, dtype))
+    head = Q8Head.from_q8_0(*quantize_q8_0(causal_lm.get_output_embeddings().weight), dtype)
+    return Int4Weights(layers, head)
+
+
+def available() -> str | None:
+    """None when torch's CPU int4 kernel runs here, else why not."""
+    try:
+        q = torch.zeros(16, GROUP, dtype=torch.int32)  # the kernel packs outputs in sixteens
+        blocks = Q4Blocks(q, torch.ones(16, 1), torch.zeros(16, 1))
+        Int4Linear.from_blocks(blocks)(torch.ones(1, GROUP, dtype=torch.bfloat16))
+    except (RuntimeError, AttributeError) as error:
+        return f"torch's CPU int4 kernel is not available here ({error})"
+    return None
+
+
+def check_rows_independent(linear: Int4Linear, in_features: int, rows: int = 32, seed: int = 0) -> bool:
+    """Whether each row's output is the same bits alone and among `1..rows` rows (random bf16 inputs)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=generator).to(linear.scales_zeros.dtype)
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(rows)])
+    return all(torch.equal(linear(x[:count]), alone[:count]) for count in (2, 3, 4, 8, 16, 17, rows))

@@ -1,0 +1,243 @@
+"""The bundled LM side by side with llama.cpp, the engine a user would run instead, on the very GGUF we ship.
+
+    python scripts/bench_llama_cpp.py [--limit 120] [--threads 1,2] [--max-tokens 64] [--json PATH]
+        [--engines llama.cpp,autoregressive,self-speculative] [--weights int4|bf16]
+
+Every engine answers the same held-out prompts (tests/data/heldout_prompts.txt; nothing was tuned on them) under the
+voice system prompt, greedy, from the same token ids: llama.cpp through `llama-cpp-python` (`make install-bench`
+builds it for this CPU, about 6 minutes on 2 cores), and this runtime's autoregressive and self-speculative decoding
+on one loaded model. Each engine lives in its own worker process, so neither's thread pool spins beside the other's
+passes; the driver hands them the prompts interleaved (prompt by prompt, thread count by thread count, the engines'
+order alternating), so none gets the quieter minutes of a shared machine. Both reuse the cached system prompt
+between prompts (llama.cpp's longest-prefix reuse, our slot cache).
+
+Reported per thread count and engine: decode tokens/s (tokens after the first over the time after the first token),
+first-token ms (p50 and p95: the new prompt tokens' prefill and the first token), answer tokens, and each engine's
+decode rate over llama.cpp's. Also: how many self-speculative answers equal the autoregressive ones token for token
+(the exactness claim), and how many of ours equal llama.cpp's (same file, different kernels: a measure of how
+close the int4 teacher is to the file's own arithmetic). Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
+ENGINES = ("llama.cpp", "autoregressive", "self-speculative")
+HOW_TO_GET_LLAMA_CPP = (
+    "llama-cpp-python is not installed: `make install-bench` builds it for this CPU (~6 minutes on 2 cores), "
+    "or `pip install '.[bench]'` with CMAKE_ARGS=-DGGML_NATIVE=ON"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    ids: list[int]
+    first_token_s: float  # from the call to the first answer token
+    total_s: float
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        after = self.total_s - self.first_token_s
+        return (len(self.ids) - 1) / after if len(self.ids) > 1 and after > 0 else None
+
+
+# --- workers: each runs in its own process ---------------------------------------------------------------------------
+def _llama_cpp_worker(conn: Connection, gguf: str, threads: int, eos: list[int]) -> None:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    conn.send("ready")
+    while (request := conn.recv()) is not None:
+        prompt, max_tokens = request
+        started = time.perf_counter()
+        ids: list[int] = []
+        first = 0.0
+        for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+            if not ids:
+                first = time.perf_counter() - started
+            if token in eos:
+                break
+            ids.append(int(token))
+            if len(ids) >= max_tokens:
+                break
+        conn.send(Answer(ids, first, time.perf_counter() - started))
+
+
+def _runtime_worker(conn: Connection, weights: str) -> None:
+    import dataclasses
+
+    import torch
+
+    from model.default_model import load_default_chat_model
+
+    chat = load_default_chat_model(weights=weights)
+    conn.send("ready")
+    while (request := conn.recv()) is not None:
+        prompt, max_tokens, decoding, threads = request
+        torch.set_num_threads(threads)
+        chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding)
+        from model.chat import GenerationOptions
+
+        config, length = chat.sampler_for(GenerationOptions(max_new_tokens=max_tokens))
+        started = time.perf_counter()
+        first = None
+        final = None
+        for refinement in chat.refinements(prompt, length, config, None):
+            if first is None and refinement.committed_prefix > 0:
+                first = time.perf_counter() - started
+            final = refinement
+        total = time.perf_counter() - started
+        n = final.answer_length if final is not None else 0
+        conn.send(Answer(list(final.tokens[:n]) if final else [], first or total, total))
+
+
+class Worker:
+    def __init__(self, target: Any, *args: Any) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=target, args=(child, *args), daemon=True)
+        self.process.start()
+        if self.conn.recv() != "ready":
+            raise RuntimeError("worker failed to start")
+
+    def ask(self, *request: Any) -> Answer:
+        self.conn.send(request)
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=30)
+
+
+# --- the run ---------------------------------------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def summarize(answers: list[Answer]) -> dict[str, float]:
+    decode_tokens = sum(len(a.ids) - 1 for a in answers if len(a.ids) > 1)
+    decode_s = sum(a.total_s - a.first_token_s for a in answers if len(a.ids) > 1)
+    firsts = [a.first_token_s * 1000 for a in answers]
+    return {
+        "decode_tokens_per_s": decode_tokens / decode_s if decode_s else float("nan"),
+        "first_token_ms_p50": percentile(firsts, 0.5),
+        "first_token_ms_p95": percentile(firsts, 0.95),
+        "answer_tokens_mean": statistics.fmean(len(a.ids) for a in answers),
+        "tokens_per_s_wall": sum(len(a.ids) for a in answers) / sum(a.total_s for a in answers),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limit", type=int, default=120)
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto", help="this runtime's")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        parser.error(f"unknown engines {sorted(unknown)}: choose from {', '.join(ENGINES)}")
+    threads = [int(t) for t in args.threads.split(",")]
+    if "llama.cpp" in engines:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print(HOW_TO_GET_LLAMA_CPP)
+            engines.remove("llama.cpp")
+            if not engines:
+                return 1
+
+    from transformers import AutoTokenizer
+
+    from model.default_model import VOICE_SYSTEM_PROMPT, base_gguf_path, ensure_base_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_base_checkpoint())
+    eos = [int(tokenizer.eos_token_id)]
+    prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
+    prompt_ids = [
+        tokenizer.encode(tokenizer.apply_chat_template(
+            [{"role": "system", "content": VOICE_SYSTEM_PROMPT}, {"role": "user", "content": p}],
+            add_generation_prompt=True, tokenize=False,
+        ), add_special_tokens=False)
+        for p in prompts
+    ]
+    workers: dict[tuple[str, int], Worker] = {}
+    if "llama.cpp" in engines:
+        for t in threads:
+            workers[("llama.cpp", t)] = Worker(_llama_cpp_worker, str(base_gguf_path()), t, eos)
+    ours = [e for e in engines if e != "llama.cpp"]
+    runtime = Worker(_runtime_worker, args.weights) if ours else None
+
+    def ask(engine: str, t: int, ids: list[int]) -> Answer:
+        if engine == "llama.cpp":
+            return workers[(engine, t)].ask(ids, args.max_tokens)
+        assert runtime is not None
+        return runtime.ask(ids, args.max_tokens, engine, t)
+
+    for t in threads:  # warm up: kernels built, caches of the system prompt filled
+        for engine in engines:
+            for ids in prompt_ids[:2]:
+                ask(engine, t, ids)
+    results: dict[int, dict[str, list[Answer]]] = {t: {e: [] for e in engines} for t in threads}
+    started = time.monotonic()
+    for index, ids in enumerate(prompt_ids):
+        for t in threads:
+            order = engines if index % 2 == 0 else engines[::-1]
+            for engine in order:
+                results[t][engine].append(ask(engine, t, ids))
+        if (index + 1) % 10 == 0:
+            print(f"  {index + 1}/{len(prompt_ids)} prompts, {time.monotonic() - started:.0f} s", flush=True)
+    for worker in [*workers.values(), *([runtime] if runtime else [])]:
+        worker.close()
+
+    report: dict[str, Any] = {
+        "cpu": platform.processor() or platform.machine(), "prompts": len(prompt_ids), "weights": args.weights,
+        "max_tokens": args.max_tokens, "threads": {},
+    }
+    for t in threads:
+        rows = {e: summarize(results[t][e]) for e in engines}
+        base = rows.get("llama.cpp", {}).get("decode_tokens_per_s")
+        for row in rows.values():
+            row["vs_llama_cpp"] = row["decode_tokens_per_s"] / base if base else float("nan")
+        same: dict[str, float] = {}
+        if {"autoregressive", "self-speculative"} <= set(engines):
+            pairs = zip(results[t]["autoregressive"], results[t]["self-speculative"], strict=True)
+            same["self-speculative == autoregressive"] = statistics.fmean(a.ids == b.ids for a, b in pairs)
+        if "llama.cpp" in engines and "autoregressive" in engines:
+            pairs = zip(results[t]["autoregressive"], results[t]["llama.cpp"], strict=True)
+            same["autoregressive == llama.cpp"] = statistics.fmean(a.ids == b.ids for a, b in pairs)
+        report["threads"][str(t)] = {"engines": rows, "identical_answers": same}
+        print(f"\n{len(prompt_ids)} held-out prompts, {t} thread(s), greedy, weights {args.weights}:")
+        print(f"  {'engine':18} {'decode tok/s':>12} {'vs llama.cpp':>12} {'first token p50/p95 ms':>24} {'tokens':>7}")
+        for engine, row in rows.items():
+            print(f"  {engine:18} {row['decode_tokens_per_s']:12.1f} {row['vs_llama_cpp']:11.2f}x "
+                  f"{row['first_token_ms_p50']:14.0f} / {row['first_token_ms_p95']:5.0f} "
+                  f"{row['answer_tokens_mean']:7.1f}")
+        for name, rate in same.items():
+            print(f"  identical answers, {name}: {rate:.1%}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

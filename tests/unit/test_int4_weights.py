@@ -1,0 +1,233 @@
+"""Int4 weights from Q4_1 blocks (model/int4_weights.py): the shipped file read exactly, the kernel's rows
+independent, and self-speculative decoding still bit for bit equal to autoregressive decoding on them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from model.batching import Feed, SlotCache, batched_pass, prefill
+from model.block_diffusion import BlockDiffusionDenoiser
+from model.int4_weights import (
+    GROUP,
+    Int4Linear,
+    Q4Blocks,
+    Q8Head,
+    _read_q4_1,
+    available,
+    check_rows_independent,
+    int4_weights_of,
+    quantize_q4_1,
+    quantize_q8_0,
+    read_gguf_head,
+    read_gguf_linears,
+)
+from model.speculative import generate_speculative
+from tests.unit.test_self_speculative import EOS, bf16_adapted, final_tokens
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_q4_1_blocks_read_as_gguf_dequantizes_them() -> None:
+    import gguf
+
+    from model.default_model import base_gguf_path
+
+    reader = gguf.GGUFReader(str(base_gguf_path()))
+    tensor = next(t for t in reader.tensors if t.name == "blk.3.ffn_down.weight")
+    expected = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    assert torch.equal(_read_q4_1(tensor).dequantize(), torch.from_numpy(expected).float())
+
+
+@pytest.mark.slow
+def test_the_gguf_blocks_are_the_bundled_models_weights_in_hf_row_order() -> None:
+    """Every linear of every layer, q and k un-permuted: the blocks de-quantize to the converted checkpoint's
+    weights exactly, so the int4 teacher is the same network as the bf16 one, with its weights unrounded."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from model.default_model import base_gguf_path, ensure_base_checkpoint
+
+    folder = ensure_base_checkpoint(progress=False)
+    config = AutoConfig.from_pretrained(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    layers = read_gguf_linears(base_gguf_path(), config)
+    assert len(layers) == config.num_hidden_layers
+    head = read_gguf_head(base_gguf_path())
+    assert head is not None
+    q, d = head
+    embedding = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+    assert torch.equal((q.float().view(q.shape[0], -1, GROUP) * d[..., None]).view(q.shape), embedding)
+    for index, weights in enumerate(layers):
+        for name, blocks in weights.items():
+            group = "self_attn" if name[0] in "qkvo" else "mlp"
+            assert torch.equal(blocks.dequantize(), state[f"model.layers.{index}.{group}.{name}.weight"]), (index, name)
+
+
+def test_the_kernel_computes_the_q4_1_weights_about_as_closely_as_a_bf16_copy() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 128, generator=generator) * 0.1
+    weight[:, :GROUP] += 2.0  # a group far from zero: its zero point is large
+    blocks = quantize_q4_1(weight)
+    exact = blocks.dequantize()
+    assert (exact - weight).abs().max() <= blocks.d.max() / 2 + 1e-3  # the rounding to 4 bits itself
+    through_kernel = Int4Linear.from_blocks(blocks)(torch.eye(128, dtype=torch.bfloat16)).t().float()
+    zero = (blocks.m + 8 * blocks.d).abs().repeat_interleave(GROUP, dim=1)
+    step = blocks.d.repeat_interleave(GROUP, dim=1)
+    # the zero and the scale rounded to bf16 (half an ulp: 2^-8 relative), then the output (another 2^-8): as close
+    # to the file's weights as a bf16 copy of them is, give or take a factor of two
+    error = (through_kernel - exact).abs()
+    assert (error <= (zero + 8 * step + exact.abs()) * 2**-8 + 1e-6).all()
+    assert error.mean() <= 2 * (exact.bfloat16().float() - exact).abs().mean()
+
+
+def test_the_q8_0_head_as_two_int4_halves_computes_the_files_head() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 96, generator=generator)
+    q, d = quantize_q8_0(weight)
+    exact = (q.float().view(64, 3, GROUP) * d[..., None]).view(64, 96)
+    assert (exact - weight).abs().max() <= d.max() / 2 + 1e-6
+    through_kernel = Q8Head.from_q8_0(q, d)(torch.eye(96, dtype=torch.bfloat16)).t()
+    # only d rounded to bf16 (2^-8 relative), each half's output to bf16 (2^-8 of each half)
+    half_bound = (16 * 8 + 16) * d.repeat_interleave(GROUP, dim=1) * 2**-8
+    assert ((through_kernel - exact).abs() <= exact.abs() * 2**-8 + half_bound).all()
+    assert (through_kernel - exact).abs().mean() <= 2 * (exact.bfloat16().float() - exact).abs().mean()
+
+
+def test_quantize_q4_1_keeps_a_constant_group_exact() -> None:
+    weight = torch.full((16, GROUP), 0.25)
+    assert torch.equal(quantize_q4_1(weight).dequantize(), weight)
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), [(960, 576), (576, 576), (3072, 576), (576, 1536)])
+def test_a_rows_int4_output_does_not_depend_on_the_rows_beside_it(out_features: int, in_features: int) -> None:
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(out_features)) * 0.05
+    assert check_rows_independent(Int4Linear.from_blocks(quantize_q4_1(weight)), in_features)
+
+
+def test_blocks_stack_along_the_output() -> None:
+    a, b = quantize_q4_1(torch.randn(8, 64)), quantize_q4_1(torch.randn(4, 64))
+    assert torch.equal(Q4Blocks.stack([a, b]).dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+
+
+def int4_model(seed: int = 0):
+    model = bf16_adapted(seed)
+    model.use_int4(int4_weights_of(model.base))
+    return model
+
+
+def test_decoding_passes_use_the_int4_weights_and_prefills_the_bf16_ones() -> None:
+    model = bf16_adapted()
+    tokens = list(range(3, 40))
+    feed = Feed(clean=(tokens[-1],), noisy=(model.mask_id,) * 3)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        cache = SlotCache(1)
+        _, prompt_logits = prefill(model, cache, 0, tokens[:-1])
+        [(clean, _)] = batched_pass(model, cache, [0], [feed])
+        return prompt_logits, clean[0]
+
+    dense_prompt, dense_step = run()
+    model.use_int4(int4_weights_of(model.base))
+    int4_prompt, int4_step = run()
+    assert torch.equal(int4_prompt, dense_prompt)
+    assert not torch.equal(int4_step, dense_step)
+    assert torch.nn.functional.cosine_similarity(int4_step, dense_step, dim=0) > 0.95
+    model.use_int4(None)
+    assert torch.equal(run()[1], dense_step)
+
+
+def test_with_int4_weights_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() -> None:
+    model = int4_model()
+    generator = torch.Generator().manual_seed(1)
+    differ = []
+    for length in range(5, 120, 7):
+        tokens = torch.randint(3, 512, (length,), generator=generator).tolist()
+        alone = None
+        for rows in (1, 1, 4, 8, 16):
+            cache = SlotCache(1)
+            prefill(model, cache, 0, tokens[:-1])
+            clean = (tokens[-1], *torch.randint(3, 512, (rows - 1,), generator=generator).tolist())
+            masks = (model.mask_id,) * (3 if alone is not None else 0)
+            [(logits, _)] = batched_pass(model, cache, [0], [Feed(clean=clean, noisy=masks)])
+            if alone is None:
+                alone = logits[0]
+            elif not torch.equal(alone, logits[0]):
+                differ.append((length, rows))
+    assert differ == []
+
+
+def test_with_int4_weights_self_speculative_answers_equal_autoregressive_ones_bit_for_bit() -> None:
+    model = int4_model()
+    with torch.no_grad():  # large logits: near-ties are common, as in SmolLM2's 49k vocabulary
+        model.base.model.norm.weight.mul_(60.0)
+    model.use_int4(model.int4)  # the fused pass reads the new norm
+    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    rng = random.Random(3)
+    for index in range(8):
+        prompt = [rng.randrange(3, 512) for _ in range(rng.randrange(1, 40))]
+        autoregressive = final_tokens(list(generate_speculative(denoiser, prompt, 40, masks=0)))
+        for masks in (3, 4):
+            speculative = final_tokens(list(generate_speculative(denoiser, prompt, 40, masks=masks)))
+            assert speculative == autoregressive, (index, masks)
+
+
+def test_the_weights_choice_is_checked_before_loading() -> None:
+    from model.default_model import _int4_wanted
+    from model.errors import ModelError
+
+    assert _int4_wanted("auto", "cpu") and _int4_wanted("int4", "cpu")
+    assert not _int4_wanted("bf16", "cpu")
+    assert not _int4_wanted("auto", "cuda")  # torch's int4 kernel here is a CPU one: a GPU keeps bf16
+    with pytest.raises(ModelError, match="CPU one"):
+        _int4_wanted("int4", "cuda")
+    with pytest.raises(ModelError, match="unknown weights"):
+        _int4_wanted("int8", "cpu")
+
+
+def test_int4_weights_are_refused_for_a_checkpoint_without_the_bundled_gguf(tmp_path) -> None:
+    from model.errors import ModelError
+    from model.loading import load_chat_model
+    from tests.unit.tiny_models import tiny_bert
+
+    with pytest.raises(ModelError, match="bundled model's GGUF"):
+        load_chat_model(str(tiny_bert(tmp_path / "bert")), weights="int4")
+
+
+def test_the_packed_cache_loads_the_same_weights_and_is_rebuilt_for_another_file(tmp_path) -> None:
+    from transformers import AutoConfig
+
+    from model.default_model import base_gguf_path, ensure_base_checkpoint
+    from model.int4_weights import cached_int4_weights
+
+    config = AutoConfig.from_pretrained(ensure_base_checkpoint(progress=False))
+    cache_file = tmp_path / "int4.safetensors"
+    built = cached_int4_weights(base_gguf_path(), config, cache_file)
+    written = cache_file.stat().st_mtime_ns
+    loaded = cached_int4_weights(base_gguf_path(), config, cache_file)
+    assert cache_file.stat().st_mtime_ns == written  # read, not rebuilt
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(0)).bfloat16()
+    assert torch.equal(built.layers[7].gate_up(x), loaded.layers[7].gate_up(x))
+    assert built.head is not None and loaded.head is not None and torch.equal(built.head(x), loaded.head(x))
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(cache_file), "pt") as handle:
+        stale = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+        metadata = {**handle.metadata(), "torch": "0.0"}
+    save_file(stale, str(cache_file), metadata=metadata)  # as if another torch had packed it
+    cached_int4_weights(base_gguf_path(), config, cache_file)
+    with safe_open(str(cache_file), "pt") as handle:
+        assert handle.metadata()["torch"] == torch.__version__
