@@ -112,14 +112,19 @@ class SlotCache(Cache):
             self._keys.append(key_states.new_zeros(shape))
             self._values.append(value_states.new_zeros(shape))
         keys, values = self._grow(layer_idx, end)
-        if self._where is None or self._where[0].shape[1] != s:  # once per forward: every layer writes the same places
-            slot_index = upload(torch.tensor(self.rows), keys.device).unsqueeze(1).expand(-1, s)  # [B, S]
-            offsets = upload(torch.tensor(self.offsets), keys.device)
-            position = offsets.unsqueeze(1) + torch.arange(s, device=keys.device)
-            self._where = (slot_index, position)
-        slot_index, position = self._where
-        keys[slot_index, :, position] = key_states.transpose(1, 2)  # [B, S, heads, head_dim]: one write for all rows
-        values[slot_index, :, position] = value_states.transpose(1, 2)
+        if len(self.rows) == 1:  # one answer (every lone pass): a slice copy, ~4x cheaper than the indexed write
+            row, offset = self.rows[0], self.offsets[0]
+            keys[row, :, offset : offset + s].copy_(key_states[0])
+            values[row, :, offset : offset + s].copy_(value_states[0])
+        else:
+            if self._where is None or self._where[0].shape[1] != s:  # once per forward: every layer writes there
+                slot_index = upload(torch.tensor(self.rows), keys.device).unsqueeze(1).expand(-1, s)  # [B, S]
+                offsets = upload(torch.tensor(self.offsets), keys.device)
+                position = offsets.unsqueeze(1) + torch.arange(s, device=keys.device)
+                self._where = (slot_index, position)
+            slot_index, position = self._where
+            keys[slot_index, :, position] = key_states.transpose(1, 2)  # [B, S, heads, head_dim]: one write for all
+            values[slot_index, :, position] = value_states.transpose(1, 2)
         first, last = self.rows[0], self.rows[-1]
         if self.rows == list(range(first, last + 1)):  # the usual case: a view, no copy
             return keys[first : last + 1, :, :end], values[first : last + 1, :, :end]

@@ -136,7 +136,12 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
     )
     if isinstance(model, DiffusionChatModel) and model.sampler.decoding == "self-speculative":
         cpu = device.type == "cpu"
-        out.write((exactness_note(row_exact.check_here(torch.get_num_threads())) if cpu else GPU_NOTE) + "\n")
+        problem = row_exact.check_here(torch.get_num_threads())
+        if problem is None and getattr(model.denoiser.model, "int4", None) is not None:
+            from model import int4_weights
+
+            problem = int4_weights.check_here(torch.get_num_threads())
+        out.write((exactness_note(problem) if cpu else GPU_NOTE) + "\n")
 
 
 MAY_DIFFER = (

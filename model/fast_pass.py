@@ -65,6 +65,11 @@ class _Layer:
     int4: Int4Layer | None  # the same linears from the GGUF's int4 blocks, for decoding passes (model.int4_weights)
 
 
+# Rows of a batched pass (several answers) up to which the int4 kernel beats bf16: it dequantizes the weights again
+# for every 4 rows, so its cost grows with the rows where bf16's stays flat (scripts/bench_lm.py --batch-costs)
+INT4_BATCH_ROWS = 8
+
+
 def supports(model: BlockDiffusionLM) -> bool:
     """Whether `FastPass` computes exactly what `model`'s own forward does: a plain Llama (SmolLM2's architecture) with
     the LoRA on every linear layer."""
@@ -198,17 +203,21 @@ class FastPass:
             exact_rows = row_exact.default_exact_rows(b, min(start, s))
         if start is not None and start >= s:
             start = None  # a clean pass: no LoRA anywhere
+        # int4 for every pass of one answer (its exactness needs one set of weights), for a batch of answers only
+        # while that is cheaper (a batch is not bit-exact anyway), never for a prefill
+        int4 = not prefill and (b == 1 or b * s <= INT4_BATCH_ROWS)
         h = self.model.embed(input_ids).to(self.dtype)  # [B, S, hidden]
         bias = attention_bias.to(self.dtype)
         cos, sin = self._rotary(position_ids)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
-            w: _Layer | Int4Layer = layer if layer.int4 is None or prefill else layer.int4
+            w: _Layer | Int4Layer = layer.int4 if int4 and layer.int4 is not None else layer
             x = self._rms_norm(h, layer.input_norm)
             qkv = self._linear(x, w.qkv, layer.qkv_lora, start, rows)
-            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-            q = self._rotate(q.view(b, s, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            k = self._rotate(k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            qk, v = qkv.split((q_size + kv_size, kv_size), dim=-1)
+            # queries and keys rotated in one call: the same elementwise operations as two, half the op launches
+            qk = self._rotate(qk.view(b, s, self.heads + self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            q, k = qk.split((self.heads, self.kv_heads), dim=1)
             v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
             keys, values = cache.update(k, v, index)
             attended = row_exact.attend(q, keys, values, bias, self.scaling, exact_rows).reshape(b, s, q_size)
@@ -221,6 +230,6 @@ class FastPass:
             h = h[:, keep]
         elif keep:
             h = h[:, -keep:]
-        if self.int4_head is not None and not prefill:
+        if self.int4_head is not None and int4:
             return self.int4_head(h)
         return row_exact.linear(h, self.lm_head)

@@ -29,6 +29,7 @@ than bf16 for one row but 4x slower for 16 and 10x less precise.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -313,6 +314,23 @@ def available() -> str | None:
         Int4Linear.from_blocks(blocks)(torch.ones(1, GROUP, dtype=torch.bfloat16))
     except (RuntimeError, AttributeError) as error:
         return f"torch's CPU int4 kernel is not available here ({error})"
+    return None
+
+
+@functools.cache
+def check_here(threads: int) -> str | None:
+    """Whether the int4 kernel keeps a row's output independent of the rows beside it here, at `threads` torch
+    threads, for the bundled model's shapes (random weights, ~0.1 s): None if it does, else what differed."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        for out_features, in_features in ((960, 576), (3072, 576), (576, 1536)):
+            weight = torch.randn(out_features, in_features, generator=generator) * 0.05
+            if not check_rows_independent(Int4Linear.from_blocks(quantize_q4_1(weight)), in_features):
+                return f"the int4 kernel ({in_features} -> {out_features}) rounds a row by the rows beside it"
+    finally:
+        torch.set_num_threads(previous)
     return None
 
 

@@ -158,14 +158,20 @@ def pass_cost(denoiser: Denoiser, use_cache: bool, prompt_tokens: int, block: in
 def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
     """Median seconds of one self-speculative pass after `cache_length` cached tokens, for each input size n: the
     autoregressive form (n clean tokens, gate off) and the drafting form (1 clean token + n - 1 masks, gate on for
-    the masks), each through the fused pass (model/fast_pass.py, what decoding runs) and through transformers'
-    modules (the same logits). The pass's keys/values are dropped after each timing, so the cache length stays
-    fixed."""
+    the masks), each through the fused pass (model/fast_pass.py, what decoding runs: on the int4 weights when the
+    model has them, and on the bf16 ones) and through transformers' modules (bf16, the same logits as the bf16 fused
+    pass). The pass's keys/values are dropped after each timing, so the cache length stays fixed."""
     from model.batching import Feed
+    from model.fast_pass import FastPass
 
     model = denoiser.model
     fused = model.inference_pass()
     variants = {"fused pass": lambda: fused, "modules": lambda: model}
+    if getattr(model, "int4", None) is not None:
+        int4, model.int4 = model.int4, None
+        bf16 = FastPass(model)
+        model.int4 = int4
+        variants = {"fused pass, int4": lambda: fused, "fused pass, bf16": lambda: bf16, "modules": lambda: model}
     prompt = torch.randint(10, 1000, (cache_length + 1,), generator=torch.Generator().manual_seed(2)).tolist()
     denoiser.start_verify(prompt)
     shapes = [(n, 0) for n in sizes] + [(1, n - 1) for n in sizes]
@@ -192,7 +198,7 @@ def pass_cost_main(args: argparse.Namespace) -> int:
     """--pass-costs: the table the self-speculative layout is chosen from (bundled model, bf16)."""
     from model.loading import load_chat_model
 
-    chat = load_chat_model(args.model, device=args.device)
+    chat = load_chat_model(args.model, device=args.device, weights=args.weights)
     sizes = [int(n) for n in args.pass_costs.split(",")]
     with torch.inference_mode():
         costs = verify_pass_costs(chat.denoiser, args.cache_length, sizes, args.pass_repeats)
@@ -240,7 +246,7 @@ def batch_cost_main(args: argparse.Namespace) -> int:
     """--batch-costs: what a pass over B answers costs against one (bundled model, bf16)."""
     from model.loading import load_chat_model
 
-    chat = load_chat_model(args.model, device=args.device)
+    chat = load_chat_model(args.model, device=args.device, weights=args.weights)
     batches = [int(n) for n in args.batch_costs.split(",")]
     costs = batch_pass_costs(chat.denoiser.model, args.cache_length, batches, args.pass_repeats)
     print(f"one batched pass, ~{args.cache_length} cached tokens per answer, {torch.get_num_threads()} threads, "
@@ -311,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                         help="where the model runs (auto: a CUDA GPU when torch sees one, else the CPU)")
+    parser.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto", help="the bundled model's")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--pass-costs", default=None, help="e.g. 1,4,8,12,16,24: time self-speculative passes only")
     parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")

@@ -231,3 +231,17 @@ def test_the_packed_cache_loads_the_same_weights_and_is_rebuilt_for_another_file
     cached_int4_weights(base_gguf_path(), config, cache_file)
     with safe_open(str(cache_file), "pt") as handle:
         assert handle.metadata()["torch"] == torch.__version__
+
+
+def test_the_probe_passes_here_and_catches_a_kernel_that_rounds_by_the_rows(monkeypatch) -> None:
+    from model import int4_weights
+
+    assert int4_weights.check_here.__wrapped__(1) is None
+    kernel = Int4Linear.__call__
+
+    def by_rows(self: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+        out = kernel(self, x)
+        return out + (x.reshape(-1, x.shape[-1]).shape[0] > 3) * 2**-6  # rounds differently past 3 rows
+
+    monkeypatch.setattr(Int4Linear, "__call__", by_rows)
+    assert "rounds a row by the rows beside it" in int4_weights.check_here.__wrapped__(1)
