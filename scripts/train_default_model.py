@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from model.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter  # noqa: E402
 from model.block_training import block_diffusion_loss, make_batch  # noqa: E402
-from model.default_model import ADAPTER_DIR, VOICE_SYSTEM_PROMPT, load_base  # noqa: E402
+from model.default_model import ADAPTER_DIR, load_base  # noqa: E402
 from model.teacher_data import (  # noqa: E402
     TeacherExample,
     assistant_questions,
@@ -36,9 +36,11 @@ from model.teacher_data import (  # noqa: E402
     split_prompts,
     teacher_answers,
 )
+from voice.think.spoken import SPOKEN_SYSTEM_PROMPT  # noqa: E402
 
 HELDOUT_FILE = ROOT / "tests" / "data" / "heldout_prompts.txt"
-TEACHER_SYSTEM_PROMPT = VOICE_SYSTEM_PROMPT
+# The adapter is trained on the teacher's answers under the voice pipeline's prompt: they are what it serves.
+TEACHER_SYSTEM_PROMPT = SPOKEN_SYSTEM_PROMPT
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 

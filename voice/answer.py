@@ -142,7 +142,11 @@ class AnswerRunner:
     async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
         """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
         becomes the answer's `ErrorEvent`. Returns early only when cancelled."""
-        options = dataclasses.replace(self.config.generation, conversation=self.session_id)  # its own cache slot
+        # its own cache slot, and the spoken-answer policy (voice/think/spoken.py)
+        options = dataclasses.replace(
+            self.config.generation, conversation=self.session_id, system_prompt=self.config.system_prompt,
+            rules=self.config.answer_rules,
+        )
         run = LmRun(self.engines.lm, messages, options, f"lm-{self.session_id}-{answer.turn}")
         answer.run = run
         answer.stats["early_lm"] = 1.0 if answer.early else 0.0

@@ -46,7 +46,7 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     lm.add_argument("--max-new-tokens", type=int, default=64)
     lm.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                     help="local model and Whisper: auto (a CUDA GPU when torch sees one), cpu or cuda")
-    lm.add_argument("--system-prompt", help="replace the model's default system prompt")
+    lm.add_argument("--system-prompt", help="replace the spoken-answer system prompt (voice/think/spoken.py)")
     speech = parser.add_argument_group("speech")
     speech.add_argument("--asr-model", help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder")
     speech.add_argument("--voice", type=Path, help="a Piper voice .onnx (its .onnx.json beside it)")

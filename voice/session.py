@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from model.chat import ChatMessage, GenerationOptions
+from model.chat import AnswerRules, ChatMessage, GenerationOptions
 from model.errors import ModelError
 from voice.answer import Answer, AnswerRunner
 from voice.cancellation import cancel_and_wait
@@ -54,6 +54,7 @@ from voice.events import (
 from voice.listen.stage import ListenConfig, ListenStage
 from voice.speak.speculator import SpeculatorConfig
 from voice.think.dialogue import Dialogue, DialogueConfig
+from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 from voice.turn_clock import TurnClock
 from voice.turn_records import TurnRecord, TurnRecords
 from voice.turn_taking import (
@@ -103,6 +104,10 @@ class SessionConfig:
     speculator: SpeculatorConfig = field(default_factory=SpeculatorConfig)
     dialogue: DialogueConfig = field(default_factory=DialogueConfig)
     generation: GenerationOptions = field(default_factory=lambda: GenerationOptions(max_new_tokens=64))
+    # A spoken answer's policy (voice/think/spoken.py), sent with every request whatever model answers it: the system
+    # prompt for a dialogue without its own (`--system-prompt`), and the logit rules.
+    system_prompt: str | None = SPOKEN_SYSTEM_PROMPT
+    answer_rules: AnswerRules = SPOKEN_RULES
     turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
     # Speculative end of turn: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure.
     early_lm: bool = True
@@ -469,7 +474,8 @@ class Session:
         self._drop_prepared()
         self._prepared = threading.Event()
         try:
-            prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id)
+            prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id,
+                    system_prompt=self.config.system_prompt)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
 

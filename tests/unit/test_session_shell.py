@@ -408,7 +408,7 @@ class PreparingLM(FakeLM):
         self.conversations: list[str | None] = []  # of every prepare and answer, in order
 
     def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None,
-                conversation: str | None = None) -> list[int]:
+                conversation: str | None = None, system_prompt: str | None = None) -> list[int]:
         self.prepared.append((list(messages), cancel))
         self.conversations.append(conversation)
         return []
