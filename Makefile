@@ -44,7 +44,7 @@ $(DEV_STAMP): $(STAMP)
 
 # The first start converts the base model's packaged GGUF into a safetensors cache once (~20-60 s; see README)
 models: install
-	$(PY) -c 'from model.default_model import ensure_base_checkpoint; ensure_base_checkpoint()'
+	$(PY) -c 'from model.bundled.default_model import ensure_base_checkpoint; ensure_base_checkpoint()'
 
 run: install
 	$(VENV)/bin/voice-assistant

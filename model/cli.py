@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from model.chat import ChatMessage, Draft, GenerationOptions
+from model.decoding.sampler import DECODING_MODES
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
-from model.sampler import DECODING_MODES
 
 DIM_UNDERLINE = "\033[2;4m"
 RESET = "\033[0m"
@@ -105,10 +105,10 @@ def sampler_overrides(args: argparse.Namespace) -> dict[str, object]:
 def generate_command(args: argparse.Namespace, out: TextIO) -> None:
     import torch
 
-    from model import row_exact
+    from model.chat.engine import DiffusionChatModel
+    from model.chat.loading import load_chat_model
     from model.device import describe, resolve_device
-    from model.engine import DiffusionChatModel
-    from model.loading import load_chat_model
+    from model.runtime import row_exact
 
     device = resolve_device(args.device)
     model = load_chat_model(args.model, device=device, **sampler_overrides(args))
@@ -137,7 +137,7 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
 MAY_DIFFER = (
     "the answer can differ from autoregressive decoding where the teacher's two best tokens tie within bf16 rounding"
 )
-# The row-exact kernels (model/row_exact.py) were chosen for, and are probed on, CPUs; a GPU's are not probed.
+# The row-exact kernels (model/runtime/row_exact.py) were chosen for, and are probed on, CPUs; a GPU's are not probed.
 GPU_NOTE = f"not guaranteed exact on a GPU (row-exactness is probed on CPUs only): {MAY_DIFFER}"
 
 

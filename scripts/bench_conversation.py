@@ -20,8 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from model.bundled.default_model import load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
-from model.default_model import load_default_chat_model
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
 PROMPTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "heldout_prompts.txt"

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
 from report_lib.soak_inputs import SOAK_QUESTIONS, interleave
 
+from model.bundled.default_model import load_base, load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
-from model.default_model import load_base, load_default_chat_model
 from voice.think.dialogue import Dialogue, DialogueConfig
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 

@@ -245,10 +245,10 @@ async def bench_scripted(pass_ms: float, tts_threads: int) -> dict[str, Any]:
 
 def load_model(args: argparse.Namespace) -> ChatModel:
     if args.adapter:
-        from model.default_model import load_default_chat_model
+        from model.bundled.default_model import load_default_chat_model
 
         return load_default_chat_model(adapter_dir=Path(args.adapter))
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
 
     return load_chat_model(args.model)
 

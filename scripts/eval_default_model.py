@@ -36,9 +36,9 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_chat_model  # noqa: E402
 from model.chat import ChatMessage, GenerationOptions  # noqa: E402
-from model.default_model import ADAPTER_DIR, load_base, load_default_chat_model  # noqa: E402
-from model.engine import DiffusionChatModel  # noqa: E402
+from model.chat.engine import DiffusionChatModel  # noqa: E402
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT  # noqa: E402
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"

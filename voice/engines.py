@@ -60,14 +60,14 @@ def default_lm_threads() -> int:
 def load_chat(config: EngineConfig) -> ChatModel:
     """The language model: a remote OpenAI-compatible endpoint when `lm_url` is set, else a local diffusion LM."""
     if config.lm_url:
-        from model.client import OpenAIChatModel
+        from model.chat.client import OpenAIChatModel
 
         if not config.lm_remote_model:
             raise ModelError("--llm-url needs --llm-model: the name of the model at that endpoint")
         return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
     import torch
 
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
 
     torch.set_num_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
     overrides: dict[str, object] = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}

@@ -4,7 +4,7 @@
 confirmed) or dropped (cancelled), its latency marks, and how much of its audio has played, pauses excluded.
 `AnswerRunner` runs it: LmRun (the diffusion LM in a worker thread) -> drafts -> SpeakStage -> audio, every event
 through one gate, and then waits until the audio has had time to play. What the answer means for the turn (release,
-cancel, finish) is decided by the turn-taking core and executed by the session (voice/session.py).
+cancel, finish) is decided by the turn-taking core and executed by the session (voice/turn/session.py).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from voice.events import (
 from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.stage import SpeakStage
 from voice.think.lm_run import LmRun
-from voice.turn_records import TurnRecord
+from voice.turn.records import TurnRecord
 
 if TYPE_CHECKING:
-    from voice.session import SessionConfig
+    from voice.turn.session import SessionConfig
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ keeps). `SpeculativeDecoding` (self-speculative and autoregressive) and `Diffusi
 are both sequences, so any mix of modes shares a pass. The loop::
 
     admit waiting sequences into free cache slots (interactive first), encode their prompts
-    one forward over the next pass of every admitted sequence (model/batching.py)
+    one forward over the next pass of every admitted sequence (model/runtime/batching.py)
     hand each its logits; send each Refinement to its caller; free the slots of finished answers
 
 A single answer is a batch of one through the same code. Priority: an interactive sequence (a voice session's answer)
@@ -14,7 +14,7 @@ is admitted ahead of bulk ones and its first pass runs at once, alone, right aft
 admitted one per loop turn, so a burst of API requests cannot delay a voice turn by several prefills. Cancellation:
 the caller's `cancel` event is read between passes, so a cancelled answer ends after the pass in flight with a
 "cancelled" Refinement and its slot is freed; the other sequences in the batch are unaffected (their rows never see
-it: see the attention mask in model/batching.py).
+it: see the attention mask in model/runtime/batching.py).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Protocol
 
 import torch
 
-from model.batching import Feed, SlotCache, batched_pass, common_prefix, keep, prefill
-from model.block_diffusion import BlockPasses
+from model.bundled.block_diffusion import BlockPasses
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import DiffusionDecoding
 from model.errors import GenerationCancelled, ModelError
-from model.refinement import Refinement
-from model.sampler import DiffusionDecoding
+from model.runtime.batching import Feed, SlotCache, batched_pass, common_prefix, keep, prefill
 
 log = logging.getLogger(__name__)
 _RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
@@ -52,7 +52,8 @@ def _stop_runners() -> None:
 DEFAULT_MAX_BATCH = 8
 # A prompt whose uncached part is at most this long is encoded by its answer's first pass instead of a prefill of its
 # own (a voice turn's new words: one forward less on the critical path). Rows of a pass stay within 32 (24 + the
-# last token + drafting masks), where a bf16 row comes out the same whatever shares its pass (model/batching.py).
+# last token + drafting masks), where a bf16 row comes out the same whatever shares its pass
+# (model/runtime/batching.py).
 FOLD_LIMIT = 24
 
 

@@ -12,7 +12,7 @@ from voice.latency import breakdown
 from voice.think.dialogue import Dialogue
 
 if TYPE_CHECKING:
-    from voice.answer import Answer
+    from voice.turn.answer import Answer
 
 
 @dataclass(slots=True)

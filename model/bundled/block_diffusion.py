@@ -30,8 +30,9 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from model import fast_pass, row_exact
-from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
+from model.errors import ModelError
+from model.runtime import fast_pass, row_exact
+from model.runtime.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
     Feed,
     SlotCache,
     additive_mask,
@@ -41,12 +42,11 @@ from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket ar
     prefill,
     prefill_bucket,
 )
-from model.errors import ModelError
-from model.fast_pass import FastPass
-from model.noisy_rows import Suffix, noisy_suffix
+from model.runtime.fast_pass import FastPass
+from model.runtime.noisy_rows import Suffix, noisy_suffix
 
 if TYPE_CHECKING:
-    from model.batch_runner import BatchRunner
+    from model.runtime.batch_runner import BatchRunner
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -138,7 +138,8 @@ class BlockDiffusionLM(nn.Module):
         self.mask_embedding = nn.Parameter(embed.weight.detach().float().mean(0).clone().reshape(hidden))
         self._inject_lora(config)
         self._fast_pass: FastPass | None = None
-        if base.config._attn_implementation == "sdpa":  # SDPA, with the fused pass's exact rows (model.row_exact)
+        # SDPA, with the fused pass's exact rows (model.runtime.row_exact)
+        if base.config._attn_implementation == "sdpa":
             base.set_attn_implementation(row_exact.ATTENTION_NAME)
 
     def _inject_lora(self, config: AdapterConfig) -> None:
@@ -208,12 +209,13 @@ class BlockDiffusionLM(nn.Module):
         """Logits `[B, S, vocab]`; appends this call's keys/values to `cache` when given.
 
         In a decoding pass (clean rows, then noisy ones) of one answer the clean rows, or the first `exact_rows`, are
-        attended one by one (`model.row_exact`), as in the fused pass; any other pattern (training) is plain SDPA.
+        attended one by one (`model.runtime.row_exact`), as in the fused pass; any other pattern (training) is plain
+        SDPA.
 
         `keep` is the base model's `logits_to_keep` (0: every position; k: the last k; a 1-D tensor: those
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
         many (the prefill) asks for it. `suffix`: `noisy_suffix(noisy)` found by the caller on the host (a decoding
-        pass's, model/batching.py); None: found here.
+        pass's, model/runtime/batching.py); None: found here.
         """
         if suffix is None:
             suffix = noisy_suffix(noisy)
@@ -278,7 +280,8 @@ class BlockDiffusionDenoiser:
     """`Denoiser` and `Verifier` over a `BlockDiffusionLM`: exact prefix cache, one forward per pass.
 
     One answer at a time, on a one-slot `SlotCache`, through the same code that batches many answers
-    (model/batching.py, model/batch_runner.py): a single answer is a batch of one. The cache is kept from one answer
+    (model/runtime/batching.py, model/runtime/batch_runner.py): a single answer is a batch of one. The cache is kept
+    from one answer
     to the next, so a conversation's next prompt encodes only what it adds.
     """
 
@@ -320,7 +323,7 @@ class BlockDiffusionDenoiser:
         """The runner that decodes concurrent answers on this network in batched passes (created once, with up to
         `max_batch` answers a pass, default `DEFAULT_MAX_BATCH`; its own cache, apart from this denoiser's one-answer
         cache)."""
-        from model.batch_runner import DEFAULT_MAX_BATCH, BatchRunner
+        from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner
 
         if self._runner is None:
             self._runner = BatchRunner(
@@ -377,7 +380,7 @@ class BlockDiffusionDenoiser:
         if self._passes is not None:
             self._passes.finish_block(canvas, lo, hi)
 
-    # --- self-speculative and autoregressive decoding (model/speculative.py) ----------------------------------------
+    # --- self-speculative and autoregressive decoding (model/decoding/speculative.py) -----------------------------
     def start_verify(self, prompt_ids: list[int]) -> None:
         """Cache every prompt token but the last, reusing what the cache already holds of it (the conversation so
         far); the first pass feeds the last prompt token, whose row predicts the answer's first token."""

