@@ -23,7 +23,6 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -32,6 +31,7 @@ from transformers.cache_utils import Cache
 
 from model.errors import ModelError
 from model.runtime import fast_pass, row_exact
+from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, BlockPasses
 from model.runtime.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
     Feed,
     SlotCache,
@@ -44,9 +44,6 @@ from model.runtime.batching import (  # noqa: F401  (additive_mask and prefill_b
 )
 from model.runtime.fast_pass import FastPass
 from model.runtime.noisy_rows import Suffix, noisy_suffix
-
-if TYPE_CHECKING:
-    from model.runtime.batch_runner import BatchRunner
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -242,40 +239,6 @@ class BlockDiffusionLM(nn.Module):
         return out.logits
 
 
-class BlockPasses:
-    """The cache side of diffusion decoding on a block-diffusion model, for one answer: which tokens a pass over block
-    `[lo, hi)` feeds, and how its logits become the block's.
-
-    A pass feeds the clean tokens not yet cached (the prompt's last token before the first block; the block finished
-    just before, fused into the next block's first pass) followed by the noisy block. Logits for the block's first
-    position come from the last clean position (the teacher's own next-token prediction); logits for position
-    `lo + j` (j >= 1) from noisy position `lo + j - 1`.
-    """
-
-    def __init__(self, prompt_last: int, vocab_size: int) -> None:
-        self.vocab_size = vocab_size  # the network's; the mask id's column is added, always -inf
-        self.pending: tuple[int, ...] = (prompt_last,)  # clean tokens not yet in the cache
-        self.next_logits: torch.Tensor | None = None  # [V] prediction for the first uncached position
-
-    def feed(self, canvas: torch.Tensor, lo: int, hi: int) -> Feed:
-        return Feed(clean=self.pending, noisy=tuple(canvas[lo:hi].tolist()))
-
-    def block_logits(self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(logits `[hi - lo, V + 1]` of the block, clean tokens the cache keeps: all of them)."""
-        kept = len(self.pending)
-        if kept:
-            self.next_logits, self.pending = clean_logits[-1], ()
-        if self.next_logits is None:
-            raise ModelError("the first pass of an answer must feed the prompt's last token")
-        length = noisy_logits.shape[0]
-        out = torch.cat([self.next_logits.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.vocab_size]
-        return torch.cat([out, torch.full((length, 1), -torch.inf, device=out.device)], dim=1), kept
-
-    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
-        # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
-        self.pending = tuple(canvas[lo:hi].tolist())
-
-
 class BlockDiffusionDenoiser:
     """`Denoiser` and `Verifier` over a `BlockDiffusionLM`: exact prefix cache, one forward per pass.
 
@@ -323,8 +286,6 @@ class BlockDiffusionDenoiser:
         """The runner that decodes concurrent answers on this network in batched passes (created once, with up to
         `max_batch` answers a pass, default `DEFAULT_MAX_BATCH`; its own cache, apart from this denoiser's one-answer
         cache)."""
-        from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner
-
         if self._runner is None:
             self._runner = BatchRunner(
                 self.model, max_batch or DEFAULT_MAX_BATCH, reuse_prompt_cache=self._reuse_prompt_cache

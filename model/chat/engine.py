@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.decoding.denoiser import Denoiser
@@ -22,10 +22,9 @@ from model.decoding.sampler import DiffusionDecoding, SamplerConfig, generate, v
 from model.decoding.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
+from model.runtime.batch_runner import BlockPasses, DiffusionSequence
+from model.runtime.batch_runner import Sequence as DecodingSequence
 from model.runtime.batching import common_prefix
-
-if TYPE_CHECKING:
-    from model.runtime.batch_runner import Sequence as DecodingSequence
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
 # character or restore a leading space the same way they would in the whole text.
@@ -311,9 +310,6 @@ class DiffusionChatModel:
 
     def sequence(self, prompt: list[int], length: int, config: SamplerConfig) -> DecodingSequence:
         """This answer's decoding as a step function for the batch runner (model/runtime/batch_runner.py)."""
-        from model.bundled.block_diffusion import BlockPasses
-        from model.runtime.batch_runner import DiffusionSequence
-
         denoiser = self.denoiser
         if config.decoding == "diffusion":
             validate_request(denoiser, prompt, length, config)

@@ -31,7 +31,6 @@ from typing import Protocol
 
 import torch
 
-from model.bundled.block_diffusion import BlockPasses
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding
 from model.errors import GenerationCancelled, ModelError
@@ -72,6 +71,40 @@ class Sequence(Protocol):
     def consume(
         self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
     ) -> tuple[Refinement, int]: ...
+
+
+class BlockPasses:
+    """The cache side of diffusion decoding on a block-diffusion model, for one answer: which tokens a pass over block
+    `[lo, hi)` feeds, and how its logits become the block's.
+
+    A pass feeds the clean tokens not yet cached (the prompt's last token before the first block; the block finished
+    just before, fused into the next block's first pass) followed by the noisy block. Logits for the block's first
+    position come from the last clean position (the teacher's own next-token prediction); logits for position
+    `lo + j` (j >= 1) from noisy position `lo + j - 1`.
+    """
+
+    def __init__(self, prompt_last: int, vocab_size: int) -> None:
+        self.vocab_size = vocab_size  # the network's; the mask id's column is added, always -inf
+        self.pending: tuple[int, ...] = (prompt_last,)  # clean tokens not yet in the cache
+        self.next_logits: torch.Tensor | None = None  # [V] prediction for the first uncached position
+
+    def feed(self, canvas: torch.Tensor, lo: int, hi: int) -> Feed:
+        return Feed(clean=self.pending, noisy=tuple(canvas[lo:hi].tolist()))
+
+    def block_logits(self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(logits `[hi - lo, V + 1]` of the block, clean tokens the cache keeps: all of them)."""
+        kept = len(self.pending)
+        if kept:
+            self.next_logits, self.pending = clean_logits[-1], ()
+        if self.next_logits is None:
+            raise ModelError("the first pass of an answer must feed the prompt's last token")
+        length = noisy_logits.shape[0]
+        out = torch.cat([self.next_logits.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.vocab_size]
+        return torch.cat([out, torch.full((length, 1), -torch.inf, device=out.device)], dim=1), kept
+
+    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
+        # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
+        self.pending = tuple(canvas[lo:hi].tolist())
 
 
 class DiffusionSequence:

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from model.chat import ChatMessage, Draft
 from model.errors import ModelError
@@ -38,10 +37,8 @@ from voice.events import (
 from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.stage import SpeakStage
 from voice.think.lm_run import LmRun
-from voice.turn.records import TurnRecord
-
-if TYPE_CHECKING:
-    from voice.turn.session import SessionConfig
+from voice.turn.config import SessionConfig
+from voice.turn.record import TurnRecord
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
-from model.chat import AnswerRules, ChatMessage, GenerationOptions
+from model.chat import ChatMessage
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
@@ -50,12 +50,11 @@ from voice.events import (
     VoiceResumed,
     now_ns,
 )
-from voice.listen.stage import ListenConfig, ListenStage
-from voice.speak.speculator import SpeculatorConfig
-from voice.think.dialogue import Dialogue, DialogueConfig
-from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
+from voice.listen.stage import ListenStage
+from voice.think.dialogue import Dialogue
 from voice.turn.answer import Answer, AnswerRunner
 from voice.turn.clock import TurnClock
+from voice.turn.config import SessionConfig
 from voice.turn.machine import (
     AbandonTurn,
     AnswerAudio,
@@ -73,7 +72,6 @@ from voice.turn.machine import (
     TurnAction,
     TurnEvent,
     TurnTaking,
-    TurnTakingConfig,
     TurnVerdict,
     TypedText,
     UserDone,
@@ -96,28 +94,6 @@ def _starts_answer(actions: list[TurnAction]) -> bool:
 def _retrieve(future: asyncio.Future[bool]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-@dataclass(frozen=True, slots=True)
-class SessionConfig:
-    listen: ListenConfig = field(default_factory=ListenConfig)
-    speculator: SpeculatorConfig = field(default_factory=SpeculatorConfig)
-    dialogue: DialogueConfig = field(default_factory=DialogueConfig)
-    generation: GenerationOptions = field(default_factory=lambda: GenerationOptions(max_new_tokens=64))
-    # A spoken answer's policy (voice/think/spoken.py), sent with every request whatever model answers it: the system
-    # prompt for a dialogue without its own (`--system-prompt`), and the logit rules.
-    system_prompt: str | None = SPOKEN_SYSTEM_PROMPT
-    answer_rules: AnswerRules = SPOKEN_RULES
-    turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
-    # Speculative end of turn: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure.
-    early_lm: bool = True
-    full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks
-    max_turn_seconds: float = 60.0
-    # A turn ends when its audio has had time to play, not when the last chunk was handed out: a user who speaks
-    # while the listener still hears the answer is barging in. File mode has no listener and turns this off.
-    wait_for_playback: bool = True
-    max_text_chars: int = 2000
-    log_size: int = 5000  # events kept in `Session.log` (audio chunks excluded)
 
 
 class Session:
