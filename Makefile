@@ -53,7 +53,7 @@ $(BENCH_STAMP): $(STAMP)
 # The first start converts the base model's packaged GGUF into a safetensors cache and packs its int4 weights, once
 # (~30-70 s; see README)
 models: install
-	$(PY) -c 'from model.default_model import ensure_int4_checkpoint; ensure_int4_checkpoint()'
+	$(PY) -c 'from model.bundled.default_model import ensure_int4_checkpoint; ensure_int4_checkpoint()'
 
 run: install
 	$(VENV)/bin/voice-assistant

@@ -14,11 +14,11 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from model.bundled.default_model import WEIGHTS as WEIGHT_CHOICES
 from model.chat import ChatMessage, Draft, GenerationOptions
-from model.default_model import WEIGHTS as WEIGHT_CHOICES
+from model.decoding.sampler import DECODING_MODES
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
-from model.sampler import DECODING_MODES
 
 DIM_UNDERLINE = "\033[2;4m"
 RESET = "\033[0m"
@@ -110,10 +110,10 @@ def sampler_overrides(args: argparse.Namespace) -> dict[str, object]:
 def generate_command(args: argparse.Namespace, out: TextIO) -> None:
     import torch
 
-    from model import row_exact
+    from model.chat.engine import DiffusionChatModel
+    from model.chat.loading import load_chat_model
     from model.device import describe, resolve_device
-    from model.engine import DiffusionChatModel
-    from model.loading import load_chat_model
+    from model.runtime import row_exact
 
     device = resolve_device(args.device)
     model = load_chat_model(args.model, device=device, **sampler_overrides(args))
@@ -138,7 +138,7 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
         cpu = device.type == "cpu"
         problem = row_exact.check_here(torch.get_num_threads())
         if problem is None and getattr(model.denoiser.model, "int4", None) is not None:
-            from model import int4_weights
+            from model.runtime import int4_weights
 
             problem = int4_weights.check_here(torch.get_num_threads())
         out.write((exactness_note(problem) if cpu else GPU_NOTE) + "\n")
@@ -147,7 +147,7 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
 MAY_DIFFER = (
     "the answer can differ from autoregressive decoding where the teacher's two best tokens tie within bf16 rounding"
 )
-# The row-exact kernels (model/row_exact.py) were chosen for, and are probed on, CPUs; a GPU's are not probed.
+# The row-exact kernels (model/runtime/row_exact.py) were chosen for, and are probed on, CPUs; a GPU's are not probed.
 GPU_NOTE = f"not guaranteed exact on a GPU (row-exactness is probed on CPUs only): {MAY_DIFFER}"
 
 

@@ -1,6 +1,6 @@
 """Where the language model runs: `--device auto|cpu|cuda` resolved once, and the two moves a pass makes across it.
 
-A pass's inputs are laid out on the host (model/batching.py) and its logits come back to the host once, for the
+A pass's inputs are laid out on the host (model/runtime/batching.py) and its logits come back to the host once, for the
 decoding decisions (acceptance, thresholds). On a GPU a plain `tensor.to("cuda")` from pageable memory waits for
 everything queued on the stream before it returns (a host sync); `upload` copies from pinned memory without waiting,
 so the layers queued after it never stall the host. On the CPU both moves are no-ops: the same tensors, the same bits.

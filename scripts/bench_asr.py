@@ -141,7 +141,7 @@ def conversation_wer(repeats: int, folder: Path) -> dict:
     from model.chat import GenerationOptions
     from voice.engines import load_engines
     from voice.io.file_mode import run_files, write_wav
-    from voice.session import SessionConfig
+    from voice.turn.session import SessionConfig
 
     clips = [clip for pair in zip(librivox_clips(), card_clips(), strict=False) for clip in pair]
     folder.mkdir(parents=True, exist_ok=True)

@@ -20,20 +20,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from model.bundled.default_model import load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
-from model.default_model import VOICE_SYSTEM_PROMPT, load_default_chat_model
+from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
 PROMPTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "heldout_prompts.txt"
 
 
 def conversation(lm: Any, prompts: list[str], max_new_tokens: int) -> list[dict[str, float]]:
     """One conversation; per turn: prompt tokens, tokens found in the cache, ms to the first draft."""
-    history = [ChatMessage("system", VOICE_SYSTEM_PROMPT)]
+    history = [ChatMessage("system", SPOKEN_SYSTEM_PROMPT)]
     turns = []
     for prompt in prompts:
         history.append(ChatMessage("user", prompt))
         started = time.perf_counter()
-        drafts = lm.stream_chat(history, GenerationOptions(max_new_tokens=max_new_tokens, seed=0))
+        drafts = lm.stream_chat(history, GenerationOptions(max_new_tokens=max_new_tokens, seed=0, rules=SPOKEN_RULES))
         next(drafts)
         first_ms = (time.perf_counter() - started) * 1000
         *_, last = drafts

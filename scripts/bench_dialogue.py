@@ -37,9 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
 from report_lib.soak_inputs import SOAK_QUESTIONS, interleave
 
+from model.bundled.default_model import load_base, load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
-from model.default_model import VOICE_SYSTEM_PROMPT, load_base, load_default_chat_model
 from voice.think.dialogue import Dialogue, DialogueConfig
+from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
 # What the ASR hears in the soak's recordings (pocketsphinx cards, alsa channel names), in the soak's order.
 RECORDED_TEXTS = (
@@ -66,7 +67,7 @@ def visible(messages: list[ChatMessage], history: str) -> list[ChatMessage]:
         return system + rest[-3:]
     if history == "notes":  # earlier turns as background in the system prompt, then a one-question chat
         said = " ".join(f'{"The user" if m.role == "user" else "You"} said: "{m.content}"' for m in rest[:-1])
-        base = system[0].content if system else VOICE_SYSTEM_PROMPT
+        base = system[0].content if system else SPOKEN_SYSTEM_PROMPT
         note = f"{base} Earlier in this conversation: {said}" if said else base
         return [ChatMessage("system", note), rest[-1]]
     return system + rest[-1:]
@@ -77,7 +78,9 @@ def converse(
 ) -> list[dict]:
     """The conversation, answered by the diffusion LM (or, with `teacher`, by the base model's greedy decoding)."""
     turns = []
-    options = GenerationOptions(max_new_tokens=max_new_tokens, seed=0)
+    options = GenerationOptions(
+        max_new_tokens=max_new_tokens, seed=0, system_prompt=SPOKEN_SYSTEM_PROMPT, rules=SPOKEN_RULES
+    )
     for index, text in enumerate(texts, 1):
         dialogue.add_user(text)
         messages = visible(dialogue.messages(), history)
@@ -114,8 +117,8 @@ def converse(
                 "repeated_3gram_rate": round(repeated_ngram_rate(answer), 3),
                 "loop_3gram": has_ngram_loop(answer),
                 "non_words": non_words(answer),
-                "_prompt_ids": lm.prompt_ids(messages),
-                "_alone_ids": lm.prompt_ids([ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", text)]),
+                "_prompt_ids": lm.prompt_ids(messages, SPOKEN_SYSTEM_PROMPT),
+                "_alone_ids": lm.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", text)]),
                 "_answer_ids": answer_ids,
             }
         )
@@ -126,7 +129,7 @@ def converse(
 @torch.inference_mode()
 def teacher_turn(index: int, text: str, lm: Any, teacher: Any, messages: list, max_new_tokens: int) -> dict:
     """One turn answered by the base model's greedy decoding: what a lossless decoding mode would say."""
-    prompt_ids = lm.prompt_ids(messages)
+    prompt_ids = lm.prompt_ids(messages, SPOKEN_SYSTEM_PROMPT)
     eos = lm.tokenizer.eos_token_id
     started = time.perf_counter()
     out = teacher.generate(
@@ -135,7 +138,7 @@ def teacher_turn(index: int, text: str, lm: Any, teacher: Any, messages: list, m
     )  # fmt: skip
     answer_ids = out[0, len(prompt_ids) :].tolist()
     answer = lm.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
-    alone = lm.prompt_ids([ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", text)])
+    alone = lm.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", text)])
     return {
         "turn": index, "user": text, "answer": answer, "prompt_tokens": len(prompt_ids), "reused_tokens": 0,
         "encoded_tokens": len(prompt_ids), "history_messages": len(messages) - 1, "first_draft_ms": 0.0,
@@ -165,7 +168,7 @@ def soak_rows(path: Path, lm: Any, dialogue: Dialogue) -> list[dict]:
         dialogue.add_user(text)
         messages = dialogue.messages()
         dialogue.add_assistant(answer)
-        alone = [ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", text)]
+        alone = [ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", text)]
         answer_ids = lm.tokenizer.encode(answer, add_special_tokens=False)  # an answer cut at the limit has no EOS
         rows.append(
             {
@@ -173,7 +176,8 @@ def soak_rows(path: Path, lm: Any, dialogue: Dialogue) -> list[dict]:
                 "reused_tokens": 0, "encoded_tokens": turn["prompt_tokens_encoded"] or 0, "first_draft_ms": 0.0,
                 "answer_words": len(answer.split()), "repeated_3gram_rate": repeated_ngram_rate(answer),
                 "loop_3gram": has_ngram_loop(answer), "non_words": non_words(answer),
-                "_prompt_ids": lm.prompt_ids(messages), "_alone_ids": lm.prompt_ids(alone), "_answer_ids": answer_ids,
+                "_prompt_ids": lm.prompt_ids(messages, SPOKEN_SYSTEM_PROMPT), "_alone_ids": lm.prompt_ids(alone),
+                "_answer_ids": answer_ids,
             }
         )  # fmt: skip
     return rows

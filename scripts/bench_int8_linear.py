@@ -2,7 +2,8 @@
 
     python scripts/bench_int8_linear.py [--rows 1,4,16] [--repeats 200] [--threads 1] [--json PATH]
 
-For every distinct linear shape of the fused pass (model/fast_pass.py: q/k/v, o, gate/up, down, the LM head), with the
+For every distinct linear shape of the fused pass (model/runtime/fast_pass.py: q/k/v, o, gate/up, down, the LM head),
+with the
 bundled model's own weights, times `x @ W.T` for 1, 4 and 16 rows (an autoregressive step, a short and a full
 drafting pass) four ways:
 
@@ -55,7 +56,7 @@ def timed_us(function: Callable[[], object], repeats: int) -> float:
 
 def model_shapes() -> list[tuple[str, torch.Tensor, int]]:
     """(name, fp32 weight [out, in], how many per pass) for each fused linear of the bundled model."""
-    from model.default_model import load_default_chat_model
+    from model.bundled.default_model import load_default_chat_model
 
     chat = load_default_chat_model()
     fast = chat.denoiser.model.inference_pass()

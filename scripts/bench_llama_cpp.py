@@ -82,7 +82,7 @@ def _runtime_worker(conn: Connection, weights: str) -> None:
 
     import torch
 
-    from model.default_model import load_default_chat_model
+    from model.bundled.default_model import load_default_chat_model
 
     chat = load_default_chat_model(weights=weights)
     conn.send("ready")
@@ -167,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from model.default_model import VOICE_SYSTEM_PROMPT, base_gguf_path, ensure_base_checkpoint
+    from model.bundled.default_model import base_gguf_path, ensure_base_checkpoint
+    from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_base_checkpoint())
     eos = [int(tokenizer.eos_token_id)]
     prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
     prompt_ids = [
         tokenizer.encode(tokenizer.apply_chat_template(
-            [{"role": "system", "content": VOICE_SYSTEM_PROMPT}, {"role": "user", "content": p}],
+            [{"role": "system", "content": SPOKEN_SYSTEM_PROMPT}, {"role": "user", "content": p}],
             add_generation_prompt=True, tokenize=False,
         ), add_special_tokens=False)
         for p in prompts

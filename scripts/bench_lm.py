@@ -29,10 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.denoiser import Denoiser
+from model.decoding.denoiser import Denoiser
+from model.decoding.sampler import SamplerConfig, generate
 from model.device import DEVICE_CHOICES, describe, resolve_device
 from model.errors import ModelError
-from model.sampler import SamplerConfig, generate
 
 PROMPTS = (
     "What's the weather like on Mars?",
@@ -63,7 +63,7 @@ def tiny_block_diffusion(block_length: int, device: torch.device) -> tuple[Denoi
     """Random LlamaForCausalLM of SmolLM2-135M's shape, wrapped by the block-diffusion adapter."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
+    from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
 
     config = LlamaConfig(
         vocab_size=49152,
@@ -121,12 +121,14 @@ def build(
         params = sum(p.numel() for p in denoiser.model.parameters())
         return denoiser, prompts, length, f"{spec} (random weights, {params / 1e6:.0f}M parameters)"
     from model.chat import ChatMessage
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
+    from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
     chat = load_chat_model(spec, device=device)
     if getattr(chat, "denoiser", None) is None:
         raise ModelError(f"{spec!r} is not a masked-diffusion model; this benchmark drives the masked sampler")
-    prompts = [chat.prompt_ids([ChatMessage("user", text)]) for text in PROMPTS]
+    prompts = [chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", text)])
+               for text in PROMPTS]
     return chat.denoiser, prompts, block_length or chat.sampler.block_length, chat.name
 
 
@@ -158,11 +160,11 @@ def pass_cost(denoiser: Denoiser, use_cache: bool, prompt_tokens: int, block: in
 def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
     """Median seconds of one self-speculative pass after `cache_length` cached tokens, for each input size n: the
     autoregressive form (n clean tokens, gate off) and the drafting form (1 clean token + n - 1 masks, gate on for
-    the masks), each through the fused pass (model/fast_pass.py, what decoding runs: on the int4 weights when the
-    model has them, and on the bf16 ones) and through transformers' modules (bf16, the same logits as the bf16 fused
-    pass). The pass's keys/values are dropped after each timing, so the cache length stays fixed."""
-    from model.batching import Feed
-    from model.fast_pass import FastPass
+    the masks), each through the fused pass (model/runtime/fast_pass.py, what decoding runs: on the int4 weights when
+    the model has them, and on the bf16 ones) and through transformers' modules (bf16, the same logits as the bf16
+    fused pass). The pass's keys/values are dropped after each timing, so the cache length stays fixed."""
+    from model.runtime.batching import Feed
+    from model.runtime.fast_pass import FastPass
 
     model = denoiser.model
     fused = model.inference_pass()
@@ -196,7 +198,7 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
 
 def pass_cost_main(args: argparse.Namespace) -> int:
     """--pass-costs: the table the self-speculative layout is chosen from (bundled model, bf16)."""
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
 
     chat = load_chat_model(args.model, device=args.device, weights=args.weights)
     sizes = [int(n) for n in args.pass_costs.split(",")]
@@ -215,11 +217,11 @@ def pass_cost_main(args: argparse.Namespace) -> int:
 
 
 def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats: int) -> dict[str, list[float]]:
-    """Median seconds of one batched pass (model/batching.py) over B answers, each after its own cache of about
+    """Median seconds of one batched pass (model/runtime/batching.py) over B answers, each after its own cache of about
     `cache_length` tokens (lengths differ by a few tokens, as real answers do), for the row shapes of each mode:
     autoregressive (1 clean row), self-speculative (1 clean + 4 masks, drafts rejected; 5 clean + 4 masks, drafts
     accepted) and diffusion (a finished block of 4 clean + 4 noisy). Nothing is kept, so lengths stay fixed."""
-    from model.batching import Feed, SlotCache, batched_pass, prefill
+    from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 
     mask = model.mask_id
     forms = {
@@ -244,7 +246,7 @@ def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats:
 
 def batch_cost_main(args: argparse.Namespace) -> int:
     """--batch-costs: what a pass over B answers costs against one (bundled model, bf16)."""
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
 
     chat = load_chat_model(args.model, device=args.device, weights=args.weights)
     batches = [int(n) for n in args.batch_costs.split(",")]
@@ -278,14 +280,16 @@ def batch_agreement_main(args: argparse.Namespace) -> int:
     import threading
 
     from model.chat import ChatMessage, GenerationOptions
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
+    from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
     chat = load_chat_model(args.model, device=args.device, **({"dtype": torch.float32} if args.fp32 else {}))
     questions = [AGREEMENT_PROMPTS[i % len(AGREEMENT_PROMPTS)] for i in range(args.batch_agreement)]
-    options = GenerationOptions(max_new_tokens=args.max_new_tokens)
+    options = GenerationOptions(max_new_tokens=args.max_new_tokens, rules=SPOKEN_RULES)
 
     def answer(question: str) -> str:
-        return list(chat.stream_chat([ChatMessage("user", question)], options))[-1].text
+        messages = [ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", question)]
+        return list(chat.stream_chat(messages, options))[-1].text
 
     alone = [answer(question) for question in questions]
     together: dict[int, str] = {}

@@ -33,6 +33,7 @@ from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult  # 
 from voice.speak.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig  # noqa: E402
 from voice.speak.stage import SpeakReport, SpeakStage  # noqa: E402
 from voice.speak.tts import PiperSynthesizer, TTSConfig  # noqa: E402
+from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT  # noqa: E402
 
 FIRST_PHRASES = [
     "Sure, I can help.", "Hello there!", "Good question.", "Of course.", "I think so.", "Yes, that works.",
@@ -89,7 +90,8 @@ async def live_drafts(
 ) -> None:
     """The model's drafts onto `queue`, pulled one per thread call as the assistant's session does; each recorded
     with its time; `None` at the end."""
-    drafts = iter(model.stream_chat([ChatMessage("user", prompt)], options))
+    messages = [ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", prompt)]
+    drafts = iter(model.stream_chat(messages, options))
     try:
         while (draft := await asyncio.to_thread(next, drafts, None)) is not None:
             record.append((time.monotonic_ns(), draft))
@@ -243,10 +245,10 @@ async def bench_scripted(pass_ms: float, tts_threads: int) -> dict[str, Any]:
 
 def load_model(args: argparse.Namespace) -> ChatModel:
     if args.adapter:
-        from model.default_model import load_default_chat_model
+        from model.bundled.default_model import load_default_chat_model
 
         return load_default_chat_model(adapter_dir=Path(args.adapter))
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
 
     return load_chat_model(args.model)
 
@@ -257,7 +259,7 @@ async def bench_speculation(args: argparse.Namespace, prompts: list[str]) -> dic
     except (ModelError, ImportError, OSError) as error:
         return {"status": "pending", "reason": f"model could not be loaded: {error}"}
     synthesizer = PiperSynthesizer.load(TTSConfig(threads=args.tts_threads))
-    options = GenerationOptions(max_new_tokens=args.max_new_tokens)
+    options = GenerationOptions(max_new_tokens=args.max_new_tokens, rules=SPOKEN_RULES)
     warm = await speak_one(model, synthesizer, "Hello!", options, SpeculatorConfig())
     del warm
     modes = {"speculation_on": SpeculatorConfig(), "speculation_off": SpeculatorConfig(enabled=False)}

@@ -6,12 +6,15 @@
 What a pass costs depends on the architecture, the size, the dtype and the shapes, not on the weights' values. So when
 the bundled model's weights are not here (a GPU machine with no network and no room for them) it times a randomly
 initialised Llama of SmolLM2-135M's shape inside the block-diffusion adapter with the bundled adapter's config
-(model/default/adapter.json); when they are (`ensure_base_checkpoint`'s cache), it times the real model. With random
+(model/bundled/default/adapter.json); when they are (`ensure_base_checkpoint`'s cache), it times the real model. With
+random
 weights, decoding's tokens/s are the pass rate times a random model's acceptance (about one token a pass): the JSON
 says which weights ran (`weights`).
 
-It measures, through the code that serves answers (model/batching.py, model/batch_runner.py, model/speculative.py,
-model/sampler.py): one batched pass by rows per answer (1: an autoregressive step; 4: the self-speculative pass, last
+It measures, through the code that serves answers (model/runtime/batching.py, model/runtime/batch_runner.py,
+model/decoding/speculative.py,
+model/decoding/sampler.py): one batched pass by rows per answer (1: an autoregressive step; 4: the self-speculative
+pass, last
 token + 3 masks; 16: a pass after 4 drafts with 12 masks) and answers per pass (1, 8, 64); decoding tokens/s in each
 mode for 1 and 64 concurrent answers, with the time to each answer's first draft; memory (the GPU's peak, or the
 process's peak RSS on a CPU). It imports only torch, transformers, safetensors (through them), numpy and `model/`.
@@ -35,16 +38,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.batch_runner import BatchRunner, DiffusionSequence, Run, Sequence
-from model.batching import Feed, SlotCache, batched_pass, prefill
-from model.block_diffusion import AdapterConfig, BlockDiffusionLM, BlockPasses
-from model.cache import cache_root
+from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
+from model.bundled.default_model import ADAPTER_DIR, BASE_NAME, DRAFT_MASKS, adapter_meta, load_default_chat_model
 from model.chat import ChatMessage
-from model.default_model import ADAPTER_DIR, BASE_NAME, DRAFT_MASKS, adapter_meta, load_default_chat_model
+from model.decoding.sampler import DiffusionDecoding, SamplerConfig
+from model.decoding.speculative import SpeculativeDecoding
 from model.device import DEVICE_CHOICES, describe, resolve_device, synchronize
+from model.disk_cache import cache_root
 from model.errors import ModelError
-from model.sampler import DiffusionDecoding, SamplerConfig
-from model.speculative import SpeculativeDecoding
+from model.runtime.batch_runner import BatchRunner, BlockPasses, DiffusionSequence, Run, Sequence
+from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
 ROWS = (1, 4, 16)
 BATCHES = (1, 8, 64)
@@ -108,7 +112,7 @@ def build(device: torch.device, force_random: bool, prompt_length: int) -> Subje
     acceptance is real), else the random stand-in continuing `prompt_length` random tokens."""
     if not force_random and bundled_weights_here():
         chat = load_default_chat_model(device=device)
-        prompt = chat.prompt_ids([ChatMessage("user", QUESTION)])
+        prompt = chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", QUESTION)])
         return Subject(chat.denoiser.model, frozenset(chat.denoiser.eos_ids), prompt, "bundled")
     model = random_model(device)
     return Subject(model, RANDOM_EOS, random_ids(prompt_length + 1, model.vocab_size, seed=3), "random")
@@ -151,7 +155,7 @@ def pass_costs(model: BlockDiffusionLM, device: torch.device, budget: Budget) ->
 
 
 def sequence(mode: str, model: BlockDiffusionLM, eos: frozenset[int], prompt: list[int], length: int) -> Sequence:
-    """One answer's decoding as the engine builds it (model/engine.py `DiffusionChatModel.sequence`), greedy."""
+    """One answer's decoding as the engine builds it (model/chat/engine.py `DiffusionChatModel.sequence`), greedy."""
     if mode == "diffusion":
         block = model.config.block_length
         settings = {**adapter_meta().get("sampler", {}), "block_length": block, "steps_per_block": block}

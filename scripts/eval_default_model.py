@@ -15,7 +15,7 @@ alternating order, so neither gets the warmer cache or the quieter machine. Repo
 
 With --teacher-weights bf16 (and the default int4 weights) the autoregressive answers are also decoded by a runtime
 with the bf16 weights: how often the int4 teacher answers as the bf16 one does, and the perplexity ratio of its answers
-against the bf16 teacher's (both scored by the fp32 model), the quality bar of model/int4_weights.py.
+against the bf16 teacher's (both scored by the fp32 model), the quality bar of model/runtime/int4_weights.py.
 
 With --verify-fp32 every differing prompt is decoded again in fp32 by both modes, which tells a bf16 near-tie (equal in
 fp32) from a real bug (different in fp32).
@@ -40,9 +40,10 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_chat_model  # noqa: E402
 from model.chat import ChatMessage, GenerationOptions  # noqa: E402
-from model.default_model import ADAPTER_DIR, VOICE_SYSTEM_PROMPT, load_base, load_default_chat_model  # noqa: E402
-from model.engine import DiffusionChatModel  # noqa: E402
+from model.chat.engine import DiffusionChatModel  # noqa: E402
+from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT  # noqa: E402
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
 WARMUP_PROMPTS = ("Hello! How are you today?", "What is the capital of France?", "Tell me a joke.")
@@ -65,7 +66,7 @@ def answer_of(chat: DiffusionChatModel, prompt: str, mode: str, options: Generat
     `layout` is the layout a mode without one uses."""
     decoding, _, own_layout = mode.partition(":")
     chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding, draft_layout=own_layout or layout)
-    messages = [ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", prompt)]
+    messages = [ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", prompt)]
     prompt_ids = chat.prompt_ids(messages)
     config, length = chat.sampler_for(options)
     started = time.perf_counter()
@@ -218,7 +219,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
+    options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0, rules=SPOKEN_RULES)
     modes = ["autoregressive", *[m for m in args.modes.split(",") if m and m != "autoregressive"]]
 
     prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
@@ -247,7 +248,7 @@ def main() -> None:
             row["teacher"] = answer_of(reference, prompt, "autoregressive", options, layout)
         rows.append(row)
 
-    prompt_ids = [chat.prompt_ids([ChatMessage("system", VOICE_SYSTEM_PROMPT), ChatMessage("user", p)])
+    prompt_ids = [chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", p)])
                   for p in prompts]
     teacher_bf16, _ = load_base(torch.bfloat16)  # a plain copy: the adapted model's LoRA is on outside its passes
     gaps = {}

@@ -112,11 +112,11 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
     from model.chat import GenerationOptions
     from model.errors import ModelError
     from voice.engines import EngineConfig, load_engines
-    from voice.session import SessionConfig
+    from voice.turn.session import SessionConfig
 
     print("loading models...", file=sys.stderr, flush=True)
     try:
-        # an adapter folder is a model spec of its own: the bundled base carrying that adapter (model.loading)
+        # an adapter folder is a model spec of its own: the bundled base carrying that adapter (model.chat.loading)
         lm_model = args.model or (str(args.adapter) if args.adapter else None)
         engines = load_engines(EngineConfig(lm_model=lm_model, lm_threshold=args.threshold,
                                             lm_decoding=args.decoding, turn_detector=not args.no_turn_detector))
@@ -177,7 +177,7 @@ def _model_info(engines: Any, config: Any, adapter_dir: Path | None) -> dict[str
         "speculator": str(asdict(config.speculator)),
         "load seconds": {key: round(value, 1) for key, value in engines.load_seconds.items()},
     }
-    folder = adapter_dir or Path(__file__).resolve().parents[1] / "model" / "default"
+    folder = adapter_dir or Path(__file__).resolve().parents[1] / "model" / "bundled" / "default"
     card = folder / "adapter.json"
     if card.is_file():
         training = json.loads(card.read_text()).get("training", {})

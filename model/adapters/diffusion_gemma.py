@@ -2,7 +2,8 @@
 
 DiffusionGemma is a uniform-noise block-diffusion model: each canvas of `canvas_length` tokens starts as random tokens
 and is refined by an entropy-bounded sampler that accepts and renoises tokens on its own schedule. It has no mask
-token, so the masked sampler (model/sampler.py) cannot drive it. Instead its own `generate` runs in a worker thread
+token, so the masked sampler (model/decoding/sampler.py) cannot drive it. Instead its own `generate` runs in a worker
+thread
 with a streamer: `put_draft` receives the argmax canvas of every denoising step (one pass) and `put` each accepted
 canvas (one block). Each pass becomes a Refinement whose finished blocks are committed and whose active canvas is not:
 a canvas is final only when its block is accepted.
@@ -28,10 +29,10 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from model.adapters.masked_lm import end_ids
-from model.engine import DiffusionChatModel, context_length_of
+from model.chat.engine import DiffusionChatModel, context_length_of
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
-from model.refinement import Refinement
-from model.sampler import SamplerConfig
 
 
 class _Cancelled(Exception):

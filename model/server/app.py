@@ -36,7 +36,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
+from model.chat import AnswerRules, ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
 from model.errors import ContextLengthExceeded, ModelError
 from model.server.answer import view_of
 from model.server.config import ServerConfig
@@ -168,7 +168,10 @@ def _options_of(request: ChatCompletionRequest, config: ServerConfig) -> Generat
     if len(stops) > config.max_stop_sequences or any(not stop for stop in stops):
         raise ApiError(400, f"stop takes 1..{config.max_stop_sequences} non-empty strings", param="stop")
     temperature = request.temperature if request.temperature is not None else GenerationOptions().temperature
-    return GenerationOptions(max_new_tokens=max_tokens, temperature=temperature, seed=request.seed, stop=stops)
+    rules = AnswerRules(**request.answer_rules.model_dump()) if request.answer_rules is not None else AnswerRules()
+    return GenerationOptions(
+        max_new_tokens=max_tokens, temperature=temperature, seed=request.seed, stop=stops, rules=rules
+    )
 
 
 async def _collect(job: Job, stops: tuple[str, ...]) -> tuple[str, str, Draft | None]:
@@ -391,11 +394,13 @@ def create_app(model: ChatModel, config: ServerConfig) -> FastAPI:
 
     @app.get("/v1/models", dependencies=[Depends(authorize)], responses={401: ERROR_RESPONSES[401]})
     async def list_models() -> dict[str, Any]:
-        """The served model ids. `diffusing: true` marks that chat completions accept the `diffusing` extension."""
+        """The served model ids. `diffusing: true` and `answer_rules: true` mark that chat completions accept those
+        extensions (API.md)."""
         created = int(time.time())
         return {
             "object": "list",
-            "data": [{"id": name, "object": "model", "created": created, "owned_by": "dlm-serve", "diffusing": True}
+            "data": [{"id": name, "object": "model", "created": created, "owned_by": "dlm-serve", "diffusing": True,
+                      "answer_rules": True}
                      for name in names],
         }
 

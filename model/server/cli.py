@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlm-serve", description="OpenAI-compatible API for the diffusion LM")
     parser.add_argument("--host", default="127.0.0.1", help=f"address to bind (non-loopback needs ${API_KEY_ENV})")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model", default=None, help="model spec for model.loading.load_chat_model (default: bundled)")
+    parser.add_argument("--model", default=None,
+                        help="model spec for model.chat.loading.load_chat_model (default: bundled)")
     parser.add_argument("--served-name", action="append", default=None,
                         help="model id clients use (repeatable); default: the model's own name")
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
@@ -88,8 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_batch is not None and args.max_batch < 1:
         raise SystemExit(f"dlm-serve: --max-batch must be at least 1, got {args.max_batch}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from model.chat.loading import load_chat_model
     from model.device import describe, resolve_device  # heavy (torch, transformers): only once the arguments are valid
-    from model.loading import load_chat_model
 
     try:
         device = resolve_device(args.device)

@@ -41,8 +41,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class AnswerRulesBody(BaseModel):
+    """The `answer_rules` extension (model/server/API.md): logit rules of this request, each off when 0."""
+
+    model_config = _REQUEST_CONFIG
+    no_repeat_ngram: Annotated[int, Field(ge=0, le=64)] = 0
+    end_after: Annotated[int, Field(ge=0, le=100_000)] = 0
+    no_copy_ngram: Annotated[int, Field(ge=0, le=64)] = 0
+    no_copy_opening: Annotated[int, Field(ge=0, le=64)] = 0
+
+
 class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions. `diffusing` is the extension described in model/server/API.md."""
+    """POST /v1/chat/completions. `diffusing` and `answer_rules` are the extensions described in model/server/API.md."""
 
     model_config = _REQUEST_CONFIG
     model: str
@@ -58,6 +68,10 @@ class ChatCompletionRequest(BaseModel):
     diffusing: bool = Field(
         default=False,
         description="Stream the whole current draft in every chunk (replace, do not append). See API.md.",
+    )
+    answer_rules: AnswerRulesBody | None = Field(
+        default=None,
+        description="Logit rules for this answer (no repeated n-grams, an end after a sentence). See API.md.",
     )
     user: str | None = None
 

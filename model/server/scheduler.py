@@ -2,7 +2,8 @@
 
 A worker task takes jobs from a FIFO queue and runs each job's whole `stream_chat` iteration in a worker thread of
 the scheduler's own pool, so the event loop never blocks. Up to `model.max_batch` jobs run at once (a model that
-batches concurrent answers into one forward, model/batch_runner.py; 1 for any other model, which then answers one job
+batches concurrent answers into one forward, model/runtime/batch_runner.py; 1 for any other model, which then answers
+one job
 at a time, in order). Drafts cross back to the loop with `call_soon_threadsafe`. A request that goes away sets its
 job's cancel flag: a queued job is skipped, a running one stops within one refinement pass because the model checks
 the same `threading.Event` between passes. Nothing here awaits on behalf of a dead client, so a client that disconnects

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from model.cache import cache_root
+from model.disk_cache import cache_root
 from report_lib.speech_samples import TESTDATA_DIR
 from voice.io.audio import TARGET_RATE, load_audio_16k, pcm16_to_float32, resample
 

@@ -79,7 +79,7 @@ class SpawnedServer:
         self.port = free_port()
         self.log_path = log_path
         command = [
-            sys.executable, "-c", "import sys; from voice.cli import main; sys.exit(main())",
+            sys.executable, "-c", "import sys; from web.cli import main; sys.exit(main())",
             "serve", "--host", "127.0.0.1", "--port", str(self.port), "--max-sessions", str(self.max_sessions),
             "--max-sessions-per-client", str(self.max_sessions),  # every client of a load test is on loopback
             *self.extra_args,

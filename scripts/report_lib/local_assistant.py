@@ -28,12 +28,12 @@ class AssistantFailed(RuntimeError):
 
 
 class LocalAssistant:
-    """`python -m voice.cli ARGS` on the virtual devices; `lines` holds (monotonic time, line) of its console."""
+    """`python -m web.cli ARGS` on the virtual devices; `lines` holds (monotonic time, line) of its console."""
 
     def __init__(self, devices: VirtualDevices, args: Sequence[str]) -> None:
         path = os.pathsep.join(filter(None, [str(ROOT), devices.env.get("PYTHONPATH", "")]))
         env = {**devices.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "voice.cli", *args], cwd=ROOT, env=env,
+        self.process = subprocess.Popen([sys.executable, "-m", "web.cli", *args], cwd=ROOT, env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, name="assistant-console", daemon=True)

@@ -21,8 +21,8 @@ import numpy as np
 from voice.engines import Engines
 from voice.events import ErrorEvent, SpeechStart, Transcript, TurnEnd
 from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
-from voice.session import Session, SessionConfig
-from voice.turn_taking import TurnTakingConfig
+from voice.turn.machine import TurnTakingConfig
+from voice.turn.session import Session, SessionConfig
 
 # A live microphone keeps sending silence after the question; the end of turn is judged on that audio's clock, and
 # when Smart Turn hears the question as unfinished it waits up to `incomplete_silence_ms` of it. The runners send that

@@ -182,7 +182,7 @@ def _timed_iterator(trace: WorkTrace, kind: str, function: Callable[..., Iterato
 def instrument(trace: WorkTrace) -> Iterator[WorkTrace]:
     """Record every model call of the voice pipeline into `trace` while the block runs (class attributes are
     patched and restored, so every session of this process is traced)."""
-    from model.batch_runner import BatchRunner
+    from model.runtime.batch_runner import BatchRunner
     from voice.listen.stage import ListenStage
     from voice.listen.turn_detector import SmartTurn
     from voice.speak.tts import PiperSynthesizer

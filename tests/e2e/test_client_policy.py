@@ -24,7 +24,8 @@ DRAFT = "The sea is wide and deep"
 
 
 class DraftOnlySession(ScriptedSession):
-    """Each typed turn gets a draft and no final answer; the next typed turn interrupts it, as voice.session does."""
+    """Each typed turn gets a draft and no final answer; the next typed turn interrupts it, as voice.turn.session
+    does."""
 
     turn = 0
 

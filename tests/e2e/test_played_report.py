@@ -20,7 +20,7 @@ import pytest
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from tests.e2e.test_browser import CHROMIUM
 from voice.engines import Engines
-from voice.session import Session, SessionConfig
+from voice.turn.session import Session, SessionConfig
 from web.config import WebConfig
 from web.server import VoiceServer
 

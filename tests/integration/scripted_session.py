@@ -1,4 +1,4 @@
-"""A scripted stand-in for voice.session.Session, so the server's socket, limits and HTTPS can be tested over real
+"""A scripted stand-in for voice.turn.session.Session, so the server's socket, limits and HTTPS can be tested over real
 loopback sockets in seconds, without models."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ CHUNK = b"\x00\x10" * (RATE // 10)  # 100 ms of speech
 
 
 class ScriptedSession:
-    """Stands in for voice.session.Session: a typed turn answers with `speech_s` of audio produced at once (as a fast
+    """Stands in for voice.turn.session.Session: a typed turn answers with `speech_s` of audio produced at once (as a
+    fast
     TTS does); `interrupt` clears it, and a late chunk of the cancelled turn still arrives, as from a TTS thread."""
 
     output_sample_rate = RATE

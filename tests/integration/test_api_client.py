@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from model.chat import ChatMessage, ChatModel, GenerationOptions
-from model.client import OpenAIChatModel
+from model.chat.client import OpenAIChatModel
 from model.errors import ModelError
 from model.server import ServerConfig
 from tests.integration.api_harness import RunningServer, serve, tiny_chat_model

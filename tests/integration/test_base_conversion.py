@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.default_model import BASE_NAME, base_gguf_path, cache_root, ensure_base_checkpoint
+from model.bundled.default_model import BASE_NAME, base_gguf_path, cache_root, ensure_base_checkpoint
 
 pytestmark = pytest.mark.slow
 

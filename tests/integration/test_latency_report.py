@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "latency_report.py"
 CLIP = Path("/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav")
-DEFAULT_ADAPTER = ROOT / "model" / "default" / "adapter.json"
+DEFAULT_ADAPTER = ROOT / "model" / "bundled" / "default" / "adapter.json"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SUMMARY_KEYS = {"count", "mean", "p50", "p90", "p95", "max"}
 TURN_KEYS = {
@@ -153,7 +153,7 @@ def test_the_conversational_turns_are_new_speech_half_of_it_with_a_pause_inside(
     from report_lib.inputs import CONVERSATIONAL, PAUSE_S, QUESTIONS, conversational_turns
     from report_lib.soak_inputs import SOAK_QUESTIONS
 
-    from model.teacher_data import assistant_questions
+    from model.training.teacher_data import assistant_questions
 
     spoken = {part for turn in CONVERSATIONAL for part in turn}
     assert not spoken & (set(QUESTIONS) | set(SOAK_QUESTIONS) | set(assistant_questions()))  # unseen elsewhere

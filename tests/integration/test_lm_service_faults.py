@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from model.chat import GenerationOptions
-from model.client import OpenAIChatModel
+from model.chat.client import OpenAIChatModel
 from voice.engines import Engines
 from voice.events import AnswerDone, DraftUpdate, ErrorEvent, Event, TurnEnd
 from voice.listen.asr_models import load_model
-from voice.session import Session, SessionConfig
 from voice.speak.tts import load_synthesizer
+from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

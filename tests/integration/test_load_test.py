@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "load_test.py"
 CLIP = Path("/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav")
-DEFAULT_ADAPTER = ROOT / "model" / "default" / "adapter.json"
+DEFAULT_ADAPTER = ROOT / "model" / "bundled" / "default" / "adapter.json"
 
 
 def _load_test(*args: str, timeout: float = 280.0) -> subprocess.CompletedProcess[str]:

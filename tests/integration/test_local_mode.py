@@ -84,12 +84,12 @@ def assert_stops_cleanly(assistant: LocalAssistant, devices: VirtualDevices, sig
 
 def test_devices_are_listed_and_named_choices_are_checked(devices: VirtualDevices) -> None:
     env = {**devices.env, "PYTHONPATH": str(ROOT)}
-    listed = subprocess.run([sys.executable, "-m", "voice.cli", "--list-devices"], cwd=ROOT, env=env,
+    listed = subprocess.run([sys.executable, "-m", "web.cli", "--list-devices"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     assert re.search(r"\d+ pulse \(ALSA\)", listed.stdout) and re.search(r"\d+ default \(ALSA\)", listed.stdout)
     assert "ALSA lib" not in listed.stdout + listed.stderr
-    missing = subprocess.run([sys.executable, "-m", "voice.cli", "--input-device", "no-such-mic"], cwd=ROOT, env=env,
+    missing = subprocess.run([sys.executable, "-m", "web.cli", "--input-device", "no-such-mic"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert missing.returncode == 2
     assert "no input device named 'no-such-mic'" in missing.stderr and "'pulse'" in missing.stderr

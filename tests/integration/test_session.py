@@ -26,8 +26,8 @@ from voice.events import (
 )
 from voice.io.audio import stream_pcm16
 from voice.io.file_mode import run_files, write_wav
-from voice.session import Session, SessionConfig
 from voice.speak.speculator import SpeculatorConfig
+from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

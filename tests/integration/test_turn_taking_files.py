@@ -16,7 +16,7 @@ from tests.integration.ws_harness import load_test_engines
 from voice.engines import Engines
 from voice.io.audio import float32_to_pcm16, load_audio_16k
 from voice.io.file_mode import run_files, write_wav
-from voice.session import SessionConfig
+from voice.turn.session import SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

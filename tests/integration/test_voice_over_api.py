@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from model.client import OpenAIChatModel
+from model.chat.client import OpenAIChatModel
 from model.server import ServerConfig
 from tests.integration.api_harness import serve, tiny_chat_model
 from tests.integration.ws_harness import speech_pcm16
@@ -19,8 +19,8 @@ from voice.engines import Engines
 from voice.events import AnswerDone, AudioOut, DraftUpdate, Event, Transcript, TurnEnd
 from voice.io.audio import stream_pcm16
 from voice.listen.asr_models import load_model
-from voice.session import Session, SessionConfig
 from voice.speak.tts import load_synthesizer
+from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -113,17 +113,17 @@ def test_origins_own_address_another_name_and_the_allowlist(cert: Certificate) -
 def test_serve_self_signed_makes_the_certificate_once_in_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import voice.cli
+    import web.cli
     import web.launch
 
     served: list[WebConfig] = []
     monkeypatch.setenv("VOICE_ASSISTANT_CACHE", str(tmp_path))
-    monkeypatch.setattr(voice.cli, "_load", lambda args: None)
+    monkeypatch.setattr(web.cli, "_load", lambda args: None)
     monkeypatch.setattr(web.launch, "run_server", lambda engines, session, web_config: served.append(web_config))
-    assert voice.cli.main(["serve", "--self-signed"]) == 0
-    assert voice.cli.main(["serve", "--self-signed", "--port", "9443"]) == 0
+    assert web.cli.main(["serve", "--self-signed"]) == 0
+    assert web.cli.main(["serve", "--self-signed", "--port", "9443"]) == 0
     err = capsys.readouterr().err
     assert "made a self-signed certificate for" in err and "reusing a self-signed certificate" in err
     first, second = served
     assert first.tls_cert == second.tls_cert == tmp_path / "tls" / "self-signed-cert.pem" and first.scheme == "https"
-    assert voice.cli.main(["serve", "--self-signed", "--tls-cert", "c.pem", "--tls-key", "k.pem"]) == 2
+    assert web.cli.main(["serve", "--self-signed", "--tls-cert", "c.pem", "--tls-key", "k.pem"]) == 2

@@ -140,7 +140,7 @@ def test_speech_is_paced_and_clear_overtakes_it_with_nothing_of_the_turn_after_i
 
 class CoughingSession(ScriptedSession):
     """Each audio frame from the client is a sound while the answer plays: the first pauses it (a cough?), the next
-    resumes it (it was not words), as voice.session does."""
+    resumes it (it was not words), as voice.turn.session does."""
 
     async def feed_audio(self, pcm16: bytes, sample_rate: int = RATE) -> None:
         await super().feed_audio(pcm16, sample_rate)

@@ -15,7 +15,7 @@ import numpy as np
 
 from voice.engines import Engines
 from voice.io.audio import float32_to_pcm16, load_audio_16k
-from voice.session import SessionConfig
+from voice.turn.session import SessionConfig
 from web.config import WebConfig
 from web.server import VoiceServer
 
@@ -23,13 +23,13 @@ from web.server import VoiceServer
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 SPEECH_CLIP = LIBRIVOX / "sense_and_sensibility_01_austen_64kb-0880.wav"  # "he was not an ill disposed young man"
 SPEECH_WORDS = {"he", "was", "not", "an", "ill", "disposed", "young", "man"}
-DEFAULT_ADAPTER = Path(__file__).resolve().parents[2] / "model" / "default" / "adapter.json"
+DEFAULT_ADAPTER = Path(__file__).resolve().parents[2] / "model" / "bundled" / "default" / "adapter.json"
 
 
 def load_test_engines(tmp_folder: Path) -> Engines:
     """The real ASR and TTS; the bundled LM when it has been trained, else a tiny random BERT (real code, random
     words) so the pipeline and the socket can be tested before the bundled model exists."""
-    from model.loading import load_chat_model
+    from model.chat.loading import load_chat_model
     from voice.listen.asr_models import load_model
     from voice.speak.tts import load_synthesizer
 

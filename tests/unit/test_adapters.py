@@ -10,10 +10,10 @@ from transformers import BertConfig, BertForMaskedLM, ModernBertConfig, ModernBe
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
 from model.adapters.remote_code import load_remote_code
+from model.chat.loading import architecture, load_chat_model, read_config
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import SamplerConfig, generate
 from model.errors import ModelError
-from model.loading import architecture, load_chat_model, read_config
-from model.refinement import Refinement
-from model.sampler import SamplerConfig, generate
 from tests.unit.tiny_models import tiny_bert, tiny_remote_code
 
 MASK, EOS = 63, 1
@@ -146,7 +146,7 @@ def test_unknown_option_is_refused(tmp_path: Path) -> None:
 def test_a_block_length_other_than_the_adapters_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    import model.default_model as default_model
+    import model.bundled.default_model as default_model
 
     def no_base(*args: object, **kwargs: object) -> None:
         raise AssertionError("the base model must not be loaded for a request that is refused anyway")

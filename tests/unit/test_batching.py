@@ -1,4 +1,5 @@
-"""Batched passes (model/batching.py, model/batch_runner.py) on a tiny random block-diffusion Llama in fp32: a
+"""Batched passes (model/runtime/batching.py, model/runtime/batch_runner.py) on a tiny random block-diffusion Llama in
+fp32: a
 sequence's logits and answers in a batch equal its own, whatever else shares the pass."""
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from model.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
-from model.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
-from model.block_diffusion import BlockDiffusionDenoiser
+from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.chat import ChatMessage, GenerationOptions
-from model.engine import DiffusionChatModel
+from model.chat.engine import DiffusionChatModel
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import SamplerConfig, generate
+from model.decoding.speculative import generate_speculative
 from model.errors import ModelError
-from model.refinement import Refinement
-from model.sampler import SamplerConfig, generate
-from model.speculative import generate_speculative
+from model.runtime.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
+from model.runtime.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
@@ -381,7 +382,7 @@ def test_max_batch_bounds_the_answers_in_a_pass() -> None:
 
 
 def test_the_adapter_runs_only_from_the_longest_noisy_run_on() -> None:
-    from model.block_diffusion import noisy_suffix
+    from model.bundled.block_diffusion import noisy_suffix
 
     def rows(*patterns: str) -> torch.Tensor:
         return torch.tensor([[c == "n" for c in pattern] for pattern in patterns])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.block_diffusion import (
+from model.bundled.block_diffusion import (
     AdapterConfig,
     BlockDiffusionDenoiser,
     BlockDiffusionLM,
@@ -15,9 +15,9 @@ from model.block_diffusion import (
     load_adapter,
     save_adapter,
 )
-from model.block_training import batch_logits, block_diffusion_loss, make_batch
+from model.decoding.sampler import SamplerConfig, generate
 from model.errors import ModelError
-from model.sampler import SamplerConfig, generate
+from model.training.block_training import batch_logits, block_diffusion_loss, make_batch
 from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
 VOCAB = LLAMA_VOCAB
@@ -70,8 +70,8 @@ def test_first_position_of_each_block_is_the_teachers_next_token_prediction() ->
 
 
 def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
-    import model.batching as batching
-    import model.block_diffusion as block_diffusion
+    import model.bundled.block_diffusion as block_diffusion
+    import model.runtime.batching as batching
 
     model = adapted()
     denoiser = BlockDiffusionDenoiser(model, [EOS])

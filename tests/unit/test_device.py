@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from model.batching import Feed, SlotCache, batched_pass, keep, pass_layout, prefill
-from model.block_diffusion import BlockDiffusionDenoiser
+from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.device import describe, resolve_device, synchronize, upload
 from model.errors import ModelError
-from model.fast_pass import FastPass
+from model.runtime.batching import Feed, SlotCache, batched_pass, keep, pass_layout, prefill
+from model.runtime.fast_pass import FastPass
 from tests.unit.test_batching import MODES, alone, prompts, requests, stream
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 from tests.unit.tiny_models import LLAMA_EOS
@@ -169,7 +169,7 @@ def test_the_stand_in_counts_the_reads_a_pass_makes_when_it_finds_the_noisy_rows
     cache = SlotCache(1)
     prefill(model, cache, 0, [5, 6, 7])
     ids, positions, noisy, allowed = pass_layout([3], [Feed((8,), (model.mask_id,) * 2)], 32)
-    from model.batching import additive_mask
+    from model.runtime.batching import additive_mask
 
     counts = watch_passes(monkeypatch, "cpu")
     cache.bind([0], [3])
@@ -180,7 +180,7 @@ def test_the_stand_in_counts_the_reads_a_pass_makes_when_it_finds_the_noisy_rows
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_decoding_mode_on_the_device_gives_the_cpu_answer(device: str) -> None:
     """Answers decoded together by the batch runner on `device` (fp32) are the answers decoded alone on the CPU."""
-    from model.engine import DiffusionChatModel
+    from model.chat.engine import DiffusionChatModel
     from tests.unit.tiny_models import byte_tokenizer
 
     chat = DiffusionChatModel("tiny", byte_tokenizer(), tiny_on(device), MODES["diffusion"])

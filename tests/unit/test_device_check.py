@@ -17,8 +17,8 @@ from device_check import (
     random_model,
 )
 
-from model.batching import SlotCache
 from model.device import resolve_device
+from model.runtime.batching import SlotCache
 from tests.unit.test_device import DEVICES
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 
@@ -52,7 +52,7 @@ def test_decoding_runs_every_mode_at_each_batch_size_to_the_full_length(device: 
 
 
 def test_copy_slot_gives_the_target_the_sources_cache() -> None:
-    from model.batching import prefill
+    from model.runtime.batching import prefill
 
     model = adapted()
     cache = SlotCache(3)

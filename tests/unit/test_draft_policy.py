@@ -1,11 +1,12 @@
-"""The draft policy (model/draft_policy.py): which layout a lone self-speculative pass uses, from what passes cost
+"""The draft policy (model/decoding/draft_policy.py): which layout a lone self-speculative pass uses, from what passes
+cost
 and how often drafts are accepted; answers stay the teacher's whatever it chooses."""
 
 from __future__ import annotations
 
-from model.block_diffusion import BlockDiffusionDenoiser
-from model.draft_policy import RETIME_EVERY, TIMINGS_BEFORE_JUDGING, DraftPolicy
-from model.speculative import generate_speculative
+from model.bundled.block_diffusion import BlockDiffusionDenoiser
+from model.decoding.draft_policy import RETIME_EVERY, TIMINGS_BEFORE_JUDGING, DraftPolicy
+from model.decoding.speculative import generate_speculative
 from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse)
     EOS,
     OracleDrafts,

@@ -11,10 +11,10 @@ import pytest
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
-from model.engine import DiffusionChatModel, cut_at_stop, draft_from_refinement, token_texts
+from model.chat.engine import DiffusionChatModel, cut_at_stop, draft_from_refinement, token_texts
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import SamplerConfig
 from model.errors import ContextLengthExceeded, ModelError
-from model.refinement import Refinement
-from model.sampler import SamplerConfig
 from tests.unit.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 
@@ -269,8 +269,8 @@ def test_prompt_and_answer_beyond_the_context_are_refused_before_the_model_is_to
 
 
 def test_cancel_during_a_long_prefill_stops_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import model.batching as batching
-    from model.block_diffusion import BlockDiffusionDenoiser
+    import model.runtime.batching as batching
+    from model.bundled.block_diffusion import BlockDiffusionDenoiser
     from tests.unit.test_block_diffusion import EOS, adapted
 
     network = adapted()

@@ -1,13 +1,13 @@
-"""The fused inference pass (model/fast_pass.py) computes what the block-diffusion model's modules compute."""
+"""The fused inference pass (model/runtime/fast_pass.py) computes what the block-diffusion model's modules compute."""
 
 from __future__ import annotations
 
 import torch
 
-from model.batching import KEY_MULTIPLE, Feed, SlotCache, additive_mask, pass_layout, prefill
-from model.block_diffusion import BlockDiffusionLM
-from model.fast_pass import FastPass
-from model.row_exact import attend
+from model.bundled.block_diffusion import BlockDiffusionLM
+from model.runtime.batching import KEY_MULTIPLE, Feed, SlotCache, additive_mask, pass_layout, prefill
+from model.runtime.fast_pass import FastPass
+from model.runtime.row_exact import attend
 from tests.unit.test_self_speculative import adapted, bf16_adapted, one_thread  # noqa: F401  (autouse: 1 thread)
 
 FEEDS = (
@@ -22,7 +22,7 @@ PROMPTS = ([5, 7, 9, 11, 3, 4, 20, 30, 31], [5, 7, 9, 2, 1], [9, 8, 7, 6, 5, 4, 
 
 def one_pass(model: BlockDiffusionLM, runner, answers: int = 3) -> torch.Tensor:
     """Logits of one pass over `answers` sequences with different cached lengths (batched: 3), through `runner`.
-    A pass of one answer attends its clean rows one by one (model/row_exact.py), a batched one together."""
+    A pass of one answer attends its clean rows one by one (model/runtime/row_exact.py), a batched one together."""
     cache = SlotCache(answers)
     with torch.inference_mode():
         for slot, tokens in enumerate(PROMPTS[:answers]):

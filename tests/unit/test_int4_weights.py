@@ -1,4 +1,4 @@
-"""Int4 weights from Q4_1 blocks (model/int4_weights.py): the shipped file read exactly, the kernel's rows
+"""Int4 weights from Q4_1 blocks (model/runtime/int4_weights.py): the shipped file read exactly, the kernel's rows
 independent, and self-speculative decoding still bit for bit equal to autoregressive decoding on them."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from model.batching import Feed, SlotCache, batched_pass, prefill
-from model.block_diffusion import BlockDiffusionDenoiser
-from model.int4_weights import (
+from model.bundled.block_diffusion import BlockDiffusionDenoiser
+from model.decoding.speculative import generate_speculative
+from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from model.runtime.int4_weights import (
     GROUP,
     Int4Linear,
     Q4Blocks,
@@ -26,7 +27,6 @@ from model.int4_weights import (
     read_gguf_head,
     read_gguf_linears,
 )
-from model.speculative import generate_speculative
 from tests.unit.test_self_speculative import EOS, bf16_adapted, final_tokens
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -43,7 +43,7 @@ def one_thread() -> Iterator[None]:
 def test_q4_1_blocks_read_as_gguf_dequantizes_them() -> None:
     import gguf
 
-    from model.default_model import base_gguf_path
+    from model.bundled.default_model import base_gguf_path
 
     reader = gguf.GGUFReader(str(base_gguf_path()))
     tensor = next(t for t in reader.tensors if t.name == "blk.3.ffn_down.weight")
@@ -58,7 +58,7 @@ def test_the_gguf_blocks_are_the_bundled_models_weights_in_hf_row_order() -> Non
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from model.default_model import base_gguf_path, ensure_base_checkpoint
+    from model.bundled.default_model import base_gguf_path, ensure_base_checkpoint
 
     folder = ensure_base_checkpoint(progress=False)
     config = AutoConfig.from_pretrained(folder)
@@ -185,7 +185,7 @@ def test_with_int4_weights_self_speculative_answers_equal_autoregressive_ones_bi
 
 
 def test_the_weights_choice_is_checked_before_loading() -> None:
-    from model.default_model import _int4_wanted
+    from model.bundled.default_model import _int4_wanted
     from model.errors import ModelError
 
     assert _int4_wanted("auto", "cpu") and _int4_wanted("int4", "cpu")
@@ -198,8 +198,8 @@ def test_the_weights_choice_is_checked_before_loading() -> None:
 
 
 def test_int4_weights_are_refused_for_a_checkpoint_without_the_bundled_gguf(tmp_path) -> None:
+    from model.chat.loading import load_chat_model
     from model.errors import ModelError
-    from model.loading import load_chat_model
     from tests.unit.tiny_models import tiny_bert
 
     with pytest.raises(ModelError, match="bundled model's GGUF"):
@@ -209,8 +209,8 @@ def test_int4_weights_are_refused_for_a_checkpoint_without_the_bundled_gguf(tmp_
 def test_the_packed_cache_loads_the_same_weights_and_is_rebuilt_for_another_file(tmp_path) -> None:
     from transformers import AutoConfig
 
-    from model.default_model import base_gguf_path, ensure_base_checkpoint
-    from model.int4_weights import cached_int4_weights
+    from model.bundled.default_model import base_gguf_path, ensure_base_checkpoint
+    from model.runtime.int4_weights import cached_int4_weights
 
     config = AutoConfig.from_pretrained(ensure_base_checkpoint(progress=False))
     cache_file = tmp_path / "int4.safetensors"
@@ -234,7 +234,7 @@ def test_the_packed_cache_loads_the_same_weights_and_is_rebuilt_for_another_file
 
 
 def test_the_probe_passes_here_and_catches_a_kernel_that_rounds_by_the_rows(monkeypatch) -> None:
-    from model import int4_weights
+    from model.runtime import int4_weights
 
     assert int4_weights.check_here.__wrapped__(1) is None
     kernel = Int4Linear.__call__

@@ -1,4 +1,5 @@
-"""Only the thread that runs the LM's passes may keep an OpenMP team of torch's runtime (model/passing_thread.py,
+"""Only the thread that runs the LM's passes may keep an OpenMP team of torch's runtime
+(model/runtime/passing_thread.py,
 voice/listen/whisper_import.py). Each scenario runs in a fresh interpreter: a team, once made, lives as long as its
 thread, and CTranslate2 binds its OpenMP symbols once."""
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TEAMS = """
 import os, time, torch
-from model.passing_thread import run_in_passing_thread
+from model.runtime.passing_thread import run_in_passing_thread
 
 def threads():
     return len(os.listdir("/proc/self/task"))
@@ -52,9 +53,9 @@ def test_a_passing_thread_takes_its_openmp_workers_with_it():
 
 
 def test_the_loaders_run_on_a_passing_thread():
-    from model.default_model import load_default_chat_model
-    from model.loading import load_chat_model
-    from model.passing_thread import run_in_passing_thread
+    from model.bundled.default_model import load_default_chat_model
+    from model.chat.loading import load_chat_model
+    from model.runtime.passing_thread import run_in_passing_thread
 
     for loader in (load_chat_model, load_default_chat_model):
         assert loader.__wrapped__ is not None  # the decorator's functools.wraps

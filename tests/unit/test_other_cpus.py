@@ -1,7 +1,8 @@
 """The bit-exactness tests again, under settings that make this CPU's libraries choose another CPU's kernels.
 
 Which kernels run is decided when oneDNN and MKL load, so each profile runs the tests in a fresh interpreter.
-`amd-zen4` reproduces the AMD EPYC machine this project is also tested on: with it, the code before `model.row_exact`
+`amd-zen4` reproduces the AMD EPYC machine this project is also tested on: with it, the code before
+`model.runtime.row_exact`
 failed exactly the five tests that failed there (and passed them without it, on an Intel AMX machine). `avx2` stands
 for a laptop CPU without AVX-512. On a CPU that lacks an instruction set a profile names, the cap is simply its own.
 """

@@ -1,4 +1,5 @@
-"""The runtime's own check of the row-exact kernels (model/row_exact.py), and what `dlm generate` says with it."""
+"""The runtime's own check of the row-exact kernels (model/runtime/row_exact.py), and what `dlm generate` says with
+it."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import row_exact
 from model.cli import exactness_note
+from model.runtime import row_exact
 
 
 def test_the_guarantee_holds_on_this_cpus_kernels() -> None:

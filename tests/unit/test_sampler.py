@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
+from model.decoding.sampler import SamplerConfig, commit_schedule, generate, sample_tokens
 from model.errors import ModelError
-from model.sampler import SamplerConfig, commit_schedule, generate, sample_tokens
 
 VOCAB = 12
 MASK = 11

@@ -1,4 +1,5 @@
-"""Self-speculative and autoregressive decoding (model/speculative.py) on a tiny random block-diffusion Llama, fp32
+"""Self-speculative and autoregressive decoding (model/decoding/speculative.py) on a tiny random block-diffusion Llama,
+fp32
 (and bf16 where exactness depends on the kernels' rounding)."""
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from model.batching import Feed, SlotCache, batched_pass, prefill
-from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
-from model.block_training import make_batch
-from model.engine import DiffusionChatModel
+from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
+from model.chat.engine import DiffusionChatModel
+from model.decoding.sampler import SamplerConfig
+from model.decoding.speculative import SpeechGuard, WordClasses, accept_greedy, accept_sampled, generate_speculative
 from model.errors import ModelError
-from model.sampler import SamplerConfig
-from model.speculative import SpeechGuard, WordClasses, accept_greedy, accept_sampled, generate_speculative
+from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from model.training.block_training import make_batch
 from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
 VOCAB = LLAMA_VOCAB
@@ -338,7 +339,7 @@ def test_self_speculative_is_refused_for_a_model_that_cannot_verify() -> None:
 
 
 def test_the_speech_guard_holds_in_diffusion_decoding_too() -> None:
-    from model.sampler import generate
+    from model.decoding.sampler import generate
 
     model = adapted(seed=1)
     denoiser = BlockDiffusionDenoiser(model, [EOS])
@@ -412,7 +413,7 @@ def bf16_adapted(seed: int = 0) -> BlockDiffusionLM:
 def test_in_bf16_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() -> None:
     # The attention kernel's rounding depended on the pass's shape, and bf16 near-ties then flip whole answers: the
     # sum over L + 4 keys and over L + 19 keys differed (keys are now rounded up to KEY_MULTIPLE), and so did a lone
-    # query row over repeated keys and the same row among others (model/fast_pass.py `_attend`).
+    # query row over repeated keys and the same row among others (model/runtime/fast_pass.py `_attend`).
     model = bf16_adapted()
     generator = torch.Generator().manual_seed(1)
     differ = []

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from voice.answer import Answer
 from voice.think.dialogue import Dialogue
-from voice.turn_clock import TurnClock
-from voice.turn_records import TurnRecord, TurnRecords
-from voice.turn_taking import ClockTick, State, TurnEvent
+from voice.turn.answer import Answer
+from voice.turn.clock import TurnClock
+from voice.turn.machine import ClockTick, State, TurnEvent
+from voice.turn.records import TurnRecord, TurnRecords
 
 
 def two_phrase_answer() -> Answer:

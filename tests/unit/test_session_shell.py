@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-import voice.session as session_module
+import voice.turn.session as session_module
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from voice.engines import Engines
 from voice.events import (
@@ -28,9 +28,9 @@ from voice.events import (
     VoiceResumed,
     now_ns,
 )
-from voice.session import Session, SessionConfig
 from voice.think.lm_run import LmRun
-from voice.turn_taking import State
+from voice.turn.machine import State
+from voice.turn.session import Session, SessionConfig
 
 WORDS = ("Sure.", "Here", "is", "a", "fairly", "long", "answer,", "with", "several", "phrases,", "so", "that", "speech",
          "goes", "on", "for", "a", "while.")
@@ -408,7 +408,7 @@ class PreparingLM(FakeLM):
         self.conversations: list[str | None] = []  # of every prepare and answer, in order
 
     def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None,
-                conversation: str | None = None) -> list[int]:
+                conversation: str | None = None, system_prompt: str | None = None) -> list[int]:
         self.prepared.append((list(messages), cancel))
         self.conversations.append(conversation)
         return []

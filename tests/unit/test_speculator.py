@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.chat import Draft, DraftPiece
-from model.refinement import Refinement
+from model.decoding.refinement import Refinement
 from voice.speak.speculator import (
     Commit,
     Discard,

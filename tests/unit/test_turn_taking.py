@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from voice.turn_taking import (
+from voice.turn.machine import (
     AbandonTurn,
     AnswerAudio,
     AnswerFinished,

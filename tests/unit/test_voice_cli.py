@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from voice.cli import build_parser, engine_config
+from web.cli import build_parser, engine_config
 
 
 def test_file_mode_takes_its_options_after_the_inputs() -> None:

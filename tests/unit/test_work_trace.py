@@ -90,7 +90,7 @@ def test_wrappers_time_calls_and_generator_items_even_when_they_raise() -> None:
 
 
 def test_instrument_patches_the_pipeline_classes_and_restores_them() -> None:
-    from model.batch_runner import BatchRunner
+    from model.runtime.batch_runner import BatchRunner
     from voice.listen.stage import ListenStage
     from voice.listen.turn_detector import SmartTurn
     from voice.speak.tts import PiperSynthesizer

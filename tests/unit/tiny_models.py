@@ -180,8 +180,8 @@ def scripted_byte_model(
     """A `DiffusionChatModel` over the byte tokenizer that answers `answer` (then EOS) to anything, committing one
     token per pass from left to right (unless `steps_per_block` is smaller), so every block end and every character
     boundary shows up in some draft."""
-    from model.engine import DiffusionChatModel
-    from model.sampler import SamplerConfig
+    from model.chat.engine import DiffusionChatModel
+    from model.decoding.sampler import SamplerConfig
 
     tokenizer = byte_tokenizer()
     denoiser = ScriptedDenoiser(list(tokenizer.encode(answer)), eos_ahead)

@@ -36,7 +36,7 @@ from voice.engines import Engines
 from voice.errors import AudioFormatError, NoAudioDevice
 from voice.events import AnswerDone, AudioOut, AudioStart, Clear, ErrorEvent, Pause, Resume, Transcript, TurnEnd
 from voice.io.audio import TARGET_RATE
-from voice.session import Session, SessionConfig
+from voice.turn.session import Session, SessionConfig
 
 log = logging.getLogger(__name__)
 

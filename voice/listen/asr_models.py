@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.cache import cache_root
+from model.disk_cache import cache_root
 from model.fair_lock import FairLock
 from voice.errors import ASRError
 from voice.listen.whisper_import import import_faster_whisper

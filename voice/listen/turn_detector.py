@@ -16,7 +16,7 @@ features (n_fft 400, hop 160, 800 frames) as `input_features` [batch, 80, 800]. 
 sigmoid probability.
 
 `SmartTurn` is audio in, probability out. How long a pause must be for each verdict (the end-of-turn rule) lives in
-one place, the turn-taking core (`voice.turn_taking.TurnTaking`), with the session's other transitions.
+one place, the turn-taking core (`voice.turn.machine.TurnTaking`), with the session's other transitions.
 """
 
 from __future__ import annotations

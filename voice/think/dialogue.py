@@ -28,7 +28,7 @@ from model.chat import ChatMessage
 
 @dataclass(frozen=True, slots=True)
 class DialogueConfig:
-    system_prompt: str | None = None  # None: the model's own (the bundled model's is tuned for short spoken answers)
+    system_prompt: str | None = None  # None: the session's default (voice/think/spoken.py: short spoken answers)
     context_chars: int = 2400  # about 600 tokens: the bundled model's answers degrade on long contexts
     max_user_chars: int = 2000  # longer user input is cut (typed text can be arbitrarily long)
     keep_after_drop: float = 0.5  # share of the budget left after a drop: lower drops more, less often

@@ -31,7 +31,7 @@ from transformers.cache_utils import Cache
 
 from model.device import upload
 from model.errors import GenerationCancelled
-from model.noisy_rows import noisy_suffix
+from model.runtime.noisy_rows import noisy_suffix
 
 PREFILL_CHUNK = 1024  # at most this many prompt tokens per prefill forward (see `prefill`)
 MIN_PREFILL_BUCKET = 32

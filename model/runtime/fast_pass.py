@@ -8,7 +8,8 @@ computed once, and keys go straight into the `SlotCache`.
 
 Exactness: the same operations in the same dtypes as transformers' Llama (RMSNorm in fp32, rotary in the model's
 dtype, the LoRA in its factors' dtype, member by member) and the same attention function as the modules
-(`model.row_exact`, which also multiplies a lone row as one of two); the fused projections shape each output column's
+(`model.runtime.row_exact`, which also multiplies a lone row as one of two); the fused projections shape each output
+column's
 sum as the separate ones did. Tests hold it to the modules' forward bit for bit in fp32 and bf16, also under other
 CPUs' kernels (tests/unit/test_fast_pass.py, tests/unit/test_other_cpus.py), and the bf16 exactness tests of
 self-speculative decoding run through it.
@@ -26,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import row_exact
-from model.int4_weights import Int4Layer, Int4Linear, Q8Head
-from model.noisy_rows import Suffix, noisy_suffix
+from model.runtime import row_exact
+from model.runtime.int4_weights import Int4Layer, Int4Linear, Q8Head
+from model.runtime.noisy_rows import Suffix, noisy_suffix
 
 if TYPE_CHECKING:
-    from model.batching import SlotCache
-    from model.block_diffusion import BlockDiffusionLM, GatedLoRALinear
+    from model.bundled.block_diffusion import BlockDiffusionLM, GatedLoRALinear
+    from model.runtime.batching import SlotCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ class _Layer:
     o_lora: _LoRA
     gate_up_lora: _LoRA
     down_lora: _LoRA
-    int4: Int4Layer | None  # the same linears from the GGUF's int4 blocks, for decoding passes (model.int4_weights)
+    int4: Int4Layer | None  # the same linears as the GGUF's int4 blocks, for decoding (model.runtime.int4_weights)
 
 
 # Rows of a batched pass (several answers) up to which the int4 kernel beats bf16: it dequantizes the weights again
@@ -101,11 +102,11 @@ def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
 
 
 class FastPass:
-    """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.batching`). Built from
-    the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does).
+    """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.runtime.batching`). Built
+    from the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does).
 
     With the model's int4 weights (`BlockDiffusionLM.int4`), decoding passes multiply by them and prefills by
-    the bf16 ones (`model.int4_weights` says why); without, every pass is bf16."""
+    the bf16 ones (`model.runtime.int4_weights` says why); without, every pass is bf16."""
 
     def __init__(self, model: BlockDiffusionLM) -> None:
         base = model.base
@@ -180,7 +181,7 @@ class FastPass:
         input_ids: torch.Tensor,  # [B, S]
         position_ids: torch.Tensor,  # [B, S]
         attention_bias: torch.Tensor,  # [B, 1, S, K] additive float
-        noisy: torch.Tensor,  # [B, S] bool: noisy rows are each sequence's last ones (see model.batching)
+        noisy: torch.Tensor,  # [B, S] bool: noisy rows are each sequence's last ones (see model.runtime.batching)
         cache: SlotCache,
         keep: int | torch.Tensor = 0,
         exact_rows: int | None = None,
@@ -189,9 +190,9 @@ class FastPass:
     ) -> torch.Tensor:
         """Logits `[B, S, V]` (or the rows `keep` selects). `prefill`: a prompt's encoding (bf16 weights even when the
         model has int4 ones). `exact_rows` (default: the clean rows of a pass of one answer) are the rows whose logits
-        and keys must not depend on the rest of the pass (`model.row_exact`); a prefill, whose layout is the same in
-        every decoding mode, needs none. `suffix`: `noisy_suffix(noisy)`, found by the caller on the host
-        (model/batching.py: then nothing in the pass reads a device tensor back); None: found here."""
+        and keys must not depend on the rest of the pass (`model.runtime.row_exact`); a prefill, whose layout is the
+        same in every decoding mode, needs none. `suffix`: `noisy_suffix(noisy)`, found by the caller on the host
+        (model/runtime/batching.py: then nothing in the pass reads a device tensor back); None: found here."""
         if suffix is None:
             suffix = noisy_suffix(noisy)
         if suffix is None:

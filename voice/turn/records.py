@@ -3,26 +3,16 @@ words and what the listener really heard of the answer, and the `TurnEnd` event 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from model.chat import ChatMessage
 from voice.events import TurnEnd
 from voice.latency import breakdown
 from voice.think.dialogue import Dialogue
+from voice.turn.record import TurnRecord
 
 if TYPE_CHECKING:
-    from voice.answer import Answer
-
-
-@dataclass(slots=True)
-class TurnRecord:
-    """What the session knows of one user turn (spoken or typed) until its TurnEnd."""
-
-    turn: int
-    user_text: str = ""
-    marks: dict[str, int] = field(default_factory=dict)
-    endpoint_detected_ns: int | None = None
+    from voice.turn.answer import Answer
 
 
 class TurnRecords:

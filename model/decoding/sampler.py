@@ -2,7 +2,7 @@
 
 Read it top to bottom: small pure helpers (schedule, sampling, commit choice), then `generate`, whose two nested loops
 (blocks, then denoising passes) are the whole algorithm. The sampler owns the answer canvas and the commit policy; the
-network, its attention pattern and its cache live behind the `Denoiser` protocol (model/denoiser.py).
+network, its attention pattern and its cache live behind the `Denoiser` protocol (model/decoding/denoiser.py).
 
 Commit policy per pass, in one place so it can be checked:
 
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from model.denoiser import Denoiser
+from model.decoding.denoiser import Denoiser
+from model.decoding.refinement import Refinement
+from model.decoding.speculative import SpeechGuard
 from model.errors import ModelError
-from model.refinement import Refinement
-from model.speculative import SpeechGuard
 
 REMASKING = ("low_confidence", "random", "left_to_right")
 DECODING_MODES = ("self-speculative", "autoregressive", "diffusion")
@@ -56,15 +56,17 @@ class SamplerConfig:
     cfg_scale: float = 0.0  # classifier-free guidance; > 0 needs an unconditional denoiser (see `generate`)
     seed: int | None = None  # same seed, same output
     use_cache: bool = True  # passed to `Denoiser.start`
-    # "diffusion": this file's threshold/budget sampler; "self-speculative" / "autoregressive": model/speculative.py
+    # "diffusion": this file's threshold/budget sampler; "self-speculative" / "autoregressive":
+    # model/decoding/speculative.py
     decoding: str = "diffusion"
     draft_masks: int = 4  # self-speculative: mask tokens per pass, i.e. how many tokens it drafts ahead
-    draft_branches: bool = True  # self-speculative: a block of masks after every draft (model/speculative.py)
+    draft_branches: bool = True  # self-speculative: a block of masks after every draft (model/decoding/speculative.py)
     # self-speculative: "fixed" drafts `draft_masks` every pass; "adaptive" lets a lone answer draft 0..draft_masks, as
-    # many as pay on this machine (model/draft_policy.py)
+    # many as pay on this machine (model/decoding/draft_policy.py)
     draft_layout: str = "fixed"
-    no_repeat_ngram: int = 0  # speculative/autoregressive: never repeat an n-gram of the answer (0: off)
-    end_after: int = 0  # speculative/autoregressive: end at the first sentence end after this many tokens (0: off)
+    # The caller's `AnswerRules` (model/chat.py), set per answer by `DiffusionChatModel.sampler_for`:
+    no_repeat_ngram: int = 0  # never repeat an n-gram of the answer (0: off)
+    end_after: int = 0  # end at the first sentence end after this many tokens (0: off)
     no_copy_ngram: int = 0  # never copy a run of n tokens (words and punctuation) from the prompt (0: off)
     no_copy_opening: int = 0  # never open with the first n tokens of an earlier answer in the prompt (0: off)
 
@@ -227,7 +229,7 @@ def validate_request(denoiser: Denoiser, prompt_ids: list[int], max_new_tokens: 
 class DiffusionDecoding:
     """One answer's masked-diffusion decoding as a step function: the canvas and commit state of the answer, the
     active block `[lo, hi)`, and `consume(logits)` for each pass over that block. `generate` drives one answer through
-    any `Denoiser`; model/batch_runner.py drives many through one forward (block-diffusion models).
+    any `Denoiser`; model/runtime/batch_runner.py drives many through one forward (block-diffusion models).
 
     Blocks run left to right; within a block each pass commits by the schedule (and threshold), and the block is
     finished (`finished_block` set) once every position of it is committed.

@@ -16,9 +16,11 @@ dequantizes and accumulates in fp32, and a row's output never depends on the oth
 self-speculative decoding stays exact with these weights.
 
 What it costs, one thread (scripts/bench_lm.py --pass-costs): a lone row reads a quarter of the bytes, about 2x
-faster than bf16 `F.linear`; from ~8 rows on the kernel's arithmetic dominates and bf16 is cheaper. So the prefill,
-whose rows are many and whose layout is the same whichever decoding mode answers, keeps the bf16 weights
-(`model.fast_pass`), and the draft policy (`model.draft_policy`) times the drafting layouts on these weights.
+faster than bf16 `F.linear`; from ~8 rows on the kernel's arithmetic dominates (it dequantizes the weights again
+for every 4 rows) and bf16 is cheaper. So the prefill, whose rows are many and whose layout is the same whichever
+decoding mode answers, keeps the bf16 weights, and so does a batched pass of several answers past
+`INT4_BATCH_ROWS` rows (`model.runtime.fast_pass`); the draft policy (`model.decoding.draft_policy`) times the
+drafting layouts of a lone answer on these weights.
 
 The LM head (the tied embedding) is Q8_0 in the file: 8-bit `q` in groups of 32 with an fp16 scale `d`. Writing
 `q = 16 hi + lo` (`hi` in [-8, 7], `lo` in [0, 15]) makes it two int4 weights, `16 d * hi` and `d * lo`, whose
@@ -132,7 +134,7 @@ class Int4Weights:
 
 @dataclass(frozen=True, slots=True)
 class Int4Layer:
-    """One decoder layer's linears, fused as `model.fast_pass` runs them (q/k/v as one, gate/up as one)."""
+    """One decoder layer's linears, fused as `model.runtime.fast_pass` runs them (q/k/v as one, gate/up as one)."""
 
     qkv: Int4Linear
     o: Int4Linear
@@ -211,7 +213,7 @@ def read_gguf_head(path: Path, tensors: dict[str, Any] | None = None) -> tuple[t
 
 
 def int4_weights(path: Path, config: Any, dtype: torch.dtype = torch.bfloat16) -> Int4Weights:
-    """The model's linears (fused for `model.fast_pass`) and LM head from the GGUF at `path`."""
+    """The model's linears (fused for `model.runtime.fast_pass`) and LM head from the GGUF at `path`."""
     tensors = _gguf_tensors(path)
     head = read_gguf_head(path, tensors)
     return Int4Weights(

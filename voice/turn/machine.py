@@ -1,7 +1,8 @@
 """Turn-taking as an explicit state machine: who holds the floor, and what the session must do about it. No I/O.
 
 The shape is h11's and websockets' `Protocol`: a small `State` enum, one method, `handle(event) -> list[action]`, that
-holds every legal transition, and a thin async shell (`voice.session.Session`) that only executes the actions. Tests
+holds every legal transition, and a thin async shell (`voice.turn.session.Session`) that only executes the actions.
+Tests
 drive it with lists of events and assert the actions: no models, no sleeps, no event loop.
 
 Speculative end of turn. The listener decodes a segment as soon as its speech has been followed by a moment of

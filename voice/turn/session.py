@@ -1,6 +1,6 @@
 """One conversation: listen, understand, answer while refining, speak, and stop the instant the user interrupts.
 
-The session is the async shell around the turn-taking core (`voice.turn_taking.TurnTaking`): it turns what the stages
+The session is the async shell around the turn-taking core (`voice.turn.machine.TurnTaking`): it turns what the stages
 report into the core's events, and executes the actions the core returns. It decides nothing itself.
 
     feed_audio -> ListenStage (VAD, endpointer, streaming ASR) -> _on_listen -> TurnTaking.handle -> actions
@@ -16,8 +16,8 @@ The core takes time as input: a clock task feeds it `ClockTick` (wall time, and 
 audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client
 that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows.
 
-The parts: voice/answer.py runs an answer and gates its events, voice/turn_clock.py is the clock, and
-voice/turn_records.py keeps each turn's record and ends it into the history. This module wires them to the core.
+The parts: voice/turn/answer.py runs an answer and gates its events, voice/turn/clock.py is the clock, and
+voice/turn/records.py keeps each turn's record and ends it into the history. This module wires them to the core.
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
-from model.chat import ChatMessage, GenerationOptions
+from model.chat import ChatMessage
 from model.errors import ModelError
-from voice.answer import Answer, AnswerRunner
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
@@ -51,12 +50,12 @@ from voice.events import (
     VoiceResumed,
     now_ns,
 )
-from voice.listen.stage import ListenConfig, ListenStage
-from voice.speak.speculator import SpeculatorConfig
-from voice.think.dialogue import Dialogue, DialogueConfig
-from voice.turn_clock import TurnClock
-from voice.turn_records import TurnRecord, TurnRecords
-from voice.turn_taking import (
+from voice.listen.stage import ListenStage
+from voice.think.dialogue import Dialogue
+from voice.turn.answer import Answer, AnswerRunner
+from voice.turn.clock import TurnClock
+from voice.turn.config import SessionConfig
+from voice.turn.machine import (
     AbandonTurn,
     AnswerAudio,
     AnswerFinished,
@@ -73,7 +72,6 @@ from voice.turn_taking import (
     TurnAction,
     TurnEvent,
     TurnTaking,
-    TurnTakingConfig,
     TurnVerdict,
     TypedText,
     UserDone,
@@ -84,6 +82,7 @@ from voice.turn_taking import (
     UserSpeechStarted,
     UserWords,
 )
+from voice.turn.records import TurnRecord, TurnRecords
 
 log = logging.getLogger(__name__)
 
@@ -95,24 +94,6 @@ def _starts_answer(actions: list[TurnAction]) -> bool:
 def _retrieve(future: asyncio.Future[bool]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-@dataclass(frozen=True, slots=True)
-class SessionConfig:
-    listen: ListenConfig = field(default_factory=ListenConfig)
-    speculator: SpeculatorConfig = field(default_factory=SpeculatorConfig)
-    dialogue: DialogueConfig = field(default_factory=DialogueConfig)
-    generation: GenerationOptions = field(default_factory=lambda: GenerationOptions(max_new_tokens=64))
-    turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
-    # Speculative end of turn: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure.
-    early_lm: bool = True
-    full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks
-    max_turn_seconds: float = 60.0
-    # A turn ends when its audio has had time to play, not when the last chunk was handed out: a user who speaks
-    # while the listener still hears the answer is barging in. File mode has no listener and turns this off.
-    wait_for_playback: bool = True
-    max_text_chars: int = 2000
-    log_size: int = 5000  # events kept in `Session.log` (audio chunks excluded)
 
 
 class Session:
@@ -469,7 +450,8 @@ class Session:
         self._drop_prepared()
         self._prepared = threading.Event()
         try:
-            prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id)
+            prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id,
+                    system_prompt=self.config.system_prompt)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
 

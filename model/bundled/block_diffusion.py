@@ -23,15 +23,16 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from model import fast_pass, row_exact
-from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
+from model.errors import ModelError
+from model.runtime import fast_pass, row_exact
+from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, BlockPasses
+from model.runtime.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
     Feed,
     SlotCache,
     additive_mask,
@@ -41,13 +42,9 @@ from model.batching import (  # noqa: F401  (additive_mask and prefill_bucket ar
     prefill,
     prefill_bucket,
 )
-from model.errors import ModelError
-from model.fast_pass import FastPass
-from model.int4_weights import Int4Weights
-from model.noisy_rows import Suffix, noisy_suffix
-
-if TYPE_CHECKING:
-    from model.batch_runner import BatchRunner
+from model.runtime.fast_pass import FastPass
+from model.runtime.int4_weights import Int4Weights
+from model.runtime.noisy_rows import Suffix, noisy_suffix
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -140,7 +137,8 @@ class BlockDiffusionLM(nn.Module):
         self._inject_lora(config)
         self._fast_pass: FastPass | None = None
         self.int4: Int4Weights | None = None  # see `use_int4`
-        if base.config._attn_implementation == "sdpa":  # SDPA, with the fused pass's exact rows (model.row_exact)
+        # SDPA, with the fused pass's exact rows (model.runtime.row_exact)
+        if base.config._attn_implementation == "sdpa":
             base.set_attn_implementation(row_exact.ATTENTION_NAME)
 
     def _inject_lora(self, config: AdapterConfig) -> None:
@@ -176,8 +174,9 @@ class BlockDiffusionLM(nn.Module):
         self._fast_pass = None
 
     def use_int4(self, weights: Int4Weights | None) -> None:
-        """Decode with these int4 weights (`model.int4_weights`, the base's own weights as the GGUF stores them) in
-        the fused pass, or with the bf16 ones again (None). The modules' forward (training) always uses bf16."""
+        """Decode with these int4 weights (`model.runtime.int4_weights`: the base's own weights as the GGUF stores
+        them) in the fused pass, or with the bf16 ones again (None). The modules' forward (training) always uses
+        bf16."""
         if weights is not None and len(weights.layers) != len(self.base.model.layers):
             raise ModelError(f"{len(weights.layers)} int4 layers for a model of {len(self.base.model.layers)}")
         self.int4 = weights
@@ -219,12 +218,14 @@ class BlockDiffusionLM(nn.Module):
         """Logits `[B, S, vocab]`; appends this call's keys/values to `cache` when given.
 
         In a decoding pass (clean rows, then noisy ones) of one answer the clean rows, or the first `exact_rows`, are
-        attended one by one (`model.row_exact`), as in the fused pass; any other pattern (training) is plain SDPA.
+        attended one by one (`model.runtime.row_exact`), as in the fused pass; any other pattern (training) is plain
+        SDPA.
 
         `keep` is the base model's `logits_to_keep` (0: every position; k: the last k; a 1-D tensor: those
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
         many (the prefill) asks for it. `suffix`: `noisy_suffix(noisy)` found by the caller on the host (a decoding
-        pass's, model/batching.py); None: found here. `prefill` is the fused pass's (these modules are bf16 always).
+        pass's, model/runtime/batching.py); None: found here. `prefill` is the fused pass's (these modules are bf16
+        always).
         """
         if suffix is None:
             suffix = noisy_suffix(noisy)
@@ -251,45 +252,12 @@ class BlockDiffusionLM(nn.Module):
         return out.logits
 
 
-class BlockPasses:
-    """The cache side of diffusion decoding on a block-diffusion model, for one answer: which tokens a pass over block
-    `[lo, hi)` feeds, and how its logits become the block's.
-
-    A pass feeds the clean tokens not yet cached (the prompt's last token before the first block; the block finished
-    just before, fused into the next block's first pass) followed by the noisy block. Logits for the block's first
-    position come from the last clean position (the teacher's own next-token prediction); logits for position
-    `lo + j` (j >= 1) from noisy position `lo + j - 1`.
-    """
-
-    def __init__(self, prompt_last: int, vocab_size: int) -> None:
-        self.vocab_size = vocab_size  # the network's; the mask id's column is added, always -inf
-        self.pending: tuple[int, ...] = (prompt_last,)  # clean tokens not yet in the cache
-        self.next_logits: torch.Tensor | None = None  # [V] prediction for the first uncached position
-
-    def feed(self, canvas: torch.Tensor, lo: int, hi: int) -> Feed:
-        return Feed(clean=self.pending, noisy=tuple(canvas[lo:hi].tolist()))
-
-    def block_logits(self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(logits `[hi - lo, V + 1]` of the block, clean tokens the cache keeps: all of them)."""
-        kept = len(self.pending)
-        if kept:
-            self.next_logits, self.pending = clean_logits[-1], ()
-        if self.next_logits is None:
-            raise ModelError("the first pass of an answer must feed the prompt's last token")
-        length = noisy_logits.shape[0]
-        out = torch.cat([self.next_logits.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.vocab_size]
-        return torch.cat([out, torch.full((length, 1), -torch.inf, device=out.device)], dim=1), kept
-
-    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
-        # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
-        self.pending = tuple(canvas[lo:hi].tolist())
-
-
 class BlockDiffusionDenoiser:
     """`Denoiser` and `Verifier` over a `BlockDiffusionLM`: exact prefix cache, one forward per pass.
 
     One answer at a time, on a one-slot `SlotCache`, through the same code that batches many answers
-    (model/batching.py, model/batch_runner.py): a single answer is a batch of one. The cache is kept from one answer
+    (model/runtime/batching.py, model/runtime/batch_runner.py): a single answer is a batch of one. The cache is kept
+    from one answer
     to the next, so a conversation's next prompt encodes only what it adds.
     """
 
@@ -331,8 +299,6 @@ class BlockDiffusionDenoiser:
         """The runner that decodes concurrent answers on this network in batched passes (created once, with up to
         `max_batch` answers a pass, default `DEFAULT_MAX_BATCH`; its own cache, apart from this denoiser's one-answer
         cache)."""
-        from model.batch_runner import DEFAULT_MAX_BATCH, BatchRunner
-
         if self._runner is None:
             self._runner = BatchRunner(
                 self.model, max_batch or DEFAULT_MAX_BATCH, reuse_prompt_cache=self._reuse_prompt_cache
@@ -388,7 +354,7 @@ class BlockDiffusionDenoiser:
         if self._passes is not None:
             self._passes.finish_block(canvas, lo, hi)
 
-    # --- self-speculative and autoregressive decoding (model/speculative.py) ----------------------------------------
+    # --- self-speculative and autoregressive decoding (model/decoding/speculative.py) -----------------------------
     def start_verify(self, prompt_ids: list[int]) -> None:
         """Cache every prompt token but the last, reusing what the cache already holds of it (the conversation so
         far); the first pass feeds the last prompt token, whose row predicts the answer's first token."""

@@ -4,7 +4,7 @@
 confirmed) or dropped (cancelled), its latency marks, and how much of its audio has played, pauses excluded.
 `AnswerRunner` runs it: LmRun (the diffusion LM in a worker thread) -> drafts -> SpeakStage -> audio, every event
 through one gate, and then waits until the audio has had time to play. What the answer means for the turn (release,
-cancel, finish) is decided by the turn-taking core and executed by the session (voice/session.py).
+cancel, finish) is decided by the turn-taking core and executed by the session (voice/turn/session.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from model.chat import ChatMessage, Draft
 from model.errors import ModelError
@@ -38,10 +37,8 @@ from voice.events import (
 from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.stage import SpeakStage
 from voice.think.lm_run import LmRun
-from voice.turn_records import TurnRecord
-
-if TYPE_CHECKING:
-    from voice.session import SessionConfig
+from voice.turn.config import SessionConfig
+from voice.turn.record import TurnRecord
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +139,11 @@ class AnswerRunner:
     async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
         """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
         becomes the answer's `ErrorEvent`. Returns early only when cancelled."""
-        options = dataclasses.replace(self.config.generation, conversation=self.session_id)  # its own cache slot
+        # its own cache slot, and the spoken-answer policy (voice/think/spoken.py)
+        options = dataclasses.replace(
+            self.config.generation, conversation=self.session_id, system_prompt=self.config.system_prompt,
+            rules=self.config.answer_rules,
+        )
         run = LmRun(self.engines.lm, messages, options, f"lm-{self.session_id}-{answer.turn}")
         answer.run = run
         answer.stats["early_lm"] = 1.0 if answer.early else 0.0

@@ -21,10 +21,10 @@ from voice.engines import EngineConfig, Engines, load_engines
 from voice.errors import NoAudioDevice, VoiceError
 from voice.io.local_mode import OUTPUT_LATENCY_S
 from voice.listen.stage import ListenConfig
-from voice.session import SessionConfig
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.tts import TTSConfig
 from voice.think.dialogue import DialogueConfig
+from voice.turn.session import SessionConfig
 
 
 def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
@@ -48,7 +48,7 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
                     help="local model and Whisper: auto (a CUDA GPU when torch sees one), cpu or cuda")
     lm.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto",
                     help="the bundled model's weights: int4 (the GGUF's own blocks, default on a CPU) or bf16")
-    lm.add_argument("--system-prompt", help="replace the model's default system prompt")
+    lm.add_argument("--system-prompt", help="replace the spoken-answer system prompt (voice/think/spoken.py)")
     speech = parser.add_argument_group("speech")
     speech.add_argument("--asr-model", help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder")
     speech.add_argument("--voice", type=Path, help="a Piper voice .onnx (its .onnx.json beside it)")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from model.block_diffusion import BlockDiffusionLM, additive_mask
+from model.bundled.block_diffusion import BlockDiffusionLM, additive_mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,8 @@ def make_batch(
     """A training batch. `drafting`: what self-speculative decoding asks of the masks, laid out as a decoding pass
     lays them out: each copy's blocks shifted by its own random offset (a draft starts after a clean prefix at any
     position), every block fully masked, and its last position hidden, so a block is `block - 1` mask rows that draft
-    the `block - 1` tokens after the teacher's next one (model/speculative.py feeds exactly that many masks after a
+    the `block - 1` tokens after the teacher's next one (model/decoding/speculative.py feeds exactly that many masks
+    after a
     clean token). `near_weight` < 1 weights the j-th drafted token of a block near_weight ** (j - 1), nearer ones
     more (a draft is only accepted after every draft before it)."""
     b = len(examples)

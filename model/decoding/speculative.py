@@ -1,6 +1,7 @@
 """Self-speculative decoding: the teacher verifies, the adapter drafts, in the same forward pass (lossless).
 
-A block-diffusion model built from an autoregressive checkpoint with a *gated* adapter (model/block_diffusion.py) holds
+A block-diffusion model built from an autoregressive checkpoint with a *gated* adapter
+(model/bundled/block_diffusion.py) holds
 two models in one set of weights: with the gate off it is exactly the teacher, with the gate on it fills masks. One pass
 feeds, after the KV cache::
 
@@ -40,10 +41,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from model.batching import Feed
-from model.draft_policy import DraftPolicy
+from model.decoding.draft_policy import DraftPolicy
+from model.decoding.refinement import Refinement
 from model.errors import ModelError
-from model.refinement import Refinement
+from model.runtime.batching import Feed
 
 
 @runtime_checkable
@@ -229,7 +230,8 @@ def first_eos(tokens: list[int], eos_ids: frozenset[int]) -> int | None:
 class SpeculativeDecoding:
     """One answer's self-speculative (or, with `masks` = 0, autoregressive) decoding as a step function: `feed()`
     says which tokens the next pass needs, `consume(...)` takes that pass's logits and returns the `Refinement` and how
-    many of the fed tokens the cache keeps. `generate_speculative` drives one answer; model/batch_runner.py drives many
+    many of the fed tokens the cache keeps. `generate_speculative` drives one answer; model/runtime/batch_runner.py
+    drives many
     in one forward. A Refinement's committed tokens are verified by the teacher; the uncommitted ones after them are
     the drafts for the next pass.
     """

@@ -6,7 +6,7 @@ keeps). `SpeculativeDecoding` (self-speculative and autoregressive) and `Diffusi
 are both sequences, so any mix of modes shares a pass. The loop::
 
     admit waiting sequences into free cache slots (interactive first), encode their prompts
-    one forward over the next pass of every admitted sequence (model/batching.py)
+    one forward over the next pass of every admitted sequence (model/runtime/batching.py)
     hand each its logits; send each Refinement to its caller; free the slots of finished answers
 
 A single answer is a batch of one through the same code. Priority: an interactive sequence (a voice session's answer)
@@ -14,7 +14,7 @@ is admitted ahead of bulk ones and its first pass runs at once, alone, right aft
 admitted one per loop turn, so a burst of API requests cannot delay a voice turn by several prefills. Cancellation:
 the caller's `cancel` event is read between passes, so a cancelled answer ends after the pass in flight with a
 "cancelled" Refinement and its slot is freed; the other sequences in the batch are unaffected (their rows never see
-it: see the attention mask in model/batching.py).
+it: see the attention mask in model/runtime/batching.py).
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ from typing import Protocol
 
 import torch
 
-from model.batching import Feed, SlotCache, batched_pass, common_prefix, keep, prefill
-from model.block_diffusion import BlockPasses
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import DiffusionDecoding
 from model.errors import GenerationCancelled, ModelError
-from model.refinement import Refinement
-from model.sampler import DiffusionDecoding
+from model.runtime.batching import Feed, SlotCache, batched_pass, common_prefix, keep, prefill
 
 log = logging.getLogger(__name__)
 _RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
@@ -52,7 +51,8 @@ def _stop_runners() -> None:
 DEFAULT_MAX_BATCH = 8
 # A prompt whose uncached part is at most this long is encoded by its answer's first pass instead of a prefill of its
 # own (a voice turn's new words: one forward less on the critical path). Rows of a pass stay within 32 (24 + the
-# last token + drafting masks), where a bf16 row comes out the same whatever shares its pass (model/batching.py).
+# last token + drafting masks), where a bf16 row comes out the same whatever shares its pass
+# (model/runtime/batching.py).
 FOLD_LIMIT = 24
 
 
@@ -71,6 +71,40 @@ class Sequence(Protocol):
     def consume(
         self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
     ) -> tuple[Refinement, int]: ...
+
+
+class BlockPasses:
+    """The cache side of diffusion decoding on a block-diffusion model, for one answer: which tokens a pass over block
+    `[lo, hi)` feeds, and how its logits become the block's.
+
+    A pass feeds the clean tokens not yet cached (the prompt's last token before the first block; the block finished
+    just before, fused into the next block's first pass) followed by the noisy block. Logits for the block's first
+    position come from the last clean position (the teacher's own next-token prediction); logits for position
+    `lo + j` (j >= 1) from noisy position `lo + j - 1`.
+    """
+
+    def __init__(self, prompt_last: int, vocab_size: int) -> None:
+        self.vocab_size = vocab_size  # the network's; the mask id's column is added, always -inf
+        self.pending: tuple[int, ...] = (prompt_last,)  # clean tokens not yet in the cache
+        self.next_logits: torch.Tensor | None = None  # [V] prediction for the first uncached position
+
+    def feed(self, canvas: torch.Tensor, lo: int, hi: int) -> Feed:
+        return Feed(clean=self.pending, noisy=tuple(canvas[lo:hi].tolist()))
+
+    def block_logits(self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(logits `[hi - lo, V + 1]` of the block, clean tokens the cache keeps: all of them)."""
+        kept = len(self.pending)
+        if kept:
+            self.next_logits, self.pending = clean_logits[-1], ()
+        if self.next_logits is None:
+            raise ModelError("the first pass of an answer must feed the prompt's last token")
+        length = noisy_logits.shape[0]
+        out = torch.cat([self.next_logits.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.vocab_size]
+        return torch.cat([out, torch.full((length, 1), -torch.inf, device=out.device)], dim=1), kept
+
+    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
+        # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
+        self.pending = tuple(canvas[lo:hi].tolist())
 
 
 class DiffusionSequence:

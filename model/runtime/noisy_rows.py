@@ -1,7 +1,8 @@
 """Where a pass's noisy rows are: each sequence's last ones (a decoding pass) or anywhere (training).
 
-Its own module because both the batch layout (model/batching.py), which finds it on the host before a pass, and the
-passes that run the adapter only on those rows (model/fast_pass.py, model/block_diffusion.py) need it.
+Its own module because both the batch layout (model/runtime/batching.py), which finds it on the host before a pass, and
+the
+passes that run the adapter only on those rows (model/runtime/fast_pass.py, model/bundled/block_diffusion.py) need it.
 """
 
 from __future__ import annotations

@@ -12,11 +12,14 @@ Two kinds of stream, two ways to fill a `Draft`:
   the TTS speak words the answer does not contain.
 
 `diffusing=None` asks the server: `/v1/models` entries with `"diffusing": true` (dlm-serve marks its models so) turn it
-on; anything else leaves plain deltas, which every server supports.
+on; anything else leaves plain deltas, which every server supports. A caller's `AnswerRules` go out as the
+`answer_rules` extension only to a model whose entry says `"answer_rules": true` (dlm-serve): OpenAI itself refuses
+unknown fields, so other servers get the plain request and their own sampling.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -58,6 +61,7 @@ class OpenAIChatModel:
         timeout = httpx2.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "no-key", timeout=timeout, max_retries=1)
         self._diffusing = diffusing
+        self._extensions: dict[str, Any] | None = None  # the model's /v1/models entry beyond OpenAI's fields
 
     @classmethod
     def from_flags(cls, url: str, model: str, key_env: str | None = None) -> OpenAIChatModel:
@@ -73,18 +77,25 @@ class OpenAIChatModel:
     def diffusing(self) -> bool:
         """Whether answers are requested as whole diffusing drafts (probed from /v1/models on first use if unset)."""
         if self._diffusing is None:
-            self._diffusing = self._probe_diffusing()
+            self._diffusing = bool(self.extensions.get("diffusing", False))
         return self._diffusing
 
-    def _probe_diffusing(self) -> bool:
+    @property
+    def extensions(self) -> dict[str, Any]:
+        """What the server's `/v1/models` entry for this model says beyond OpenAI's fields (probed once)."""
+        if self._extensions is None:
+            self._extensions = self._probe_extensions()
+        return self._extensions
+
+    def _probe_extensions(self) -> dict[str, Any]:
         try:
             models = self._client.models.list()
         except openai.APIError as error:
             raise _failure(f"cannot list models at {self.base_url}", error) from error
         for entry in models.data:
             if entry.id == self.name:
-                return bool((entry.model_extra or {}).get("diffusing", False))
-        return False
+                return dict(entry.model_extra or {})
+        return {}
 
     def stream_chat(
         self,
@@ -96,7 +107,7 @@ class OpenAIChatModel:
         diffusing = self.diffusing
         request: dict[str, Any] = {
             "model": self.name,
-            "messages": [{"role": message.role, "content": message.content} for message in messages],
+            "messages": _wire_messages(messages, options.system_prompt),
             "max_tokens": options.max_new_tokens,
             "temperature": options.temperature,
             "stream": True,
@@ -106,8 +117,11 @@ class OpenAIChatModel:
             request["seed"] = options.seed
         if options.stop:
             request["stop"] = list(options.stop)
-        if diffusing:
-            request["extra_body"] = {"diffusing": True}
+        extra: dict[str, Any] = {"diffusing": True} if diffusing else {}
+        if options.rules.active and self.extensions.get("answer_rules"):
+            extra["answer_rules"] = dataclasses.asdict(options.rules)
+        if extra:
+            request["extra_body"] = extra
         cancel = cancel or threading.Event()
         try:
             stream = self._client.chat.completions.create(**request)
@@ -183,6 +197,14 @@ def _pieces(text: str, committed_chars: int) -> tuple[DraftPiece, ...]:
     if committed_chars < len(text):
         pieces.append(DraftPiece(text[committed_chars:], committed=False, confidence=0.0))
     return tuple(pieces)
+
+
+def _wire_messages(messages: Sequence[ChatMessage], system_prompt: str | None) -> list[dict[str, str]]:
+    """The chat as the API takes it; a chat without a system message gets the caller's `system_prompt`."""
+    wire = [{"role": message.role, "content": message.content} for message in messages]
+    if system_prompt and not any(message.role == "system" for message in messages):
+        wire.insert(0, {"role": "system", "content": system_prompt})
+    return wire
 
 
 def _close_when_cancelled(cancel: threading.Event, finished: threading.Event, stream: Any) -> None:

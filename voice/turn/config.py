@@ -1,0 +1,37 @@
+"""A session's settings: one frozen dataclass, assembled from the CLI flags in one place (web/cli.py).
+
+Its own module because the session shell and the answer it runs both read it, and neither imports the other for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from model.chat import AnswerRules, GenerationOptions
+from voice.listen.stage import ListenConfig
+from voice.speak.speculator import SpeculatorConfig
+from voice.think.dialogue import DialogueConfig
+from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
+from voice.turn.machine import TurnTakingConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    speculator: SpeculatorConfig = field(default_factory=SpeculatorConfig)
+    dialogue: DialogueConfig = field(default_factory=DialogueConfig)
+    generation: GenerationOptions = field(default_factory=lambda: GenerationOptions(max_new_tokens=64))
+    # A spoken answer's policy (voice/think/spoken.py), sent with every request whatever model answers it: the system
+    # prompt for a dialogue without its own (`--system-prompt`), and the logit rules.
+    system_prompt: str | None = SPOKEN_SYSTEM_PROMPT
+    answer_rules: AnswerRules = SPOKEN_RULES
+    turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
+    # Speculative end of turn: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure.
+    early_lm: bool = True
+    full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks
+    max_turn_seconds: float = 60.0
+    # A turn ends when its audio has had time to play, not when the last chunk was handed out: a user who speaks
+    # while the listener still hears the answer is barging in. File mode has no listener and turns this off.
+    wait_for_playback: bool = True
+    max_text_chars: int = 2000
+    log_size: int = 5000  # events kept in `Session.log` (audio chunks excluded)
