@@ -33,6 +33,7 @@ import torch
 
 from model.batching import Feed, SlotCache, batched_pass, common_prefix, keep, prefill
 from model.block_diffusion import BlockPasses
+from model.end_of_turn import EndOfTurnProbe
 from model.errors import GenerationCancelled, ModelError
 from model.refinement import Refinement
 from model.sampler import DiffusionDecoding
@@ -260,9 +261,18 @@ class BatchRunner:
                 self._active.append(run)
             return True
         try:
-            run.reused_tokens, _ = prefill(
-                self.model, self.cache, run.slot, run.sequence.cached_prompt, self.reuse_prompt_cache, run.cancel
+            prompt = run.sequence.cached_prompt
+            probe = run.sequence if isinstance(run.sequence, EndOfTurnProbe) and run.interactive else None
+            if probe is not None:  # stop after the user's last word: that row's prediction is the probe's
+                run.reused_tokens, logits = prefill(self.model, self.cache, run.slot, prompt[: probe.prefill_split()],
+                                                    self.reuse_prompt_cache, run.cancel)
+                if logits is not None:
+                    probe.prefilled(logits)
+            reused, _ = prefill(
+                self.model, self.cache, run.slot, prompt, self.reuse_prompt_cache, run.cancel
             )
+            if probe is None:
+                run.reused_tokens = reused
         except Exception as error:  # forwarded to the caller, who raises it
             self.cache.slots[run.slot].ids.clear()  # a partial prefill is never reused
             self._end(run, error)

@@ -17,6 +17,7 @@ from model.batching import common_prefix
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.denoiser import Denoiser
 from model.draft_policy import DraftPolicy
+from model.end_of_turn import EndOfTurnProbe, message_tail, probe_row
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
 from model.refinement import Refinement
@@ -103,6 +104,7 @@ def draft_from_refinement(
         prompt_tokens=prompt_tokens,
         completion_tokens=sum(refinement.committed[:cut]),
         refinement=refinement,
+        end_of_turn=refinement.end_of_turn,
     )
 
 
@@ -160,6 +162,7 @@ class DiffusionChatModel:
                 "(clean tokens see exactly the autoregressive teacher); use --decoding diffusion"
             )
         self._guard: SpeechGuard | None = None  # built on first use: it scans the vocabulary
+        self._message_tail: tuple[int, ...] | None = None  # built on first use (`message_tail`)
         self._draft_policies: dict[int, DraftPolicy] = {}
         self._policies_lock = threading.Lock()
         # classifier-free guidance needs a second state over the same weights
@@ -303,15 +306,34 @@ class DiffusionChatModel:
         from model.block_diffusion import BlockPasses
 
         denoiser = self.denoiser
+        sequence: DecodingSequence
         if config.decoding == "diffusion":
             validate_request(denoiser, prompt, length, config)
             decoding = DiffusionDecoding(denoiser.mask_id, denoiser.eos_ids, length, config, self.speech_guard(prompt))
-            return DiffusionSequence(decoding, BlockPasses(prompt[-1], denoiser.model.vocab_size), prompt)
-        masks = config.draft_masks if config.decoding == "self-speculative" else 0
-        return SpeculativeDecoding(
-            prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
-            self.speech_guard(prompt), config.draft_branches, self.draft_policy(config),
-        )
+            sequence = DiffusionSequence(decoding, BlockPasses(prompt[-1], denoiser.model.vocab_size), prompt)
+        else:
+            masks = config.draft_masks if config.decoding == "self-speculative" else 0
+            sequence = SpeculativeDecoding(
+                prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
+                self.speech_guard(prompt), config.draft_branches, self.draft_policy(config),
+            )
+        row = probe_row(prompt, self.message_tail())
+        if row is None:
+            return sequence
+        return EndOfTurnProbe(sequence, prompt, row, self.tokenizer.eos_token_id)
+
+    def message_tail(self) -> tuple[int, ...]:
+        """What the chat template puts after a user message's words up to the answer (for SmolLM2 `<|im_end|>`,
+        a newline and the assistant header): where the end-of-turn probe reads (model/end_of_turn.py). Empty
+        without a chat template, or when the template does not end the message with the tokenizer's EOS."""
+        if self._message_tail is None:
+            tail: tuple[int, ...] | None = None
+            end_id = getattr(self.tokenizer, "eos_token_id", None)
+            if getattr(self.tokenizer, "chat_template", None) and end_id is not None:
+                words = list(self.tokenizer.encode(" Is it done", add_special_tokens=False))
+                tail = message_tail(self.prompt_ids([ChatMessage("user", "Is it done")]), words[-1:])
+            self._message_tail = tail if tail and tail[0] == end_id else ()
+        return self._message_tail
 
     def refinements(
         self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None
