@@ -264,6 +264,7 @@ class BatchRunner:
             prompt = run.sequence.cached_prompt
             probe = run.sequence if isinstance(run.sequence, EndOfTurnProbe) and run.interactive else None
             if probe is not None:  # stop after the user's last word: that row's prediction is the probe's
+                del self.cache.slots[run.slot].ids[probe.row :]  # even when an earlier prompt cached that word
                 run.reused_tokens, logits = prefill(self.model, self.cache, run.slot, prompt[: probe.prefill_split()],
                                                     self.reuse_prompt_cache, run.cancel)
                 if logits is not None:
@@ -288,6 +289,8 @@ class BatchRunner:
         held = self.cache.slots[run.slot].ids
         prompt = run.sequence.cached_prompt
         start = common_prefix(held, prompt) if self.reuse_prompt_cache else 0
+        if isinstance(run.sequence, EndOfTurnProbe):  # the user's last word is a row of the pass, even if cached
+            start = min(start, run.sequence.row)
         if not 0 < len(prompt) - start <= FOLD_LIMIT:
             return False
         del held[start:]

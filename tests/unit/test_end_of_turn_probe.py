@@ -79,3 +79,14 @@ def test_a_model_without_a_chat_template_reports_nothing() -> None:
     drafts, _ = first_draft(chat, "hello how are you", prepared=False)
     assert all(draft.end_of_turn is None for draft in drafts)
     assert drafts[-1].done
+
+
+def test_words_an_earlier_prompt_already_cached_are_read_again() -> None:
+    # "how are you" after "how are you doing": the slot already holds the last word's key, but not its prediction
+    for decoding in MODES:
+        chat = chat_model(decoding)
+        first_draft(chat, "how are you fine", prepared=True)
+        drafts, prompt = first_draft(chat, "how are you", prepared=False)
+        row = probe_row(prompt, chat.message_tail())
+        assert drafts[0].end_of_turn is not None, decoding
+        assert abs(drafts[0].end_of_turn - teacher_probability(chat, prompt, row)) < 1e-5, decoding
