@@ -42,8 +42,9 @@ def probe_row(prompt: Sequence[int], tail: Sequence[int]) -> int | None:
 
 
 def end_probability(logits: torch.Tensor, end_id: int) -> float:
-    """Softmax probability of `end_id` in one row of logits `[V]` (float32 or wider)."""
-    return float(torch.softmax(logits.double(), dim=-1)[end_id])
+    """Softmax probability of `end_id` in one row of logits `[V]`: one logsumexp, no softmax over the whole row."""
+    row = logits.float()
+    return float(torch.exp(row[end_id] - torch.logsumexp(row, dim=-1)))
 
 
 class EndOfTurnProbe:
