@@ -17,6 +17,7 @@ from typing import Any
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.decoding.denoiser import Denoiser
 from model.decoding.draft_policy import DraftPolicy
+from model.decoding.end_of_turn import EndOfTurnProbe, message_tail, probe_row
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
 from model.decoding.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
@@ -103,6 +104,7 @@ def draft_from_refinement(
         prompt_tokens=prompt_tokens,
         completion_tokens=sum(refinement.committed[:cut]),
         refinement=refinement,
+        end_of_turn=refinement.end_of_turn,
     )
 
 
@@ -162,6 +164,7 @@ class DiffusionChatModel:
         # Guards by their rules, built on first use; the vocabulary scan they need is done once for all
         self._guards: dict[tuple[int, int, int, int], SpeechGuard] = {}
         self._vocabulary: tuple[frozenset[int], WordClasses] | None = None
+        self._message_tail: tuple[int, ...] | None = None  # built on first use (`message_tail`)
         self._draft_policies: dict[int, DraftPolicy] = {}
         self._policies_lock = threading.Lock()
         # classifier-free guidance needs a second state over the same weights
@@ -311,16 +314,35 @@ class DiffusionChatModel:
     def sequence(self, prompt: list[int], length: int, config: SamplerConfig) -> DecodingSequence:
         """This answer's decoding as a step function for the batch runner (model/runtime/batch_runner.py)."""
         denoiser = self.denoiser
+        sequence: DecodingSequence
         if config.decoding == "diffusion":
             validate_request(denoiser, prompt, length, config)
             guard = self.speech_guard(config, prompt)
             decoding = DiffusionDecoding(denoiser.mask_id, denoiser.eos_ids, length, config, guard)
-            return DiffusionSequence(decoding, BlockPasses(prompt[-1], denoiser.model.vocab_size), prompt)
-        masks = config.draft_masks if config.decoding == "self-speculative" else 0
-        return SpeculativeDecoding(
-            prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
-            self.speech_guard(config, prompt), config.draft_branches, self.draft_policy(config),
-        )
+            sequence = DiffusionSequence(decoding, BlockPasses(prompt[-1], denoiser.model.vocab_size), prompt)
+        else:
+            masks = config.draft_masks if config.decoding == "self-speculative" else 0
+            sequence = SpeculativeDecoding(
+                prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
+                self.speech_guard(config, prompt), config.draft_branches, self.draft_policy(config),
+            )
+        row = probe_row(prompt, self.message_tail())
+        if row is None:
+            return sequence
+        return EndOfTurnProbe(sequence, prompt, row, self.tokenizer.eos_token_id)
+
+    def message_tail(self) -> tuple[int, ...]:
+        """What the chat template puts after a user message's words up to the answer (for SmolLM2 `<|im_end|>`,
+        a newline and the assistant header): where the end-of-turn probe reads (model/decoding/end_of_turn.py). Empty
+        without a chat template, or when the template does not end the message with the tokenizer's EOS."""
+        if self._message_tail is None:
+            tail: tuple[int, ...] | None = None
+            end_id = getattr(self.tokenizer, "eos_token_id", None)
+            if getattr(self.tokenizer, "chat_template", None) and end_id is not None:
+                words = list(self.tokenizer.encode(" Is it done", add_special_tokens=False))
+                tail = message_tail(self.prompt_ids([ChatMessage("user", "Is it done")]), words[-1:])
+            self._message_tail = tail if tail and tail[0] == end_id else ()
+        return self._message_tail
 
     def refinements(
         self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None

@@ -29,6 +29,9 @@ class Refinement:
     done: bool = False  # the last refinement of this answer
     finish_reason: str | None = None  # "stop" (EOS committed), "length", or "cancelled"; set when done
     eos_ids: frozenset[int] = frozenset()  # the model's end-of-sequence ids, so readers can cut the answer
+    # The model's probability that the user's message ended where it did (model/decoding/end_of_turn.py); on the
+    # first pass only, None where it was not computed
+    end_of_turn: float | None = None
 
     def __post_init__(self) -> None:
         if not (len(self.tokens) == len(self.committed) == len(self.confidence)):

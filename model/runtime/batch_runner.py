@@ -31,6 +31,7 @@ from typing import Protocol
 
 import torch
 
+from model.decoding.end_of_turn import EndOfTurnProbe
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding
 from model.errors import GenerationCancelled, ModelError
@@ -294,9 +295,19 @@ class BatchRunner:
                 self._active.append(run)
             return True
         try:
-            run.reused_tokens, _ = prefill(
-                self.model, self.cache, run.slot, run.sequence.cached_prompt, self.reuse_prompt_cache, run.cancel
+            prompt = run.sequence.cached_prompt
+            probe = run.sequence if isinstance(run.sequence, EndOfTurnProbe) and run.interactive else None
+            if probe is not None:  # stop after the user's last word: that row's prediction is the probe's
+                del self.cache.slots[run.slot].ids[probe.row :]  # even when an earlier prompt cached that word
+                run.reused_tokens, logits = prefill(self.model, self.cache, run.slot, prompt[: probe.prefill_split()],
+                                                    self.reuse_prompt_cache, run.cancel)
+                if logits is not None:
+                    probe.prefilled(logits)
+            reused, _ = prefill(
+                self.model, self.cache, run.slot, prompt, self.reuse_prompt_cache, run.cancel
             )
+            if probe is None:
+                run.reused_tokens = reused
         except Exception as error:  # forwarded to the caller, who raises it
             self.cache.slots[run.slot].ids.clear()  # a partial prefill is never reused
             self._end(run, error)
@@ -312,6 +323,8 @@ class BatchRunner:
         held = self.cache.slots[run.slot].ids
         prompt = run.sequence.cached_prompt
         start = common_prefix(held, prompt) if self.reuse_prompt_cache else 0
+        if isinstance(run.sequence, EndOfTurnProbe):  # the user's last word is a row of the pass, even if cached
+            start = min(start, run.sequence.row)
         if not 0 < len(prompt) - start <= FOLD_LIMIT:
             return False
         del held[start:]

@@ -193,6 +193,8 @@ def instrument(trace: WorkTrace) -> Iterator[WorkTrace]:
             ListenStage._locked_process)),
         (ListenStage, "_locked_finish", _timed(trace, lambda *_: ASR_FINAL, ListenStage._locked_finish)),
         (SmartTurn, "is_complete", _timed(trace, lambda *_: SMART_TURN, SmartTurn.is_complete)),
+        # what the session calls (its probability joins the LM's); is_complete stays timed for other callers
+        (SmartTurn, "probability", _timed(trace, lambda *_: SMART_TURN, SmartTurn.probability)),
         (BatchRunner, "_pass", _timed(trace, lambda *_: LM_PASS, BatchRunner._pass)),
         (BatchRunner, "_encode", _timed(trace, lambda *_: LM_PREFILL, BatchRunner._encode)),
         (PiperSynthesizer, "synthesize", _timed_iterator(trace, TTS_RENDER, PiperSynthesizer.synthesize)),

@@ -119,12 +119,15 @@ class FakeDetector:
 
     def __init__(self, complete: bool) -> None:
         self.complete = complete
-        self.config = type("Config", (), {"max_seconds": 8.0})()
+        self.config = type("Config", (), {"max_seconds": 8.0, "threshold": 0.5})()
         self.heard_s: list[float] = []
 
     def is_complete(self, audio: np.ndarray) -> bool:
         self.heard_s.append(audio.size / 16000)
         return self.complete
+
+    def probability(self, audio: np.ndarray) -> float:
+        return 1.0 if self.is_complete(audio) else 0.0
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from model.chat import ChatMessage, Draft
@@ -135,6 +135,9 @@ class AnswerRunner:
         self.session_id = session_id
         self._emit = emit
         self._on_first_audio = on_first_audio
+        # Told the LM's end-of-turn probability as soon as the first pass gives it (not held like the answer's
+        # events: the end of turn waits on it)
+        self.on_end_of_turn: Callable[[Answer, float], Awaitable[None]] | None = None
 
     async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
         """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
@@ -226,6 +229,8 @@ class AnswerRunner:
                     first = False
                     answer.marks["lm_first_pass"] = t_ns
                     self.event(answer, LmFirstPass(session=session, turn=answer.turn, t_ns=t_ns))
+                    if draft.end_of_turn is not None and self.on_end_of_turn is not None:
+                        await self.on_end_of_turn(answer, draft.end_of_turn)
                 self.event(
                     answer,
                     DraftUpdate(

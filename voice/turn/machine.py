@@ -21,7 +21,8 @@ the segments' transcripts are joined, and the turn gets one answer. Later speech
 has not finished is cancelled then, never queued behind the new turn.
 
 A transcript that trails off ("My brother and I...", "should I take the") waits as long as an unfinished verdict,
-whatever the detector heard (`voice.listen.words.trails_off`).
+whatever the detector heard (`voice.listen.words.trails_off`). The LM's own probability that the message ended
+there (`LmTurnVerdict`, from the answer's first pass) joins the detector's in one fitted rule (voice/end_of_turn.py).
 
 Barge-in needs real speech. Sound heard while the assistant is speaking pauses its audio (`PauseOutput`, state
 `BARGE_IN_PENDING`) and interrupts only once a word is recognised. A cough or an echo is not words: the audio resumes
@@ -42,8 +43,9 @@ At most one answer exists at a time: every `StartAnswer` is preceded by the `Can
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from voice.end_of_turn import EndOfTurnRule, Signals
 from voice.listen.words import asks_a_question, same_words, trails_off
 
 
@@ -107,9 +109,20 @@ class Silence:
 
 @dataclass(frozen=True, slots=True)
 class TurnVerdict:
-    """A turn detector's opinion of the paused turn: complete or not (Smart Turn)."""
+    """A turn detector's opinion of the paused turn: complete or not (Smart Turn), and its probability when it gives
+    one (the end-of-turn rule combines it with the LM's, `LmTurnVerdict`)."""
 
     complete: bool
+    probability: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LmTurnVerdict:
+    """The LM's opinion of the words answer `answer_id` started from: its probability of the end-of-message token
+    right after the user's last word, read from that answer's first pass (model/decoding/end_of_turn.py)."""
+
+    answer_id: int
+    probability: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +164,8 @@ class AnswerFinished:
 
 
 TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserLikelyFinal | UserResumed | UserFinal | Silence
-             | TurnVerdict | UserDone | ClockTick | TypedText | ClientInterrupt | AnswerAudio | AnswerFinished)
+             | TurnVerdict | LmTurnVerdict | UserDone | ClockTick | TypedText | ClientInterrupt | AnswerAudio
+             | AnswerFinished)
 
 
 # --- actions (out of the machine) ------------------------------------------------------------------------------------
@@ -258,6 +272,8 @@ class TurnTakingConfig:
     resume_after_ms: float = 600.0  # a sound paused the answer: play on after this long if no word came
     explicit_end: bool = False
     speculate: bool = True
+    # How the detector's and the LM's probabilities combine (fitted: voice/end_of_turn.py); its waits are the ones above
+    end_of_turn: EndOfTurnRule = field(default_factory=EndOfTurnRule)
 
     def __post_init__(self) -> None:
         for name in ("silence_rule_ms", "complete_silence_ms", "incomplete_silence_ms", "question_silence_ms",
@@ -273,6 +289,7 @@ class _Answer:
     held: bool
     spoken_turn: bool  # answers a spoken turn (continuation applies), not a typed one
     text: str = ""  # the user's words it answers
+    end_of_turn: float | None = None  # the LM's P(end of message) after those words (`LmTurnVerdict`)
 
 
 @dataclass(slots=True)
@@ -284,6 +301,7 @@ class _UserTurn:
     dropped: int = 0
     done: bool = False  # UserDone arrived: the next segment end confirms at once
     verdict: bool | None = None
+    verdict_probability: float | None = None  # the detector's probability behind `verdict`, when it gave one
     silence_ms: float = 0.0  # on the audio clock, up to the last chunk that arrived
     stalled_ms: float = 0.0  # wall time since then, once the audio has stalled (0 while it flows)
 
@@ -297,6 +315,10 @@ class TurnTaking:
 
     def __init__(self, config: TurnTakingConfig | None = None) -> None:
         self.config = config or TurnTakingConfig()
+        c = self.config
+        self._end_of_turn = replace(c.end_of_turn, complete_ms=c.complete_silence_ms,
+                                    incomplete_ms=c.incomplete_silence_ms, question_ms=c.question_silence_ms,
+                                    silence_rule_ms=c.silence_rule_ms)
         self.state = State.LISTENING
         self.turn_no = 0  # the last turn number handed out
         self._user: _UserTurn | None = None  # the user turn being spoken, paused or answered
@@ -345,10 +367,17 @@ class TurnTaking:
                     self._user.stalled_ms = 0.0
                     return self._maybe_confirm()
                 return []
-            case TurnVerdict(complete=complete):
+            case TurnVerdict(complete=complete, probability=probability):
                 if self.state is State.USER_PAUSED and self._user is not None:
-                    self._user.verdict = complete
+                    self._user.verdict, self._user.verdict_probability = complete, probability
                     return self._maybe_confirm()
+                return []
+            case LmTurnVerdict(answer_id=answer_id, probability=probability):
+                if self._is_current(answer_id):
+                    assert self._answer is not None
+                    self._answer.end_of_turn = probability
+                    if self.state is State.USER_PAUSED:
+                        return self._maybe_confirm()
                 return []
             case UserDone():
                 return self._user_done()
@@ -434,7 +463,7 @@ class TurnTaking:
             self.state = State.LISTENING
             return actions
         user.silence_ms = user.stalled_ms = 0.0
-        user.verdict = None
+        user.verdict = user.verdict_probability = None
         confirmed = user.done
         started = self._answer
         if started is not None and same_words(started.text, user.text):  # the answer to the likely final's words
@@ -454,17 +483,18 @@ class TurnTaking:
         user = self._user
         if user is None or self.config.explicit_end:
             return []
-        if trails_off(user.text):  # the words stop mid-thought, whatever the audio sounds like
-            needed = self.config.incomplete_silence_ms
-        elif user.verdict is None:  # no detector, or its verdict has not come yet: the silence rule
-            needed = self.config.silence_rule_ms
-        elif user.verdict:
-            needed = self.config.complete_silence_ms
-        elif asks_a_question(user.text):
-            needed = min(self.config.question_silence_ms, self.config.incomplete_silence_ms)
-        else:
-            needed = self.config.incomplete_silence_ms
+        needed = self._end_of_turn.wait_ms(self._signals(user))
         return self._confirm() if user.silence_ms + user.stalled_ms >= needed else []
+
+    def _signals(self, user: _UserTurn) -> Signals:
+        """What the end-of-turn rule judges the paused turn by: the detector's verdict (a bare one as a sure one),
+        the LM's probability when the answer it came from answers these very words, and the two word rules."""
+        audio = None
+        if user.verdict is not None:
+            audio = user.verdict_probability if user.verdict_probability is not None else float(user.verdict)
+        answer = self._answer
+        text = answer.end_of_turn if answer is not None and same_words(answer.text, user.text) else None
+        return Signals(audio, text, asks_a_question(user.text), trails_off(user.text))
 
     def _user_done(self) -> list[TurnAction]:
         if self._user is None:

@@ -63,6 +63,7 @@ from voice.turn.machine import (
     ClientInterrupt,
     EndSegment,
     FinishTurn,
+    LmTurnVerdict,
     PauseOutput,
     ReleaseAnswer,
     ResumeOutput,
@@ -112,6 +113,7 @@ class Session:
         self._listen_lock = asyncio.Lock()  # the stage takes one call at a time: audio, flush (watchdog), close
         self._records = TurnRecords(self.id, self.dialogue)
         self._answers = AnswerRunner(engines, self.config, self.id, self._emit, self._on_first_audio)
+        self._answers.on_end_of_turn = self._on_lm_end_of_turn
         self._answer: Answer | None = None
         self._answers_running: set[asyncio.Task[None]] = set()
         self._clock = TurnClock(self.turn_taking, self._dispatch, name=f"turn-clock-{self.id}")
@@ -121,7 +123,7 @@ class Session:
         self._turn_audio: list[np.ndarray] = []  # the open user turn's segments, for the turn detector
         self._audio_turn = 0  # the turn `_turn_audio` belongs to
         self._verdict_task: asyncio.Task[None] | None = None
-        self._early_verdict: tuple[int, np.ndarray, asyncio.Future[bool]] | None = None  # (turn, audio, verdict)
+        self._early_verdict: tuple[int, np.ndarray, asyncio.Future[float]] | None = None  # (turn, audio, verdict)
         self._speaking = False
         self._closed = False
         self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
@@ -281,11 +283,11 @@ class Session:
         audio = self._detector_window(turn, segment)
         self._early_verdict = (turn, audio, self._ask_detector(audio))
 
-    def _ask_detector(self, audio: np.ndarray) -> asyncio.Future[bool]:
-        """The turn detector's verdict on `audio`, computed in a thread."""
+    def _ask_detector(self, audio: np.ndarray) -> asyncio.Future[float]:
+        """The turn detector's probability that `audio` ends a turn, computed in a thread."""
         detector = self.engines.turn_detector
         assert detector is not None
-        verdict = asyncio.ensure_future(asyncio.to_thread(detector.is_complete, audio))
+        verdict = asyncio.ensure_future(asyncio.to_thread(detector.probability, audio))
         verdict.add_done_callback(_retrieve)  # a verdict dropped unread must not log "never retrieved"
         return verdict
 
@@ -311,11 +313,11 @@ class Session:
 
         async def judge() -> None:
             try:
-                complete = await verdict
+                probability = await verdict
             except VoiceError as err:  # audio it cannot judge: the silence rule decides this pause
                 log.warning("turn detector: %s", err)
                 return
-            await self._dispatch(TurnVerdict(complete))
+            await self._dispatch(TurnVerdict(probability > detector.config.threshold, probability))
 
         self._verdict_task = asyncio.create_task(judge(), name=f"turn-verdict-{self.id}-{turn}")
 
@@ -393,6 +395,11 @@ class Session:
             self._speaking = False
         # synchronous from here: the core learns of the end and the turn ends, with no other step in between
         self._execute_now(self.turn_taking.handle(AnswerFinished(answer.answer_id)))
+
+    async def _on_lm_end_of_turn(self, answer: Answer, probability: float) -> None:
+        """The answer's first pass read the LM's end-of-turn probability: the core weighs it with the detector's."""
+        if self._answer is answer:
+            await self._dispatch(LmTurnVerdict(answer.answer_id, probability))
 
     def _on_first_audio(self, answer: Answer) -> None:
         self._speaking = True

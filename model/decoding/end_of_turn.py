@@ -1,0 +1,100 @@
+"""The LM's own sense that the user has finished: P(end-of-message token) right after the user's last word.
+
+A text end-of-utterance model (LiveKit's turn detector) judges the words, not the audio: how likely a language model
+is to close the user's message after them. The answer's LM already reads exactly these words. Its first pass encodes
+the turn's new words as clean rows (the prompt's uncached part, folded into that pass:
+model/runtime/batch_runner.py), and
+every clean row's logits come back from that pass anyway, so the probability costs a softmax over one row: no extra
+forward. When the new words are too many to fold, the runner's prefill stops after the last word and encodes the
+few template tokens after it separately (one small forward), so the prediction there is the prefill's own output.
+
+`EndOfTurnProbe` wraps any decoding sequence (self-speculative, autoregressive, diffusion): it finds the row, reads
+the probability on the first pass and stamps it on that pass's `Refinement` (`end_of_turn`). A prompt that does not
+end with the chat template's user-message tail (a raw prompt, a model without a template) gets no probe: absent,
+never guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from model.decoding.refinement import Refinement
+from model.runtime.batching import Feed
+
+
+def message_tail(with_words: Sequence[int], words: Sequence[int]) -> tuple[int, ...] | None:
+    """The tokens a chat template puts after a user message's words up to the answer (`<|im_end|>` and the assistant
+    header), found by formatting a chat whose last user message is `words`: None when `words` are not there."""
+    for start in range(len(with_words) - len(words), -1, -1):
+        if list(with_words[start : start + len(words)]) == list(words):
+            return tuple(with_words[start + len(words) :])
+    return None
+
+
+def probe_row(prompt: Sequence[int], tail: Sequence[int]) -> int | None:
+    """Index in `prompt` of the user's last word (the row whose logits predict the end-of-message token), or None
+    when the prompt does not end with the template's `tail` after at least one word."""
+    if not tail or len(prompt) <= len(tail) or tuple(prompt[-len(tail) :]) != tuple(tail):
+        return None
+    return len(prompt) - len(tail) - 1
+
+
+def end_probability(logits: torch.Tensor, end_id: int) -> float:
+    """Softmax probability of `end_id` in one row of logits `[V]`: one logsumexp, no softmax over the whole row."""
+    row = logits.float()
+    return float(torch.exp(row[end_id] - torch.logsumexp(row, dim=-1)))
+
+
+class EndOfTurnProbe:
+    """A decoding sequence (see `model.runtime.batch_runner.Sequence`) whose first pass also reports the probability
+    of the
+    end-of-message token after the user's last word (prompt index `row`)."""
+
+    def __init__(self, inner: object, prompt: Sequence[int], row: int, end_id: int) -> None:
+        self.inner = inner
+        self.row = row
+        self.end_id = end_id
+        self._prompt_length = len(prompt)
+        self._lead = 0  # prompt tokens before the last one that the first pass encodes (folded)
+        self.probability: float | None = None  # known after the prefill or the first pass
+        self._stamped = False
+
+    @property
+    def cached_prompt(self) -> list[int]:
+        return self.inner.cached_prompt  # type: ignore[attr-defined]
+
+    def fold_prompt(self, tokens: Sequence[int]) -> None:
+        """The first pass encodes `tokens` ahead of the prompt's last token; the probe's row may be one of them."""
+        self._lead = len(tokens)
+        self.inner.fold_prompt(tokens)  # type: ignore[attr-defined]
+
+    def prefill_split(self) -> int:
+        """Where the runner's prefill should stop when nothing is folded: right after the user's last word, so its
+        output row is the probe's (`prefilled`)."""
+        return self.row + 1
+
+    def prefilled(self, logits: torch.Tensor) -> None:
+        """The prefill up to the user's last word predicted `logits` `[V]` for the token after it."""
+        self.probability = end_probability(logits, self.end_id)
+
+    def feed(self, crowd: int = 1) -> Feed:
+        return self.inner.feed(crowd)  # type: ignore[attr-defined]
+
+    def consume(
+        self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
+    ) -> tuple[Refinement, int]:
+        if not self._stamped and self._lead:
+            # the folded rows are prompt[len - 1 - lead : len - 1], the first rows of the pass
+            index = self.row - (self._prompt_length - 1 - self._lead)
+            if 0 <= index < self._lead:
+                self.probability = end_probability(clean_logits[index], self.end_id)
+        consume = self.inner.consume  # type: ignore[attr-defined]
+        refinement, kept = consume(clean_logits, noisy_logits, elapsed_s, cancelled)
+        if not self._stamped:
+            self._stamped = True
+            if self.probability is not None:
+                refinement = dataclasses.replace(refinement, end_of_turn=self.probability)
+        return refinement, kept
