@@ -6,7 +6,8 @@ E[accepted] = sum over i <= m of P(the first i drafts are accepted), and costs w
 CPU. Both sides are machine- and model-dependent: on an Intel AMX CPU a 16-row pass cost about 1.3x a lone row, on an
 AMD EPYC 1.8x, so three drafts a pass beat autoregressive decoding on one and lost to it on the other (0.94x). So the
 policy measures both as it decodes, no-I/O: pass costs per layout from the lone passes it times (each layout is tried
-a few times before it is judged, and re-timed now and then as the machine's load changes), acceptance per draft
+a few times before it is judged, its cost the median of its last timings, and re-timed now and then as the machine's
+load changes; with the int4 weights a lone row costs about half a 4-row pass, so drafts rarely pay), acceptance per draft
 position from every pass (starting from the bundled adapter's measured rates), and picks the layout with the most
 expected tokens per ms, m = 0 (autoregressive) included. Every layout gives the teacher's answer exactly; only the
 speed depends on the choice.
@@ -14,7 +15,9 @@ speed depends on the choice.
 
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 # P(draft i is accepted | drafts before it were), the bundled adapter's rates (MODEL_CARD.md: 0.46 / 0.25 / 0.17 for
@@ -22,8 +25,10 @@ from dataclasses import dataclass, field
 PRIOR_ACCEPTANCE = (0.46, 0.54, 0.68)
 PRIOR_WEIGHT = 20.0
 TIMINGS_BEFORE_JUDGING = 3  # lone passes timed per layout before its cost is trusted (the first one is not counted)
-COST_SMOOTHING = 0.2  # weight of a new timing in a layout's running cost
-RETIME_EVERY = 64  # every so many choices, the layout timed longest ago is used once more
+# A layout's cost is the median of its last timings: a pass slowed by a moment of other load (2x on a shared 2-core
+# machine) must not make the cheapest layout look dear and hand the choice to a dearer one until it is re-timed
+COST_WINDOW = 9
+RETIME_EVERY = 32  # every so many choices, the layout timed longest ago is used once more
 
 
 @dataclass(slots=True)
@@ -31,6 +36,7 @@ class _Layout:
     cost_ms: float = 0.0
     timings: int = 0
     timed_at: int = 0  # the choice count when it was last timed
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
 
 
 @dataclass(slots=True)
@@ -87,9 +93,8 @@ class DraftPolicy:
             if pass_ms is None or not 0 <= masks <= self.max_masks:
                 return
             layout = self.layouts[masks]
-            if layout.timings == 1:  # the first timing of a shape also built its kernels: not counted
-                layout.cost_ms = pass_ms
-            elif layout.timings > 1:
-                layout.cost_ms = (1 - COST_SMOOTHING) * layout.cost_ms + COST_SMOOTHING * pass_ms
+            if layout.timings > 0:  # the first timing of a shape also built its kernels: not counted
+                layout.recent.append(pass_ms)
+                layout.cost_ms = statistics.median(layout.recent)
             layout.timings += 1
             layout.timed_at = self.choices

@@ -1,6 +1,5 @@
 """The draft policy (model/decoding/draft_policy.py): which layout a lone self-speculative pass uses, from what passes
-cost
-and how often drafts are accepted; answers stay the teacher's whatever it chooses."""
+cost and how often drafts are accepted; answers stay the teacher's whatever it chooses."""
 
 from __future__ import annotations
 
@@ -40,6 +39,19 @@ def test_drafts_that_do_not_pay_for_their_mask_rows_give_autoregressive_passes()
     policy = DraftPolicy(max_masks=3)
     choices = settle(policy, {0: 25.6, 1: 33.0, 2: 39.0, 3: 46.4}, {1: 0, 2: 0, 3: 0}, 200)
     assert choices[-50:].count(0) >= 45
+
+
+def test_a_few_passes_slowed_by_other_load_do_not_hand_the_choice_to_a_dearer_layout() -> None:
+    # int4 weights on a shared machine: a lone row 32 ms, one draft a pass 66 ms; two passes of the cheap layout
+    # caught beside another process's work took 73 and 70 ms (measured), which a running mean turned into a switch
+    policy = DraftPolicy(max_masks=1)
+    settle(policy, {0: 32, 1: 66}, {1: 1}, 40)
+    spikes = iter([73.0, 70.0])
+    for _ in range(2):
+        masks = policy.choose()
+        assert masks == 0
+        policy.observe(0, 0, 0, next(spikes))
+    assert settle(policy, {0: 32, 1: 66}, {1: 1}, 20).count(0) >= 19  # at most the one re-timing of layout 1
 
 
 def test_good_drafts_on_flat_pass_costs_draft_the_most() -> None:
