@@ -7,8 +7,8 @@ CPU. Both sides are machine- and model-dependent: on an Intel AMX CPU a 16-row p
 AMD EPYC 1.8x, so three drafts a pass beat autoregressive decoding on one and lost to it on the other (0.94x). So the
 policy measures both as it decodes, no-I/O: pass costs per layout from the lone passes it times (each layout is tried
 a few times before it is judged, its cost the median of its last timings, and re-timed now and then as the machine's
-load changes; with the int4 weights a lone row costs about half a 4-row pass, so drafts rarely pay), acceptance per draft
-position from every pass (starting from the bundled adapter's measured rates), and picks the layout with the most
+load changes; with the int4 weights a lone row costs about half a 4-row pass, so drafts rarely pay), acceptance per
+draft position from every pass (starting from the bundled adapter's measured rates), and picks the layout with the most
 expected tokens per ms, m = 0 (autoregressive) included. Every layout gives the teacher's answer exactly; only the
 speed depends on the choice.
 """
