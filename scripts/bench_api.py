@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import openai
+from report_lib.tiny_models import tiny_bert
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.unit.tiny_models
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's model/, not an installed one
 
 from model.chat import ChatModel
 from model.server.background import serve_in_thread
@@ -138,8 +139,6 @@ def load_model(spec: str, decoding: str | None = None) -> ChatModel:
 
     overrides = {"decoding": decoding} if decoding else {}
     if spec == "tiny":
-        from tests.unit.tiny_models import tiny_bert
-
         folder = tiny_bert(Path(tempfile.mkdtemp(prefix="bench-api-")) / "tiny-bert")
         return load_chat_model(str(folder), block_length=8, steps_per_block=8)
     return load_chat_model(None if spec == "default" else spec, **overrides)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from report_lib.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
@@ -15,7 +16,6 @@ from model.chat.engine import DiffusionChatModel, cut_at_stop, draft_from_refine
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ContextLengthExceeded, ModelError
-from tests.unit.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 
 @pytest.fixture(scope="module")
