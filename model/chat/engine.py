@@ -23,8 +23,7 @@ from model.decoding.sampler import DiffusionDecoding, SamplerConfig, generate, v
 from model.decoding.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
-from model.runtime.batch_runner import BlockPasses, DiffusionSequence
-from model.runtime.batch_runner import Sequence as DecodingSequence
+from model.runtime.batch_runner import BlockPasses, DecodingSequence, DiffusionSequence
 from model.runtime.batching import common_prefix
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte

@@ -57,8 +57,9 @@ DEFAULT_MAX_BATCH = 8
 FOLD_LIMIT = 24
 
 
-class Sequence(Protocol):
-    """One answer's decoding as a step function (see the module docstring)."""
+class DecodingSequence(Protocol):
+    """One answer's decoding as a step function (see the module docstring). Not `collections.abc.Sequence`: a
+    sequence here is an answer being decoded."""
 
     @property
     def cached_prompt(self) -> list[int]:
@@ -147,7 +148,7 @@ class Run:
     """One submitted answer: iterate it for its Refinements (the last has done=True). Closing the iterator early
     (the caller went away) frees its slot after the pass in flight."""
 
-    sequence: Sequence
+    sequence: DecodingSequence
     interactive: bool
     cancel: threading.Event | None
     arrived: float = field(default_factory=time.perf_counter)
@@ -216,7 +217,7 @@ class BatchRunner:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
-    def submit(self, sequence: Sequence, interactive: bool = False, cancel: threading.Event | None = None,
+    def submit(self, sequence: DecodingSequence, interactive: bool = False, cancel: threading.Event | None = None,
                owner: str | None = None) -> Run:
         """Queue `sequence`; `owner` names the conversation it continues (its cache slot is kept for it)."""
         run = Run(sequence, interactive, cancel, owner=owner)
