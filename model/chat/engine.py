@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
+from model.chat.stop_strings import end_at_stop
 from model.decoding.denoiser import Denoiser
 from model.decoding.draft_policy import DraftPolicy
 from model.decoding.end_of_turn import EndOfTurnProbe, message_tail, probe_row
@@ -104,25 +105,6 @@ def draft_from_refinement(
         completion_tokens=sum(refinement.committed[:cut]),
         refinement=refinement,
         end_of_turn=refinement.end_of_turn,
-    )
-
-
-def cut_at_stop(draft: Draft, stop: Sequence[str]) -> Draft | None:
-    """The draft ended at the first stop string found in its committed text, or None if there is none. Its usage
-    counts only the tokens whose text it still holds."""
-    committed = draft.committed_text
-    found = [index for index in (committed.find(s) for s in stop if s) if index >= 0]
-    if not found:
-        return None
-    keep, pieces, length = min(found), [], 0
-    for piece in draft.pieces:
-        if length >= keep:
-            break
-        pieces.append(dataclasses.replace(piece, text=piece.text[: keep - length]))
-        length += len(piece.text)
-    return dataclasses.replace(
-        draft, pieces=tuple(pieces), done=True, finish_reason="stop",
-        completion_tokens=sum(piece.tokens for piece in pieces),
     )
 
 
@@ -291,7 +273,7 @@ class DiffusionChatModel:
                 draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), options.max_new_tokens)
                 # read after the first pass: the prompt is encoded when the answer starts
                 draft = dataclasses.replace(draft, cached_prompt_tokens=reused())
-                stopped = cut_at_stop(draft, options.stop) if options.stop else None
+                stopped = end_at_stop(draft, options.stop) if options.stop else None
                 yield stopped or draft
                 if stopped is not None or draft.done:
                     return
