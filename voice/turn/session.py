@@ -231,7 +231,7 @@ class Session:
         if answer is not None:
             answer.cancelled = True
             await self._answers.stop(answer)
-        await cancel_and_wait(*self._answers_running, *dropped, self._clock.task)
+        await cancel_and_wait(*self._answers_running, *dropped, *self._verdict_tasks.values(), self._clock.task)
         async with self._listen_lock:
             if self._listen is not None:
                 await self._listen.aclose()
@@ -324,16 +324,18 @@ class Session:
     async def _await_verdict(self, request: int) -> None:
         assert self._detector_schedule is not None
         try:
-            probability = await self._verdicts[request]
-        except VoiceError as err:  # audio it cannot judge: the silence rule decides this pause
-            log.warning("turn detector: %s", err)
-            return
+            try:
+                probability = await self._verdicts[request]
+            except VoiceError as err:  # audio it cannot judge: the silence rule decides this pause
+                log.warning("turn detector: %s", err)
+                return
+            finally:
+                self._verdicts.pop(request, None)
+            for action in self._detector_schedule.handle(DetectorAnswered(request, probability)):
+                if isinstance(action, DeliverVerdict):
+                    await self._dispatch(action.verdict)
         finally:
-            self._verdicts.pop(request, None)
-            self._verdict_tasks.pop(request, None)
-        for action in self._detector_schedule.handle(DetectorAnswered(request, probability)):
-            if isinstance(action, DeliverVerdict):
-                await self._dispatch(action.verdict)
+            self._verdict_tasks.pop(request, None)  # until here `close` cancels it, delivering or not
 
     async def _end_segment(self) -> None:
         """The client stopped sending audio mid-speech: close the open segment as the end of a stream would, and
