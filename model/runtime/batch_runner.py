@@ -27,7 +27,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -73,6 +73,22 @@ class DecodingSequence(Protocol):
     def consume(
         self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
     ) -> tuple[Refinement, int]: ...
+
+
+@runtime_checkable
+class FoldsPrompt(Protocol):
+    """A sequence whose first pass can also encode the prompt's uncached tokens before its last one (up to
+    `FOLD_LIMIT`) instead of a prefill of their own. Every decoding sequence can; a `PromptOnly`, with no pass, not."""
+
+    def fold_prompt(self, tokens: list[int]) -> None: ...
+
+
+@runtime_checkable
+class Batching(Protocol):
+    """A denoiser whose answers can share batched passes: it makes a `BatchRunner` over its network (the bundled
+    block-diffusion model)."""
+
+    def batch_runner(self, max_batch: int | None = None) -> BatchRunner: ...
 
 
 class BlockPasses:
@@ -318,8 +334,8 @@ class BatchRunner:
         return True
 
     def _fold(self, run: Run) -> bool:
-        fold = getattr(run.sequence, "fold_prompt", None)
-        if fold is None or not (run.interactive or not self._active):
+        sequence = run.sequence
+        if not isinstance(sequence, FoldsPrompt) or not (run.interactive or not self._active):
             return False
         held = self.cache.slots[run.slot].ids
         prompt = run.sequence.cached_prompt
@@ -330,7 +346,7 @@ class BatchRunner:
             return False
         del held[start:]
         run.reused_tokens = start
-        fold(prompt[start:])
+        sequence.fold_prompt(prompt[start:])
         return True
 
     def _pass(self, runs: list[Run]) -> None:

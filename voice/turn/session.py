@@ -34,7 +34,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.chat import ChatMessage
+from model.chat import ChatMessage, PreparesPrompts
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
@@ -467,14 +467,14 @@ class Session:
         """Have the LM encode the next prompt's known part (the history it will see and the user header) while the
         user speaks, so the next answer's prefill encodes only the new words (`DiffusionChatModel.prepare`; a
         remote LM has no such step). A prepare still waiting when the next answer starts is dropped."""
-        prepare = getattr(self.engines.lm, "prepare", None)
-        if prepare is None or self._closed:
+        lm = self.engines.lm
+        if not isinstance(lm, PreparesPrompts) or self._closed:
             return
         self._drop_prepared()
         self._prepared = threading.Event()
         try:
-            prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id,
-                    system_prompt=self.config.system_prompt)
+            lm.prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id,
+                       system_prompt=self.config.system_prompt)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
 
