@@ -79,8 +79,9 @@ bench: install-bench
 	$(PY) scripts/bench_lm.py --json artifacts/bench_lm.json
 	$(PY) scripts/bench_conversation.py --json artifacts/bench_conversation.json
 
+# report: the README's headline voice-to-voice table (Measured figures), with and without the early LM start
 report: install
-	$(PY) scripts/latency_report.py --out artifacts/latency
+	$(PY) scripts/latency_report.py --conversational --compare --out artifacts/latency
 
 train: install
 	nice -n 19 $(PY) scripts/train_default_model.py

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import tempfile
 import time
@@ -21,8 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import openai
+from report_lib.stats import percentile_or
+from report_lib.tiny_models import tiny_bert
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.unit.tiny_models
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's model/, not an installed one
 
 from model.chat import ChatModel
 from model.server.background import serve_in_thread
@@ -55,13 +58,6 @@ class LevelResult:
     latency_p50_s: float
     latency_p95_s: float
     first_draft_p50_by_client_s: tuple[float, ...]  # each client's own median: is any client starved?
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def one_request(
@@ -122,12 +118,12 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
         tokens_per_answer=round(sum(r.completion_tokens for r in results) / max(len(results), 1), 1),
         tokens_per_s=round(sum(result.completion_tokens for result in results) / wall, 2),
         tokens_per_cpu_s=round(sum(result.completion_tokens for result in results) / max(cpu, 1e-9), 2),
-        first_draft_p50_s=round(percentile(firsts, 0.5), 3),
-        first_draft_p95_s=round(percentile(firsts, 0.95), 3),
-        latency_p50_s=round(percentile(latencies, 0.5), 3),
-        latency_p95_s=round(percentile(latencies, 0.95), 3),
+        first_draft_p50_s=round(percentile_or(firsts, 50, math.nan), 3),
+        first_draft_p95_s=round(percentile_or(firsts, 95, math.nan), 3),
+        latency_p50_s=round(percentile_or(latencies, 50, math.nan), 3),
+        latency_p95_s=round(percentile_or(latencies, 95, math.nan), 3),
         first_draft_p50_by_client_s=tuple(
-            round(percentile([r.first_draft_s for r in results if r.client == index], 0.5), 3)
+            round(percentile_or([r.first_draft_s for r in results if r.client == index], 50, math.nan), 3)
             for index in range(clients)
         ),
     )
@@ -138,8 +134,6 @@ def load_model(spec: str, decoding: str | None = None) -> ChatModel:
 
     overrides = {"decoding": decoding} if decoding else {}
     if spec == "tiny":
-        from tests.unit.tiny_models import tiny_bert
-
         folder = tiny_bert(Path(tempfile.mkdtemp(prefix="bench-api-")) / "tiny-bert")
         return load_chat_model(str(folder), block_length=8, steps_per_block=8)
     return load_chat_model(None if spec == "default" else spec, **overrides)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
@@ -34,6 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from report_lib.speech_samples import SpeechClip, card_clips, librivox_clips
+from report_lib.stats import percentile_or
 from report_lib.wer import word_error_rate
 
 from voice.events import Event, SpeechEnd, Transcript
@@ -46,10 +48,6 @@ from voice.listen.vad import SileroVad
 CHUNK_MS = 20
 LEAD_S = 0.5
 TAIL_S = 1.2
-
-
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
 
 
 async def paced_turn(model: LoadedModel, config: ListenConfig, audio: np.ndarray) -> list[Event]:
@@ -127,7 +125,7 @@ def summarize(rows: list[dict], max_audio_s: float) -> dict:
     out: dict = {"turns": len(rows), f"turns_up_to_{max_audio_s:g}s": len(short)}
     for key in ("speech_end_to_final_ms", "detected_to_final_ms", "endpoint_delay_ms"):
         values = [r[key] for r in short]
-        out[key] = {"p50": percentile(values, 50), "p90": percentile(values, 90),
+        out[key] = {"p50": percentile_or(values, 50, math.nan), "p90": percentile_or(values, 90, math.nan),
                     "mean": statistics.fmean(values) if values else float("nan")}
     return out
 

@@ -35,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from report_lib.stats import percentile  # noqa: E402  (scripts/ is on the path when this runs as a script)
+
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
 ENGINES = ("llama.cpp", "autoregressive", "self-speculative")
 HOW_TO_GET_LLAMA_CPP = (
@@ -124,19 +126,14 @@ class Worker:
 
 
 # --- the run ---------------------------------------------------------------------------------------------------------
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else float("nan")
-
-
 def summarize(answers: list[Answer]) -> dict[str, float]:
     decode_tokens = sum(len(a.ids) - 1 for a in answers if len(a.ids) > 1)
     decode_s = sum(a.total_s - a.first_token_s for a in answers if len(a.ids) > 1)
     firsts = [a.first_token_s * 1000 for a in answers]
     return {
         "decode_tokens_per_s": decode_tokens / decode_s if decode_s else float("nan"),
-        "first_token_ms_p50": percentile(firsts, 0.5),
-        "first_token_ms_p95": percentile(firsts, 0.95),
+        "first_token_ms_p50": percentile(firsts, 50),
+        "first_token_ms_p95": percentile(firsts, 95),
         "answer_tokens_mean": statistics.fmean(len(a.ids) for a in answers),
         "tokens_per_s_wall": sum(len(a.ids) for a in answers) / sum(a.total_s for a in answers),
     }

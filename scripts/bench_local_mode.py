@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 from report_lib.local_assistant import TURN_SUMMARY, AssistantFailed, LocalAssistant
 from report_lib.pulse_devices import MIC_RATE, PulseUnavailable, VirtualDevices
-from report_lib.report_math import percentile
 from report_lib.results import print_and_save
 from report_lib.speech_samples import librivox_clips
+from report_lib.stats import percentile
 
 from voice.io.audio import float32_to_pcm16, load_audio_16k
 

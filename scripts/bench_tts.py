@@ -27,6 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from report_lib.stats import percentile  # noqa: E402
+
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions  # noqa: E402
 from model.errors import ModelError  # noqa: E402
 from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult  # noqa: E402
@@ -61,9 +63,8 @@ FALLBACK_PROMPTS = [
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"n": 0, "p50": None, "p90": None, "mean": None}
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
-    return {"n": len(ordered), "p50": statistics.median(ordered), "p90": p90, "mean": statistics.fmean(ordered)}
+    return {"n": len(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
+            "mean": statistics.fmean(values)}
 
 
 # --- 1. Piper first-chunk latency ------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from report_lib.speech_samples import librivox_clips  # noqa: E402
+from report_lib.stats import percentile  # noqa: E402
 
 from voice.io.audio import load_audio_16k, pcm16_to_float32, resample  # noqa: E402
 from voice.listen.turn_detector import (  # noqa: E402
@@ -224,9 +225,9 @@ def cpu_times(detector: SmartTurn, recordings: list[Recording], calls: int) -> d
     return {
         "calls": calls,
         "call_ms_median": round(1000 * statistics.median(whole), 1),
-        "call_ms_p90": round(1000 * float(np.percentile(whole, 90)), 1),
+        "call_ms_p90": round(1000 * percentile(whole, 90), 1),
         "features_ms_median": round(1000 * statistics.median(features), 1),
-        "features_ms_p90": round(1000 * float(np.percentile(features, 90)), 1),
+        "features_ms_p90": round(1000 * percentile(features, 90), 1),
     }
 
 

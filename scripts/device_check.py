@@ -46,7 +46,7 @@ from model.decoding.speculative import SpeculativeDecoding
 from model.device import DEVICE_CHOICES, describe, resolve_device, synchronize
 from model.disk_cache import cache_root
 from model.errors import ModelError
-from model.runtime.batch_runner import BatchRunner, BlockPasses, DiffusionSequence, Run, Sequence
+from model.runtime.batch_runner import BatchRunner, BlockPasses, DecodingSequence, DiffusionSequence, Run
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
@@ -154,7 +154,9 @@ def pass_costs(model: BlockDiffusionLM, device: torch.device, budget: Budget) ->
     return costs
 
 
-def sequence(mode: str, model: BlockDiffusionLM, eos: frozenset[int], prompt: list[int], length: int) -> Sequence:
+def sequence(
+    mode: str, model: BlockDiffusionLM, eos: frozenset[int], prompt: list[int], length: int
+) -> DecodingSequence:
     """One answer's decoding as the engine builds it (model/chat/engine.py `DiffusionChatModel.sequence`), greedy."""
     if mode == "diffusion":
         block = model.config.block_length

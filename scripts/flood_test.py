@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report_lib.load import LoadTestError, SpawnedServer, add_server_target, check_loopback, pid_of, rss_mb
+from report_lib.load import (
+    LoadTestError,
+    SpawnedServer,
+    add_server_target,
+    check_loopback,
+    pid_of,
+    rss_mb,
+    sample_rss,
+)
 from report_lib.results import print_and_save
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -84,14 +92,6 @@ async def _flood(ws: Any, mode: str, noise: bytes, stop: float) -> None:
             await ws.send(frame)
 
 
-async def sample_rss(pid: int, samples: list[float], every_s: float = 0.5) -> None:
-    while True:
-        value = rss_mb(pid)
-        if value is not None:
-            samples.append(value)
-        await asyncio.sleep(every_s)
-
-
 async def warm_up(url: str) -> None:
     """One typed turn read to its end, so the baseline includes the models' working memory of a normal turn."""
     async with connect(url, max_size=None) as ws:
@@ -117,9 +117,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await warm_up(url)
         await asyncio.sleep(2.0)
         baseline = rss_mb(pid)
-        samples: list[float] = []
+        samples: list[tuple[float, float]] = []  # (seconds since the flood began, RSS MiB)
         outcomes: Counter[str] = Counter()
-        sampler = asyncio.create_task(sample_rss(pid, samples), name="rss-sampler")
+        # every 0.5 s (the load test's trend needs only 5 s): the figure here is the peak of a short flood
+        sampler = asyncio.create_task(sample_rss(pid, samples, every_s=0.5), name="rss-sampler")
         stop = time.monotonic() + args.seconds
         rng = np.random.default_rng(0)
         modes = [MODES[index % len(MODES)] for index in range(args.clients)]
@@ -139,7 +140,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await warm_up(url)  # the server still answers a normal turn after the flood
     finally:
         exit_code = await server.stop() if server is not None else None
-    peak = max(during) if during else None
+    peak = max(mb for _, mb in during) if during else None
     growth = None if peak is None or baseline is None else round(peak - baseline, 1)
     return {
         "clients": args.clients,

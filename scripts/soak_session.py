@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import shlex
 import statistics
 import sys
@@ -33,7 +32,7 @@ from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_
 from report_lib.load import LoadTestError, SpawnedServer, add_server_target, check_loopback, pid_of, rss_mb
 from report_lib.page import machine_info
 from report_lib.results import print_and_save
-from report_lib.runners import ServerUnreachable
+from report_lib.runners import ServerUnreachable, VoiceConnection
 from report_lib.soak_inputs import soak_turns
 
 from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
@@ -162,47 +161,34 @@ class Microphone:
 
 
 async def soak(url: str, clips: list[Path], pid: int | None, quiet_s: float) -> list[SoakTurn]:
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake
-
-    try:
-        ws = await connect(url, open_timeout=10, max_size=2**22)
-        ready = json.loads(await asyncio.wait_for(ws.recv(), 10))
-    except (OSError, TimeoutError, InvalidHandshake) as err:
-        raise ServerUnreachable(f"cannot reach the voice server at {url}: {err}") from err
-    await ws.send(json.dumps({"type": "hello", "sample_rate": TARGET_RATE}))
-    listener = Listener(int(ready.get("sample_rate") or 22050))
-    mic = Microphone(ws.send)
-
-    async def read() -> None:
-        try:
-            async for frame in ws:
-                now = time.monotonic()
-                if isinstance(frame, bytes):
-                    listener.on_audio(frame, now)
-                else:
-                    listener.on_text(json.loads(frame), now)
-        except ConnectionClosed as closed:
-            listener.errors.append(f"connection closed: {closed}")
-        finally:
-            listener.closed = True
-            listener.changed.set()
-
     turns: list[SoakTurn] = []
-    async with asyncio.TaskGroup() as group:
-        reader = group.create_task(read(), name="soak-reader")
-        microphone = group.create_task(mic.run(), name="soak-microphone")
-        try:
-            for index, clip in enumerate(clips, 1):
-                turns.append(await one_turn(index, clip, listener, mic, quiet_s))
-                turns[-1].rss_mb = round(rss_mb(pid), 1) if pid else None
-                print(line(turns[-1]), file=sys.stderr, flush=True)
-                if listener.closed:
-                    break
-        finally:
-            microphone.cancel()
-            await ws.close()
-            reader.cancel()
+    async with VoiceConnection(url) as connection:
+        listener = Listener(int(connection.ready.get("sample_rate") or 22050))
+        mic = Microphone(connection.send)
+
+        async def read() -> None:
+            try:
+                broken = await connection.read(listener.on_text, listener.on_audio)
+                if broken is not None:
+                    listener.errors.append(broken)
+            finally:
+                listener.closed = True
+                listener.changed.set()
+
+        async with asyncio.TaskGroup() as group:
+            reader = group.create_task(read(), name="soak-reader")
+            microphone = group.create_task(mic.run(), name="soak-microphone")
+            try:
+                for index, clip in enumerate(clips, 1):
+                    turns.append(await one_turn(index, clip, listener, mic, quiet_s))
+                    turns[-1].rss_mb = round(rss_mb(pid), 1) if pid else None
+                    print(line(turns[-1]), file=sys.stderr, flush=True)
+                    if listener.closed:
+                        break
+            finally:
+                microphone.cancel()
+                await connection.close()
+                reader.cancel()
     return turns
 
 

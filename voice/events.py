@@ -213,7 +213,8 @@ EVENT_TYPES: dict[type[Event], str] = {
     ErrorEvent: "error",
 }
 
-# The named timestamps of a turn, in pipeline order (DESIGN.md "Latency names").
+# The named timestamps of a turn, in pipeline order (the latency names of README.md, "Protocols"; voice/latency.py
+# folds them into the stage breakdown).
 LATENCY_MARKS: tuple[str, ...] = (
     "speech_end",
     "asr_final",

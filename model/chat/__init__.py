@@ -151,3 +151,16 @@ class TokenizingChatModel(ChatModel, Protocol):
     ) -> Iterator[Draft]:
         """`stream_chat` for an already tokenized prompt."""
         ...
+
+
+@runtime_checkable
+class PreparesPrompts(Protocol):
+    """A model that can encode, while it is idle, the part of a conversation's next prompt known before the user's
+    next words (`DiffusionChatModel.prepare`); a remote model has no such step."""
+
+    def prepare(
+        self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None, conversation: str | None = None,
+        system_prompt: str | None = None,
+    ) -> list[int]:
+        """Queue the encoding; `cancel` drops it while it still waits. Returns the tokens queued."""
+        ...

@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
-from model.decoding.denoiser import Denoiser
+from model.chat.stop_strings import end_at_stop
+from model.decoding.denoiser import CancellablePrefill, Denoiser, Forkable, ReportsReusedTokens
 from model.decoding.draft_policy import DraftPolicy
 from model.decoding.end_of_turn import EndOfTurnProbe, message_tail, probe_row
 from model.decoding.refinement import Refinement
@@ -23,8 +24,7 @@ from model.decoding.sampler import DiffusionDecoding, SamplerConfig, generate, v
 from model.decoding.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
-from model.runtime.batch_runner import BlockPasses, DiffusionSequence
-from model.runtime.batch_runner import Sequence as DecodingSequence
+from model.runtime.batch_runner import Batching, BlockPasses, DecodingSequence, DiffusionSequence
 from model.runtime.batching import common_prefix
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
@@ -108,25 +108,6 @@ def draft_from_refinement(
     )
 
 
-def cut_at_stop(draft: Draft, stop: Sequence[str]) -> Draft | None:
-    """The draft ended at the first stop string found in its committed text, or None if there is none. Its usage
-    counts only the tokens whose text it still holds."""
-    committed = draft.committed_text
-    found = [index for index in (committed.find(s) for s in stop if s) if index >= 0]
-    if not found:
-        return None
-    keep, pieces, length = min(found), [], 0
-    for piece in draft.pieces:
-        if length >= keep:
-            break
-        pieces.append(dataclasses.replace(piece, text=piece.text[: keep - length]))
-        length += len(piece.text)
-    return dataclasses.replace(
-        draft, pieces=tuple(pieces), done=True, finish_reason="stop",
-        completion_tokens=sum(piece.tokens for piece in pieces),
-    )
-
-
 def context_length_of(config: Any) -> int | None:
     """The number of positions a transformers config says its model was built for (None when it does not say)."""
     for source in (config, getattr(config, "text_config", None)):
@@ -168,14 +149,14 @@ class DiffusionChatModel:
         self._draft_policies: dict[int, DraftPolicy] = {}
         self._policies_lock = threading.Lock()
         # classifier-free guidance needs a second state over the same weights
-        self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and hasattr(denoiser, "fork") else None
+        self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and isinstance(denoiser, Forkable) else None
         self._lock = FairLock()  # without batching, sessions take turns on the model, first come, first served
         # Batched passes for every mode the bundled model has; guidance needs a second state per answer: not batched.
         # `max_batch`: answers per pass (None: the runner's default; 1: one at a time, still through the runner).
-        make_runner = getattr(denoiser, "batch_runner", None)
         if max_batch is not None and max_batch < 1:
             raise ModelError(f"max_batch must be at least 1, got {max_batch}")
-        self._runner = make_runner(max_batch) if make_runner is not None and sampler.cfg_scale == 0 else None
+        batching = isinstance(denoiser, Batching) and sampler.cfg_scale == 0
+        self._runner = denoiser.batch_runner(max_batch) if batching else None
 
     @property
     def max_batch(self) -> int:
@@ -286,13 +267,14 @@ class DiffusionChatModel:
             refinements, reused = iter(run), lambda: run.reused_tokens
         else:
             refinements = self._locked_refinements(prompt, length, config, cancel)
-            reused = lambda: int(getattr(self.denoiser, "reused_tokens", 0))  # noqa: E731
+            denoiser = self.denoiser
+            reused = lambda: denoiser.reused_tokens if isinstance(denoiser, ReportsReusedTokens) else 0  # noqa: E731
         try:
             for refinement in refinements:
                 draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), options.max_new_tokens)
                 # read after the first pass: the prompt is encoded when the answer starts
                 draft = dataclasses.replace(draft, cached_prompt_tokens=reused())
-                stopped = cut_at_stop(draft, options.stop) if options.stop else None
+                stopped = end_at_stop(draft, options.stop) if options.stop else None
                 yield stopped or draft
                 if stopped is not None or draft.done:
                     return
@@ -350,10 +332,9 @@ class DiffusionChatModel:
         """The passes of one answer, one at a time on the denoiser; models that are not masked (DiffusionGemma)
         override this.
 
-        A denoiser with a `prefill_cancel` attribute checks that event between the chunks of a long prompt's
-        prefill and raises `GenerationCancelled`, so a cancel does not wait for the whole prompt to be encoded.
+        A denoiser that can (`CancellablePrefill`) checks `cancel` between the chunks of a long prompt's prefill.
         """
-        if hasattr(self.denoiser, "prefill_cancel"):
+        if isinstance(self.denoiser, CancellablePrefill):
             self.denoiser.prefill_cancel = cancel
         if config.decoding == "diffusion":
             guard = self.speech_guard(config, prompt)

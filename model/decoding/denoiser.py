@@ -17,6 +17,7 @@ Positions are relative to the start of the answer.
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -45,3 +46,27 @@ class Denoiser(Protocol):
     def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
         """The block `lo..hi-1` is final: fold it into the cache (exact if block-causal, refreshed otherwise)."""
         ...
+
+
+# What some denoisers offer beyond `Denoiser`: the engine asks with isinstance, so each capability is named here.
+@runtime_checkable
+class Forkable(Protocol):
+    """A denoiser that makes a second state over the same weights (classifier-free guidance's unconditional pass)."""
+
+    def fork(self) -> Denoiser: ...
+
+
+@runtime_checkable
+class ReportsReusedTokens(Protocol):
+    """A denoiser that says how many prompt tokens its last `start` found already in its cache (the answer's usage
+    reports them as cached)."""
+
+    reused_tokens: int
+
+
+@runtime_checkable
+class CancellablePrefill(Protocol):
+    """A denoiser that checks `prefill_cancel` between the chunks of a long prompt's prefill and raises
+    `GenerationCancelled`, so a cancel does not wait for the whole prompt to be encoded."""
+
+    prefill_cancel: threading.Event | None

@@ -49,9 +49,8 @@ def end_probability(logits: torch.Tensor, end_id: int) -> float:
 
 
 class EndOfTurnProbe:
-    """A decoding sequence (see `model.runtime.batch_runner.Sequence`) whose first pass also reports the probability
-    of the
-    end-of-message token after the user's last word (prompt index `row`)."""
+    """A decoding sequence (`model.runtime.batch_runner.DecodingSequence`) whose first pass also reports the
+    probability of the end-of-message token after the user's last word (prompt index `row`)."""
 
     def __init__(self, inner: object, prompt: Sequence[int], row: int, end_id: int) -> None:
         self.inner = inner

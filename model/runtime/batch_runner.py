@@ -27,7 +27,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -57,8 +57,9 @@ DEFAULT_MAX_BATCH = 8
 FOLD_LIMIT = 24
 
 
-class Sequence(Protocol):
-    """One answer's decoding as a step function (see the module docstring)."""
+class DecodingSequence(Protocol):
+    """One answer's decoding as a step function (see the module docstring). Not `collections.abc.Sequence`: a
+    sequence here is an answer being decoded."""
 
     @property
     def cached_prompt(self) -> list[int]:
@@ -72,6 +73,22 @@ class Sequence(Protocol):
     def consume(
         self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
     ) -> tuple[Refinement, int]: ...
+
+
+@runtime_checkable
+class FoldsPrompt(Protocol):
+    """A sequence whose first pass can also encode the prompt's uncached tokens before its last one (up to
+    `FOLD_LIMIT`) instead of a prefill of their own. Every decoding sequence can; a `PromptOnly`, with no pass, not."""
+
+    def fold_prompt(self, tokens: list[int]) -> None: ...
+
+
+@runtime_checkable
+class Batching(Protocol):
+    """A denoiser whose answers can share batched passes: it makes a `BatchRunner` over its network (the bundled
+    block-diffusion model)."""
+
+    def batch_runner(self, max_batch: int | None = None) -> BatchRunner: ...
 
 
 class BlockPasses:
@@ -147,7 +164,7 @@ class Run:
     """One submitted answer: iterate it for its Refinements (the last has done=True). Closing the iterator early
     (the caller went away) frees its slot after the pass in flight."""
 
-    sequence: Sequence
+    sequence: DecodingSequence
     interactive: bool
     cancel: threading.Event | None
     arrived: float = field(default_factory=time.perf_counter)
@@ -216,7 +233,7 @@ class BatchRunner:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
-    def submit(self, sequence: Sequence, interactive: bool = False, cancel: threading.Event | None = None,
+    def submit(self, sequence: DecodingSequence, interactive: bool = False, cancel: threading.Event | None = None,
                owner: str | None = None) -> Run:
         """Queue `sequence`; `owner` names the conversation it continues (its cache slot is kept for it)."""
         run = Run(sequence, interactive, cancel, owner=owner)
@@ -317,8 +334,8 @@ class BatchRunner:
         return True
 
     def _fold(self, run: Run) -> bool:
-        fold = getattr(run.sequence, "fold_prompt", None)
-        if fold is None or not (run.interactive or not self._active):
+        sequence = run.sequence
+        if not isinstance(sequence, FoldsPrompt) or not (run.interactive or not self._active):
             return False
         held = self.cache.slots[run.slot].ids
         prompt = run.sequence.cached_prompt
@@ -329,7 +346,7 @@ class BatchRunner:
             return False
         del held[start:]
         run.reused_tokens = start
-        fold(prompt[start:])
+        sequence.fold_prompt(prompt[start:])
         return True
 
     def _pass(self, runs: list[Run]) -> None:

@@ -4,6 +4,12 @@ The server streams two views of the same drafts. Append-only streams (plain Open
 change, so they send the committed prefix. `diffusing` streams send the whole current draft each time. Both must honour
 `stop` sequences: the answer ends before the first stop string, and text that might turn out to be the start of a stop
 string is held back from the committed view, so committed text never has to be taken back.
+
+The model applies the stop strings to what it commits (`GenerationOptions.stop`, model/chat/stop_strings.py): a draft
+whose committed text reached one comes already ended there, done with finish_reason "stop", its usage counting only
+the tokens returned. So the view applies them only to what the model has not committed: the guess is cut at a stop
+string, and the end of the committed text that may start one is held back. (A remote model gets `stop` in its
+request: model/chat/client.py.)
 """
 
 from __future__ import annotations
@@ -11,23 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.chat import Draft
-
-
-def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
-    """`text` up to the earliest stop string, and whether one was found."""
-    cut = min((index for index in (text.find(stop) for stop in stops if stop) if index >= 0), default=-1)
-    return (text, False) if cut < 0 else (text[:cut], True)
-
-
-def stable_length(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the part of `text` that cannot become part of a stop string once more text follows it."""
-    held = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), held, -1):
-            if text.endswith(stop[:size]):
-                held = size
-                break
-    return len(text) - held
+from model.chat.stop_strings import cut_at_stop, stable_length
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,19 +26,17 @@ class AnswerView:
 
     text: str  # the whole current draft, cut at the first stop string
     committed: str  # the prefix that will never change (stop-safe)
-    stopped: bool  # a stop string occurs in committed text: the answer is final now
+    stopped: bool  # the model ended the answer with finish_reason "stop" (its own end or a stop string): final now
 
 
 def view_of(draft: Draft, stops: tuple[str, ...]) -> AnswerView:
-    """The client's view of `draft`. A finished draft is committed in full (cancelled ones only up to their commit)."""
-    committed, stopped = cut_at_stop(draft.committed_text, stops)
-    if stopped:
-        return AnswerView(text=committed, committed=committed, stopped=True)
+    """The client's view of `draft`, a draft of the model (stop strings already applied to its committed text). A
+    finished draft is committed in full (cancelled ones only up to their commit)."""
     if draft.done:
         final = draft.committed_text if draft.finish_reason == "cancelled" else draft.text
-        final, stopped = cut_at_stop(final, stops)
-        return AnswerView(text=final, committed=final, stopped=stopped)
+        return AnswerView(text=final, committed=final, stopped=draft.finish_reason == "stop")
     text, _ = cut_at_stop(draft.text, stops)
+    committed = draft.committed_text
     committed = committed[: min(stable_length(committed, stops), len(text))]
     if not text.startswith(committed):  # a stop string in the guess cut into the committed part
         text = committed

@@ -1,5 +1,5 @@
 """The latency report's arithmetic: one turn's record, the critical-path segments of its timeline, and summaries
-(percentiles) over many turns. No I/O, no models, so the figures in the report can be unit-tested.
+(percentiles, report_lib/stats.py) over many turns. No I/O, no models, so the figures in the report can be unit-tested.
 
 A turn's `latency_ms` (voice.latency.breakdown, or the `turn_end` message of the WebSocket protocol) already charges
 each stage only for the time it kept the user waiting, so the stage durations add up to voice-to-voice. The endpoint
@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from report_lib.stats import percentile
 from voice.latency import STAGE_NAMES
 
 # Every latency figure a turn record carries, in ms (None when the turn could not measure it); the stages are
@@ -82,20 +83,6 @@ class Summary:
             "p95": self.p95,
             "max": self.max,
         }
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default method), so
-    the p50 of an even count is the mean of the middle two. Raises ValueError for no values or q out of range."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile must be in [0, 100], got {q}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def summarise(values: Iterable[float | None]) -> Summary:

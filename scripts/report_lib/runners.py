@@ -1,5 +1,6 @@
 """Run spoken turns and collect each one's latency breakdown: in-process through a `Session`, or as a WebSocket client
-of a running `voice-assistant serve`.
+of a running `voice-assistant serve`. `VoiceConnection` is the one WebSocket client of the scripts (the runner's and
+the soak's): the handshake and the reading of frames.
 
 Both stream 20 ms frames (in real time unless told otherwise, so the streaming ASR, the endpointer and the early LM
 start behave as with a microphone), then trailing silence so the endpointer closes the turn, and wait for that turn's
@@ -12,11 +13,14 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from voice.engines import Engines
 from voice.events import ErrorEvent, SpeechStart, Transcript, TurnEnd
@@ -126,6 +130,67 @@ def _fill(result: TurnResult, transcript: str, answer: str, latency: dict[str, A
 
 
 # --- WebSocket client ------------------------------------------------------------------------------------------------
+class VoiceConnection:
+    """One connection to `voice-assistant serve`: connect, read its `ready` message, say `hello` at 16 kHz; then
+    `read` hands every frame to the caller's callbacks, stamped with the client's clock on arrival.
+
+    Every script that talks to the server as a user would (the report's runner, the soak) opens it this way, so the
+    handshake and the error a user sees for an unreachable server are the same in all of them.
+    """
+
+    def __init__(self, url: str, open_timeout_s: float = 10.0) -> None:
+        self.url = url
+        self._open_timeout_s = open_timeout_s
+        self._ws: ClientConnection | None = None
+        self.ready: dict[str, Any] = {}
+
+    async def __aenter__(self) -> VoiceConnection:
+        try:
+            self._ws = await connect(self.url, open_timeout=self._open_timeout_s, max_size=2**22)
+            self.ready = json.loads(await asyncio.wait_for(self._ws.recv(), self._open_timeout_s))
+        except (OSError, TimeoutError, InvalidURI, InvalidHandshake) as err:
+            await self.close()
+            reason = str(err) or type(err).__name__
+            raise ServerUnreachable(f"cannot reach the voice server at {self.url}: {reason}") from err
+        if self.ready.get("type") != "ready":
+            await self.close()
+            raise ServerUnreachable(f"{self.url} did not answer with a ready message: {self.ready}")
+        await self._ws.send(json.dumps({"type": "hello", "sample_rate": TARGET_RATE}))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection (again is harmless); a `read` in progress then returns."""
+        if self._ws is not None:
+            await self._ws.close()
+
+    async def send(self, frame: bytes | str) -> None:
+        await self._open().send(frame)
+
+    def _open(self) -> ClientConnection:
+        if self._ws is None:
+            raise RuntimeError("the connection is not open: use `async with VoiceConnection(url)`")
+        return self._ws
+
+    async def read(
+        self, on_text: Callable[[dict[str, Any], float], None], on_audio: Callable[[bytes, float], None]
+    ) -> str | None:
+        """Hand each frame to its callback with `time.monotonic()` at its arrival (JSON text decoded) until the
+        connection closes. Returns why when it broke, None when it was closed normally."""
+        try:
+            async for frame in self._open():
+                now = time.monotonic()
+                if isinstance(frame, bytes):
+                    on_audio(frame, now)
+                else:
+                    on_text(json.loads(frame), now)
+        except ConnectionClosed as closed:
+            return f"connection closed: {closed}"
+        return None
+
+
 @dataclass(slots=True)
 class _Heard:
     """What the client has received, stamped with its own clock (monotonic seconds)."""
@@ -151,52 +216,35 @@ class WebSocketRunner:
     def __init__(self, url: str, realtime: bool = True, open_timeout_s: float = 10.0) -> None:
         self.url = url
         self._realtime = realtime
-        self._open_timeout_s = open_timeout_s
-        self._ws: Any = None
+        self._connection = VoiceConnection(url, open_timeout_s)
         self._heard = _Heard()
         self._reader: asyncio.Task[None] | None = None
         self.ready: dict[str, Any] = {}
 
     async def __aenter__(self) -> WebSocketRunner:
-        from websockets.asyncio.client import connect
-        from websockets.exceptions import InvalidHandshake, InvalidURI
-
-        try:
-            self._ws = await connect(self.url, open_timeout=self._open_timeout_s, max_size=2**22)
-            self.ready = json.loads(await asyncio.wait_for(self._ws.recv(), self._open_timeout_s))
-        except (OSError, TimeoutError, InvalidURI, InvalidHandshake) as err:
-            if self._ws is not None:
-                await self._ws.close()
-            reason = str(err) or type(err).__name__
-            raise ServerUnreachable(f"cannot reach the voice server at {self.url}: {reason}") from err
-        if self.ready.get("type") != "ready":
-            await self._ws.close()
-            raise ServerUnreachable(f"{self.url} did not answer with a ready message: {self.ready}")
-        await self._ws.send(json.dumps({"type": "hello", "sample_rate": TARGET_RATE}))
+        await self._connection.__aenter__()
+        self.ready = self._connection.ready
         self._reader = asyncio.create_task(self._read(), name=f"report-ws-reader-{self.ready.get('session')}")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self._ws.close()
+        await self._connection.close()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
 
     async def _read(self) -> None:
-        from websockets.exceptions import ConnectionClosed
-
         heard = self._heard
         try:
-            async for frame in self._ws:
-                now = time.monotonic()
-                if isinstance(frame, bytes):
-                    if heard.audio_turn is not None:
-                        heard.first_audio_at.setdefault(heard.audio_turn, now)
-                    continue
-                self._on_message(json.loads(frame), now)
-        except ConnectionClosed as closed:
-            heard.errors.append(f"connection closed: {closed}")
+            broken = await self._connection.read(self._on_message, self._on_audio)
+            if broken is not None:
+                heard.errors.append(broken)
         finally:
             heard.ends.put_nowait({"type": "closed"})  # a turn waiting for its end must not wait out its timeout
+
+    def _on_audio(self, frame: bytes, now: float) -> None:
+        heard = self._heard
+        if heard.audio_turn is not None:
+            heard.first_audio_at.setdefault(heard.audio_turn, now)
 
     def _on_message(self, message: dict[str, Any], now: float) -> None:
         heard = self._heard
@@ -222,7 +270,7 @@ class WebSocketRunner:
         heard = self._heard
         starts_before, errors_before = len(heard.speech_starts), len(heard.errors)
         heard.speech_started.clear()
-        await stream_pcm16(self._ws.send, pcm, realtime=self._realtime)
+        await stream_pcm16(self._connection.send, pcm, realtime=self._realtime)
         if len(heard.speech_starts) == starts_before:
             # the server may still be working through the last frames: give its speech_start a moment to arrive
             with contextlib.suppress(TimeoutError):

@@ -15,10 +15,11 @@ __all__ = ["PacedModel", "RunningServer", "serve", "tiny_chat_model"]
 
 
 def tiny_chat_model(folder: Path, block_length: int = 8) -> ChatModel:
-    """A real `DiffusionChatModel` over a random 2-layer BERT (tests/unit/tiny_models.py): fast, offline, and
+    """A real `DiffusionChatModel` over a random 2-layer BERT (scripts/report_lib/tiny_models.py): fast, offline, and
     multi-pass (one token committed per pass), so streams have many drafts. Its words are random, not an answer."""
+    from report_lib.tiny_models import tiny_bert
+
     from model.chat.loading import load_chat_model
-    from tests.unit.tiny_models import tiny_bert
 
     return load_chat_model(str(tiny_bert(folder)), block_length=block_length, steps_per_block=block_length)
 

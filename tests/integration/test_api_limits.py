@@ -1,6 +1,7 @@
 """dlm-serve keeps its promises: refusals are HTTP errors before any work, committed text is final in both stream
-formats, finish_reason and usage say what was returned. The model is scripted (tests/unit/tiny_models.py): a byte
-tokenizer, so prompt lengths in tokens are exact and "é" is two tokens, and a fixed answer written one token per pass.
+formats, finish_reason and usage say what was returned. The model is scripted (scripts/report_lib/tiny_models.py): a
+byte tokenizer, so prompt lengths in tokens are exact and "é" is two tokens, and a fixed answer written one token per
+pass.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from collections.abc import Iterator, Sequence
 import httpx
 import openai
 import pytest
+from report_lib.tiny_models import scripted_byte_model
 
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
 from model.errors import ModelError
 from model.server import ServerConfig
 from tests.integration.api_harness import PacedModel, RunningServer, serve
-from tests.unit.tiny_models import scripted_byte_model
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -49,7 +49,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = folder / "out"
     model: list[str] = []
     if not DEFAULT_ADAPTER.exists():  # the bundled model is being trained: a tiny random BERT runs the same code
-        from tests.unit.tiny_models import tiny_bert
+        from report_lib.tiny_models import tiny_bert
 
         model = ["--model", str(tiny_bert(folder / "tiny-bert"))]
     done = _report(str(CLIP), str(stereo), "--turns", "2", "--no-realtime", "--no-warmup",

@@ -36,7 +36,7 @@ def load_test_engines(tmp_folder: Path) -> Engines:
     if DEFAULT_ADAPTER.exists():
         lm = load_chat_model(None)
     else:
-        from tests.unit.tiny_models import tiny_bert
+        from report_lib.tiny_models import tiny_bert
 
         lm = load_chat_model(str(tiny_bert(tmp_folder)), block_length=4, steps_per_block=4)
     return Engines(asr=load_model(None), tts=load_synthesizer(), lm=lm, load_seconds={})

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
 from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.chat import ChatMessage, GenerationOptions
@@ -21,7 +22,6 @@ from model.errors import ModelError
 from model.runtime.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
 from model.runtime.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
-from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
 EOS = LLAMA_EOS
 # Pass by pass equal to the answer alone: one drafting block (an answer alone drafts a block after every draft, in a
@@ -228,9 +228,10 @@ def test_the_engine_streams_concurrent_answers_through_one_runner() -> None:
 def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes() -> None:
     import asyncio
 
+    from report_lib.tiny_models import word_tokenizer
+
     from model.chat import ChatMessage
     from model.server.scheduler import Scheduler
-    from tests.unit.tiny_models import word_tokenizer
 
     chat = DiffusionChatModel("tiny", word_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"])
     questions = ["hello how are you", "what is your name", "the cat and the dog", "good day"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
 from model.bundled.block_diffusion import (
     AdapterConfig,
@@ -18,7 +19,6 @@ from model.bundled.block_diffusion import (
 from model.decoding.sampler import SamplerConfig, generate
 from model.errors import ModelError
 from model.training.block_training import batch_logits, block_diffusion_loss, make_batch
-from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
 VOCAB = LLAMA_VOCAB
 EOS = LLAMA_EOS

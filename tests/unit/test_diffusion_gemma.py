@@ -6,13 +6,13 @@ import threading
 
 import pytest
 import torch
+from report_lib.tiny_models import word_tokenizer
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from transformers.models.diffusion_gemma.configuration_diffusion_gemma import DiffusionGemmaTextConfig
 
 from model.adapters.diffusion_gemma import DiffusionGemmaChatModel, diffusion_gemma_refinements
 from model.chat import ChatMessage, GenerationOptions
 from model.errors import ModelError
-from tests.unit.tiny_models import word_tokenizer
 
 CANVAS, EOS = 8, 5
 

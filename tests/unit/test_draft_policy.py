@@ -3,6 +3,8 @@ cost and how often drafts are accepted; answers stay the teacher's whatever it c
 
 from __future__ import annotations
 
+from report_lib.tiny_models import tiny_llama
+
 from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.decoding.draft_policy import RETIME_EVERY, TIMINGS_BEFORE_JUDGING, DraftPolicy
 from model.decoding.speculative import generate_speculative
@@ -15,7 +17,6 @@ from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autou
     prompts,
     teacher_greedy,
 )
-from tests.unit.tiny_models import tiny_llama
 
 
 def settle(policy: DraftPolicy, cost_ms: dict[int, float], accepted_of: dict[int, int], passes: int) -> list[int]:

@@ -5,6 +5,8 @@ mode, whether the words were folded into the first pass or prefilled, and the an
 
 from __future__ import annotations
 
+from report_lib.tiny_models import word_tokenizer
+
 from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
@@ -12,7 +14,6 @@ from model.decoding.end_of_turn import end_probability, message_tail, probe_row
 from model.runtime.batching import SlotCache, prefill
 from tests.unit.test_batching import MODES
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
-from tests.unit.tiny_models import word_tokenizer
 
 # the message ends with the tokenizer's EOS, as ChatML's <|im_end|> does
 TEMPLATE = (

@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from report_lib.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
-from model.chat.engine import DiffusionChatModel, cut_at_stop, draft_from_refinement, token_texts
+from model.chat.engine import DiffusionChatModel, draft_from_refinement, token_texts
+from model.chat.stop_strings import end_at_stop
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ContextLengthExceeded, ModelError
-from tests.unit.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +60,11 @@ def test_draft_cuts_at_the_first_eos_guess_and_counts_committed_tokens() -> None
     assert draft.committed_text == "h" and draft.completion_tokens == 2 and draft.prompt_tokens == 7
 
 
-def test_cut_at_stop_ends_the_answer_before_the_stop_string() -> None:
+def test_end_at_stop_ends_the_answer_before_the_stop_string() -> None:
     pieces = (DraftPiece("Hello", True), DraftPiece(" there", True), DraftPiece(" you", False))
-    stopped = cut_at_stop(Draft(step=3, pieces=pieces), ("ere", "zzz"))
+    stopped = end_at_stop(Draft(step=3, pieces=pieces), ("ere", "zzz"))
     assert stopped is not None and stopped.text == "Hello th" and stopped.finish_reason == "stop" and stopped.done
-    assert cut_at_stop(Draft(step=3, pieces=pieces), ("you",)) is None  # " you" is only a guess so far
+    assert end_at_stop(Draft(step=3, pieces=pieces), ("you",)) is None  # " you" is only a guess so far
 
 
 def test_stream_chat_yields_drafts_until_done(bert_folder: Path) -> None:

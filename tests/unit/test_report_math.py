@@ -1,13 +1,10 @@
-"""The latency report's arithmetic: percentiles, summaries, the critical-path segments and the load test's verdict."""
+"""The latency report's arithmetic: summaries, the critical-path segments and the load test's verdict."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from report_lib.report_math import (
     LATENCY_FIELDS,
     MARK_FIELDS,
@@ -16,7 +13,6 @@ from report_lib.report_math import (
     SUMMARY_FIELDS,
     change,
     largest_passing,
-    percentile,
     segments,
     stage_sum,
     summarise,
@@ -25,25 +21,6 @@ from report_lib.report_math import (
 )
 
 from voice.latency import STAGE_NAMES, breakdown
-
-finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
-
-
-@given(st.lists(finite, min_size=1, max_size=40), st.floats(min_value=0, max_value=100))
-def test_percentile_matches_numpy_linear(values: list[float], q: float) -> None:
-    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-6)
-
-
-def test_percentile_of_even_count_is_mean_of_middle_two() -> None:
-    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
-    assert percentile([7.0], 95) == 7.0
-
-
-def test_percentile_rejects_nothing_and_bad_q() -> None:
-    with pytest.raises(ValueError, match="no values"):
-        percentile([], 50)
-    with pytest.raises(ValueError, match="0, 100"):
-        percentile([1.0], 101)
 
 
 def test_summarise_skips_unmeasured_turns() -> None:

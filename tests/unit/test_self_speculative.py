@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
@@ -21,7 +22,6 @@ from model.decoding.speculative import SpeechGuard, WordClasses, accept_greedy, 
 from model.errors import ModelError
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.training.block_training import make_batch
-from tests.unit.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
 VOCAB = LLAMA_VOCAB
 EOS = LLAMA_EOS
@@ -357,8 +357,9 @@ def test_the_speech_guard_holds_in_diffusion_decoding_too() -> None:
 def test_dlm_generate_refuses_self_speculative_for_a_masked_lm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from report_lib.tiny_models import tiny_bert
+
     from model.cli import main
-    from tests.unit.tiny_models import tiny_bert
 
     folder = tiny_bert(tmp_path / "bert")
     for mode in ("self-speculative", "autoregressive"):

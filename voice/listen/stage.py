@@ -7,10 +7,10 @@ work run in threads via `asyncio.to_thread`, so neither waits for the other:
 - Whisper decodes, at most one in flight per stage, under the process-wide model lock (one model per process, shared).
   When a decode finishes, audio that arrived meanwhile is decoded next, so a slow CPU gets fewer, larger partials;
   while other sessions hold or wait for the model, partials are spaced out by their number.
-  A turn's final decode (and the likely final at silence onset) takes the lock ahead of other sessions' partials.
+  A segment's final decode (and the likely final at silence onset) takes the lock ahead of other sessions' partials.
 
-End of turn reuses work: once the trailing silence reaches the padding, the padded utterance is decoded at once, while
-the endpointer is still waiting out its minimum silence; `finish` then finds nothing new and returns that decode.
+A segment's end reuses work: once the trailing silence reaches the padding, the padded utterance is decoded at once,
+while the endpointer is still waiting out its minimum silence; `finish` then finds nothing new and returns that decode.
 That decode goes out as soon as it is done, as a partial marked `likely_final` (the session starts the answer on it);
 a voice that comes back in the same segment afterwards is reported (`VoiceResumed`), so that answer can be dropped.
 `SpeechEnd.t_ns` is the arrival time of the last voiced sample (pass `arrival_ns` to `accept` when chunks were queued).
@@ -43,26 +43,31 @@ class ListenConfig:
     model: str | None = None
     cpu_threads: int = 0
     # Audio Whisper hears before the first voiced window: Silero opens speech late on soft onsets (a plosive's
-    # closure, a breathy "w"), so the endpointer's 160 ms padding can clip a turn's first sound.
+    # closure, a breathy "w"), so the endpointer's 160 ms padding can clip a segment's first sound.
     lead_in_ms: int = 300
 
 
 class ListenStage:
     """One session's ears. Call `accept` with each PCM16 chunk, `flush` at end of stream; events are awaited on `emit`.
 
-    Emits, per turn: `SpeechStart`, zero or more partial `Transcript(final=False)` (only when the text changed; a
+    The stage knows speech *segments*, not turns: a segment is one stretch of speech the endpointer opened and
+    closed. Which user turn a segment belongs to (a turn may span several, when the user pauses and goes on) is the
+    turn-taking machine's decision: the session re-tags the `turn` field of the events it forwards. Here that field
+    carries the segment's number, `segment`.
+
+    Emits, per segment: `SpeechStart`, zero or more partial `Transcript(final=False)` (only when the text changed; a
     likely final always, each followed by `VoiceResumed` if the speech goes on), `SpeechEnd`, then exactly one
-    `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then `turn` advances. Await
-    `accept` calls one at a time: the final decode runs inside the `accept` that ends the turn.
+    `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then `segment` advances. Await
+    `accept` calls one at a time: the final decode runs inside the `accept` that ends the segment.
     Errors are raised, never swallowed: `AudioFormatError` from `accept` for a bad chunk (dropped; the stream goes
-    on), `ASRError` from the `accept`/`flush` that ends a turn whose decode failed (that turn has no final).
+    on), `ASRError` from the `accept`/`flush` that ends a segment whose decode failed (that segment has no final).
     """
 
     def __init__(self, session: str, emit: Emit, config: ListenConfig | None = None,
-                 model: LoadedModel | None = None, first_turn: int = 1) -> None:
+                 model: LoadedModel | None = None, first_segment: int = 1) -> None:
         self.session = session
         self.config = config or ListenConfig()
-        self.turn = first_turn
+        self.segment = first_segment
         self._emit = emit
         self._model = model or load_model(self.config.model, self.config.cpu_threads)
         self._vad = SileroVad()
@@ -78,7 +83,7 @@ class ListenStage:
         self._received = 0  # 16 kHz samples received this stream
         self._chunk_ends: list[int] = []  # stream sample index one past each chunk ...
         self._chunk_arrivals: list[int] = []  # ... and when that chunk arrived (monotonic ns)
-        self._in_turn = False
+        self._in_segment = False
         self._fed_to = 0  # stream sample index up to which the transcriber has been given audio
         self._pending: list[np.ndarray] = []  # fed audio not yet handed to the decode thread
         self._decoded_from = 0  # stream sample index the latest started decode reached
@@ -120,7 +125,7 @@ class ListenStage:
         return max(0, self._received - self._endpointer.last_voiced_end) * 1000 / TARGET_RATE
 
     async def flush(self) -> None:
-        """End of stream: close a turn still open (no trailing silence needed) and wait for its final transcript."""
+        """End of stream: close a segment still open (no trailing silence needed) and wait for its final transcript."""
         if self._resampler is not None:
             tail = self._resampler.push(np.zeros(0, dtype=np.float32), last=True)
             self._resampler = None
@@ -128,7 +133,7 @@ class ListenStage:
                 await self._accept_16k(tail, now_ns())
         decision = self._endpointer.finish()
         if decision is not None:
-            await self._end_turn(decision)
+            await self._end_segment(decision)
 
     async def wait_for_decodes(self) -> None:
         """Wait until no decode is in flight, including those a finished decode chains. A caller that feeds faster
@@ -137,7 +142,7 @@ class ListenStage:
             await asyncio.shield(self._decode_task)
 
     async def aclose(self) -> None:
-        """Stop background decoding (e.g. the session closed mid-turn) and wait for it to stop."""
+        """Stop background decoding (e.g. the session closed mid-segment) and wait for it to stop."""
         task, self._decode_task = self._decode_task, None
         if task is not None and not task.done():
             task.cancel()
@@ -154,47 +159,47 @@ class ListenStage:
         probabilities = await asyncio.to_thread(self._vad.push, samples)
         failure: VoiceError | None = None
         for probability in probabilities:
-            # every window reaches the endpointer even after a failed turn, or its sample count would drift
+            # every window reaches the endpointer even after a failed segment, or its sample count would drift
             decision = self._endpointer.push(probability)
             try:
                 if decision is not None and decision.kind == "speech_start":
-                    await self._start_turn(decision)
+                    await self._start_segment(decision)
                 elif decision is not None:
-                    await self._end_turn(decision)
+                    await self._end_segment(decision)
             except VoiceError as err:
                 failure = failure or err
-        if self._in_turn:
+        if self._in_segment:
             resumed = self._likely_voiced_end
             if resumed is not None and self._endpointer.last_voiced_end > resumed:
                 self._likely_voiced_end = None  # the likely final sent out is not this segment's final any more
-                await self._emit(VoiceResumed(session=self.session, turn=self.turn, t_ns=arrival))
+                await self._emit(VoiceResumed(session=self.session, turn=self.segment, t_ns=arrival))
             self._feed(self._feed_target())
             self._maybe_decode()
         self._forget_old_audio()
         if failure is not None:
             raise failure
 
-    async def _start_turn(self, decision: EndpointDecision) -> None:
-        self._in_turn = True
+    async def _start_segment(self, decision: EndpointDecision) -> None:
+        self._in_segment = True
         self._transcriber.reset()
         self._fed_to = self._decoded_from = max(decision.sample - self._lead_in, self._history_start)
         self._pending = []
         self._segment_audio = []
         self._last_partial_text = ""
         self._likely_voiced_end = None
-        await self._emit(SpeechStart(session=self.session, turn=self.turn, t_ns=self._arrival_of(decision.sample)))
+        await self._emit(SpeechStart(session=self.session, turn=self.segment, t_ns=self._arrival_of(decision.sample)))
 
-    async def _end_turn(self, decision: EndpointDecision) -> None:
-        """Emit SpeechEnd, then the final transcript. A failed decode raises its `ASRError` here, after the turn's
-        state is cleared, so the caller can report it and the next turn starts clean."""
+    async def _end_segment(self, decision: EndpointDecision) -> None:
+        """Emit SpeechEnd, then the final transcript. A failed decode raises its `ASRError` here, after the segment's
+        state is cleared, so the caller can report it and the next segment starts clean."""
         detected = now_ns()
         self._feed(decision.audio_to)
-        self._in_turn = False
+        self._in_segment = False
         self._likely_voiced_end = None
         segment, self._segment_audio = self._segment_audio, []
         self.last_segment_audio = np.concatenate(segment) if segment else np.zeros(0, dtype=np.float32)
         last_voiced = self._arrival_of(max(decision.sample - 1, 0))
-        await self._emit(SpeechEnd(session=self.session, turn=self.turn, t_ns=last_voiced, detected_ns=detected))
+        await self._emit(SpeechEnd(session=self.session, turn=self.segment, t_ns=last_voiced, detected_ns=detected))
         try:
             if self._decode_task is not None:
                 await self._decode_task
@@ -202,13 +207,13 @@ class ListenStage:
                 raise self._decode_error
             chunks, self._pending = self._pending, []
             final = await asyncio.to_thread(self._locked_finish, chunks)
-            await self._emit(Transcript(session=self.session, turn=self.turn, text=final.text,
+            await self._emit(Transcript(session=self.session, turn=self.segment, text=final.text,
                                         committed=final.committed, final=True))
         finally:
             self._decode_error = None
             self._pending = []
             self._transcriber.reset()
-            self.turn += 1
+            self.segment += 1
 
     def _feed_target(self) -> int:
         """Feed everything while voiced; in trailing silence only up to the padded end, so that silence the
@@ -248,28 +253,28 @@ class ListenStage:
         try:
             chunks, self._pending = self._pending, []
             self._decoded_from = self._fed_to
-            turn = self.turn
+            segment = self.segment
             ep = self._endpointer
             voiced_end = ep.last_voiced_end
             likely_final = self._fed_to >= self._padded_end(voiced_end)
-            if likely_final and self.on_likely_final is not None and self._in_turn:
+            if likely_final and self.on_likely_final is not None and self._in_segment:
                 self.on_likely_final(np.concatenate(self._segment_audio))
             partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)
-            current = partial is not None and self._in_turn and turn == self.turn
+            current = partial is not None and self._in_segment and segment == self.segment
             # a likely final counts only if no speech came while it was decoded (else the next decode follows)
             likely = current and likely_final and ep.last_voiced_end == voiced_end
             if partial is not None and current and partial.text and (likely or partial.text != self._last_partial_text):
                 self._last_partial_text = partial.text
                 if likely:
                     self._likely_voiced_end = voiced_end
-                await self._emit(Transcript(session=self.session, turn=self.turn, text=partial.text,
+                await self._emit(Transcript(session=self.session, turn=self.segment, text=partial.text,
                                             committed=partial.committed, final=False, likely_final=likely))
         except VoiceError as err:
-            self._decode_error = err  # raised from the end of the turn; no more partials for this turn
+            self._decode_error = err  # raised from the end of the segment; no more partials for it
             return
         finally:
             self._decode_task = None
-        if self._in_turn:
+        if self._in_segment:
             self._maybe_decode()
 
     def _locked_process(self, chunks: list[np.ndarray], likely_final: bool) -> Hypothesis | None:
@@ -291,14 +296,14 @@ class ListenStage:
         return self._chunk_arrivals[min(index, len(self._chunk_arrivals) - 1)]
 
     def _forget_old_audio(self) -> None:
-        keep_from = self._fed_to if self._in_turn else self._received - self._keep
+        keep_from = self._fed_to if self._in_segment else self._received - self._keep
         drop = keep_from - self._history_start
         if drop > 0:
             self._history = self._history[drop:]
             self._history_start = keep_from
         # chunk times are needed back to the oldest sample a decision may still name
         oldest = self._history_start - self._keep
-        if self._in_turn:
+        if self._in_segment:
             oldest = min(oldest, self._endpointer.speech_start)
         cut = bisect.bisect_right(self._chunk_ends, oldest)
         if cut > 1:

@@ -16,8 +16,10 @@ The core takes time as input: a clock task feeds it `ClockTick` (wall time, and 
 audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client
 that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows.
 
-The parts: voice/turn/answer.py runs an answer and gates its events, voice/turn/clock.py is the clock, and
-voice/turn/records.py keeps each turn's record and ends it into the history. This module wires them to the core.
+The parts: voice/turn/answer.py runs an answer and gates its events, voice/turn/clock.py is the clock,
+voice/turn/records.py keeps each turn's record and ends it into the history, and voice/turn/detector_schedule.py
+decides when the turn detector is asked and whether its verdict still applies (this module runs it in a thread).
+This module wires them to the core.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.chat import ChatMessage
+from model.chat import ChatMessage, PreparesPrompts
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
@@ -55,6 +57,20 @@ from voice.think.dialogue import Dialogue
 from voice.turn.answer import Answer, AnswerRunner
 from voice.turn.clock import TurnClock
 from voice.turn.config import SessionConfig
+from voice.turn.detector_schedule import (
+    AskDetector,
+    AwaitVerdict,
+    DeliverVerdict,
+    DetectorAction,
+    DetectorAnswered,
+    DetectorEvent,
+    DetectorSchedule,
+    DropVerdict,
+    LikelyFinalHeard,
+    ScheduleClosed,
+    TurnPaused,
+    UserSpoke,
+)
 from voice.turn.machine import (
     AbandonTurn,
     AnswerAudio,
@@ -73,7 +89,6 @@ from voice.turn.machine import (
     TurnAction,
     TurnEvent,
     TurnTaking,
-    TurnVerdict,
     TypedText,
     UserDone,
     UserFinal,
@@ -120,10 +135,12 @@ class Session:
         self._idle = asyncio.Event()
         self._idle.set()
         self._segment_end: tuple[int, int] | None = None  # (last voiced sample, decided) of the latest segment
-        self._turn_audio: list[np.ndarray] = []  # the open user turn's segments, for the turn detector
-        self._audio_turn = 0  # the turn `_turn_audio` belongs to
-        self._verdict_task: asyncio.Task[None] | None = None
-        self._early_verdict: tuple[int, np.ndarray, asyncio.Future[float]] | None = None  # (turn, audio, verdict)
+        detector = engines.turn_detector
+        self._detector_schedule = (
+            None if detector is None else DetectorSchedule(detector.config.threshold, detector.config.max_seconds)
+        )
+        self._verdicts: dict[int, asyncio.Future[float]] = {}  # the detector's requests running in a thread
+        self._verdict_tasks: dict[int, asyncio.Task[None]] = {}  # the requests a paused turn waits for
         self._speaking = False
         self._closed = False
         self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
@@ -209,12 +226,12 @@ class Session:
             return
         self._closed = True
         self._drop_prepared()
-        self._drop_early_verdict()
+        dropped = self._schedule_detector(ScheduleClosed())
         answer, self._answer = self._answer, None
         if answer is not None:
             answer.cancelled = True
             await self._answers.stop(answer)
-        await cancel_and_wait(*self._answers_running, self._verdict_task, self._clock.task)
+        await cancel_and_wait(*self._answers_running, *dropped, *self._verdict_tasks.values(), self._clock.task)
         async with self._listen_lock:
             if self._listen is not None:
                 await self._listen.aclose()
@@ -225,8 +242,7 @@ class Session:
         """The listener's events become the core's; they go out tagged with the turn the core says they belong to."""
         machine = self.turn_taking
         if isinstance(event, SpeechStart):
-            await cancel_and_wait(self._verdict_task)  # that pause's verdict is moot: the user spoke again
-            self._drop_early_verdict()
+            await cancel_and_wait(*self._schedule_detector(UserSpoke()))  # that pause's verdict is moot
             await self._dispatch(UserSpeechStarted(self._listen.speech_start_ms if self._listen else 0.0))
             self._emit(replace(event, turn=machine.user_turn))
         elif isinstance(event, SpeechEnd):
@@ -263,63 +279,63 @@ class Session:
             if machine.state is State.USER_PAUSED:
                 self._judge_turn(turn)
 
-    def _detector_window(self, turn: int, segment: np.ndarray) -> np.ndarray:
-        """What the turn detector hears for `turn` ending with `segment`: the turn's earlier segments and this one,
-        the last `max_seconds`."""
-        detector = self.engines.turn_detector
-        assert detector is not None
-        earlier = self._turn_audio if self._audio_turn == turn else []
-        return np.concatenate([*earlier, segment])[-int(detector.config.max_seconds * 16000):]
-
     def _on_likely_final(self, segment: np.ndarray) -> None:
-        """The listener heard the padding of silence after the speech and starts the segment's likely final decode:
-        if the user stays silent, `segment` is the segment's audio. The detector judges it now, in the slack before
-        the segment ends, instead of beside the answer's first LM passes; `_judge_turn` takes this verdict when the
-        audio matches, and the user speaking on makes it moot."""
-        if self.engines.turn_detector is None:
-            return
-        self._drop_early_verdict()
-        turn = self.turn_taking.user_turn
-        audio = self._detector_window(turn, segment)
-        self._early_verdict = (turn, audio, self._ask_detector(audio))
-
-    def _ask_detector(self, audio: np.ndarray) -> asyncio.Future[float]:
-        """The turn detector's probability that `audio` ends a turn, computed in a thread."""
-        detector = self.engines.turn_detector
-        assert detector is not None
-        verdict = asyncio.ensure_future(asyncio.to_thread(detector.probability, audio))
-        verdict.add_done_callback(_retrieve)  # a verdict dropped unread must not log "never retrieved"
-        return verdict
-
-    def _drop_early_verdict(self) -> None:
-        if self._early_verdict is not None:
-            self._early_verdict[2].cancel()
-            self._early_verdict = None
+        """The listener starts the segment's likely final decode; `segment` is the segment's audio if the user stays
+        silent: the detector may judge it now (voice/turn/detector_schedule.py says when and whether it applies)."""
+        self._schedule_detector(LikelyFinalHeard(self.turn_taking.user_turn, segment))
 
     def _judge_turn(self, turn: int) -> None:
-        """Ask the turn detector, in a thread, whether the paused turn sounds finished; its verdict arrives as an
-        event and moves the end of turn earlier or later (no detector: the silence rule alone)."""
-        detector, listen = self.engines.turn_detector, self._listen
-        if detector is None or listen is None:
-            return
-        audio = self._detector_window(turn, listen.last_segment_audio)
-        self._turn_audio, self._audio_turn = [audio], turn
-        early = self._early_verdict
-        if early is not None and early[0] == turn and np.array_equal(early[1], audio):
-            verdict, self._early_verdict = early[2], None  # judged at the likely final, on this very audio
-        else:
-            self._drop_early_verdict()
-            verdict = self._ask_detector(audio)
+        """The paused turn needs the detector's verdict; it arrives as an event and moves the end of turn earlier or
+        later (no detector: the silence rule alone)."""
+        if self._listen is not None:
+            self._schedule_detector(TurnPaused(turn, self._listen.last_segment_audio))
 
-        async def judge() -> None:
+    def _schedule_detector(self, event: DetectorEvent) -> list[asyncio.Task[None]]:
+        """Execute the detector schedule's actions for `event`; returns the cancelled waits, for the caller to wait
+        out (`cancel_and_wait`)."""
+        if self._detector_schedule is None:
+            return []
+        return self._execute_detector(self._detector_schedule.handle(event))
+
+    def _execute_detector(self, actions: list[DetectorAction]) -> list[asyncio.Task[None]]:
+        detector = self.engines.turn_detector
+        assert detector is not None, "a detector schedule exists only with a detector"
+        dropped: list[asyncio.Task[None]] = []
+        for action in actions:
+            match action:
+                case AskDetector(request=request, audio=audio):
+                    verdict = asyncio.ensure_future(asyncio.to_thread(detector.probability, audio))
+                    verdict.add_done_callback(_retrieve)  # a verdict dropped unread must not log "never retrieved"
+                    self._verdicts[request] = verdict
+                case AwaitVerdict(request=request, turn=turn):
+                    self._verdict_tasks[request] = asyncio.create_task(
+                        self._await_verdict(request), name=f"turn-verdict-{self.id}-{turn}"
+                    )
+                case DropVerdict(request=request):
+                    if (verdict := self._verdicts.pop(request, None)) is not None:
+                        verdict.cancel()
+                    if (task := self._verdict_tasks.pop(request, None)) is not None:
+                        task.cancel()
+                        dropped.append(task)
+                case DeliverVerdict():
+                    raise RuntimeError("a verdict is delivered only from its wait")
+        return dropped
+
+    async def _await_verdict(self, request: int) -> None:
+        assert self._detector_schedule is not None
+        try:
             try:
-                probability = await verdict
+                probability = await self._verdicts[request]
             except VoiceError as err:  # audio it cannot judge: the silence rule decides this pause
                 log.warning("turn detector: %s", err)
                 return
-            await self._dispatch(TurnVerdict(probability > detector.config.threshold, probability))
-
-        self._verdict_task = asyncio.create_task(judge(), name=f"turn-verdict-{self.id}-{turn}")
+            finally:
+                self._verdicts.pop(request, None)
+            for action in self._detector_schedule.handle(DetectorAnswered(request, probability)):
+                if isinstance(action, DeliverVerdict):
+                    await self._dispatch(action.verdict)
+        finally:
+            self._verdict_tasks.pop(request, None)  # until here `close` cancels it, delivering or not
 
     async def _end_segment(self) -> None:
         """The client stopped sending audio mid-speech: close the open segment as the end of a stream would, and
@@ -451,14 +467,14 @@ class Session:
         """Have the LM encode the next prompt's known part (the history it will see and the user header) while the
         user speaks, so the next answer's prefill encodes only the new words (`DiffusionChatModel.prepare`; a
         remote LM has no such step). A prepare still waiting when the next answer starts is dropped."""
-        prepare = getattr(self.engines.lm, "prepare", None)
-        if prepare is None or self._closed:
+        lm = self.engines.lm
+        if not isinstance(lm, PreparesPrompts) or self._closed:
             return
         self._drop_prepared()
         self._prepared = threading.Event()
         try:
-            prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id,
-                    system_prompt=self.config.system_prompt)
+            lm.prepare(self._records.messages_with("")[:-1], self._prepared, conversation=self.id,
+                       system_prompt=self.config.system_prompt)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
 

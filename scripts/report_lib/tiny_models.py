@@ -1,4 +1,8 @@
-"""Tiny randomly initialised checkpoints written to a temp folder, so adapters and loaders run on real files offline."""
+"""Tiny randomly initialised checkpoints written to a temp folder, so adapters and loaders run on real files offline.
+
+The unit tests build their models here, and so do the scripts that measure the server rather than a model
+(`bench_api.py --model tiny`): scripts/ must not import tests/, and tests already import scripts/report_lib.
+"""
 
 from __future__ import annotations
 
