@@ -27,7 +27,7 @@ from model.runtime.int4_weights import (
     read_gguf_head,
     read_gguf_linears,
 )
-from tests.unit.test_self_speculative import EOS, bf16_adapted, final_tokens
+from tests.unit.test_self_speculative import EOS, bf16_adapted, final_tokens, rows_whose_logits_differ
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 
@@ -150,23 +150,7 @@ def test_decoding_passes_use_the_int4_weights_and_prefills_the_bf16_ones() -> No
 
 
 def test_with_int4_weights_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() -> None:
-    model = int4_model()
-    generator = torch.Generator().manual_seed(1)
-    differ = []
-    for length in range(5, 120, 7):
-        tokens = torch.randint(3, 512, (length,), generator=generator).tolist()
-        alone = None
-        for rows in (1, 1, 4, 8, 16):
-            cache = SlotCache(1)
-            prefill(model, cache, 0, tokens[:-1])
-            clean = (tokens[-1], *torch.randint(3, 512, (rows - 1,), generator=generator).tolist())
-            masks = (model.mask_id,) * (3 if alone is not None else 0)
-            [(logits, _)] = batched_pass(model, cache, [0], [Feed(clean=clean, noisy=masks)])
-            if alone is None:
-                alone = logits[0]
-            elif not torch.equal(alone, logits[0]):
-                differ.append((length, rows))
-    assert differ == []
+    assert rows_whose_logits_differ(int4_model(), range(5, 120, 7)) == []
 
 
 def test_with_int4_weights_self_speculative_answers_equal_autoregressive_ones_bit_for_bit() -> None:
