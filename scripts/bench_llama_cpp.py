@@ -85,6 +85,7 @@ def _runtime_worker(conn: Connection, weights: str) -> None:
     import torch
 
     from model.bundled.default_model import load_default_chat_model
+    from model.chat import GenerationOptions
 
     chat = load_default_chat_model(weights=weights)
     conn.send("ready")
@@ -92,8 +93,6 @@ def _runtime_worker(conn: Connection, weights: str) -> None:
         prompt, max_tokens, decoding, threads = request
         torch.set_num_threads(threads)
         chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding)
-        from model.chat import GenerationOptions
-
         config, length = chat.sampler_for(GenerationOptions(max_new_tokens=max_tokens))
         started = time.perf_counter()
         first = None

@@ -8,11 +8,10 @@ computed once, and keys go straight into the `SlotCache`.
 
 Exactness: the same operations in the same dtypes as transformers' Llama (RMSNorm in fp32, rotary in the model's
 dtype, the LoRA in its factors' dtype, member by member) and the same attention function as the modules
-(`model.runtime.row_exact`, which also multiplies a lone row as one of two); the fused projections shape each output
-column's
-sum as the separate ones did. Tests hold it to the modules' forward bit for bit in fp32 and bf16, also under other
-CPUs' kernels (tests/unit/test_fast_pass.py, tests/unit/test_other_cpus.py), and the bf16 exactness tests of
-self-speculative decoding run through it.
+(`model.runtime.row_exact`, which also multiplies a lone row as one of two); the fused projections shape each
+output column's sum as the separate ones did. Tests hold it to the modules' forward bit for bit in fp32 and bf16,
+also under other CPUs' kernels (tests/unit/test_fast_pass.py, tests/unit/test_other_cpus.py), and the bf16 exactness
+tests of self-speculative decoding run through it.
 
 The fused weights share storage with the modules (the modules' weights become views into them), so nothing is held
 twice, and training, which needs autograd through the modules, keeps using them.

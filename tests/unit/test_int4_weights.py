@@ -3,7 +3,6 @@ independent, and self-speculative decoding still bit for bit equal to autoregres
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 
 import numpy as np
@@ -11,7 +10,6 @@ import pytest
 import torch
 
 from model.bundled.block_diffusion import BlockDiffusionDenoiser
-from model.decoding.speculative import generate_speculative
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.runtime.int4_weights import (
     GROUP,
@@ -27,7 +25,7 @@ from model.runtime.int4_weights import (
     read_gguf_head,
     read_gguf_linears,
 )
-from tests.unit.test_self_speculative import EOS, bf16_adapted, final_tokens, rows_whose_logits_differ
+from tests.unit.test_self_speculative import EOS, assert_modes_agree, bf16_adapted, rows_whose_logits_differ
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 
@@ -158,14 +156,7 @@ def test_with_int4_weights_self_speculative_answers_equal_autoregressive_ones_bi
     with torch.no_grad():  # large logits: near-ties are common, as in SmolLM2's 49k vocabulary
         model.base.model.norm.weight.mul_(60.0)
     model.use_int4(model.int4)  # the fused pass reads the new norm
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
-    rng = random.Random(3)
-    for index in range(8):
-        prompt = [rng.randrange(3, 512) for _ in range(rng.randrange(1, 40))]
-        autoregressive = final_tokens(list(generate_speculative(denoiser, prompt, 40, masks=0)))
-        for masks in (3, 4):
-            speculative = final_tokens(list(generate_speculative(denoiser, prompt, 40, masks=masks)))
-            assert speculative == autoregressive, (index, masks)
+    assert_modes_agree(BlockDiffusionDenoiser(model, [EOS]), prompts_count=8)
 
 
 def test_the_weights_choice_is_checked_before_loading() -> None:
