@@ -3,8 +3,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # pulseaudio, pulseaudio-utils and libasound2-plugins: the virtual microphone and speaker of the local-mode test;
-# haproxy: the balancer in front of voice workers (scripts/cluster.py, tests/integration/test_cluster.py)
-APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins haproxy
+# haproxy: the balancer in front of voice workers (scripts/cluster.py, tests/integration/test_cluster.py);
+# gcc: builds the decoding kernels for this CPU (model/runtime/quant_kernels.py)
+APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins haproxy gcc libc6-dev
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench

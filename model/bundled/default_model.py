@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,13 +91,16 @@ def int4_cache_file() -> Path:
 
 
 def ensure_int4_checkpoint() -> Path:
-    """Convert the base model (`ensure_base_checkpoint`) and pack its int4 weights, so a first start needs neither."""
+    """Convert the base model (`ensure_base_checkpoint`), build the int4 kernels and pack the int4 weights, so a
+    first start needs none of it."""
     from transformers import AutoConfig
 
-
     folder = ensure_base_checkpoint()
-    if available() is None:
+    missing = available()
+    if missing is None:
         cached_int4_weights(base_gguf_path(), AutoConfig.from_pretrained(folder), int4_cache_file())
+    else:
+        print(f"int4 weights skipped ({missing}): the bundled model decodes with bf16 weights", file=sys.stderr)
     return folder
 
 
@@ -162,7 +166,7 @@ def load_default_chat_model(
     model.eval()
     model.to(device)
     if _int4_wanted(weights, device):
-        model.use_int4(cached_int4_weights(base_gguf_path(), base.config, int4_cache_file(), dtype))
+        model.use_int4(cached_int4_weights(base_gguf_path(), base.config, int4_cache_file()))
     settings: dict[str, Any] = dict(meta.get("sampler", {}))
     settings["block_length"] = trained_block
     settings.setdefault("steps_per_block", settings["block_length"])

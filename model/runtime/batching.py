@@ -107,11 +107,7 @@ class SlotCache(Cache):
         # key_states: [B, heads, S, head_dim] for the rows bound by `bind`
         s = key_states.shape[2]
         end = round_up(max(offset + s for offset in self.offsets), KEY_MULTIPLE)
-        if layer_idx == len(self._keys):
-            shape = (len(self.slots), key_states.shape[1], 0, key_states.shape[3])
-            self._keys.append(key_states.new_zeros(shape))
-            self._values.append(value_states.new_zeros(shape))
-        keys, values = self._grow(layer_idx, end)
+        keys, values = self.buffers(layer_idx, end, key_states)
         if len(self.rows) == 1:  # one answer (every lone pass): a slice copy, ~4x cheaper than the indexed write
             row, offset = self.rows[0], self.offsets[0]
             keys[row, :, offset : offset + s].copy_(key_states[0])
@@ -130,6 +126,15 @@ class SlotCache(Cache):
             return keys[first : last + 1, :, :end], values[first : last + 1, :, :end]
         index = upload(torch.tensor(self.rows), keys.device)
         return keys[index, :, :end], values[index, :, :end]
+
+    def buffers(self, layer: int, needed: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s key and value buffers `[slots, heads, capacity, head_dim]`, with room for `needed`
+        positions; made on a first call, with the heads, head size, dtype and device of `like` `[B, heads, S, D]`."""
+        if layer == len(self._keys):
+            shape = (len(self.slots), like.shape[1], 0, like.shape[3])
+            self._keys.append(like.new_zeros(shape))
+            self._values.append(like.new_zeros(shape))
+        return self._grow(layer, needed)
 
     def _grow(self, layer: int, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self._keys[layer], self._values[layer]

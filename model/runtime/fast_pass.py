@@ -19,6 +19,7 @@ twice, and training, which needs autograd through the modules, keeps using them.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.runtime import row_exact
+from model.runtime import quant_kernels, row_exact
 from model.runtime.int4_weights import Int4Layer, Int4Linear, Q8Head
 from model.runtime.noisy_rows import Suffix, noisy_suffix
 
@@ -100,6 +101,21 @@ def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
     return fused, _LoRA(tuple((m.lora_a.detach(), m.lora_b.detach()) for m in modules), scales.pop())
 
 
+def _native_linear(weight: Int4Linear, lora: _LoRA, keep: list[torch.Tensor]) -> quant_kernels.Linear:
+    """The C kernel's view of one fused linear: its int4 weight and its LoRA's factors (fp32, members stacked)."""
+    ranks = {a.shape[0] for a, _ in lora.factors}
+    if len(ranks) != 1 or len(lora.factors) > 4:
+        raise ValueError("the decode kernel needs one LoRA rank and at most 4 fused members")
+    a = torch.cat([a for a, _ in lora.factors]).float().contiguous()
+    b = torch.cat([b for _, b in lora.factors]).float().t().contiguous()  # [rank, out]
+    keep += [a, b]
+    ends = torch.tensor([member_b.shape[0] for _, member_b in lora.factors]).cumsum(0).tolist()
+    return quant_kernels.Linear(
+        weight.struct,
+        quant_kernels.LoRA(a.data_ptr(), b.data_ptr(), ranks.pop(), len(ends), (ctypes.c_int64 * 4)(*ends)),
+    )
+
+
 class FastPass:
     """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.runtime.batching`). Built
     from the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does).
@@ -136,6 +152,37 @@ class FastPass:
         self.inv_freq = rotary.inv_freq.detach().float()
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.dtype = self.lm_head.dtype
+        self._held: list[torch.Tensor] = []  # what the native layers point into
+        self.native = self._native_layers(config) if self._can_go_native() else None
+
+    def _can_go_native(self) -> bool:
+        return (
+            self.model.int4 is not None
+            and self.int4_head is not None
+            and self.dtype == torch.bfloat16
+            and self.lm_head.device.type == "cpu"
+            and self.head_dim % 16 == 0
+            and self.head_dim <= 128
+            and quant_kernels.unavailable() is None
+        )
+
+    def _native_layers(self, config: object) -> list[quant_kernels.Layer]:
+        """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it."""
+        layers = []
+        for layer in self.layers:
+            assert layer.int4 is not None
+            norms = [layer.input_norm.float().contiguous(), layer.post_norm.float().contiguous()]
+            self._held += norms
+            scales = {lora.scale for lora in (layer.qkv_lora, layer.o_lora, layer.gate_up_lora, layer.down_lora)}
+            if len(scales) != 1:
+                raise ValueError("the decode kernel needs one LoRA scale a layer")
+            layers.append(quant_kernels.Layer(
+                int(config.hidden_size), self.heads, self.kv_heads, self.head_dim, int(config.intermediate_size),
+                self.eps, self.scaling, scales.pop(), norms[0].data_ptr(), norms[1].data_ptr(),
+                *(_native_linear(getattr(layer.int4, name), getattr(layer, f"{name}_lora"), self._held)
+                  for name in ("qkv", "o", "gate_up", "down")),
+            ))
+        return layers
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -206,6 +253,9 @@ class FastPass:
         # int4 for every pass of one answer (its exactness needs one set of weights), for a batch of answers only
         # while that is cheaper (a batch is not bit-exact anyway), never for a prefill
         int4 = not prefill and (b == 1 or b * s <= INT4_BATCH_ROWS)
+        if int4 and b == 1 and self.native is not None:
+            first_noisy = s if start is None else start
+            return self._native_pass(input_ids, position_ids, attention_bias, first_noisy, cache, keep)
         h = self.model.embed(input_ids).to(self.dtype)  # [B, S, hidden]
         bias = attention_bias.to(self.dtype)
         cos, sin = self._rotary(position_ids)
@@ -233,3 +283,45 @@ class FastPass:
         if self.int4_head is not None and int4:
             return self.int4_head(h)
         return row_exact.linear(h, self.lm_head)
+
+    def _native_pass(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_bias: torch.Tensor,
+        start: int,
+        cache: SlotCache,
+        keep: int | torch.Tensor,
+    ) -> torch.Tensor:
+        """A pass of one answer through `decode_layer`, one call a layer: the residual stream in fp32, every row
+        computed as if alone (model/runtime/kernels/decode_layer.c)."""
+        lib = quant_kernels.library()
+        s = input_ids.shape[1]
+        h = self.model.embed(input_ids).float().contiguous()  # [1, S, hidden]
+        freqs = position_ids[0, :, None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).contiguous()
+        sin = (emb.sin() * self.attention_scaling).contiguous()
+        bias = attention_bias[0, 0].float().contiguous()  # [S, K]
+        key_len = bias.shape[-1]
+        row, offset = cache.rows[0], cache.offsets[0]
+        like = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=torch.bfloat16)
+        threads = torch.get_num_threads()
+        for index, layer in enumerate(self.native):
+            keys, values = cache.buffers(index, key_len, like)
+            if keys.dtype != torch.bfloat16 or not keys.is_contiguous():
+                raise ValueError("the decode kernel needs a contiguous bf16 cache")
+            status = lib.decode_layer(
+                ctypes.byref(layer), h.data_ptr(), s, start, cos.data_ptr(), sin.data_ptr(),
+                keys[row].data_ptr(), values[row].data_ptr(), keys.shape[2], offset, key_len, bias.data_ptr(),
+                threads,
+            )
+            if status:
+                raise MemoryError(f"decode_layer failed ({status}) at layer {index}")
+        h = self._rms_norm(h, self.norm)
+        if isinstance(keep, torch.Tensor):
+            h = h[:, keep]
+        elif keep:
+            h = h[:, -keep:]
+        assert self.int4_head is not None
+        return self.int4_head(h)

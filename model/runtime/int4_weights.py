@@ -31,6 +31,7 @@ than bf16 for one row but 4x slower for 16 and 10x less precise.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +41,13 @@ import numpy as np
 import torch
 
 from model.errors import ModelError
+from model.runtime import quant_kernels
 
 GROUP = 32  # weights per Q4_1 block, and the kernel's group size
+TILE = 16  # outputs the kernel computes together (model/runtime/kernels/quant_matmul.c)
+LAYOUT = "tiles16-groups32-v1"  # the packed layout's name, in the cache file's stamp
 _BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 _Q8_BLOCK_BYTES = 34  # fp16 d, 32 int8
-_INNER_K_TILES = 2  # the kernel's packing: measured 1, 2, 4, 8 within noise of each other
 # The GGUF's tensor names for one layer's linears, in HF's names
 _GGUF_NAMES = {
     "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
@@ -75,56 +78,91 @@ class Q4Blocks:
         return Q4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
 
 
-@dataclass(frozen=True, slots=True)
+def _tiles(t: torch.Tensor, n: int) -> torch.Tensor:
+    """`t` `[N, ...]` zero-padded to whole tiles of outputs, `[tiles, TILE, ...]`."""
+    tiles = -(-n // TILE)
+    padded = torch.zeros((tiles * TILE, *t.shape[1:]), dtype=t.dtype)
+    padded[:n] = t
+    return padded.view(tiles, TILE, *t.shape[1:])
+
+
 class Int4Linear:
-    """`x @ w.T` for the Q4_1 weight `w` `[out_features, in_features]`, with torch's CPU int4 kernel."""
+    """`x @ w.T` for the Q4_1 weight `w` `[out_features, in_features]`, with the C kernel (model/runtime/kernels/
+    quant_matmul.c says the layout): x in bf16 or fp32, the output in x's dtype."""
 
-    packed: torch.Tensor
-    scales_zeros: torch.Tensor  # [K / 32, N, 2]: (d, m + 8 d) in the activations' dtype
-    out_features: int
+    def __init__(self, nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor, out_features: int) -> None:
+        self.nibbles, self.d, self.m = nibbles, d, m  # [tiles, groups, 16, 16] uint8; [tiles, groups, 16] fp32
+        self.out_features = out_features
+        self.in_features = int(nibbles.shape[1]) * GROUP
+        self.struct = quant_kernels.Q4Weight(
+            nibbles.data_ptr(), d.data_ptr(), m.data_ptr(), out_features, self.in_features
+        )
 
     @classmethod
-    def from_blocks(cls, blocks: Q4Blocks, dtype: torch.dtype = torch.bfloat16) -> Int4Linear:
-        return cls.from_scales(blocks.q, blocks.d, blocks.m + 8 * blocks.d, dtype)
+    def from_blocks(cls, blocks: Q4Blocks) -> Int4Linear:
+        n, k = blocks.q.shape
+        if k % GROUP:
+            raise ModelError(f"int4 weights need inputs in groups of {GROUP}, this layer has {k}")
+        q = _tiles(blocks.q, n).view(-1, TILE, k // GROUP, GROUP).permute(0, 2, 3, 1)  # [tiles, groups, 32, 16]
+        nibbles = (q[:, :, : GROUP // 2] | (q[:, :, GROUP // 2 :] << 4)).to(torch.uint8).contiguous()
 
-    @classmethod
-    def from_scales(
-        cls, nibbles: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype = torch.bfloat16
-    ) -> Int4Linear:
-        """The weight `(nibbles - 8) * scale + zero`: `nibbles` `[N, K]` in [0, 15], `scale`, `zero` `[N, K / 32]`."""
-        packed = torch._convert_weight_to_int4pack_for_cpu(nibbles.to(torch.int32).contiguous(), _INNER_K_TILES)
-        scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
-        return cls(packed, scales_zeros, int(nibbles.shape[0]))
+        def per_tile(t: torch.Tensor) -> torch.Tensor:
+            return _tiles(t.float(), n).permute(0, 2, 1).contiguous()  # [tiles, groups, 16]
+
+        return cls(nibbles, per_tile(blocks.d), per_tile(blocks.m), n)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
+        flat = _kernel_input(x, self.in_features)
+        out = flat.new_empty(flat.shape[0], self.out_features)
+        status = quant_kernels.library().q4_1_matmul(
+            flat.data_ptr(), flat.dtype == torch.bfloat16, flat.shape[0], ctypes.byref(self.struct),
+            out.data_ptr(), out.dtype == torch.bfloat16, torch.get_num_threads(),
+        )
+        _check(status)
         return out.view(*x.shape[:-1], self.out_features)
 
 
-@dataclass(frozen=True, slots=True)
 class Q8Head:
-    """`x @ w.T` for a Q8_0 weight as the sum of two int4 matmuls (see the module docstring); fp32 logits."""
+    """`x @ w.T` for a Q8_0 weight (the tied LM head) with the C kernel; fp32 logits."""
 
-    high: Int4Linear  # 16 d * hi
-    low: Int4Linear  # d * lo
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, out_features: int) -> None:
+        self.q, self.d = q, d  # [tiles, groups, 32, 16] int8; [tiles, groups, 16] fp32
+        self.out_features = out_features
+        self.in_features = int(q.shape[1]) * GROUP
 
     @classmethod
-    def from_q8_0(cls, q: torch.Tensor, d: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> Q8Head:
+    def from_q8_0(cls, q: torch.Tensor, d: torch.Tensor) -> Q8Head:
         """`q` `[N, K]` int8 values, `d` `[N, K / 32]` their groups' scales."""
-        q = q.to(torch.int32)
-        high, low = torch.div(q, 16, rounding_mode="floor"), q.remainder(16)  # q = 16 high + low, low in [0, 15]
-        # the kernel computes (nibble - 8) * scale + zero: nibble high + 8 with zero 0, nibble low with zero 8 d
-        return cls(
-            Int4Linear.from_scales(high + 8, 16 * d, torch.zeros_like(d), dtype),
-            Int4Linear.from_scales(low, d, 8 * d, dtype),
-        )
+        n, k = q.shape
+        tiled = _tiles(q, n).view(-1, TILE, k // GROUP, GROUP).permute(0, 2, 3, 1).contiguous()
+        return cls(tiled, _tiles(d.float(), n).permute(0, 2, 1).contiguous(), n)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.high(x).float() + self.low(x).float()
+        flat = _kernel_input(x, self.in_features)
+        out = torch.empty(flat.shape[0], self.out_features)
+        status = quant_kernels.library().q8_0_matmul(
+            flat.data_ptr(), flat.dtype == torch.bfloat16, flat.shape[0], self.in_features, self.out_features,
+            self.q.data_ptr(), self.d.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+        )
+        _check(status)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
-@dataclass(frozen=True, slots=True)
+def _kernel_input(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    if x.device.type != "cpu" or x.shape[-1] != in_features:
+        raise ModelError(f"int4 kernels take CPU rows of {in_features}, not {tuple(x.shape)} on {x.device}")
+    flat = x.reshape(-1, in_features)
+    if flat.dtype not in (torch.bfloat16, torch.float32):
+        flat = flat.float()
+    return flat.contiguous()
+
+
+def _check(status: int) -> None:
+    if status:
+        raise MemoryError("the int4 kernel could not allocate its buffers")
+
+
+@dataclass(frozen=True)
 class Int4Weights:
     """What a decoding pass multiplies by: every layer's linears, and the LM head when the file's is Q8_0."""
 
@@ -132,7 +170,7 @@ class Int4Weights:
     head: Q8Head | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Int4Layer:
     """One decoder layer's linears, fused as `model.runtime.fast_pass` runs them (q/k/v as one, gate/up as one)."""
 
@@ -196,12 +234,12 @@ def read_gguf_linears(path: Path, config: Any, tensors: dict[str, Any] | None = 
     return layers
 
 
-def _fused(w: dict[str, Q4Blocks], dtype: torch.dtype) -> Int4Layer:
+def _fused(w: dict[str, Q4Blocks]) -> Int4Layer:
     return Int4Layer(
-        qkv=Int4Linear.from_blocks(Q4Blocks.stack([w["q_proj"], w["k_proj"], w["v_proj"]]), dtype),
-        o=Int4Linear.from_blocks(w["o_proj"], dtype),
-        gate_up=Int4Linear.from_blocks(Q4Blocks.stack([w["gate_proj"], w["up_proj"]]), dtype),
-        down=Int4Linear.from_blocks(w["down_proj"], dtype),
+        qkv=Int4Linear.from_blocks(Q4Blocks.stack([w["q_proj"], w["k_proj"], w["v_proj"]])),
+        o=Int4Linear.from_blocks(w["o_proj"]),
+        gate_up=Int4Linear.from_blocks(Q4Blocks.stack([w["gate_proj"], w["up_proj"]])),
+        down=Int4Linear.from_blocks(w["down_proj"]),
     )
 
 
@@ -212,19 +250,17 @@ def read_gguf_head(path: Path, tensors: dict[str, Any] | None = None) -> tuple[t
     return None if tensor is None or tensor.tensor_type.name != "Q8_0" else _read_q8_0(tensor)
 
 
-def int4_weights(path: Path, config: Any, dtype: torch.dtype = torch.bfloat16) -> Int4Weights:
+def int4_weights(path: Path, config: Any) -> Int4Weights:
     """The model's linears (fused for `model.runtime.fast_pass`) and LM head from the GGUF at `path`."""
     tensors = _gguf_tensors(path)
     head = read_gguf_head(path, tensors)
     return Int4Weights(
-        [_fused(w, dtype) for w in read_gguf_linears(path, config, tensors)],
-        None if head is None else Q8Head.from_q8_0(*head, dtype),
+        [_fused(w) for w in read_gguf_linears(path, config, tensors)],
+        None if head is None else Q8Head.from_q8_0(*head),
     )
 
 
-def cached_int4_weights(
-    gguf_path: Path, config: Any, cache_file: Path, dtype: torch.dtype = torch.bfloat16
-) -> Int4Weights:
+def cached_int4_weights(gguf_path: Path, config: Any, cache_file: Path) -> Int4Weights:
     """`int4_weights`, kept packed in `cache_file` after the first time: reading the GGUF and packing it takes ~10 s
     on 2 cores, loading the packed tensors a fraction of a second. The cache names the torch version and the GGUF's
     size and time that made it, and is rebuilt when they change (the packed layout is torch's own)."""
@@ -232,7 +268,7 @@ def cached_int4_weights(
 
     stat = gguf_path.stat()
     made_from = f"{gguf_path.name}:{stat.st_size}:{stat.st_mtime_ns}"
-    stamp = {"torch": torch.__version__, "gguf": made_from, "dtype": str(dtype)}
+    stamp = {"layout": LAYOUT, "gguf": made_from}
     if cache_file.is_file():
         from safetensors import safe_open
 
@@ -240,7 +276,7 @@ def cached_int4_weights(
             fresh = handle.metadata() == stamp
         if fresh:
             return _unflatten(load_file(str(cache_file)))
-    weights = int4_weights(gguf_path, config, dtype)
+    weights = int4_weights(gguf_path, config)
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     partial = cache_file.with_name(cache_file.name + ".partial")
     save_file(_flatten(weights), str(partial), metadata=stamp)
@@ -249,25 +285,27 @@ def cached_int4_weights(
 
 
 def _flatten(weights: Int4Weights) -> dict[str, torch.Tensor]:
-    linears: dict[str, Int4Linear] = {}
-    for index, layer in enumerate(weights.layers):
-        linears.update({f"layers.{index}.{name}": getattr(layer, name) for name in ("qkv", "o", "gate_up", "down")})
-    if weights.head is not None:
-        linears.update({"head.high": weights.head.high, "head.low": weights.head.low})
     flat = {}
-    for name, linear in linears.items():
-        flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = linear.packed, linear.scales_zeros
+    for index, layer in enumerate(weights.layers):
+        for name in ("qkv", "o", "gate_up", "down"):
+            linear: Int4Linear = getattr(layer, name)
+            prefix = f"layers.{index}.{name}"
+            flat.update({f"{prefix}.nibbles": linear.nibbles, f"{prefix}.d": linear.d, f"{prefix}.m": linear.m})
+            flat[f"{prefix}.out_features"] = torch.tensor(linear.out_features)
+    if weights.head is not None:
+        flat.update({"head.q": weights.head.q, "head.d": weights.head.d})
+        flat["head.out_features"] = torch.tensor(weights.head.out_features)
     return flat
 
 
 def _unflatten(flat: dict[str, torch.Tensor]) -> Int4Weights:
-    def linear(name: str) -> Int4Linear:
-        scales_zeros = flat[f"{name}.scales_zeros"]
-        return Int4Linear(flat[f"{name}.packed"], scales_zeros, int(scales_zeros.shape[1]))
+    def linear(prefix: str) -> Int4Linear:
+        parts = (flat[f"{prefix}.{part}"] for part in ("nibbles", "d", "m"))
+        return Int4Linear(*parts, int(flat[f"{prefix}.out_features"]))
 
     count = len({key.split(".")[1] for key in flat if key.startswith("layers.")})
     layers = [Int4Layer(*(linear(f"layers.{i}.{n}") for n in ("qkv", "o", "gate_up", "down"))) for i in range(count)]
-    head = Q8Head(linear("head.high"), linear("head.low")) if "head.high.packed" in flat else None
+    head = Q8Head(flat["head.q"], flat["head.d"], int(flat["head.out_features"])) if "head.q" in flat else None
     return Int4Weights(layers, head)
 
 
@@ -296,27 +334,21 @@ def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(n, k), d
 
 
-def int4_weights_of(causal_lm: Any, dtype: torch.dtype = torch.bfloat16) -> Int4Weights:
+def int4_weights_of(causal_lm: Any) -> Int4Weights:
     """Int4 weights rounded from a Llama's own (`quantize_q4_1`, `quantize_q8_0` for the head): for checkpoints
     that come without a GGUF, and for tests on tiny models."""
     layers = []
     for layer in causal_lm.model.layers:
         modules = {**{n: getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
                    **{n: getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")}}
-        layers.append(_fused({n: quantize_q4_1(getattr(m, "base", m).weight) for n, m in modules.items()}, dtype))
-    head = Q8Head.from_q8_0(*quantize_q8_0(causal_lm.get_output_embeddings().weight), dtype)
+        layers.append(_fused({n: quantize_q4_1(getattr(m, "base", m).weight) for n, m in modules.items()}))
+    head = Q8Head.from_q8_0(*quantize_q8_0(causal_lm.get_output_embeddings().weight))
     return Int4Weights(layers, head)
 
 
 def available() -> str | None:
-    """None when torch's CPU int4 kernel runs here, else why not."""
-    try:
-        q = torch.zeros(16, GROUP, dtype=torch.int32)  # the kernel packs outputs in sixteens
-        blocks = Q4Blocks(q, torch.ones(16, 1), torch.zeros(16, 1))
-        Int4Linear.from_blocks(blocks)(torch.ones(1, GROUP, dtype=torch.bfloat16))
-    except (RuntimeError, AttributeError) as error:
-        return f"torch's CPU int4 kernel is not available here ({error})"
-    return None
+    """None when the int4 kernels run here, else why not."""
+    return quant_kernels.unavailable()
 
 
 @functools.cache
@@ -339,6 +371,6 @@ def check_here(threads: int) -> str | None:
 def check_rows_independent(linear: Int4Linear, in_features: int, rows: int = 32, seed: int = 0) -> bool:
     """Whether each row's output is the same bits alone and among `1..rows` rows (random bf16 inputs)."""
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, in_features, generator=generator).to(linear.scales_zeros.dtype)
+    x = torch.randn(rows, in_features, generator=generator).bfloat16()
     alone = torch.cat([linear(x[i : i + 1]) for i in range(rows)])
     return all(torch.equal(linear(x[:count]), alone[:count]) for count in (2, 3, 4, 8, 16, 17, rows))

@@ -13,6 +13,7 @@ from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.runtime.int4_weights import (
     GROUP,
+    LAYOUT,
     Int4Linear,
     Q4Blocks,
     Q8Head,
@@ -147,6 +148,32 @@ def test_decoding_passes_use_the_int4_weights_and_prefills_the_bf16_ones() -> No
     assert torch.equal(run()[1], dense_step)
 
 
+def test_with_int4_weights_a_pass_of_one_answer_runs_in_the_decode_kernel() -> None:
+    assert int4_model().inference_pass().native is not None
+
+
+def test_the_decode_kernel_computes_the_layers_of_the_torch_pass() -> None:
+    """The C layer (fp32 residual, bf16 cache) against the torch pass on the same int4 weights in fp32: equal up
+    to the cache's bf16 rounding, with and without the LoRA's noisy rows."""
+    model = int4_model()
+    tokens = list(range(3, 40))
+    feed = Feed(clean=tuple(tokens[-4:]), noisy=(model.mask_id,) * 3)
+
+    def step() -> torch.Tensor:
+        cache = SlotCache(1)
+        prefill(model, cache, 0, tokens[:-4])
+        [(clean, noisy)] = batched_pass(model, cache, [0], [feed])
+        return torch.cat([clean, noisy]).float()
+
+    native = step()
+    model.base.float()
+    model.use_int4(model.int4)  # an fp32 model: the torch pass, on the same int4 kernels in fp32
+    assert model.inference_pass().native is None
+    reference = step()
+    assert torch.nn.functional.cosine_similarity(native, reference, dim=-1).min() > 0.999
+    assert (native.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
+
+
 def test_with_int4_weights_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() -> None:
     assert rows_whose_logits_differ(int4_model(), range(5, 120, 7)) == []
 
@@ -202,11 +229,11 @@ def test_the_packed_cache_loads_the_same_weights_and_is_rebuilt_for_another_file
 
     with safe_open(str(cache_file), "pt") as handle:
         stale = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
-        metadata = {**handle.metadata(), "torch": "0.0"}
-    save_file(stale, str(cache_file), metadata=metadata)  # as if another torch had packed it
+        metadata = {**handle.metadata(), "layout": "an older one"}
+    save_file(stale, str(cache_file), metadata=metadata)  # as if an older version had packed it
     cached_int4_weights(base_gguf_path(), config, cache_file)
     with safe_open(str(cache_file), "pt") as handle:
-        assert handle.metadata()["torch"] == torch.__version__
+        assert handle.metadata()["layout"] == LAYOUT
 
 
 def test_the_probe_passes_here_and_catches_a_kernel_that_rounds_by_the_rows(monkeypatch) -> None:

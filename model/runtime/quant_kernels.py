@@ -1,0 +1,134 @@
+"""The C kernels of a decoding pass (model/runtime/kernels/), compiled for this CPU on first use and called
+through ctypes.
+
+Why C: a pass of one answer multiplies a few rows by ~100 MB of 4-bit weights, then does ~60 small operations a
+layer between the matmuls. In torch those small operations cost ~10 ms a pass whatever the thread count (one
+dispatch each), as much as the matmuls; `decode_layer` does a whole layer in one call. The kernels share torch's
+OpenMP runtime (the library links the `libgomp.so.1` torch has loaded), so they run on torch's thread count
+without a second thread pool.
+
+Built with the system's C compiler (`cc`, or `$CC`) for this CPU (`-march=native`; `VOICE_ASSISTANT_KERNEL_ARCH`
+names another target, which the tests use to run the AVX2 build on an AVX-512 machine). The library is cached by
+the hash of its sources, flags and CPU under the project's cache folder. Without a compiler, or on a CPU with
+neither AVX-512 nor AVX2 and FMA, `unavailable()` says why and the model decodes with bf16 weights.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from model.disk_cache import cache_root
+
+SOURCE_DIR = Path(__file__).parent / "kernels"
+SOURCES = ("quant_matmul.c", "decode_layer.c")
+HEADERS = ("kernels.h", "vec16.h")
+ARCH_VARIABLE = "VOICE_ASSISTANT_KERNEL_ARCH"
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+class Q4Weight(ctypes.Structure):
+    _fields_ = [("nibbles", _P), ("d", _P), ("m", _P), ("n", _I64), ("k", _I64)]
+
+
+class LoRA(ctypes.Structure):
+    _fields_ = [("a", _P), ("b", _P), ("rank", _I64), ("members", _I64), ("end", _I64 * 4)]
+
+
+class Linear(ctypes.Structure):
+    _fields_ = [("weight", Q4Weight), ("lora", LoRA)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [
+        ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64), ("intermediate", _I64),
+        ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("lora_scale", ctypes.c_float),
+        ("input_norm", _P), ("post_norm", _P),
+        ("qkv", Linear), ("o", Linear), ("gate_up", Linear), ("down", Linear),
+    ]
+
+
+def _arch() -> str:
+    return os.environ.get(ARCH_VARIABLE, "native")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _flags(arch: str) -> list[str]:
+    return ["-O3", f"-march={arch}", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+
+
+def _library_path(compiler: str, arch: str) -> Path:
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update((SOURCE_DIR / name).read_bytes())
+    digest.update(" ".join([compiler, *_flags(arch), _cpu_flags()]).encode())
+    return cache_root() / "kernels" / f"dlm-kernels-{digest.hexdigest()[:16]}.so"
+
+
+def _build(compiler: str, arch: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
+        partial = Path(folder) / target.name
+        command = [compiler, *_flags(arch), "-o", str(partial), *(str(SOURCE_DIR / s) for s in SOURCES)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()[-600:]}")
+        partial.replace(target)
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    import torch  # noqa: F401  (loads the libgomp.so.1 the library then shares)
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None, f"the kernels are x86-64 ones (this machine is {platform.machine()})"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        return None, "no C compiler found (install gcc)"
+    arch = _arch()
+    path = _library_path(compiler, arch)
+    try:
+        if not path.is_file():
+            _build(compiler, arch, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as error:
+        return None, f"the decoding kernels did not build: {error}"
+    lib.q4_1_matmul.argtypes = [_P, ctypes.c_int, _I64, ctypes.POINTER(Q4Weight), _P, ctypes.c_int, ctypes.c_int]
+    lib.q8_0_matmul.argtypes = [_P, ctypes.c_int, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
+    lib.decode_layer.argtypes = [
+        ctypes.POINTER(Layer), _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _P, ctypes.c_int,
+    ]
+    for function in (lib.q4_1_matmul, lib.q8_0_matmul, lib.decode_layer):
+        function.restype = ctypes.c_int
+    return lib, None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernels (built first if needed); raises `OSError` saying why when they cannot be."""
+    lib, why = _load()
+    if lib is None:
+        raise OSError(why)
+    return lib
+
+
+def unavailable() -> str | None:
+    """None when the kernels run here, else why not."""
+    return _load()[1]
