@@ -45,7 +45,7 @@ from model.runtime import quant_kernels
 
 GROUP = 32  # weights per Q4_1 block, and the kernel's group size
 TILE = 16  # outputs the kernel computes together (model/runtime/kernels/quant_matmul.c)
-LAYOUT = "tiles16-groups32-v1"  # the packed layout's name, in the cache file's stamp
+LAYOUT = "tiles16-groups32-quads-fp16-v3"  # the packed layout's name, in the cache file's stamp
 _BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 _Q8_BLOCK_BYTES = 34  # fp16 d, 32 int8
 # The GGUF's tensor names for one layer's linears, in HF's names
@@ -86,12 +86,20 @@ def _tiles(t: torch.Tensor, n: int) -> torch.Tensor:
     return padded.view(tiles, TILE, *t.shape[1:])
 
 
+def _per_tile(scales: torch.Tensor, n: int) -> torch.Tensor:
+    """Per-group scales `[N, K / 32]` (fp16 values) as `[tiles, groups, 16]` fp16: the file's own, unrounded."""
+    half = scales.half()
+    if not torch.equal(half.float(), scales.float()):
+        raise ModelError("int4 scales must be fp16 values, as a GGUF stores them")
+    return _tiles(half, n).permute(0, 2, 1).contiguous()
+
+
 class Int4Linear:
     """`x @ w.T` for the Q4_1 weight `w` `[out_features, in_features]`, with the C kernel (model/runtime/kernels/
     quant_matmul.c says the layout): x in bf16 or fp32, the output in x's dtype."""
 
     def __init__(self, nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor, out_features: int) -> None:
-        self.nibbles, self.d, self.m = nibbles, d, m  # [tiles, groups, 16, 16] uint8; [tiles, groups, 16] fp32
+        self.nibbles, self.d, self.m = nibbles, d, m  # [tiles, groups, 4, 16, 4] uint8; [tiles, groups, 16] fp16
         self.out_features = out_features
         self.in_features = int(nibbles.shape[1]) * GROUP
         self.struct = quant_kernels.Q4Weight(
@@ -104,12 +112,14 @@ class Int4Linear:
         if k % GROUP:
             raise ModelError(f"int4 weights need inputs in groups of {GROUP}, this layer has {k}")
         q = _tiles(blocks.q, n).view(-1, TILE, k // GROUP, GROUP).permute(0, 2, 3, 1)  # [tiles, groups, 32, 16]
-        nibbles = (q[:, :, : GROUP // 2] | (q[:, :, GROUP // 2 :] << 4)).to(torch.uint8).contiguous()
 
-        def per_tile(t: torch.Tensor) -> torch.Tensor:
-            return _tiles(t.float(), n).permute(0, 2, 1).contiguous()  # [tiles, groups, 16]
+        def quads(half: torch.Tensor) -> torch.Tensor:  # inputs 4 i + c: [tiles, groups, i, output, c]
+            return half.reshape(*half.shape[:2], 4, 4, TILE).permute(0, 1, 2, 4, 3)
 
-        return cls(nibbles, per_tile(blocks.d), per_tile(blocks.m), n)
+        low, high = quads(q[:, :, : GROUP // 2]), quads(q[:, :, GROUP // 2 :])
+        nibbles = (low | (high << 4)).to(torch.uint8).contiguous()
+
+        return cls(nibbles, _per_tile(blocks.d, n), _per_tile(blocks.m, n), n)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = _kernel_input(x, self.in_features)
@@ -126,7 +136,7 @@ class Q8Head:
     """`x @ w.T` for a Q8_0 weight (the tied LM head) with the C kernel; fp32 logits."""
 
     def __init__(self, q: torch.Tensor, d: torch.Tensor, out_features: int) -> None:
-        self.q, self.d = q, d  # [tiles, groups, 32, 16] int8; [tiles, groups, 16] fp32
+        self.q, self.d = q, d  # [tiles, groups, 8, 16, 4] int8; [tiles, groups, 16] fp16
         self.out_features = out_features
         self.in_features = int(q.shape[1]) * GROUP
 
@@ -134,8 +144,8 @@ class Q8Head:
     def from_q8_0(cls, q: torch.Tensor, d: torch.Tensor) -> Q8Head:
         """`q` `[N, K]` int8 values, `d` `[N, K / 32]` their groups' scales."""
         n, k = q.shape
-        tiled = _tiles(q, n).view(-1, TILE, k // GROUP, GROUP).permute(0, 2, 3, 1).contiguous()
-        return cls(tiled, _tiles(d.float(), n).permute(0, 2, 1).contiguous(), n)
+        tiled = _tiles(q, n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+        return cls(tiled, _per_tile(d, n), n)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = _kernel_input(x, self.in_features)

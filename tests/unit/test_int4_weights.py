@@ -153,8 +153,9 @@ def test_with_int4_weights_a_pass_of_one_answer_runs_in_the_decode_kernel() -> N
 
 
 def test_the_decode_kernel_computes_the_layers_of_the_torch_pass() -> None:
-    """The C layer (fp32 residual, bf16 cache) against the torch pass on the same int4 weights in fp32: equal up
-    to the cache's bf16 rounding, with and without the LoRA's noisy rows."""
+    """The C layer (fp32 residual, bf16 cache) against the torch pass on the same int4 kernels in fp32: equal up to
+    the cache's bf16 rounding (and the 8-bit activations' roundings it moves), with and without the LoRA's noisy
+    rows. A layer computed wrong (no rotary, no LoRA, a wrong head order) falls far below these bounds."""
     model = int4_model()
     tokens = list(range(3, 40))
     feed = Feed(clean=tuple(tokens[-4:]), noisy=(model.mask_id,) * 3)
@@ -170,7 +171,7 @@ def test_the_decode_kernel_computes_the_layers_of_the_torch_pass() -> None:
     model.use_int4(model.int4)  # an fp32 model: the torch pass, on the same int4 kernels in fp32
     assert model.inference_pass().native is None
     reference = step()
-    assert torch.nn.functional.cosine_similarity(native, reference, dim=-1).min() > 0.999
+    assert torch.nn.functional.cosine_similarity(native, reference, dim=-1).min() > 0.995
     assert (native.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
 
 

@@ -66,18 +66,18 @@ static float dot(const float *x, const float *y, int64_t n) {
     return v_sum(s);
 }
 
-/* y = x @ w.T (+ the LoRA on rows >= start); y [rows, n]. 0 on success. */
+/* y = x @ w.T (+ the LoRA on rows >= start); y [rows, n]. 0 on success, 1 out of memory, 2 a LoRA of more than
+ * 4 members of rank 64. */
 static int linear(const Linear *l, float lora_scale, const float *x, int64_t rows, int64_t start, float *y,
                   int threads) {
     const Q4Weight *w = &l->weight;
-    float *xsum = malloc(sizeof(float) * (size_t)(rows * (w->k / GROUP) + l->lora.members * l->lora.rank + 1));
-    if (!xsum) return 1;
-    group_sums(x, rows, w->k, xsum);
-    q4_1_rows(x, xsum, rows, w, y, threads);
-    if (l->lora.a) {
-        float *t = xsum + rows * (w->k / GROUP);  /* x @ a.T of one row: members * rank */
+    if (q4_1_rows(x, rows, w, y, threads)) return 1;
+    if (l->lora.a && start < rows) {
         const int64_t rank = l->lora.rank, inner = l->lora.members * rank;
+        if (inner > 4 * 64) return 2;
+#pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t r = start; r < rows; r++) {
+            float t[4 * 64];  /* x @ a.T of this row: members * rank */
             const float *xr = x + r * w->k;
             float *yr = y + r * w->n;
             for (int64_t c = 0; c < inner; c++) t[c] = dot(xr, l->lora.a + c * w->k, w->k);
@@ -97,7 +97,6 @@ static int linear(const Linear *l, float lora_scale, const float *x, int64_t row
             }
         }
     }
-    free(xsum);
     return 0;
 }
 
@@ -115,27 +114,26 @@ static void rotate(float *x, int64_t heads, int64_t dim, const float *cos, const
 }
 
 /* One query row's heads of one key head's group over keys [0, key_len): out [group, dim]. head_dim is a multiple
- * of 16; scores a buffer of group * key_len floats. */
+ * of 16; scores a buffer of group * (key_len rounded up to 16) floats. */
 static void attend_group(const float *q, int64_t group, int64_t dim, const uint16_t *keys, const uint16_t *values,
                          int64_t key_len, const float *bias, float scale, float *scores, float *out) {
-    const int64_t lanes = dim / TILE;
+    const int64_t lanes = dim / TILE, padded = (key_len + TILE - 1) / TILE * TILE;
     for (int64_t j = 0; j < key_len; j++) {
         vec16 k[8];
         for (int64_t c = 0; c < lanes; c++) k[c] = v_bf16(keys + j * dim + c * TILE);
         for (int64_t a = 0; a < group; a++) {
             vec16 s = v_mul(v_load(q + a * dim), k[0]);
             for (int64_t c = 1; c < lanes; c++) s = v_fma(v_load(q + a * dim + c * TILE), k[c], s);
-            scores[a * key_len + j] = v_sum(s) * scale + bias[j];
+            scores[a * padded + j] = v_sum(s) * scale + bias[j];
         }
     }
     for (int64_t a = 0; a < group; a++) {
-        float *sa = scores + a * key_len;
+        float *sa = scores + a * padded;
         float top = sa[0], total = 0.0f;
         for (int64_t j = 1; j < key_len; j++) top = sa[j] > top ? sa[j] : top;
-        for (int64_t j = 0; j < key_len; j++) {
-            sa[j] = exp_f32(sa[j] - top);
-            total += sa[j];
-        }
+        for (int64_t j = key_len; j < padded; j++) sa[j] = -3.0e38f;  /* exp gives 0 */
+        for (int64_t j = 0; j < padded; j += TILE) v_store(sa + j, v_exp(v_add(v_load(sa + j), v_set1(-top))));
+        for (int64_t j = 0; j < key_len; j++) total += sa[j];
         vec16 acc[8];
         for (int64_t c = 0; c < lanes; c++) acc[c] = v_set1(0.0f);
         for (int64_t j = 0; j < key_len; j++) {
@@ -158,13 +156,15 @@ int decode_layer(const Layer *L, float *h, int64_t rows, int64_t start, const fl
     const int64_t hidden = L->hidden, dim = L->head_dim, heads = L->heads, kv_heads = L->kv_heads;
     const int64_t group = heads / kv_heads, q_size = heads * dim, kv_size = kv_heads * dim;
     const int64_t qkv_n = q_size + 2 * kv_size, inter = L->intermediate;
-    if (dim % TILE || dim > 8 * TILE || heads % kv_heads || offset + rows > key_len || key_len > capacity) return 2;
+    if (dim % TILE || dim > 8 * TILE || heads % kv_heads || L->intermediate % TILE || offset + rows > key_len ||
+        key_len > capacity)
+        return 2;
     const int64_t size = rows * (hidden + qkv_n + q_size + 2 * inter + inter + hidden);
     float *x = malloc(sizeof(float) * (size_t)size);
     if (!x) return 1;
     float *qkv = x + rows * hidden, *att = qkv + rows * qkv_n, *gu = att + rows * q_size;
     float *act = gu + rows * 2 * inter, *tmp = act + rows * inter;
-    int failed = 0;
+    int failed = 0;  /* the first error's code */
 
     rms_norm(h, L->input_norm, rows, hidden, L->eps, x);
     failed |= linear(&L->qkv, L->lora_scale, x, rows, start, qkv, threads);
@@ -181,7 +181,7 @@ int decode_layer(const Layer *L, float *h, int64_t rows, int64_t start, const fl
     int no_memory = 0;
 #pragma omp parallel num_threads(threads) reduction(| : no_memory)
     {
-        float *scores = malloc(sizeof(float) * (size_t)(group * key_len));
+        float *scores = malloc(sizeof(float) * (size_t)(group * ((key_len + TILE - 1) / TILE * TILE)));
         if (!scores) no_memory = 1;
 #pragma omp for collapse(2) schedule(static)
         for (int64_t r = 0; r < rows; r++)
@@ -198,10 +198,11 @@ int decode_layer(const Layer *L, float *h, int64_t rows, int64_t start, const fl
 
     rms_norm(h, L->post_norm, rows, hidden, L->eps, x);
     failed |= linear(&L->gate_up, L->lora_scale, x, rows, start, gu, threads);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < inter; i++) {
-            const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
-            act[r * inter + i] = g / (1.0f + exp_f32(-g)) * u;
+    for (int64_t r = 0; r < rows; r++)  /* silu(gate) * up; the intermediate size is a multiple of 16 */
+        for (int64_t i = 0; i < inter; i += TILE) {
+            const vec16 g = v_load(gu + r * 2 * inter + i), u = v_load(gu + r * 2 * inter + inter + i);
+            const vec16 e = v_exp(v_mul(g, v_set1(-1.0f)));
+            v_store(act + r * inter + i, v_mul(v_div(g, v_add(v_set1(1.0f), e)), u));
         }
     failed |= linear(&L->down, L->lora_scale, act, rows, start, tmp, threads);
     for (int64_t i = 0; i < rows * hidden; i++) h[i] += tmp[i];

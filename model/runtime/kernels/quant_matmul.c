@@ -1,18 +1,21 @@
 /* Weight-only quantized matmuls for a decoding pass: y = x @ w.T with w in the GGUF's Q4_1 or Q8_0 blocks.
  *
- * Why our own kernel: a pass of a few rows is bound by reading and unpacking the weights. Each block of weights is
- * unpacked once into fp32 registers and used by every row of the pass, so a row costs one FMA per weight.
+ * As llama.cpp computes them: each row's activations are rounded to 8 bits per group of 32 (scale = max |x| /
+ * 127), so a group's dot product with the 4-bit (Q4_1) or 8-bit (Q8_0) weights is an exact integer sum (VNNI
+ * `vpdpbusd`, or the same sums from `pmaddubsw` on CPUs without it). Then Q4_1: y += d * scale * sum + m * sum(x),
+ * with sum(x) the group's fp32 sum; Q8_0: y += d * scale * sum. The integer sums cost a row a quarter of what fp32
+ * FMAs would, so the extra rows of a drafting pass are cheap; the weights are read once for all rows.
  *
  * Exactness: a row's output never depends on the other rows, the row count or the thread count. Every output
- * element is computed by one thread, in one fixed order: per group of 32 inputs, four partial sums over the
- * group's inputs j = 0 mod 4, 1 mod 4, ... added as (s0 + s1) + (s2 + s3), then y += d * s + m * sum(x of the
- * group). The weights are the file's values exactly (4-bit or 8-bit values, fp16 scales held as fp32); activations
- * and sums are fp32.
+ * element is computed by one thread, in one fixed order (exact integer sums, then fp32 over the groups in
+ * order). AVX-512 and AVX2 builds compute the same bits.
  *
  * Layout (built by model/runtime/int4_weights.py): outputs in tiles of 16, inputs in groups of 32.
- *   Q4_1: nibbles[tile][group][j in 0..15][output in 0..15] = q[., 32 g + j] | q[., 32 g + j + 16] << 4,
- *         d[tile][group][16], m[tile][group][16] (fp32).
- *   Q8_0: q[tile][group][j in 0..31][output in 0..15] (int8), d[tile][group][16].
+ *   Q4_1: nibbles[tile][group][i in 0..3][output in 0..15][c in 0..3]
+ *         = q[., 32 g + 4 i + c] | q[., 32 g + 16 + 4 i + c] << 4,
+ *         d[tile][group][16], m[tile][group][16] (fp16, the file's own).
+ *   Q8_0: q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
+ *         d[tile][group][16] (fp16).
  * Weights are zero-padded to whole tiles; n may end in a partial one.
  */
 
@@ -21,27 +24,38 @@
 #include "kernels.h"
 #include "vec16.h"
 
-void group_sums(const float *x, int64_t rows, int64_t k, float *xsum) {
+/* Each row's groups of 32 activations as 8-bit values (four to an int32, in input order), their scales, and
+ * their fp32 sums. */
+typedef struct {
+    int32_t *quads;  /* [rows, groups, 8] */
+    float *scale;    /* [rows, groups] */
+    float *sum;      /* [rows, groups] */
+} Activations;
+
+static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *out) {
     const int64_t groups = k / GROUP;
+    void *buffer = malloc((size_t)(rows * groups) * (8 * sizeof(int32_t) + 2 * sizeof(float)));
+    if (!buffer) return 1;
+    out->quads = buffer;
+    out->scale = (float *)(out->quads + rows * groups * 8);
+    out->sum = out->scale + rows * groups;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < groups; g++) {
-            float s = 0.0f;
-            for (int j = 0; j < GROUP; j++) s += x[r * k + g * GROUP + j];
-            xsum[r * groups + g] = s;
+            const float *xg = x + r * k + g * GROUP;
+            float top = 0.0f, s = 0.0f;
+            for (int j = 0; j < GROUP; j++) {
+                const float a = __builtin_fabsf(xg[j]);
+                top = a > top ? a : top;
+                s += xg[j];
+            }
+            const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+            int8_t q[GROUP];
+            for (int j = 0; j < GROUP; j++) q[j] = (int8_t)__builtin_rintf(xg[j] * inv);
+            memcpy(out->quads + (r * groups + g) * 8, q, sizeof q);
+            out->scale[r * groups + g] = top / 127.0f;
+            out->sum[r * groups + g] = s;
         }
-}
-
-/* The group's 32 weights for 16 outputs (fp32) times one row's 32 inputs. */
-static inline vec16 group_dot(const vec16 *w, const float *xr) {
-    vec16 s0 = v_mul(w[0], v_set1(xr[0])), s1 = v_mul(w[1], v_set1(xr[1]));
-    vec16 s2 = v_mul(w[2], v_set1(xr[2])), s3 = v_mul(w[3], v_set1(xr[3]));
-    for (int j = 4; j < GROUP; j += 4) {
-        s0 = v_fma(w[j], v_set1(xr[j]), s0);
-        s1 = v_fma(w[j + 1], v_set1(xr[j + 1]), s1);
-        s2 = v_fma(w[j + 2], v_set1(xr[j + 2]), s2);
-        s3 = v_fma(w[j + 3], v_set1(xr[j + 3]), s3);
-    }
-    return v_add(v_add(s0, s1), v_add(s2, s3));
+    return 0;
 }
 
 static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, float *y) {
@@ -53,43 +67,66 @@ static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, 
     }
 }
 
-void q4_1_rows(const float *x, const float *xsum, int64_t rows, const Q4Weight *w, float *y, int threads) {
+int q4_1_rows(const float *x, int64_t rows, const Q4Weight *w, float *y, int threads) {
     const int64_t k = w->k, n = w->n, groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+    Activations a;
+    if (quantize_rows(x, rows, k, &a)) return 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         vec16 acc[rows];
         for (int64_t r = 0; r < rows; r++) acc[r] = v_set1(0.0f);
         for (int64_t g = 0; g < groups; g++) {
             const int64_t block = t * groups + g;
-            vec16 wf[GROUP];
-            for (int j = 0; j < GROUP / 2; j++)
-                v_nibbles(w->nibbles + (block * (GROUP / 2) + j) * TILE, &wf[j], &wf[j + GROUP / 2]);
-            const vec16 vd = v_load(w->d + block * TILE), vm = v_load(w->m + block * TILE);
+            ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
+            for (int i = 0; i < 4; i++) iv_nibbles(w->nibbles + (block * 4 + i) * 64, &low[i], &high[i]);
+            const vec16 vd = v_f16(w->d + block * TILE), vm = v_f16(w->m + block * TILE);
             for (int64_t r = 0; r < rows; r++) {
-                acc[r] = v_fma(vd, group_dot(wf, x + r * k + g * GROUP), acc[r]);
-                acc[r] = v_fma(vm, v_set1(xsum[r * groups + g]), acc[r]);
+                const int32_t *quads = a.quads + (r * groups + g) * 8;
+                ivec16 dot_low = iv_zero(), dot_high = iv_zero();  /* two chains: half the latency */
+                for (int i = 0; i < 4; i++) {
+                    dot_low = iv_dot4(dot_low, low[i], quads[i]);
+                    dot_high = iv_dot4(dot_high, high[i], quads[i + 4]);
+                }
+                const vec16 dot = iv_float(iv_add(dot_low, dot_high));
+                acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[r * groups + g])), acc[r]);
+                acc[r] = v_fma(vm, v_set1(a.sum[r * groups + g]), acc[r]);
             }
         }
         store_tile(acc, rows, n, t, y);
     }
+    free(a.quads);
+    return 0;
 }
 
-static void q8_0_rows(const float *x, int64_t rows, int64_t k, int64_t n, const int8_t *q, const float *d, float *y,
-                      int threads) {
+static int q8_0_rows(const float *x, int64_t rows, int64_t k, int64_t n, const int8_t *q, const uint16_t *d,
+                     float *y, int threads) {
     const int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+    Activations a;
+    if (quantize_rows(x, rows, k, &a)) return 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         vec16 acc[rows];
         for (int64_t r = 0; r < rows; r++) acc[r] = v_set1(0.0f);
         for (int64_t g = 0; g < groups; g++) {
             const int64_t block = t * groups + g;
-            vec16 wf[GROUP];
-            for (int j = 0; j < GROUP; j++) wf[j] = v_bytes(q + (block * GROUP + j) * TILE);
-            const vec16 vd = v_load(d + block * TILE);
-            for (int64_t r = 0; r < rows; r++) acc[r] = v_fma(vd, group_dot(wf, x + r * k + g * GROUP), acc[r]);
+            s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
+            for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
+            const vec16 vd = v_f16(d + block * TILE);
+            for (int64_t r = 0; r < rows; r++) {
+                const int32_t *quads = a.quads + (r * groups + g) * 8;
+                ivec16 dot_low = iv_zero(), dot_high = iv_zero();
+                for (int i = 0; i < 4; i++) {
+                    dot_low = s8_dot4(dot_low, wq[i], quads[i]);
+                    dot_high = s8_dot4(dot_high, wq[i + 4], quads[i + 4]);
+                }
+                const vec16 dot = iv_float(iv_add(dot_low, dot_high));
+                acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[r * groups + g])), acc[r]);
+            }
         }
         store_tile(acc, rows, n, t, y);
     }
+    free(a.quads);
+    return 0;
 }
 
 /* x as fp32 (from bf16 when x_bf16), in a buffer with `spare` more floats after it */
@@ -112,22 +149,20 @@ static void store_rows(const float *yf, int64_t count, void *y, int y_bf16) {
 
 /* The Python entry points: x [rows, k] and y [rows, n] in bf16 or fp32. 0 on success. */
 int q4_1_matmul(const void *x, int x_bf16, int64_t rows, const Q4Weight *w, void *y, int y_bf16, int threads) {
-    const int64_t groups = w->k / GROUP;
-    float *xf = fp32_rows(x, x_bf16, rows * w->k, rows * groups + rows * w->n);
+    float *xf = fp32_rows(x, x_bf16, rows * w->k, rows * w->n);
     if (!xf) return 1;
-    float *xsum = xf + rows * w->k, *yf = xsum + rows * groups;
-    group_sums(xf, rows, w->k, xsum);
-    q4_1_rows(xf, xsum, rows, w, yf, threads);
+    float *yf = xf + rows * w->k;
+    const int status = q4_1_rows(xf, rows, w, yf, threads);
     store_rows(yf, rows * w->n, y, y_bf16);
     free(xf);
-    return 0;
+    return status;
 }
 
-int q8_0_matmul(const void *x, int x_bf16, int64_t rows, int64_t k, int64_t n, const int8_t *q, const float *d,
+int q8_0_matmul(const void *x, int x_bf16, int64_t rows, int64_t k, int64_t n, const int8_t *q, const uint16_t *d,
                 float *y, int threads) {
     float *xf = fp32_rows(x, x_bf16, rows * k, 0);
     if (!xf) return 1;
-    q8_0_rows(xf, rows, k, n, q, d, y, threads);
+    const int status = q8_0_rows(xf, rows, k, n, q, d, y, threads);
     free(xf);
-    return 0;
+    return status;
 }

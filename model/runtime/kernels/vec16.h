@@ -13,14 +13,18 @@
 
 /* 16 fp32 lanes: one AVX-512 register, or two AVX2 ones. The arithmetic is explicit fused multiply-adds, so both
  * builds round alike. */
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 typedef struct { __m512 v; } vec16;
 static inline vec16 v_set1(float a) { return (vec16){_mm512_set1_ps(a)}; }
 static inline vec16 v_load(const float *p) { return (vec16){_mm512_loadu_ps(p)}; }
 static inline void v_store(float *p, vec16 a) { _mm512_storeu_ps(p, a.v); }
 static inline vec16 v_mul(vec16 a, vec16 b) { return (vec16){_mm512_mul_ps(a.v, b.v)}; }
 static inline vec16 v_add(vec16 a, vec16 b) { return (vec16){_mm512_add_ps(a.v, b.v)}; }
+static inline vec16 v_div(vec16 a, vec16 b) { return (vec16){_mm512_div_ps(a.v, b.v)}; }
 static inline vec16 v_fma(vec16 a, vec16 b, vec16 c) { return (vec16){_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+static inline vec16 v_f16(const uint16_t *p) {
+    return (vec16){_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p))};
+}
 /* 16 bytes as the low and the high nibbles (Q4) or as signed bytes (Q8), in fp32 */
 static inline void v_nibbles(const uint8_t *p, vec16 *low, vec16 *high) {
     const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -42,15 +46,75 @@ static inline float v_sum(vec16 a) {
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+/* exp(x) lane by lane, to ~2 ulp (Cephes' expf polynomial); exactly 0 below -87.3, where a masked attention
+ * score lands, so masked keys add nothing however many there are. */
+static inline vec16 v_exp(vec16 x) {
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+    const __m512 xc = _mm512_min_ps(x.v, _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return (vec16){_mm512_maskz_mul_ps(~tiny, p, _mm512_castsi512_ps(bits))};
+}
+/* 16 int32 lanes, and the u8 x s8 dot products of the Q4 kernel: each lane adds the four products of its four
+ * weight bytes with the same four activation bytes (VNNI where the CPU has it; the same exact sums without). */
+typedef struct { __m512i v; } ivec16;
+static inline ivec16 iv_zero(void) { return (ivec16){_mm512_setzero_si512()}; }
+/* 64 bytes of nibbles: the low nibbles as bytes, and the high ones */
+static inline void iv_nibbles(const uint8_t *p, ivec16 *low, ivec16 *high) {
+    const __m512i raw = _mm512_loadu_si512((const void *)p), mask = _mm512_set1_epi8(15);
+    low->v = _mm512_and_si512(raw, mask);
+    high->v = _mm512_and_si512(_mm512_srli_epi32(raw, 4), mask);
+}
+static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
+#if defined(__AVX512VNNI__)
+    return (ivec16){_mm512_dpbusd_epi32(acc.v, weights.v, _mm512_set1_epi32(four_bytes))};
+#else
+    const __m512i pairs = _mm512_maddubs_epi16(weights.v, _mm512_set1_epi32(four_bytes));
+    return (ivec16){_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
+#endif
+}
+static inline vec16 iv_float(ivec16 a) { return (vec16){_mm512_cvtepi32_ps(a.v)}; }
+static inline ivec16 iv_add(ivec16 a, ivec16 b) { return (ivec16){_mm512_add_epi32(a.v, b.v)}; }
+/* 64 signed weight bytes (in [-127, 127]) as |w| and the sign, so that a signed x signed dot product is an
+ * unsigned x signed one, |w| . (x * sign(w)), whose pair sums stay within 16 bits */
+typedef struct { __m512i abs; __mmask64 negative; } s8vec;
+static inline s8vec s8_load(const int8_t *p) {
+    const __m512i w = _mm512_loadu_si512((const void *)p);
+    return (s8vec){_mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+}
+static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
+    const __m512i x = _mm512_set1_epi32(four_bytes);
+    const __m512i signed_x = _mm512_mask_sub_epi8(x, w.negative, _mm512_setzero_si512(), x);
+#if defined(__AVX512VNNI__)
+    return (ivec16){_mm512_dpbusd_epi32(acc.v, w.abs, signed_x)};
+#else
+    return (ivec16){_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(w.abs, signed_x), _mm512_set1_epi16(1)))};
+#endif
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 typedef struct { __m256 lo, hi; } vec16;
 static inline vec16 v_set1(float a) { return (vec16){_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
 static inline vec16 v_load(const float *p) { return (vec16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 static inline void v_store(float *p, vec16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
 static inline vec16 v_mul(vec16 a, vec16 b) { return (vec16){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 static inline vec16 v_add(vec16 a, vec16 b) { return (vec16){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+static inline vec16 v_div(vec16 a, vec16 b) { return (vec16){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
 static inline vec16 v_fma(vec16 a, vec16 b, vec16 c) {
     return (vec16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline vec16 v_f16(const uint16_t *p) {
+    return (vec16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
 }
 static inline void v_nibbles(const uint8_t *p, vec16 *low, vec16 *high) {
     const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
@@ -76,29 +140,55 @@ static inline float v_sum(vec16 a) {
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
 }
-#else
-#error "needs AVX-512 or AVX2 with FMA"
-
-/* exp(x) to ~2 ulp, in fixed arithmetic (glibc's expf picks its code by CPU); exactly 0 below -87.3, where a
- * masked attention score lands, so masked keys add nothing however many there are. */
-static inline float exp_f32(float x) {
-    if (x < -87.3f) return 0.0f;
-    if (x > 88.0f) x = 88.0f;
-    const float n = __builtin_rintf(x * 1.44269504088896341f);
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = (p * r) * r + r + 1.0f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+static inline __m256 exp8(__m256 x) {
+    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+    const __m256 xc = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
-
+static inline vec16 v_exp(vec16 x) { return (vec16){exp8(x.lo), exp8(x.hi)}; }
+typedef struct { __m256i lo, hi; } ivec16;
+static inline ivec16 iv_zero(void) { return (ivec16){_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+static inline void iv_nibbles(const uint8_t *p, ivec16 *low, ivec16 *high) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)p), b = _mm256_loadu_si256((const __m256i *)(p + 32));
+    const __m256i mask = _mm256_set1_epi8(15);
+    *low = (ivec16){_mm256_and_si256(a, mask), _mm256_and_si256(b, mask)};
+    *high = (ivec16){_mm256_and_si256(_mm256_srli_epi32(a, 4), mask), _mm256_and_si256(_mm256_srli_epi32(b, 4), mask)};
+}
+/* products of at most 15 x 127, so maddubs' 16-bit pair sums never saturate: the same sums as VNNI */
+static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
+    const __m256i x = _mm256_set1_epi32(four_bytes), ones = _mm256_set1_epi16(1);
+    return (ivec16){_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(weights.lo, x), ones)),
+                    _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(weights.hi, x), ones))};
+}
+static inline vec16 iv_float(ivec16 a) { return (vec16){_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+static inline ivec16 iv_add(ivec16 a, ivec16 b) {
+    return (ivec16){_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
+}
+typedef struct { __m256i abs_lo, abs_hi, w_lo, w_hi; } s8vec;
+static inline s8vec s8_load(const int8_t *p) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)p), b = _mm256_loadu_si256((const __m256i *)(p + 32));
+    return (s8vec){_mm256_abs_epi8(a), _mm256_abs_epi8(b), a, b};
+}
+static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
+    const __m256i x = _mm256_set1_epi32(four_bytes), ones = _mm256_set1_epi16(1);
+    const __m256i lo = _mm256_maddubs_epi16(w.abs_lo, _mm256_sign_epi8(x, w.w_lo));
+    const __m256i hi = _mm256_maddubs_epi16(w.abs_hi, _mm256_sign_epi8(x, w.w_hi));
+    return (ivec16){_mm256_add_epi32(acc.lo, _mm256_madd_epi16(lo, ones)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(hi, ones))};
+}
+#else
+#error "needs AVX-512 (BW) or AVX2 with FMA and F16C"
 #endif
 
 static inline float bf16_to_f32(uint16_t b) {
@@ -117,25 +207,5 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-
-/* exp(x) to ~2 ulp, in fixed arithmetic (glibc's expf picks its code by CPU); exactly 0 below -87.3, where a
- * masked attention score lands, so masked keys add nothing however many there are. */
-static inline float exp_f32(float x) {
-    if (x < -87.3f) return 0.0f;
-    if (x > 88.0f) x = 88.0f;
-    const float n = __builtin_rintf(x * 1.44269504088896341f);
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = (p * r) * r + r + 1.0f;
-    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 #endif
