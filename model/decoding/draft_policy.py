@@ -3,14 +3,13 @@
 A drafting pass with m masks per block verifies m drafts (`1 + m` clean rows) and drafts a block of m masks after
 each of the `m + 1` prefixes it may accept (`m (m + 1)` mask rows). It yields `1 + E[accepted]` tokens, where
 E[accepted] = sum over i <= m of P(the first i drafts are accepted), and costs what a pass of that shape costs on this
-CPU. Both sides are machine- and model-dependent: on an Intel AMX CPU a 16-row pass cost about 1.3x a lone row, on an
-AMD EPYC 1.8x, so three drafts a pass beat autoregressive decoding on one and lost to it on the other (0.94x). So the
-policy measures both as it decodes, no-I/O: pass costs per layout from the lone passes it times (each layout is tried
-a few times before it is judged, its cost the median of its last timings, and re-timed now and then as the machine's
-load changes; with the int4 weights a lone row costs about half a 4-row pass, so drafts rarely pay), acceptance per
-draft position from every pass (starting from the bundled adapter's measured rates), and picks the layout with the most
-expected tokens per ms, m = 0 (autoregressive) included. Every layout gives the teacher's answer exactly; only the
-speed depends on the choice.
+CPU. Both sides are machine- and model-dependent (with the int4 kernels a 4-row pass, one draft, costs about 1.4x a
+lone row; drafts that are right half the time barely pay for it), so the policy measures both as it decodes, no-I/O:
+pass costs per layout from the lone passes it times (each layout is tried a few times before it is judged, its cost
+the median of its last timings, and re-timed now and then as the machine's load changes: often when it comes close to
+the best, rarely when it is far behind), acceptance per draft position from every pass (starting from the bundled
+adapter's measured rates), and picks the layout with the most expected tokens per ms, m = 0 (autoregressive)
+included. Every layout gives the teacher's answer exactly; only the speed depends on the choice.
 """
 
 from __future__ import annotations
@@ -28,7 +27,13 @@ TIMINGS_BEFORE_JUDGING = 3  # lone passes timed per layout before its cost is tr
 # A layout's cost is the median of its last timings: a pass slowed by a moment of other load (2x on a shared 2-core
 # machine) must not make the cheapest layout look dear and hand the choice to a dearer one until it is re-timed
 COST_WINDOW = 9
-RETIME_EVERY = 32  # every so many choices, the layout timed longest ago is used once more
+# Every so many choices, the contender timed longest ago is used once more: a layout whose expected tokens per ms are
+# within RETIME_MARGIN of the best's, which a change of load could make the best. The others are re-timed only every
+# RETIME_ALL_EVERY choices: a pass of a layout 3x dearer than the best every 32 passes cost self-speculative decoding
+# 6 % of its speed.
+RETIME_EVERY = 32
+RETIME_MARGIN = 0.8
+RETIME_ALL_EVERY = 512
 
 
 @dataclass(slots=True)
@@ -78,9 +83,13 @@ class DraftPolicy:
             untimed = [m for m, layout in enumerate(self.layouts) if layout.timings < TIMINGS_BEFORE_JUDGING]
             if untimed:  # the most drafts first: a process's first answers draft as a fixed layout would
                 return untimed[-1]
-            if self.choices % RETIME_EVERY == 0:
+            rates = [self.expected_tokens(m) / layout.cost_ms for m, layout in enumerate(self.layouts)]
+            if self.choices % RETIME_ALL_EVERY == 0:
                 return min(range(len(self.layouts)), key=lambda m: self.layouts[m].timed_at)
-            return max(range(len(self.layouts)), key=lambda m: self.expected_tokens(m) / self.layouts[m].cost_ms)
+            if self.choices % RETIME_EVERY == 0:
+                contenders = [m for m, rate in enumerate(rates) if rate >= RETIME_MARGIN * max(rates)]
+                return min(contenders, key=lambda m: self.layouts[m].timed_at)
+            return max(range(len(self.layouts)), key=lambda m: rates[m])
 
     def observe(self, masks: int, drafted: int, accepted: int, pass_ms: float | None) -> None:
         """A pass verified `drafted` drafts and accepted `accepted` of them. `pass_ms`: its time when it was a lone

@@ -6,7 +6,7 @@ from __future__ import annotations
 from report_lib.tiny_models import tiny_llama
 
 from model.bundled.block_diffusion import BlockDiffusionDenoiser
-from model.decoding.draft_policy import RETIME_EVERY, TIMINGS_BEFORE_JUDGING, DraftPolicy
+from model.decoding.draft_policy import RETIME_ALL_EVERY, RETIME_EVERY, TIMINGS_BEFORE_JUDGING, DraftPolicy
 from model.decoding.speculative import generate_speculative
 from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse)
     EOS,
@@ -67,8 +67,18 @@ def test_good_drafts_on_flat_pass_costs_draft_the_most() -> None:
 
 def test_a_layout_is_timed_again_as_the_machine_changes() -> None:
     policy = DraftPolicy(max_masks=2)
-    settle(policy, {0: 20, 1: 30, 2: 40}, {}, RETIME_EVERY * 3)
-    assert all(layout.timed_at >= RETIME_EVERY for layout in policy.layouts)  # every layout was timed again
+    settle(policy, {0: 20, 1: 34, 2: 60}, {1: 1}, RETIME_EVERY * 3)
+    assert policy.layouts[0].timed_at >= RETIME_EVERY and policy.layouts[1].timed_at >= RETIME_EVERY  # contenders
+    settle(policy, {0: 20, 1: 34, 2: 60}, {1: 1}, RETIME_ALL_EVERY)
+    assert all(layout.timed_at >= RETIME_EVERY * 3 for layout in policy.layouts)  # and, rarely, every layout
+
+
+def test_a_layout_far_dearer_than_the_best_is_rarely_timed_again() -> None:
+    # int4 kernels: a lone row 10 ms, four drafts a pass 36 ms, drafts rarely right
+    policy = DraftPolicy(max_masks=3)
+    settle(policy, {0: 10, 1: 17, 2: 26, 3: 36}, {}, 100)
+    choices = settle(policy, {0: 10, 1: 17, 2: 26, 3: 36}, {}, RETIME_ALL_EVERY)
+    assert choices.count(0) >= len(choices) - 2
 
 
 def test_acceptance_counts_each_position_only_when_the_drafts_before_it_were_accepted() -> None:
