@@ -7,10 +7,10 @@ dispatch each), as much as the matmuls; `decode_layer` does a whole layer in one
 OpenMP runtime (the library links the `libgomp.so.1` torch has loaded), so they run on torch's thread count
 without a second thread pool.
 
-Built with the system's C compiler (`cc`, or `$CC`) for this CPU (`-march=native`; `VOICE_ASSISTANT_KERNEL_ARCH`
-names another target, which the tests use to run the AVX2 build on an AVX-512 machine). The library is cached by
-the hash of its sources, flags and CPU under the project's cache folder. Without a compiler, or on a CPU with
-neither AVX-512 nor AVX2 and FMA, `unavailable()` says why and the model decodes with bf16 weights.
+Built with the system's C compiler (`cc`, or `$CC`) for this CPU (`-march=native`; `$VOICE_ASSISTANT_KERNEL_TARGET`
+gives other target flags: the tests run other CPUs' builds, `TARGETS`, on this one). The library is cached by the
+hash of its sources, flags and CPU under the project's cache folder. Without a compiler, or on a CPU with neither
+AVX-512 nor AVX2 with FMA and F16C, `unavailable()` says why and the model decodes with bf16 weights.
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ from model.disk_cache import cache_root
 SOURCE_DIR = Path(__file__).parent / "kernels"
 SOURCES = ("quant_matmul.c", "decode_layer.c")
 HEADERS = ("kernels.h", "vec16.h")
-ARCH_VARIABLE = "VOICE_ASSISTANT_KERNEL_ARCH"
+TARGET_VARIABLE = "VOICE_ASSISTANT_KERNEL_TARGET"  # the compiler's target flags; default -march=native
+# Other CPUs' builds, to test on this one (tests/unit/test_other_cpus.py); each runs on an AVX-512 VNNI machine
+TARGETS = {
+    # AMD EPYC Zen 4: AVX-512 with VNNI and BF16 (GCC 12 has no -march=znver4)
+    "amd-zen4": "-march=znver3 -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -mavx512bf16",
+    "avx512-without-vnni": "-march=skylake-avx512",
+    "avx2": "-march=x86-64-v3",
+}
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -57,8 +64,8 @@ class Layer(ctypes.Structure):
     ]
 
 
-def _arch() -> str:
-    return os.environ.get(ARCH_VARIABLE, "native")
+def _target() -> str:
+    return os.environ.get(TARGET_VARIABLE) or "-march=native"
 
 
 def _cpu_flags() -> str:
@@ -71,46 +78,46 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _flags(arch: str) -> list[str]:
-    return ["-O3", f"-march={arch}", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+def _flags(target: str) -> list[str]:
+    return ["-O3", *target.split(), "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 
 
-def _library_path(compiler: str, arch: str) -> Path:
+def _library_path(compiler: str, target: str) -> Path:
     digest = hashlib.sha256()
     for name in SOURCES + HEADERS:
         digest.update((SOURCE_DIR / name).read_bytes())
-    digest.update(" ".join([compiler, *_flags(arch), _cpu_flags()]).encode())
+    digest.update(" ".join([compiler, *_flags(target), _cpu_flags()]).encode())
     return cache_root() / "kernels" / f"dlm-kernels-{digest.hexdigest()[:16]}.so"
 
 
-def _build(compiler: str, arch: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
-        partial = Path(folder) / target.name
-        command = [compiler, *_flags(arch), "-o", str(partial), *(str(SOURCE_DIR / s) for s in SOURCES)]
+def _build(compiler: str, target: str, library: Path) -> None:
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as folder:
+        partial = Path(folder) / library.name
+        command = [compiler, *_flags(target), "-o", str(partial), *(str(SOURCE_DIR / s) for s in SOURCES)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise OSError(f"{' '.join(command)} failed: {done.stderr.strip()[-600:]}")
-        partial.replace(target)
+        partial.replace(library)
 
 
-@functools.cache
-def _load() -> tuple[ctypes.CDLL | None, str | None]:
+def build(target: str) -> ctypes.CDLL:
+    """The kernels compiled with the target flags `target` (`-march=native`, or a `TARGETS` value), from the cache
+    when built before; raises `OSError` saying why they cannot be."""
     import torch  # noqa: F401  (loads the libgomp.so.1 the library then shares)
 
     if platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"the kernels are x86-64 ones (this machine is {platform.machine()})"
+        raise OSError(f"the kernels are x86-64 ones (this machine is {platform.machine()})")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
-        return None, "no C compiler found (install gcc)"
-    arch = _arch()
-    path = _library_path(compiler, arch)
+        raise OSError("no C compiler found (install gcc)")
+    path = _library_path(compiler, target)
     try:
         if not path.is_file():
-            _build(compiler, arch, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as error:
-        return None, f"the decoding kernels did not build: {error}"
+            _build(compiler, target, path)
+    except subprocess.SubprocessError as error:
+        raise OSError(str(error)) from error
+    lib = ctypes.CDLL(str(path))
     lib.q4_1_matmul.argtypes = [_P, ctypes.c_int, _I64, ctypes.POINTER(Q4Weight), _P, ctypes.c_int, ctypes.c_int]
     lib.q8_0_matmul.argtypes = [_P, ctypes.c_int, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
     lib.decode_layer.argtypes = [
@@ -118,7 +125,15 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     ]
     for function in (lib.q4_1_matmul, lib.q8_0_matmul, lib.decode_layer):
         function.restype = ctypes.c_int
-    return lib, None
+    return lib
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    try:
+        return build(_target()), None
+    except OSError as error:
+        return None, f"the decoding kernels did not build: {error}"
 
 
 def library() -> ctypes.CDLL:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model.bundled.block_diffusion import BlockDiffusionDenoiser
+from model.runtime import quant_kernels
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.runtime.int4_weights import (
     GROUP,
@@ -173,6 +174,27 @@ def test_the_decode_kernel_computes_the_layers_of_the_torch_pass() -> None:
     reference = step()
     assert torch.nn.functional.cosine_similarity(native, reference, dim=-1).min() > 0.995
     assert (native.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
+
+
+@pytest.mark.parametrize("cpu", sorted(quant_kernels.TARGETS))
+def test_other_cpus_builds_of_the_kernels_compute_the_same_bits(cpu: str, monkeypatch) -> None:
+    """The kernels' arithmetic is explicit (exact integer sums, fused multiply-adds, a fixed lane tree), so the
+    AVX-512 VNNI, AVX-512 and AVX2 builds give a pass the same logits."""
+    model = int4_model()
+    tokens = list(range(3, 40))
+    feed = Feed(clean=tuple(tokens[-4:]), noisy=(model.mask_id,) * 3)
+
+    def step() -> torch.Tensor:
+        cache = SlotCache(1)
+        prefill(model, cache, 0, tokens[:-4])
+        [(clean, noisy)] = batched_pass(model, cache, [0], [feed])
+        return torch.cat([clean, noisy])
+
+    here = step()
+    other = quant_kernels.build(quant_kernels.TARGETS[cpu])
+    monkeypatch.setattr(quant_kernels, "_load", lambda: (other, None))
+    assert quant_kernels.library() is other
+    assert torch.equal(step(), here)
 
 
 def test_with_int4_weights_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() -> None:

@@ -4,7 +4,8 @@ Which kernels run is decided when oneDNN and MKL load, so each profile runs the 
 `amd-zen4` reproduces the AMD EPYC machine this project is also tested on: with it, the code before
 `model.runtime.row_exact`
 failed exactly the five tests that failed there (and passed them without it, on an Intel AMX machine). `avx2` stands
-for a laptop CPU without AVX-512. On a CPU that lacks an instruction set a profile names, the cap is simply its own.
+for a laptop CPU without AVX-512. Each profile also builds the decoding kernels (model/runtime/kernels/) for its
+CPU. On a CPU that lacks an instruction set a profile names, the cap is simply its own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from model.runtime.quant_kernels import TARGET_VARIABLE, TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXACTNESS_TESTS = [
@@ -29,10 +32,17 @@ EXACTNESS_TESTS = [
     "tests/unit/test_int4_weights.py::test_with_int4_weights_self_speculative_answers_equal_autoregressive_ones_bit_for_bit",
 ]
 PROFILES = {
-    # oneDNN without AMX (AVX-512 with BF16 and VNNI) and MKL's AVX2 code path, which MKL takes on AMD CPUs
-    "amd-zen4": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-    # no AVX-512 at all: oneDNN, MKL and ATen's own vectorised kernels on AVX2
-    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    # oneDNN without AMX (AVX-512 with BF16 and VNNI) and MKL's AVX2 code path, which MKL takes on AMD CPUs; the
+    # decoding kernels built as for a Zen 4 (model/runtime/quant_kernels.py)
+    "amd-zen4": {
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        TARGET_VARIABLE: TARGETS["amd-zen4"],
+    },
+    # no AVX-512 at all: oneDNN, MKL, ATen's own vectorised kernels and the decoding kernels on AVX2
+    "avx2": {
+        "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+        TARGET_VARIABLE: TARGETS["avx2"],
+    },
 }
 
 
