@@ -198,7 +198,7 @@ def _int4_wanted(weights: str, device: torch.device | str) -> bool:
     on_cpu = torch.device(device).type == "cpu"
     if weights == "bf16" or (weights == "auto" and not on_cpu):
         return False
-    missing = "the int4 kernel is a CPU one" if not on_cpu else available()
+    missing = "the int4 kernels are CPU ones" if not on_cpu else available()
     if missing is None:
         return True
     if weights == "int4":

@@ -13,6 +13,11 @@ output column's sum as the separate ones did. Tests hold it to the modules' forw
 also under other CPUs' kernels (tests/unit/test_fast_pass.py, tests/unit/test_other_cpus.py), and the bf16 exactness
 tests of self-speculative decoding run through it.
 
+With the GGUF's int4 weights (`BlockDiffusionLM.int4`), a decoding pass of one answer is computed by the C decode
+layer instead (`_native_pass`, model/runtime/kernels/decode_layer.c): the same network, one call a layer, with a
+fp32 residual stream and llama.cpp's quantized matmuls; its rows are exact by construction. Prefills and batched
+passes stay in torch.
+
 The fused weights share storage with the modules (the modules' weights become views into them), so nothing is held
 twice, and training, which needs autograd through the modules, keeps using them.
 """
@@ -66,8 +71,8 @@ class _Layer:
     int4: Int4Layer | None  # the same linears as the GGUF's int4 blocks, for decoding (model.runtime.int4_weights)
 
 
-# Rows of a batched pass (several answers) up to which the int4 kernel beats bf16: it dequantizes the weights again
-# for every 4 rows, so its cost grows with the rows where bf16's stays flat (scripts/bench_lm.py --batch-costs)
+# Rows of a batched pass (several answers) up to which the int4 kernels (with the torch glue a batch needs) beat bf16
+# (scripts/bench_lm.py --batch-costs)
 INT4_BATCH_ROWS = 8
 
 

@@ -1,32 +1,23 @@
-"""The bundled model's linear layers as int4 weight-only matmuls, built from the shipped GGUF's own Q4_1 blocks.
+"""The bundled model's linear layers as the shipped GGUF's own Q4_1 blocks, and its LM head as its Q8_0 ones, packed
+for the decoding kernels (model/runtime/kernels/quant_matmul.c).
 
 A decoding pass multiplies a few rows by every weight of the model, so it is bound by reading the weights: 270 MB in
-bf16. The file we ship stores them as Q4_1 (each group of 32 weights of a row is `w = d * q + m`, a 4-bit `q` and
-fp16 `d`, `m`), ~4.5 bits a weight. torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) reads exactly that shape of
-data: 4-bit values in groups of 32 along the input, with a scale and a zero per group and output, `w = (q - 8) *
-scale + zero`. So `scale = d` and `zero = m + 8 d` carry the file's weights over without a second rounding of the
-4-bit values: the teacher these passes compute is the shipped file itself, not a re-quantization of a bf16 copy.
+bf16. The file we ship stores the layers as Q4_1 (each group of 32 weights of a row is `w = d * q + m`, a 4-bit `q`
+and fp16 `d`, `m`: ~5 bits a weight) and the tied embedding as Q8_0 (`w = d * q`, an 8-bit `q`). The kernels read
+exactly these values, re-laid out in tiles of 16 outputs: nothing is rounded again, and the teacher these passes
+compute is the shipped file itself, multiplied as llama.cpp multiplies it (activations rounded to 8 bits per group
+of 32, exact integer dot products, fp32 scales and sums). A row's output never depends on the other rows of the
+call (checked by `check_rows_independent` and tests/unit/test_int4_weights.py, also for other CPUs' builds), so
+self-speculative decoding stays exact on these weights.
 
-What is rounded: the kernel takes scales and zeros in the activations' dtype (bf16 here; its fp32 path is a scalar
-loop, ~40x slower), so `d` and `m + 8 d` lose their fp16 mantissa's last 3 bits: an error of up to 2^-8 of the
-group's centre, as a bf16 copy of the weights has 2^-8 of each weight (on the bundled model's weights, up to 0.015 on
-weights up to 3.2 where a bf16 copy is off by up to 0.002, the same on average within 2x). The kernel
-dequantizes and accumulates in fp32, and a row's output never depends on the other rows of the call (checked by
-`check_rows_independent` and tests/unit/test_int4_weights.py, also under other CPUs' kernel settings), so
-self-speculative decoding stays exact with these weights.
+What it costs: a lone row reads ~100 MB instead of 270 MB, and each extra row of a pass costs a few integer
+instructions per 64 weights, so drafting passes stay cheap (scripts/bench_lm.py --pass-costs). Prefills, whose rows
+are many and whose layout is the same whichever decoding mode answers, keep the bf16 weights (oneDNN's bf16 matmuls
+on AMX or AVX-512 are faster for hundreds of rows), and so does a batched pass of several answers past
+`INT4_BATCH_ROWS` rows (`model.runtime.fast_pass`).
 
-What it costs, one thread (scripts/bench_lm.py --pass-costs): a lone row reads a quarter of the bytes, about 2x
-faster than bf16 `F.linear`; from ~8 rows on the kernel's arithmetic dominates (it dequantizes the weights again
-for every 4 rows) and bf16 is cheaper. So the prefill, whose rows are many and whose layout is the same whichever
-decoding mode answers, keeps the bf16 weights, and so does a batched pass of several answers past
-`INT4_BATCH_ROWS` rows (`model.runtime.fast_pass`); the draft policy (`model.decoding.draft_policy`) times the
-drafting layouts of a lone answer on these weights.
-
-The LM head (the tied embedding) is Q8_0 in the file: 8-bit `q` in groups of 32 with an fp16 scale `d`. Writing
-`q = 16 hi + lo` (`hi` in [-8, 7], `lo` in [0, 15]) makes it two int4 weights, `16 d * hi` and `d * lo`, whose
-matmuls add up to the file's head with only `d` rounded to bf16 (as a bf16 copy rounds each weight): 28 MB of
-nibbles instead of 56 MB of bf16, the largest single read of a pass. torch's per-channel int8 kernel was 1.5x faster
-than bf16 for one row but 4x slower for 16 and 10x less precise.
+The blocks are read from the GGUF once (~10 s: the reader parses the tokenizer too) and kept packed in the cache
+(`cached_int4_weights`), stamped with the layout's name and the file's size and time.
 """
 
 from __future__ import annotations
