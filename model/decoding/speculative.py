@@ -266,6 +266,10 @@ class SpeculativeDecoding:
         self.policy = policy  # None: `masks` every pass; else the policy's choice (up to `masks`) for lone passes
         self._branched = False  # whether the last feed() drafted a block after every draft
         self._fed_masks = masks  # masks per block in the last feed()
+        # When the last consume() returned, and whether the answer has been alone in its passes since: a layout's cost
+        # for the policy is the whole step, pass and consume() and all, from one consume() to the next
+        self._consumed_at: float | None = None
+        self._alone = False
         self.generator = torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
         self.answer: list[int] = []  # verified tokens
         self.confidence: list[float] = []  # the teacher's probability of each verified token
@@ -293,6 +297,7 @@ class SpeculativeDecoding:
         clients: 26.2 tokens/s with one block, 21.8 with a block after every draft). A folded prompt's tokens
         (`fold_prompt`) come first in the first pass."""
         masks = self.masks
+        self._alone = self._alone and crowd <= 1
         if self.policy is not None and crowd <= 1 and masks:
             masks = min(masks, self.policy.choose())
         self._fed_masks = masks
@@ -331,9 +336,12 @@ class SpeculativeDecoding:
         # Drafts from the masks drafted after the right tokens: the block after the accepted prefix (without
         # branches there is one block, after every draft).
         masks = self._fed_masks
-        if self.policy is not None:  # a lone pass in the steady layout of `masks` says what that layout costs
+        now = time.perf_counter()
+        if self.policy is not None:  # a lone step in the steady layout of `masks` says what that layout costs
             steady = not lead and len(drafts) == masks and (self._branched or not masks)
-            self.policy.observe(masks, len(drafts), accepted, elapsed_s * 1e3 if steady else None)
+            step_s = now - self._consumed_at if self._consumed_at is not None and self._alone else None
+            self.policy.observe(masks, len(drafts), accepted, step_s * 1e3 if steady and step_s else None)
+        self._consumed_at, self._alone = now, True
         block = accepted if self._branched else 0
         if masks and (self._branched or accepted == len(drafts)) and stop is None:
             mask_probs = torch.softmax(mask_logits[block * masks : (block + 1) * masks].float(), dim=-1)
