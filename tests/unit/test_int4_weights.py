@@ -149,6 +149,15 @@ def test_decoding_passes_use_the_int4_weights_and_prefills_the_bf16_ones() -> No
     assert torch.equal(run()[1], dense_step)
 
 
+def drafting_pass_logits(model) -> torch.Tensor:
+    """The logits `[7, V]` of a pass of 4 clean rows and 3 masks after a prefill of 33 tokens (fp32)."""
+    tokens = list(range(3, 40))
+    cache = SlotCache(1)
+    prefill(model, cache, 0, tokens[:-4])
+    [(clean, noisy)] = batched_pass(model, cache, [0], [Feed(clean=tuple(tokens[-4:]), noisy=(model.mask_id,) * 3)])
+    return torch.cat([clean, noisy]).float()
+
+
 def test_with_int4_weights_a_pass_of_one_answer_runs_in_the_decode_kernel() -> None:
     assert int4_model().inference_pass().native is not None
 
@@ -158,20 +167,11 @@ def test_the_decode_kernel_computes_the_layers_of_the_torch_pass() -> None:
     the cache's bf16 rounding (and the 8-bit activations' roundings it moves), with and without the LoRA's noisy
     rows. A layer computed wrong (no rotary, no LoRA, a wrong head order) falls far below these bounds."""
     model = int4_model()
-    tokens = list(range(3, 40))
-    feed = Feed(clean=tuple(tokens[-4:]), noisy=(model.mask_id,) * 3)
-
-    def step() -> torch.Tensor:
-        cache = SlotCache(1)
-        prefill(model, cache, 0, tokens[:-4])
-        [(clean, noisy)] = batched_pass(model, cache, [0], [feed])
-        return torch.cat([clean, noisy]).float()
-
-    native = step()
+    native = drafting_pass_logits(model)
     model.base.float()
     model.use_int4(model.int4)  # an fp32 model: the torch pass, on the same int4 kernels in fp32
     assert model.inference_pass().native is None
-    reference = step()
+    reference = drafting_pass_logits(model)
     assert torch.nn.functional.cosine_similarity(native, reference, dim=-1).min() > 0.995
     assert (native.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
 
@@ -181,20 +181,11 @@ def test_other_cpus_builds_of_the_kernels_compute_the_same_bits(cpu: str, monkey
     """The kernels' arithmetic is explicit (exact integer sums, fused multiply-adds, a fixed lane tree), so the
     AVX-512 VNNI, AVX-512 and AVX2 builds give a pass the same logits."""
     model = int4_model()
-    tokens = list(range(3, 40))
-    feed = Feed(clean=tuple(tokens[-4:]), noisy=(model.mask_id,) * 3)
-
-    def step() -> torch.Tensor:
-        cache = SlotCache(1)
-        prefill(model, cache, 0, tokens[:-4])
-        [(clean, noisy)] = batched_pass(model, cache, [0], [feed])
-        return torch.cat([clean, noisy])
-
-    here = step()
+    here = drafting_pass_logits(model)
     other = quant_kernels.build(quant_kernels.TARGETS[cpu])
     monkeypatch.setattr(quant_kernels, "_load", lambda: (other, None))
     assert quant_kernels.library() is other
-    assert torch.equal(step(), here)
+    assert torch.equal(drafting_pass_logits(model), here)
 
 
 def test_with_int4_weights_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() -> None:
