@@ -77,6 +77,7 @@ test-fast: install-dev
 
 bench: install-bench
 	$(PY) scripts/bench_llama_cpp.py --json artifacts/bench_llama_cpp.json
+	$(PY) scripts/bench_servers.py --json artifacts/bench_servers.json
 	$(PY) scripts/bench_lm.py --json artifacts/bench_lm.json
 	$(PY) scripts/bench_conversation.py --json artifacts/bench_conversation.json
 
