@@ -106,11 +106,17 @@ def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
     return fused, _LoRA(tuple((m.lora_a.detach(), m.lora_b.detach()) for m in modules), scales.pop())
 
 
+def _native_lora(lora: _LoRA) -> bool:
+    """Whether decode_layer.c takes this LoRA: one rank, at most 4 members, members x rank at most 256."""
+    ranks = {a.shape[0] for a, _ in lora.factors}
+    return len(ranks) == 1 and len(lora.factors) <= 4 and len(lora.factors) * next(iter(ranks)) <= 256
+
+
 def _native_linear(weight: Int4Linear, lora: _LoRA, keep: list[torch.Tensor]) -> quant_kernels.Linear:
     """The C kernel's view of one fused linear: its int4 weight and its LoRA's factors (fp32, members stacked)."""
     ranks = {a.shape[0] for a, _ in lora.factors}
-    if len(ranks) != 1 or len(lora.factors) > 4:
-        raise ValueError("the decode kernel needs one LoRA rank and at most 4 fused members")
+    if not _native_lora(lora):
+        raise ValueError("the decode kernel needs one LoRA rank, at most 4 fused members and 256 LoRA columns")
     a = torch.cat([a for a, _ in lora.factors]).float().contiguous()
     b = torch.cat([b for _, b in lora.factors]).float().t().contiguous()  # [rank, out]
     keep += [a, b]
@@ -161,6 +167,12 @@ class FastPass:
         self.native = self._native_layers(config) if self._can_go_native() else None
 
     def _can_go_native(self) -> bool:
+        """Whether decode_layer.c takes this model: the shapes it is written for, and int4 weights that match them."""
+        config = self.model.base.config
+        hidden, intermediate = int(config.hidden_size), int(config.intermediate_size)
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        shapes = {"qkv": (q_size + 2 * kv_size, hidden), "o": (hidden, q_size),
+                  "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate)}
         return (
             self.model.int4 is not None
             and self.int4_head is not None
@@ -168,6 +180,15 @@ class FastPass:
             and self.lm_head.device.type == "cpu"
             and self.head_dim % 16 == 0
             and self.head_dim <= 128
+            and self.heads % self.kv_heads == 0
+            and intermediate % 16 == 0
+            and all(
+                layer.int4 is not None
+                and all((getattr(layer.int4, name).out_features, getattr(layer.int4, name).in_features) == shape
+                        for name, shape in shapes.items())
+                and all(_native_lora(getattr(layer, f"{name}_lora")) for name in shapes)
+                for layer in self.layers
+            )
             and quant_kernels.unavailable() is None
         )
 
@@ -314,15 +335,17 @@ class FastPass:
         threads = torch.get_num_threads()
         for index, layer in enumerate(self.native):
             keys, values = cache.buffers(index, key_len, like)
-            if keys.dtype != torch.bfloat16 or not keys.is_contiguous():
+            if keys.dtype != torch.bfloat16 or not keys.is_contiguous() or not values.is_contiguous():
                 raise ValueError("the decode kernel needs a contiguous bf16 cache")
             status = lib.decode_layer(
                 ctypes.byref(layer), h.data_ptr(), s, start, cos.data_ptr(), sin.data_ptr(),
                 keys[row].data_ptr(), values[row].data_ptr(), keys.shape[2], offset, key_len, bias.data_ptr(),
                 threads,
             )
+            if status == 1:
+                raise MemoryError(f"decode_layer could not allocate its buffers (layer {index})")
             if status:
-                raise MemoryError(f"decode_layer failed ({status}) at layer {index}")
+                raise ValueError(f"decode_layer refused layer {index}'s shapes ({status})")
         h = self._rms_norm(h, self.norm)
         if isinstance(keep, torch.Tensor):
             h = h[:, keep]

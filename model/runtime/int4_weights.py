@@ -5,10 +5,11 @@ A decoding pass multiplies a few rows by every weight of the model, so it is bou
 bf16. The file we ship stores the layers as Q4_1 (each group of 32 weights of a row is `w = d * q + m`, a 4-bit `q`
 and fp16 `d`, `m`: ~5 bits a weight) and the tied embedding as Q8_0 (`w = d * q`, an 8-bit `q`). The kernels read
 exactly these values, re-laid out in tiles of 16 outputs: nothing is rounded again, and the teacher these passes
-compute is the shipped file itself, multiplied as llama.cpp multiplies it (activations rounded to 8 bits per group
-of 32, exact integer dot products, fp32 scales and sums). A row's output never depends on the other rows of the
-call (checked by `check_rows_independent` and tests/unit/test_int4_weights.py, also for other CPUs' builds), so
-self-speculative decoding stays exact on these weights.
+compute is the shipped file itself, multiplied much as llama.cpp multiplies it (activations rounded to 8 bits per
+group of 32, exact integer dot products; fp32 activation scales where llama.cpp rounds them to fp16). A row's
+output never depends on the other rows of the call (checked by `check_rows_independent` and
+tests/unit/test_int4_weights.py, also for other CPUs' builds), so self-speculative decoding stays exact on these
+weights.
 
 What it costs: a lone row reads ~100 MB instead of 270 MB, and each extra row of a pass costs a few integer
 instructions per 64 weights, so drafting passes stay cheap (scripts/bench_lm.py --pass-costs). Prefills, whose rows
@@ -87,9 +88,12 @@ def _per_tile(scales: torch.Tensor, n: int) -> torch.Tensor:
 
 class Int4Linear:
     """`x @ w.T` for the Q4_1 weight `w` `[out_features, in_features]`, with the C kernel (model/runtime/kernels/
-    quant_matmul.c says the layout): x in bf16 or fp32, the output in x's dtype."""
+    quant_matmul.c says the layout): x in bf16 or fp32, the output in x's dtype (other dtypes: fp32)."""
 
     def __init__(self, nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor, out_features: int) -> None:
+        if not (nibbles.dtype == torch.uint8 and d.dtype == m.dtype == torch.float16
+                and all(t.is_contiguous() and t.device.type == "cpu" for t in (nibbles, d, m))):
+            raise ModelError("int4 weights need contiguous CPU uint8 nibbles and fp16 scales")
         self.nibbles, self.d, self.m = nibbles, d, m  # [tiles, groups, 4, 16, 4] uint8; [tiles, groups, 16] fp16
         self.out_features = out_features
         self.in_features = int(nibbles.shape[1]) * GROUP
@@ -127,6 +131,9 @@ class Q8Head:
     """`x @ w.T` for a Q8_0 weight (the tied LM head) with the C kernel; fp32 logits."""
 
     def __init__(self, q: torch.Tensor, d: torch.Tensor, out_features: int) -> None:
+        if not (q.dtype == torch.int8 and d.dtype == torch.float16
+                and all(t.is_contiguous() and t.device.type == "cpu" for t in (q, d))):
+            raise ModelError("a Q8_0 head needs contiguous CPU int8 values and fp16 scales")
         self.q, self.d = q, d  # [tiles, groups, 8, 16, 4] int8; [tiles, groups, 16] fp16
         self.out_features = out_features
         self.in_features = int(q.shape[1]) * GROUP
@@ -140,7 +147,7 @@ class Q8Head:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = _kernel_input(x, self.in_features)
-        out = torch.empty(flat.shape[0], self.out_features)
+        out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)
         status = quant_kernels.library().q8_0_matmul(
             flat.data_ptr(), flat.dtype == torch.bfloat16, flat.shape[0], self.in_features, self.out_features,
             self.q.data_ptr(), self.d.data_ptr(), out.data_ptr(), torch.get_num_threads(),
@@ -263,8 +270,8 @@ def int4_weights(path: Path, config: Any) -> Int4Weights:
 
 def cached_int4_weights(gguf_path: Path, config: Any, cache_file: Path) -> Int4Weights:
     """`int4_weights`, kept packed in `cache_file` after the first time: reading the GGUF and packing it takes ~10 s
-    on 2 cores, loading the packed tensors a fraction of a second. The cache names the torch version and the GGUF's
-    size and time that made it, and is rebuilt when they change (the packed layout is torch's own)."""
+    on 2 cores, loading the packed tensors a fraction of a second. The cache names the packed layout and the GGUF's
+    size and time that made it, and is rebuilt when they change."""
     from safetensors.torch import load_file, save_file
 
     stat = gguf_path.stat()

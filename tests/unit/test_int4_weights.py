@@ -117,6 +117,17 @@ def test_a_rows_int4_output_does_not_depend_on_the_rows_beside_it(out_features: 
     assert check_rows_independent(Int4Linear.from_blocks(quantize_q4_1(weight)), in_features)
 
 
+def test_passes_of_many_rows_and_of_none_go_through_the_kernels() -> None:
+    """Rows past the kernels' chunk of 64 are computed as the others; no rows give an empty output."""
+    weight = torch.randn(96, 64, generator=torch.Generator().manual_seed(1)) * 0.05
+    linear, head = Int4Linear.from_blocks(quantize_q4_1(weight)), Q8Head.from_q8_0(*quantize_q8_0(weight))
+    x = torch.randn(150, 64, generator=torch.Generator().manual_seed(2))
+    for kernel in (linear, head):
+        together = kernel(x)
+        assert torch.equal(together[130:], kernel(x[130:])) and torch.equal(together[:3], kernel(x[:3]))
+        assert kernel(x[:0]).shape == (0, 96)
+
+
 def test_blocks_stack_along_the_output() -> None:
     a, b = quantize_q4_1(torch.randn(8, 64)), quantize_q4_1(torch.randn(4, 64))
     assert torch.equal(Q4Blocks.stack([a, b]).dequantize(), torch.cat([a.dequantize(), b.dequantize()]))

@@ -74,7 +74,7 @@ static int linear(const Linear *l, float lora_scale, const float *x, int64_t row
     if (q4_1_rows(x, rows, w, y, threads)) return 1;
     if (l->lora.a && start < rows) {
         const int64_t rank = l->lora.rank, inner = l->lora.members * rank;
-        if (inner > 4 * 64) return 2;
+        if (l->lora.members > 4 || inner > 4 * 64) return 2;
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t r = start; r < rows; r++) {
             float t[4 * 64];  /* x @ a.T of this row: members * rank */
@@ -149,7 +149,7 @@ static void attend_group(const float *q, int64_t group, int64_t dim, const uint1
 /* The layer on the residual rows h [rows, hidden] (in place). Rows >= start are noisy (LoRA on). The rows' keys
  * and values are written at positions offset + r of this sequence's cache, keys/values [kv_heads, capacity,
  * head_dim] bf16; row r attends over positions [0, key_len) with the additive bias [rows, key_len]. cos, sin:
- * [rows, head_dim]. 0 on success, 1 out of memory, 2 unsupported shape. */
+ * [rows, head_dim]. 0 on success, 1 out of memory, 2 unsupported shape; on an error h is left part-way. */
 int decode_layer(const Layer *L, float *h, int64_t rows, int64_t start, const float *cos, const float *sin,
                  uint16_t *keys, uint16_t *values, int64_t capacity, int64_t offset, int64_t key_len,
                  const float *bias, int threads) {
@@ -164,10 +164,10 @@ int decode_layer(const Layer *L, float *h, int64_t rows, int64_t start, const fl
     if (!x) return 1;
     float *qkv = x + rows * hidden, *att = qkv + rows * qkv_n, *gu = att + rows * q_size;
     float *act = gu + rows * 2 * inter, *tmp = act + rows * inter;
-    int failed = 0;  /* the first error's code */
+    int failed = 0;  /* a step's error code: the layer stops there (nothing half-computed reaches the cache) */
 
     rms_norm(h, L->input_norm, rows, hidden, L->eps, x);
-    failed |= linear(&L->qkv, L->lora_scale, x, rows, start, qkv, threads);
+    if ((failed = linear(&L->qkv, L->lora_scale, x, rows, start, qkv, threads))) goto done;
     for (int64_t r = 0; r < rows; r++) {
         float *row = qkv + r * qkv_n;
         rotate(row, heads + kv_heads, dim, cos + r * dim, sin + r * dim);  /* q and k are adjacent */
@@ -192,20 +192,20 @@ int decode_layer(const Layer *L, float *h, int64_t rows, int64_t start, const fl
                                  att + r * q_size + g * group * dim);
         free(scores);
     }
-    failed |= no_memory;
-    failed |= linear(&L->o, L->lora_scale, att, rows, start, tmp, threads);
+    if ((failed = no_memory) || (failed = linear(&L->o, L->lora_scale, att, rows, start, tmp, threads))) goto done;
     for (int64_t i = 0; i < rows * hidden; i++) h[i] += tmp[i];
 
     rms_norm(h, L->post_norm, rows, hidden, L->eps, x);
-    failed |= linear(&L->gate_up, L->lora_scale, x, rows, start, gu, threads);
+    if ((failed = linear(&L->gate_up, L->lora_scale, x, rows, start, gu, threads))) goto done;
     for (int64_t r = 0; r < rows; r++)  /* silu(gate) * up; the intermediate size is a multiple of 16 */
         for (int64_t i = 0; i < inter; i += TILE) {
             const vec16 g = v_load(gu + r * 2 * inter + i), u = v_load(gu + r * 2 * inter + inter + i);
             const vec16 e = v_exp(v_mul(g, v_set1(-1.0f)));
             v_store(act + r * inter + i, v_mul(v_div(g, v_add(v_set1(1.0f), e)), u));
         }
-    failed |= linear(&L->down, L->lora_scale, act, rows, start, tmp, threads);
+    if ((failed = linear(&L->down, L->lora_scale, act, rows, start, tmp, threads))) goto done;
     for (int64_t i = 0; i < rows * hidden; i++) h[i] += tmp[i];
+done:
     free(x);
-    return failed ? 1 : 0;
+    return failed;
 }

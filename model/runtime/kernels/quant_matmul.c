@@ -1,10 +1,11 @@
 /* Weight-only quantized matmuls for a decoding pass: y = x @ w.T with w in the GGUF's Q4_1 or Q8_0 blocks.
  *
- * As llama.cpp computes them: each row's activations are rounded to 8 bits per group of 32 (scale = max |x| /
- * 127), so a group's dot product with the 4-bit (Q4_1) or 8-bit (Q8_0) weights is an exact integer sum (VNNI
- * `vpdpbusd`, or the same sums from `pmaddubsw` on CPUs without it). Then Q4_1: y += d * scale * sum + m * sum(x),
- * with sum(x) the group's fp32 sum; Q8_0: y += d * scale * sum. The integer sums cost a row a quarter of what fp32
- * FMAs would, so the extra rows of a drafting pass are cheap; the weights are read once for all rows.
+ * Much as llama.cpp computes them: each row's activations are rounded to 8 bits per group of 32 (scale = max |x| /
+ * 127, kept in fp32 where llama.cpp rounds it to fp16), so a group's dot product with the 4-bit (Q4_1) or 8-bit
+ * (Q8_0) weights is an exact integer sum (VNNI `vpdpbusd`, or the same sums from `pmaddubsw` on CPUs without it).
+ * Then Q4_1: y += d * scale * sum + m * sum(x), with sum(x) the group's fp32 sum; Q8_0: y += d * scale * sum.
+ * The integer sums cost a row a quarter of what fp32 FMAs would, so the extra rows of a drafting pass are cheap;
+ * the weights are read once for all rows.
  *
  * Exactness: a row's output never depends on the other rows, the row count or the thread count. Every output
  * element is computed by one thread, in one fixed order (exact integer sums, then fp32 over the groups in
@@ -23,6 +24,9 @@
 
 #include "kernels.h"
 #include "vec16.h"
+
+/* Rows a tile's accumulators hold at once (on the stack of each thread); more rows are done in chunks. */
+#define ROW_CHUNK 64
 
 /* Each row's groups of 32 activations as 8-bit values (four to an int32, in input order), their scales, and
  * their fp32 sums. */
@@ -69,31 +73,35 @@ static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, 
 
 int q4_1_rows(const float *x, int64_t rows, const Q4Weight *w, float *y, int threads) {
     const int64_t k = w->k, n = w->n, groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+    if (rows <= 0) return 0;
     Activations a;
     if (quantize_rows(x, rows, k, &a)) return 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t t = 0; t < tiles; t++) {
-        vec16 acc[rows];
-        for (int64_t r = 0; r < rows; r++) acc[r] = v_set1(0.0f);
-        for (int64_t g = 0; g < groups; g++) {
-            const int64_t block = t * groups + g;
-            ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
-            for (int i = 0; i < 4; i++) iv_nibbles(w->nibbles + (block * 4 + i) * 64, &low[i], &high[i]);
-            const vec16 vd = v_f16(w->d + block * TILE), vm = v_f16(w->m + block * TILE);
-            for (int64_t r = 0; r < rows; r++) {
-                const int32_t *quads = a.quads + (r * groups + g) * 8;
-                ivec16 dot_low = iv_zero(), dot_high = iv_zero();  /* two chains: half the latency */
-                for (int i = 0; i < 4; i++) {
-                    dot_low = iv_dot4(dot_low, low[i], quads[i]);
-                    dot_high = iv_dot4(dot_high, high[i], quads[i + 4]);
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t first = 0; first < rows; first += ROW_CHUNK) {
+            const int64_t count = rows - first < ROW_CHUNK ? rows - first : ROW_CHUNK;
+            vec16 acc[ROW_CHUNK];
+            for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
+            for (int64_t g = 0; g < groups; g++) {
+                const int64_t block = t * groups + g;
+                ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
+                for (int i = 0; i < 4; i++) iv_nibbles(w->nibbles + (block * 4 + i) * 64, &low[i], &high[i]);
+                const vec16 vd = v_f16(w->d + block * TILE), vm = v_f16(w->m + block * TILE);
+                for (int64_t r = 0; r < count; r++) {
+                    const int64_t at = (first + r) * groups + g;
+                    const int32_t *quads = a.quads + at * 8;
+                    ivec16 dot_low = iv_zero(), dot_high = iv_zero();  /* two chains: half the latency */
+                    for (int i = 0; i < 4; i++) {
+                        dot_low = iv_dot4(dot_low, low[i], quads[i]);
+                        dot_high = iv_dot4(dot_high, high[i], quads[i + 4]);
+                    }
+                    const vec16 dot = iv_float(iv_add(dot_low, dot_high));
+                    acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[at])), acc[r]);
+                    acc[r] = v_fma(vm, v_set1(a.sum[at]), acc[r]);
                 }
-                const vec16 dot = iv_float(iv_add(dot_low, dot_high));
-                acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[r * groups + g])), acc[r]);
-                acc[r] = v_fma(vm, v_set1(a.sum[r * groups + g]), acc[r]);
             }
+            store_tile(acc, count, n, t, y + first * n);
         }
-        store_tile(acc, rows, n, t, y);
-    }
     free(a.quads);
     return 0;
 }
@@ -101,30 +109,34 @@ int q4_1_rows(const float *x, int64_t rows, const Q4Weight *w, float *y, int thr
 static int q8_0_rows(const float *x, int64_t rows, int64_t k, int64_t n, const int8_t *q, const uint16_t *d,
                      float *y, int threads) {
     const int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+    if (rows <= 0) return 0;
     Activations a;
     if (quantize_rows(x, rows, k, &a)) return 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t t = 0; t < tiles; t++) {
-        vec16 acc[rows];
-        for (int64_t r = 0; r < rows; r++) acc[r] = v_set1(0.0f);
-        for (int64_t g = 0; g < groups; g++) {
-            const int64_t block = t * groups + g;
-            s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
-            for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
-            const vec16 vd = v_f16(d + block * TILE);
-            for (int64_t r = 0; r < rows; r++) {
-                const int32_t *quads = a.quads + (r * groups + g) * 8;
-                ivec16 dot_low = iv_zero(), dot_high = iv_zero();
-                for (int i = 0; i < 4; i++) {
-                    dot_low = s8_dot4(dot_low, wq[i], quads[i]);
-                    dot_high = s8_dot4(dot_high, wq[i + 4], quads[i + 4]);
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t first = 0; first < rows; first += ROW_CHUNK) {
+            const int64_t count = rows - first < ROW_CHUNK ? rows - first : ROW_CHUNK;
+            vec16 acc[ROW_CHUNK];
+            for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
+            for (int64_t g = 0; g < groups; g++) {
+                const int64_t block = t * groups + g;
+                s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
+                for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
+                const vec16 vd = v_f16(d + block * TILE);
+                for (int64_t r = 0; r < count; r++) {
+                    const int64_t at = (first + r) * groups + g;
+                    const int32_t *quads = a.quads + at * 8;
+                    ivec16 dot_low = iv_zero(), dot_high = iv_zero();
+                    for (int i = 0; i < 4; i++) {
+                        dot_low = s8_dot4(dot_low, wq[i], quads[i]);
+                        dot_high = s8_dot4(dot_high, wq[i + 4], quads[i + 4]);
+                    }
+                    const vec16 dot = iv_float(iv_add(dot_low, dot_high));
+                    acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[at])), acc[r]);
                 }
-                const vec16 dot = iv_float(iv_add(dot_low, dot_high));
-                acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[r * groups + g])), acc[r]);
             }
+            store_tile(acc, count, n, t, y + first * n);
         }
-        store_tile(acc, rows, n, t, y);
-    }
     free(a.quads);
     return 0;
 }
@@ -149,6 +161,7 @@ static void store_rows(const float *yf, int64_t count, void *y, int y_bf16) {
 
 /* The Python entry points: x [rows, k] and y [rows, n] in bf16 or fp32. 0 on success. */
 int q4_1_matmul(const void *x, int x_bf16, int64_t rows, const Q4Weight *w, void *y, int y_bf16, int threads) {
+    if (rows <= 0) return 0;
     float *xf = fp32_rows(x, x_bf16, rows * w->k, rows * w->n);
     if (!xf) return 1;
     float *yf = xf + rows * w->k;
@@ -160,6 +173,7 @@ int q4_1_matmul(const void *x, int x_bf16, int64_t rows, const Q4Weight *w, void
 
 int q8_0_matmul(const void *x, int x_bf16, int64_t rows, int64_t k, int64_t n, const int8_t *q, const uint16_t *d,
                 float *y, int threads) {
+    if (rows <= 0) return 0;
     float *xf = fp32_rows(x, x_bf16, rows * k, 0);
     if (!xf) return 1;
     const int status = q8_0_rows(xf, rows, k, n, q, d, y, threads);

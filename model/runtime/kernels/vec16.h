@@ -40,7 +40,8 @@ static inline vec16 v_bf16(const uint16_t *p) {
 }
 /* the sum of the lanes, as the AVX2 build sums them: halves, then quarters, ... */
 static inline float v_sum(vec16 a) {
-    const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)));
+    const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1));
+    const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(a.v), high);
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
@@ -50,7 +51,7 @@ static inline float v_sum(vec16 a) {
  * score lands, so masked keys add nothing however many there are. */
 static inline vec16 v_exp(vec16 x) {
     const __mmask16 tiny = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-    const __m512 xc = _mm512_min_ps(x.v, _mm512_set1_ps(88.0f));
+    const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), x.v);  /* a NaN stays NaN */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
@@ -98,7 +99,8 @@ static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
 #if defined(__AVX512VNNI__)
     return (ivec16){_mm512_dpbusd_epi32(acc.v, w.abs, signed_x)};
 #else
-    return (ivec16){_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(w.abs, signed_x), _mm512_set1_epi16(1)))};
+    const __m512i pairs = _mm512_maddubs_epi16(w.abs, signed_x);
+    return (ivec16){_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
 #endif
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -142,7 +144,7 @@ static inline float v_sum(vec16 a) {
 }
 static inline __m256 exp8(__m256 x) {
     const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-    const __m256 xc = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    const __m256 xc = _mm256_min_ps(_mm256_set1_ps(88.0f), x);  /* a NaN stays NaN */
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
@@ -185,7 +187,8 @@ static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
     const __m256i x = _mm256_set1_epi32(four_bytes), ones = _mm256_set1_epi16(1);
     const __m256i lo = _mm256_maddubs_epi16(w.abs_lo, _mm256_sign_epi8(x, w.w_lo));
     const __m256i hi = _mm256_maddubs_epi16(w.abs_hi, _mm256_sign_epi8(x, w.w_hi));
-    return (ivec16){_mm256_add_epi32(acc.lo, _mm256_madd_epi16(lo, ones)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(hi, ones))};
+    return (ivec16){_mm256_add_epi32(acc.lo, _mm256_madd_epi16(lo, ones)),
+                    _mm256_add_epi32(acc.hi, _mm256_madd_epi16(hi, ones))};
 }
 #else
 #error "needs AVX-512 (BW) or AVX2 with FMA and F16C"
