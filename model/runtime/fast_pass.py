@@ -106,16 +106,17 @@ def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
     return fused, _LoRA(tuple((m.lora_a.detach(), m.lora_b.detach()) for m in modules), scales.pop())
 
 
-def _native_lora(lora: _LoRA) -> bool:
-    """Whether decode_layer.c takes this LoRA: one rank, at most 4 members, members x rank at most 256."""
+def _native_lora_rank(lora: _LoRA) -> int | None:
+    """The LoRA's rank when decode_layer.c takes it (one rank, at most 4 members, members x rank at most 256)."""
     ranks = {a.shape[0] for a, _ in lora.factors}
-    return len(ranks) == 1 and len(lora.factors) <= 4 and len(lora.factors) * next(iter(ranks)) <= 256
+    rank = ranks.pop() if len(ranks) == 1 else None
+    return rank if rank is not None and len(lora.factors) <= 4 and len(lora.factors) * rank <= 256 else None
 
 
 def _native_linear(weight: Int4Linear, lora: _LoRA, keep: list[torch.Tensor]) -> quant_kernels.Linear:
     """The C kernel's view of one fused linear: its int4 weight and its LoRA's factors (fp32, members stacked)."""
-    ranks = {a.shape[0] for a, _ in lora.factors}
-    if not _native_lora(lora):
+    rank = _native_lora_rank(lora)
+    if rank is None:
         raise ValueError("the decode kernel needs one LoRA rank, at most 4 fused members and 256 LoRA columns")
     a = torch.cat([a for a, _ in lora.factors]).float().contiguous()
     b = torch.cat([b for _, b in lora.factors]).float().t().contiguous()  # [rank, out]
@@ -123,7 +124,7 @@ def _native_linear(weight: Int4Linear, lora: _LoRA, keep: list[torch.Tensor]) ->
     ends = torch.tensor([member_b.shape[0] for _, member_b in lora.factors]).cumsum(0).tolist()
     return quant_kernels.Linear(
         weight.struct,
-        quant_kernels.LoRA(a.data_ptr(), b.data_ptr(), ranks.pop(), len(ends), (ctypes.c_int64 * 4)(*ends)),
+        quant_kernels.LoRA(a.data_ptr(), b.data_ptr(), rank, len(ends), (ctypes.c_int64 * 4)(*ends)),
     )
 
 
@@ -164,7 +165,7 @@ class FastPass:
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.dtype = self.lm_head.dtype
         self._held: list[torch.Tensor] = []  # what the native layers point into
-        self.native = self._native_layers(config) if self._can_go_native() else None
+        self.native = self._native_layers() if self._can_go_native() else None
 
     def _can_go_native(self) -> bool:
         """Whether decode_layer.c takes this model: the shapes it is written for, and int4 weights that match them."""
@@ -186,25 +187,24 @@ class FastPass:
                 layer.int4 is not None
                 and all((getattr(layer.int4, name).out_features, getattr(layer.int4, name).in_features) == shape
                         for name, shape in shapes.items())
-                and all(_native_lora(getattr(layer, f"{name}_lora")) for name in shapes)
+                and all(_native_lora_rank(getattr(layer, f"{name}_lora")) is not None for name in shapes)
+                and len({getattr(layer, f"{name}_lora").scale for name in shapes}) == 1
                 for layer in self.layers
             )
             and quant_kernels.unavailable() is None
         )
 
-    def _native_layers(self, config: object) -> list[quant_kernels.Layer]:
-        """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it."""
+    def _native_layers(self) -> list[quant_kernels.Layer]:
+        """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it (`_can_go_native` checked)."""
+        config = self.model.base.config
         layers = []
         for layer in self.layers:
             assert layer.int4 is not None
             norms = [layer.input_norm.float().contiguous(), layer.post_norm.float().contiguous()]
             self._held += norms
-            scales = {lora.scale for lora in (layer.qkv_lora, layer.o_lora, layer.gate_up_lora, layer.down_lora)}
-            if len(scales) != 1:
-                raise ValueError("the decode kernel needs one LoRA scale a layer")
             layers.append(quant_kernels.Layer(
                 int(config.hidden_size), self.heads, self.kv_heads, self.head_dim, int(config.intermediate_size),
-                self.eps, self.scaling, scales.pop(), norms[0].data_ptr(), norms[1].data_ptr(),
+                self.eps, self.scaling, layer.qkv_lora.scale, norms[0].data_ptr(), norms[1].data_ptr(),
                 *(_native_linear(getattr(layer.int4, name), getattr(layer, f"{name}_lora"), self._held)
                   for name in ("qkv", "o", "gate_up", "down")),
             ))
@@ -215,13 +215,23 @@ class FastPass:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [B, S] -> cos, sin: [B, 1, S, head_dim], computed as transformers' LlamaRotaryEmbedding does
+    def _rotary_fp32(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [B, S] -> cos, sin: [B, S, head_dim] fp32, computed as transformers' LlamaRotaryEmbedding does
         freqs = positions[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_scaling).to(self.dtype)
-        sin = (emb.sin() * self.attention_scaling).to(self.dtype)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [B, S] -> cos, sin: [B, 1, S, head_dim] in the model's dtype
+        cos, sin = self._rotary_fp32(positions)
+        return cos.to(self.dtype).unsqueeze(1), sin.to(self.dtype).unsqueeze(1)
+
+    def _kept_rows(self, h: torch.Tensor, keep: int | torch.Tensor) -> torch.Tensor:
+        """The final norm of the residual rows `h` `[B, S, hidden]` that `keep` selects (the rows the head needs)."""
+        h = self._rms_norm(h, self.norm)
+        if isinstance(keep, torch.Tensor):
+            return h[:, keep]
+        return h[:, -keep:] if keep else h
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -301,11 +311,7 @@ class FastPass:
             x = self._rms_norm(h, layer.post_norm)
             gate, up = self._linear(x, w.gate_up, layer.gate_up_lora, start, rows).chunk(2, dim=-1)
             h = h + self._linear(F.silu(gate) * up, w.down, layer.down_lora, start, rows)
-        h = self._rms_norm(h, self.norm)
-        if isinstance(keep, torch.Tensor):
-            h = h[:, keep]
-        elif keep:
-            h = h[:, -keep:]
+        h = self._kept_rows(h, keep)
         if self.int4_head is not None and int4:
             return self.int4_head(h)
         return row_exact.linear(h, self.lm_head)
@@ -324,10 +330,7 @@ class FastPass:
         lib = quant_kernels.library()
         s = input_ids.shape[1]
         h = self.model.embed(input_ids).float().contiguous()  # [1, S, hidden]
-        freqs = position_ids[0, :, None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_scaling).contiguous()
-        sin = (emb.sin() * self.attention_scaling).contiguous()
+        cos, sin = (t[0].contiguous() for t in self._rotary_fp32(position_ids))  # [S, head_dim]
         bias = attention_bias[0, 0].float().contiguous()  # [S, K]
         key_len = bias.shape[-1]
         row, offset = cache.rows[0], cache.offsets[0]
@@ -346,10 +349,5 @@ class FastPass:
                 raise MemoryError(f"decode_layer could not allocate its buffers (layer {index})")
             if status:
                 raise ValueError(f"decode_layer refused layer {index}'s shapes ({status})")
-        h = self._rms_norm(h, self.norm)
-        if isinstance(keep, torch.Tensor):
-            h = h[:, keep]
-        elif keep:
-            h = h[:, -keep:]
         assert self.int4_head is not None
-        return self.int4_head(h)
+        return self.int4_head(self._kept_rows(h, keep))
