@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -145,6 +146,7 @@ def load_default_chat_model(
     runs, else bf16.
     """
     from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
+    from model.chat.draft_calibration import calibrate_drafts
     from model.chat.engine import DiffusionChatModel, context_length_of
     from model.decoding.sampler import SamplerConfig
 
@@ -179,7 +181,7 @@ def load_default_chat_model(
     max_batch = sampler_overrides.pop("max_batch", None)
     settings.update(sampler_overrides)
     denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
-    return DiffusionChatModel(
+    chat = DiffusionChatModel(
         name=DEFAULT_MODEL_NAME,
         tokenizer=tokenizer,
         denoiser=denoiser,
@@ -187,6 +189,35 @@ def load_default_chat_model(
         context_length=context_length_of(base.config),
         max_batch=max_batch,
     )
+    # each draft layout's cost on this machine, paired-timed once and kept (model/chat/draft_calibration.py)
+    calibrate_drafts(chat, draft_costs_file(), calibration_key(chat, model.int4 is not None, device))
+    return chat
+
+
+def draft_costs_file() -> Path:
+    return cache_root() / "draft_costs.json"
+
+
+def calibration_key(chat: DiffusionChatModel, int4: bool, device: torch.device | str) -> str:
+    """What a pass's cost depends on besides its shape: the machine, the threads, the kernels and the weights."""
+    from model.runtime import quant_kernels
+
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "cpu")
+    isa = ",".join(f"{name}={os.environ.get(name, '')}" for name in ISA_VARIABLES)
+    weights = "int4" if int4 else str(chat.denoiser.dtype).removeprefix("torch.")
+    return (f"{DEFAULT_MODEL_NAME}|{cpu}|{torch.device(device)}|threads={torch.get_num_threads()}|{weights}|"
+            f"masks={chat.sampler.draft_masks}|torch={torch.__version__}|kernels={quant_kernels.fingerprint()}|{isa}")
+
+
+# environment variables that change which kernels torch and ours pick (tests/unit/test_other_cpus.py profiles)
+ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "VOICE_ASSISTANT_KERNEL_TARGET")
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
 
 
 WEIGHTS = ("auto", "int4", "bf16")

@@ -11,6 +11,12 @@ and then as the machine's load changes: often when it comes close to the best, r
 acceptance per draft position from every pass (starting from the bundled adapter's measured rates), and picks the
 layout with the most expected tokens per ms, m = 0 (autoregressive) included, drafting only for a clear gain
 (`DRAFT_MARGIN`). Every layout gives the teacher's answer exactly; only the speed depends on the choice.
+
+Costs timed minutes apart differ with the machine's load alone, so the first judgement is made on paired timings:
+`calibrate` makes the next passes follow a schedule that times every layout in turn, a few passes each, round after
+round, and `costs` / `seed` carry the result from one process to the next (the model's loader keeps it on disk per
+machine, model/chat/engine.py `calibrate_drafts`), so a process does not spend its first answers drafting to learn
+what the last one knew.
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ RETIME_ALL_EVERY = 512
 # timed minutes apart, differ by 10-30 % with the load alone, and draft layouts chosen on that noise made
 # self-speculative decoding 0.93x autoregressive with a 10 % margin (eval_default_model, int4 kernels, 120 prompts)
 DRAFT_MARGIN = 0.2
+# The calibration schedule: this many rounds over every layout, each layout a run of passes in a row (the first pass
+# after a layout change is not in its steady shape, so it is not timed)
+CALIBRATION_ROUNDS = 5
+CALIBRATION_RUN = 3
 
 
 @dataclass(slots=True)
@@ -58,6 +68,7 @@ class DraftPolicy:
     accepted: list[float] = field(default_factory=list)  # ... and accepted it
     layouts: list[_Layout] = field(default_factory=list)
     choices: int = 0
+    _schedule: deque[int] = field(default_factory=deque)  # layouts the next passes use, while calibrating
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -81,10 +92,39 @@ class DraftPolicy:
             total += run
         return total
 
+    @property
+    def calibrating(self) -> bool:
+        return bool(self._schedule)
+
+    def calibrate(self) -> None:
+        """Time every layout, interleaved, over the next lone passes (`CALIBRATION_ROUNDS` rounds of
+        `CALIBRATION_RUN` passes per layout), whatever the costs known so far."""
+        with self._lock:
+            runs = [m for m in range(self.max_masks + 1) for _ in range(CALIBRATION_RUN)]
+            self._schedule = deque(runs * CALIBRATION_ROUNDS)
+
+    def costs(self) -> list[float | None]:
+        """Each layout's cost in ms (None until it has been timed enough to be judged)."""
+        with self._lock:
+            return [layout.cost_ms if layout.timings >= TIMINGS_BEFORE_JUDGING else None for layout in self.layouts]
+
+    def seed(self, costs: list[float]) -> None:
+        """Start from costs an earlier calibration measured (`costs`), as if each layout had been timed: no pass
+        drafts only to learn them. Live timings then take over as they would from timed passes."""
+        if len(costs) != len(self.layouts) or not all(cost > 0 for cost in costs):
+            raise ValueError(f"{len(self.layouts)} positive costs needed, got {costs}")
+        with self._lock:
+            for layout, cost in zip(self.layouts, costs, strict=True):
+                layout.recent.clear()
+                layout.recent.extend([cost] * TIMINGS_BEFORE_JUDGING)
+                layout.cost_ms, layout.timings, layout.timed_at = cost, TIMINGS_BEFORE_JUDGING, self.choices
+
     def choose(self) -> int:
         """Masks per block for the next lone pass."""
         with self._lock:
             self.choices += 1
+            if self._schedule:
+                return self._schedule.popleft()
             untimed = [m for m, layout in enumerate(self.layouts) if layout.timings < TIMINGS_BEFORE_JUDGING]
             if untimed:  # the most drafts first: a process's first answers draft as a fixed layout would
                 return untimed[-1]

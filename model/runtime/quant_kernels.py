@@ -145,6 +145,12 @@ def library() -> ctypes.CDLL:
     return lib
 
 
+def fingerprint() -> str:
+    """Names the kernels in use (their sources, flags and CPU), or "none": what a pass's cost depends on."""
+    lib, _ = _load()
+    return Path(lib._name).stem if lib is not None else "none"
+
+
 def unavailable() -> str | None:
     """None when the kernels run here, else why not."""
     return _load()[1]

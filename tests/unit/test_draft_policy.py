@@ -116,3 +116,50 @@ def test_drafts_that_promise_less_than_the_margin_give_autoregressive_passes() -
     choices = settle(policy, {0: 10, 1: 19}, {1: 1}, 200)
     assert policy.expected_tokens(1) / 19 > 1 / 10
     assert choices[-64:].count(0) >= 62  # the two re-timings of layout 1 aside
+
+
+def test_calibration_times_every_layout_in_turn_and_a_seeded_policy_starts_from_its_costs() -> None:
+    from model.decoding.draft_policy import CALIBRATION_ROUNDS, CALIBRATION_RUN
+
+    cost = {0: 15.0, 1: 41.0, 2: 63.0}  # a 2-core AVX2 EPYC: drafting passes 2.7-4x a lone step
+    policy = DraftPolicy(max_masks=2)
+    policy.calibrate()
+    schedule = settle(policy, cost, {1: 1, 2: 1}, CALIBRATION_ROUNDS * 3 * CALIBRATION_RUN)
+    assert schedule[: 3 * CALIBRATION_RUN] == [m for m in (0, 1, 2) for _ in range(CALIBRATION_RUN)]  # interleaved
+    assert not policy.calibrating and policy.costs() == [15.0, 41.0, 63.0]
+    assert settle(policy, cost, {1: 1, 2: 1}, 20) == [0] * 20
+
+    fresh, seeded = DraftPolicy(max_masks=2), DraftPolicy(max_masks=2)
+    seeded.seed([15.0, 41.0, 63.0])
+    assert settle(seeded, cost, {}, 20) == [0] * 20  # no pass drafts to learn what the calibration knew
+    assert settle(fresh, cost, {}, 20).count(0) < 20  # unseeded, it first times the drafting layouts
+
+
+def test_calibration_at_load_is_measured_once_per_machine_and_seeds_the_next_process(tmp_path) -> None:
+    from report_lib.tiny_models import word_tokenizer
+
+    from model.chat.draft_calibration import calibrate_drafts
+    from model.chat.engine import DiffusionChatModel
+    from model.decoding.sampler import SamplerConfig
+
+    def chat_model() -> DiffusionChatModel:
+        tokenizer = word_tokenizer()
+        config = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=2,
+                               draft_layout="adaptive")
+        return DiffusionChatModel("tiny", tokenizer, BlockDiffusionDenoiser(adapted(), [tokenizer.eos_token_id]),
+                                  config)
+
+    store, prompts = tmp_path / "draft_costs.json", ("hello how are you", "what is your name", "the cat")
+    first = chat_model()
+    costs = calibrate_drafts(first, store, "this machine", prompts)
+    assert costs is not None and len(costs) == 3 and all(cost > 0 for cost in costs)
+    assert first.draft_policy(first.sampler).choices >= 3 * 5 * 3  # it ran the whole schedule
+    second = chat_model()
+    assert calibrate_drafts(second, store, "this machine", prompts) == costs
+    policy = second.draft_policy(second.sampler)
+    assert policy.choices == 0 and policy.costs() == costs  # read, not measured again
+    other = chat_model()
+    calibrate_drafts(other, store, "another machine", prompts)
+    assert other.draft_policy(other.sampler).choices > 0  # another key: measured
+    store.write_text("not json")
+    assert calibrate_drafts(chat_model(), store, "this machine", prompts) is not None  # a broken file: measured again
