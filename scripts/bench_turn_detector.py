@@ -60,6 +60,16 @@ PIPER_SENTENCES = [
     "I need to buy milk, eggs, and bread on the way home.",
     "What do you think, would a jacket be enough for the mountains in May?",
     "After the meeting, remind me to send the report to Sarah.",
+    "Please set a timer for ten minutes, and tell me when it ends.",
+    "Honestly, I think we should leave a little earlier tomorrow.",
+    "Add apples, butter, and flour to my shopping list.",
+    "Call my sister, then send her the photos from the trip.",
+    "By the way, the package you ordered arrived this morning.",
+    "Read me the first chapter, slowly, from the beginning.",
+    "If you have time later, explain how vaccines work.",
+    "Thanks, that was exactly what I needed.",
+    "Next week, I start a new job at the hospital.",
+    "Open the window, it is getting warm in here.",
 ]
 FUNCTION_WORDS = frozenset([
     "a", "an", "the", "to", "for", "of", "in", "at", "on", "with", "from", "by", "and", "or", "but", "if", "when",

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from voice.end_of_turn import EndOfTurnRule, Signals, fit_rule  # noqa: E402
 from voice.listen.words import asks_a_question, trails_off  # noqa: E402
+from voice.think.spoken import SPOKEN_SYSTEM_PROMPT  # noqa: E402
 
 TRAILING_MS = 200
 
@@ -85,9 +86,10 @@ def collect() -> list[Case]:
             segments, _ = whisper.transcribe(heard, language="en", beam_size=1, condition_on_previous_text=False)
             transcript = " ".join(segment.text.strip() for segment in segments).strip()
             text_probability, text_ms = None, 0.0
-            if transcript:
-                lm.prepare([], conversation="fit")  # the known part of the prompt, encoded ahead as in a session
-                options = GenerationOptions(max_new_tokens=1, interactive=True, conversation="fit")
+            if transcript:  # the known part of the prompt encoded ahead, the spoken system prompt: as in a session
+                lm.prepare([], conversation="fit", system_prompt=SPOKEN_SYSTEM_PROMPT)
+                options = GenerationOptions(max_new_tokens=1, interactive=True, conversation="fit",
+                                            system_prompt=SPOKEN_SYSTEM_PROMPT)
                 started = time.process_time()
                 drafts = list(lm.stream_chat([ChatMessage("user", transcript)], options))
                 text_probability = drafts[0].end_of_turn

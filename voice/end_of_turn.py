@@ -1,10 +1,10 @@
 """How long a paused turn waits before its answer is released: one decision from everything the session knows. No I/O.
 
 Four things are known when the user pauses. Smart Turn v3.2's ear: the probability that the audio sounds finished.
-The LM's words: the probability of the end-of-message token right after the transcript's last word, read from the
-answer's first pass (model/decoding/end_of_turn.py; `LmTurnVerdict` in voice/turn/machine.py). And two word rules:
-Whisper wrote
-a finished question (`asks_a_question`), or the words trail off (`trails_off`).
+The LM's words: the probability that the message ends right after the transcript's last word (the end-of-message
+token or a sentence-ending mark), read from the answer's first pass (model/decoding/end_of_turn.py; `LmTurnVerdict`
+in voice/turn/machine.py). And two word rules: Whisper wrote a finished question (`asks_a_question`), or the words
+trail off (`trails_off`).
 
 Alone, Smart Turn heard a quarter of finished utterances as unfinished, and each then waited 1.5 s; the LM reads the
 words, which tell "After the meeting, remind me to send the report to Sarah." from "After the meeting," better than

@@ -210,7 +210,9 @@ def calibration_key(chat: DiffusionChatModel, int4: bool, device: torch.device |
 
 
 # environment variables that change which kernels torch and ours pick (tests/unit/test_other_cpus.py profiles)
-ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "VOICE_ASSISTANT_KERNEL_TARGET")
+ISA_VARIABLES = (
+    "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "VOICE_ASSISTANT_KERNEL_TARGET",
+)
 
 
 def _cpuinfo() -> list[str]:

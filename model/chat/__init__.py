@@ -96,9 +96,8 @@ class Draft:
     cached_prompt_tokens: int = 0
     completion_tokens: int = 0  # committed answer tokens so far (for usage counts)
     refinement: Refinement | None = None  # the raw pass, for local models
-    # The LM's probability of the end-of-message token right after the user's last word
-    # (model/decoding/end_of_turn.py): on the first draft, when the model computed it; None otherwise (a remote model
-    # that gives no logprobs)
+    # The LM's probability that the message ends right after the user's last word (model/decoding/end_of_turn.py):
+    # on the first draft, when the model computed it; None otherwise (a remote model that gives no logprobs)
     end_of_turn: float | None = None
 
     @property

@@ -67,6 +67,27 @@ def sentence_end_ids(tokenizer: Any, texts: list[str] | None = None) -> frozense
     return frozenset(i for i, text in enumerate(stripped) if text.endswith((".", "!", "?")) and not text.endswith(".."))
 
 
+def punctuation_ids(texts: list[str]) -> frozenset[int]:
+    """Tokens that are punctuation alone (".", "?", "...", ",", '"', " -"...): what a transcript may end with after
+    its last word."""
+    return frozenset(i for i, text in enumerate(texts)
+                     if text.strip() and not any(ch.isalnum() or ch.isspace() for ch in text.strip()))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Vocabulary:
+    """What the guards and the end-of-turn probe need to know of a tokenizer's tokens; scanned once per model."""
+
+    sentence_ends: frozenset[int]
+    punctuation: frozenset[int]
+    words: WordClasses
+
+    @classmethod
+    def scan(cls, tokenizer: Any) -> Vocabulary:
+        texts = token_texts_of_vocabulary(tokenizer)
+        return cls(sentence_end_ids(tokenizer, texts), punctuation_ids(texts), WordClasses.from_texts(texts))
+
+
 def draft_from_refinement(
     tokenizer: Any, refinement: Refinement, prompt_tokens: int, limit: int | None = None
 ) -> Draft:
@@ -144,7 +165,7 @@ class DiffusionChatModel:
             )
         # Guards by their rules, built on first use; the vocabulary scan they need is done once for all
         self._guards: dict[tuple[int, int, int, int], SpeechGuard] = {}
-        self._vocabulary: tuple[frozenset[int], WordClasses] | None = None
+        self._vocabulary: Vocabulary | None = None
         self._message_tail: tuple[int, ...] | None = None  # built on first use (`message_tail`)
         self._draft_policies: dict[int, DraftPolicy] = {}
         self._policies_lock = threading.Lock()
@@ -196,6 +217,7 @@ class DiffusionChatModel:
         Returns the tokens queued (none without a batch runner)."""
         if self._runner is None:
             return []
+        self.vocabulary()  # scanned here, while idle, rather than on the next answer's critical path
         shared = self.next_prompt_prefix(messages, system_prompt)
         if shared:
             self._runner.prepare(shared, cancel, conversation)
@@ -308,10 +330,23 @@ class DiffusionChatModel:
                 prompt, length, masks, denoiser.mask_id, denoiser.eos_ids, config.temperature, config.seed,
                 self.speech_guard(config, prompt), config.draft_branches, self.draft_policy(config),
             )
-        row = probe_row(prompt, self.message_tail())
+        tail = self.message_tail()
+        row = probe_row(prompt, tail, self.vocabulary().punctuation) if tail else None
         if row is None:
             return sequence
-        return EndOfTurnProbe(sequence, prompt, row, self.tokenizer.eos_token_id)
+        return EndOfTurnProbe(sequence, prompt, row, self.message_end_ids())
+
+    def message_end_ids(self) -> tuple[int, ...]:
+        """What may follow the user's last word when the message ends there: the template's end-of-message token,
+        or a mark that ends the sentence ("." "?" "!", alone)."""
+        vocabulary = self.vocabulary()
+        return tuple(sorted({self.message_tail()[0], *(vocabulary.sentence_ends & vocabulary.punctuation)}))
+
+    def vocabulary(self) -> Vocabulary:
+        """The tokenizer's scanned vocabulary, once for all guards and probes (~0.6 s for SmolLM2's 49k tokens)."""
+        if self._vocabulary is None:
+            self._vocabulary = Vocabulary.scan(self.tokenizer)
+        return self._vocabulary
 
     def message_tail(self) -> tuple[int, ...]:
         """What the chat template puts after a user message's words up to the answer (for SmolLM2 `<|im_end|>`,
@@ -368,10 +403,8 @@ class DiffusionChatModel:
         return guard if prompt is None else guard.for_prompt(prompt)
 
     def _new_guard(self, config: SamplerConfig) -> SpeechGuard:
-        if self._vocabulary is None:  # scanned once: every guard of this tokenizer shares it
-            texts = token_texts_of_vocabulary(self.tokenizer)
-            self._vocabulary = (sentence_end_ids(self.tokenizer, texts), WordClasses.from_texts(texts))
-        sentence_ends, words = self._vocabulary
+        vocabulary = self.vocabulary()
+        sentence_ends, words = vocabulary.sentence_ends, vocabulary.words
         copying = config.no_copy_ngram or config.no_copy_opening
         return SpeechGuard(
             no_repeat_ngram=config.no_repeat_ngram,

@@ -118,8 +118,9 @@ class TurnVerdict:
 
 @dataclass(frozen=True, slots=True)
 class LmTurnVerdict:
-    """The LM's opinion of the words answer `answer_id` started from: its probability of the end-of-message token
-    right after the user's last word, read from that answer's first pass (model/decoding/end_of_turn.py)."""
+    """The LM's opinion of the words answer `answer_id` started from: its probability that the message ends right
+    after the user's last word (the end-of-message token or a sentence end), read from that answer's first pass
+    (model/decoding/end_of_turn.py)."""
 
     answer_id: int
     probability: float
