@@ -196,6 +196,13 @@ class BlockDiffusionLM(nn.Module):
                 self._fast_pass = FastPass(self)
         return self._fast_pass
 
+    def prefill_size(self, rows: int) -> int:
+        """Rows a prefill of `rows` tokens is padded to (`model.runtime.batching.prefill`): none added for the decode
+        kernel, a `prefill_bucket` for bf16 matmuls (which build a kernel per shape)."""
+        fast = self.inference_pass()
+        native = isinstance(fast, FastPass) and fast.native is not None and fast.int4_prefill(rows)
+        return rows if native else prefill_bucket(rows)
+
     # --- forward --------------------------------------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings with every `mask_id` replaced by the learned mask embedding."""

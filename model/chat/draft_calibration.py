@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.chat import GenerationOptions
+from model.chat import ChatMessage, GenerationOptions
 
 if TYPE_CHECKING:
     from model.chat.engine import DiffusionChatModel
@@ -52,7 +52,9 @@ def calibrate_drafts(
     for prompt in [*prompts, *prompts]:  # an answer may end before the schedule does
         if not policy.calibrating:
             break
-        chat.generate_text(prompt, GenerationOptions(max_new_tokens=MAX_TOKENS, temperature=0.0))
+        for _draft in chat.stream_chat([ChatMessage("user", prompt)], GenerationOptions(max_new_tokens=MAX_TOKENS)):
+            if not policy.calibrating:  # the rest of the answer would time nothing
+                break
     measured = policy.costs()
     if any(cost is None for cost in measured):
         return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers.cache_utils import Cache
@@ -268,6 +269,13 @@ def keep(cache: SlotCache, slot: int, feed: Feed, count: int) -> None:
     cache.slots[slot].ids.extend(feed.clean[:count])
 
 
+@runtime_checkable
+class SizesPrefills(Protocol):
+    """A model that says how many rows a prefill of `rows` tokens should be padded to."""
+
+    def prefill_size(self, rows: int) -> int: ...
+
+
 def prefill_bucket(n: int) -> int:
     """The smallest of 32, 48, 64, 96, 128, 192, ... (powers of two and 1.5 times them) holding `n` tokens."""
     size = MIN_PREFILL_BUCKET
@@ -314,7 +322,8 @@ prompt is encoded the same way whichever decoding mode then answers it. Why: a b
         if cancel is not None and cancel.is_set():
             raise GenerationCancelled("cancelled while encoding the prompt")
         part = list(tokens[lo : lo + PREFILL_CHUNK])
-        size = prefill_bucket(len(part))
+        # a pass that compiles no kernel per shape (the decode kernel) takes the prompt as it is
+        size = model.prefill_size(len(part)) if isinstance(model, SizesPrefills) else prefill_bucket(len(part))
         padded = Feed(clean=tuple(part + [part[-1]] * (size - len(part))))
         layout = pass_layout([lo], [padded], KEY_MULTIPLE)
         cache.bind([slot], [lo])

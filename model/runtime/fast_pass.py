@@ -74,6 +74,11 @@ class _Layer:
 # Rows of a batched pass (several answers) up to which the int4 kernels (with the torch glue a batch needs) beat bf16
 # (scripts/bench_lm.py --batch-costs)
 INT4_BATCH_ROWS = 8
+# Rows of a prefill beyond which AMX's bf16 matmuls encode a prompt cheaper than the decode kernel's int8 dot products
+# (each extra row costs the kernel ~2.5 ms a thread on the AMX Xeon, a bf16 pass ~85 ms whatever the rows up to ~64).
+# Without AMX, bf16 matmuls cost far more (a 32-token bf16 prefill took 1.7 s on a 2-core AVX2 EPYC), so every prefill
+# of one answer goes through the kernel there.
+AMX_PREFILL_ROWS = 32
 
 
 def supports(model: BlockDiffusionLM) -> bool:
@@ -194,6 +199,11 @@ class FastPass:
             and quant_kernels.unavailable() is None
         )
 
+    def int4_prefill(self, rows: int) -> bool:
+        """Whether a prefill of `rows` prompt tokens reads the int4 weights (through the decode kernel when it takes
+        the model) rather than the bf16 ones."""
+        return self.model.int4 is not None and (rows <= AMX_PREFILL_ROWS or not quant_kernels.bf16_matmuls_fast())
+
     def _native_layers(self) -> list[quant_kernels.Layer]:
         """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it (`_can_go_native` checked)."""
         config = self.model.base.config
@@ -287,8 +297,9 @@ class FastPass:
         if start is not None and start >= s:
             start = None  # a clean pass: no LoRA anywhere
         # int4 for every pass of one answer (its exactness needs one set of weights), for a batch of answers only
-        # while that is cheaper (a batch is not bit-exact anyway), never for a prefill
-        int4 = not prefill and (b == 1 or b * s <= INT4_BATCH_ROWS)
+        # while that is cheaper (a batch is not bit-exact anyway), for a prefill when the decode kernel is cheaper
+        # (`int4_prefill`)
+        int4 = (b == 1 and self.int4_prefill(s)) if prefill else (b == 1 or b * s <= INT4_BATCH_ROWS)
         if int4 and b == 1 and self.native is not None:
             first_noisy = s if start is None else start
             return self._native_pass(input_ids, position_ids, attention_bias, first_noisy, cache, keep)

@@ -38,6 +38,12 @@ TARGETS = {
     "avx512-without-vnni": "-march=skylake-avx512",
     "avx2": "-march=x86-64-v3",
 }
+# The /proc/cpuinfo flags a CPU needs to run each target's build (without them its first call dies of SIGILL)
+TARGET_FLAGS = {
+    "amd-zen4": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16"),
+    "avx512-without-vnni": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"),
+    "avx2": ("avx2", "fma", "f16c", "bmi2", "movbe"),
+}
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -143,6 +149,19 @@ def library() -> ctypes.CDLL:
     if lib is None:
         raise OSError(why)
     return lib
+
+
+def runs_here(cpu: str) -> bool:
+    """Whether this CPU can run the build for `TARGETS[cpu]`."""
+    flags = set(_cpu_flags().split())
+    return all(flag in flags for flag in TARGET_FLAGS[cpu])
+
+
+@functools.cache
+def bf16_matmuls_fast() -> bool:
+    """Whether torch's bf16 matmuls run on AMX tiles here (and oneDNN is not capped below them)."""
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return " amx_bf16" in f" {_cpu_flags()} " and (not capped or "AMX" in capped or capped == "ALL")
 
 
 def fingerprint() -> str:

@@ -12,6 +12,7 @@ import torch
 from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.runtime import quant_kernels
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from model.runtime.fast_pass import AMX_PREFILL_ROWS
 from model.runtime.int4_weights import (
     GROUP,
     LAYOUT,
@@ -139,25 +140,31 @@ def int4_model(seed: int = 0):
     return model
 
 
-def test_decoding_passes_use_the_int4_weights_and_prefills_the_bf16_ones() -> None:
+def test_decoding_passes_and_prefills_use_the_int4_weights_where_they_are_cheaper() -> None:
     model = bf16_adapted()
-    tokens = list(range(3, 40))
-    feed = Feed(clean=(tokens[-1],), noisy=(model.mask_id,) * 3)
+    short = list(range(3, 3 + AMX_PREFILL_ROWS))  # a prompt of AMX_PREFILL_ROWS - 1 tokens, then a pass
+    long = [3 + i % 37 for i in range(AMX_PREFILL_ROWS + 8)]
 
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
+    def run(tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         cache = SlotCache(1)
         _, prompt_logits = prefill(model, cache, 0, tokens[:-1])
+        feed = Feed(clean=(tokens[-1],), noisy=(model.mask_id,) * 3)
         [(clean, _)] = batched_pass(model, cache, [0], [feed])
         return prompt_logits, clean[0]
 
-    dense_prompt, dense_step = run()
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return not torch.equal(a, b) and float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 0.95
+
+    (dense_prompt, dense_step), (dense_long, _) = run(short), run(long)
     model.use_int4(int4_weights_of(model.base))
-    int4_prompt, int4_step = run()
-    assert torch.equal(int4_prompt, dense_prompt)
-    assert not torch.equal(int4_step, dense_step)
-    assert torch.nn.functional.cosine_similarity(int4_step, dense_step, dim=0) > 0.95
+    assert model.inference_pass().native is not None  # the decode kernel takes this model
+    int4_prompt, int4_step = run(short)
+    assert close(int4_prompt, dense_prompt) and close(int4_step, dense_step)
+    # a longer prompt: bf16 matmuls where AMX makes them the cheaper way to encode it, the int4 kernel elsewhere
+    int4_long, _ = run(long)
+    assert torch.equal(int4_long, dense_long) == quant_kernels.bf16_matmuls_fast()
     model.use_int4(None)
-    assert torch.equal(run()[1], dense_step)
+    assert torch.equal(run(short)[1], dense_step)
 
 
 def drafting_pass_logits(model) -> torch.Tensor:
@@ -191,6 +198,8 @@ def test_the_decode_kernel_computes_the_layers_of_the_torch_pass() -> None:
 def test_other_cpus_builds_of_the_kernels_compute_the_same_bits(cpu: str, monkeypatch) -> None:
     """The kernels' arithmetic is explicit (exact integer sums, fused multiply-adds, a fixed lane tree), so the
     AVX-512 VNNI, AVX-512 and AVX2 builds give a pass the same logits."""
+    if not quant_kernels.runs_here(cpu):
+        pytest.skip(f"this CPU cannot run the {cpu} build ({', '.join(quant_kernels.TARGET_FLAGS[cpu])})")
     model = int4_model()
     here = drafting_pass_logits(model)
     other = quant_kernels.build(quant_kernels.TARGETS[cpu])
