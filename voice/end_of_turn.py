@@ -54,10 +54,10 @@ class EndOfTurnRule:
     """The fitted combination (see the module docstring) and the waits it chooses between, in milliseconds."""
 
     # fitted by scripts/fit_end_of_turn.py on the fit half of the turn-detector benchmark's recordings
-    bias: float = 0.1285
-    audio_weight: float = 0.367
-    text_weight: float = 0.4583
-    threshold: float = 0.1214
+    bias: float = 1.7707
+    audio_weight: float = 0.1893
+    text_weight: float = 1.0109
+    threshold: float = 0.1833
     trails_off_holds: bool = True
     audio_threshold: float = 0.5  # Smart Turn alone: its own decision threshold
     complete_ms: float = 200.0

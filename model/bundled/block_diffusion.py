@@ -32,7 +32,7 @@ from transformers.cache_utils import Cache
 from model.errors import ModelError
 from model.runtime import fast_pass, row_exact
 from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, BlockPasses
-from model.runtime.batching import (  # noqa: F401  (additive_mask and prefill_bucket are this module's API too)
+from model.runtime.batching import (
     Feed,
     SlotCache,
     additive_mask,
