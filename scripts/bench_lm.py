@@ -7,6 +7,7 @@
     python scripts/bench_lm.py --pass-costs 1,4,8,12,16,24 --cache-length 200   # self-speculative pass costs
     python scripts/bench_lm.py --batch-costs 1,2,4,8 --cache-length 200         # one batched pass over B answers
     python scripts/bench_lm.py --batch-agreement 8    # answers decoded together vs alone (bundled model, bf16)
+    python scripts/bench_lm.py --prefill-costs 8,32,128 --threads 2   # a prompt's prefill: decode kernel vs bf16
 
 Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
 pass). Each runs over the prompt set with the cache on and off. Separately it times single passes for a 256-token
@@ -216,6 +217,48 @@ def pass_cost_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def prefill_costs(model: Any, sizes: list[int], repeats: int) -> dict[str, list[float]]:
+    """Median seconds of a prefill of n prompt tokens on an empty cache (model/runtime/batching.py `prefill`), the
+    way this CPU runs it (int4 through the decode kernel, or bf16 for long prompts on AMX) and forced to bf16
+    (`FastPass.int4_prefill`), interleaved."""
+    from model.runtime.batching import SlotCache, prefill
+    from model.runtime.fast_pass import FastPass
+
+    tokens = torch.randint(10, 1000, (max(sizes),), generator=torch.Generator().manual_seed(3)).tolist()
+    chosen = FastPass.int4_prefill
+    ways = {"as run here": chosen, "bf16": lambda self, rows: False}
+    times: dict[tuple[str, int], list[float]] = {(way, n): [] for way in ways for n in sizes}
+    try:
+        for round_ in range(repeats + 1):
+            for way, n in times:
+                FastPass.int4_prefill = ways[way]  # type: ignore[method-assign]
+                started = time.perf_counter()
+                prefill(model, SlotCache(1), 0, tokens[:n])
+                if round_:
+                    times[(way, n)].append(time.perf_counter() - started)
+    finally:
+        FastPass.int4_prefill = chosen  # type: ignore[method-assign]
+    return {way: [statistics.median(times[(way, n)]) for n in sizes] for way in ways}
+
+
+def prefill_cost_main(args: argparse.Namespace) -> int:
+    """--prefill-costs: what encoding a prompt costs, through the decode kernel against bf16 matmuls."""
+    from model.chat.loading import load_chat_model
+
+    chat = load_chat_model(args.model, device=args.device, weights=args.weights)
+    sizes = [int(n) for n in args.prefill_costs.split(",")]
+    with torch.inference_mode():
+        costs = prefill_costs(chat.denoiser.model, sizes, args.pass_repeats)
+    print(f"one prefill on an empty cache, {torch.get_num_threads()} threads, median of {args.pass_repeats} (ms)")
+    print("tokens | " + " | ".join(costs))
+    for i, n in enumerate(sizes):
+        print(f"{n:>6} | " + " | ".join(f"{column[i] * 1e3:.1f}" for column in costs.values()))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"sizes": sizes, "threads": torch.get_num_threads(), **costs}, indent=2))
+    return 0
+
+
 def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats: int) -> dict[str, list[float]]:
     """Median seconds of one batched pass (model/runtime/batching.py) over B answers, each after its own cache of about
     `cache_length` tokens (lengths differ by a few tokens, as real answers do), for the row shapes of each mode:
@@ -325,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--pass-costs", default=None, help="e.g. 1,4,8,12,16,24: time self-speculative passes only")
     parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")
+    parser.add_argument("--prefill-costs", default=None, help="e.g. 8,32,128: time prefills of that many tokens")
     parser.add_argument("--batch-costs", default=None, help="e.g. 1,2,4,8: time batched passes over that many answers")
     parser.add_argument("--batch-agreement", type=int, default=0, help="N: answers together vs alone")
     parser.add_argument("--fp32", action="store_true", help="--batch-agreement in fp32 (bundled model)")
@@ -340,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         return pass_cost_main(args)
     if args.batch_costs:
         return batch_cost_main(args)
+    if args.prefill_costs:
+        return prefill_cost_main(args)
     if args.batch_agreement:
         return batch_agreement_main(args)
 
