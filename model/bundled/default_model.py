@@ -202,7 +202,7 @@ def calibration_key(chat: DiffusionChatModel, int4: bool, device: torch.device |
     """What a pass's cost depends on besides its shape: the machine, the threads, the kernels and the weights."""
     from model.runtime import quant_kernels
 
-    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "cpu")
+    cpu = quant_kernels.cpu_name()
     isa = ",".join(f"{name}={os.environ.get(name, '')}" for name in ISA_VARIABLES)
     weights = "int4" if int4 else str(chat.denoiser.dtype).removeprefix("torch.")
     return (f"{DEFAULT_MODEL_NAME}|{cpu}|{torch.device(device)}|threads={torch.get_num_threads()}|{weights}|"
@@ -214,12 +214,6 @@ ISA_VARIABLES = (
     "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "VOICE_ASSISTANT_KERNEL_TARGET",
 )
 
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
 
 
 WEIGHTS = ("auto", "int4", "bf16")

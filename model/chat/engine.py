@@ -80,12 +80,14 @@ class Vocabulary:
 
     sentence_ends: frozenset[int]
     punctuation: frozenset[int]
+    sentence_marks: frozenset[int]  # punctuation alone that ends a sentence: "." "?" "!" "?!"...
     words: WordClasses
 
     @classmethod
     def scan(cls, tokenizer: Any) -> Vocabulary:
         texts = token_texts_of_vocabulary(tokenizer)
-        return cls(sentence_end_ids(tokenizer, texts), punctuation_ids(texts), WordClasses.from_texts(texts))
+        ends, punctuation = sentence_end_ids(tokenizer, texts), punctuation_ids(texts)
+        return cls(ends, punctuation, ends & punctuation, WordClasses.from_texts(texts))
 
 
 def draft_from_refinement(
@@ -339,8 +341,7 @@ class DiffusionChatModel:
     def message_end_ids(self) -> tuple[int, ...]:
         """What may follow the user's last word when the message ends there: the template's end-of-message token,
         or a mark that ends the sentence ("." "?" "!", alone)."""
-        vocabulary = self.vocabulary()
-        return tuple(sorted({self.message_tail()[0], *(vocabulary.sentence_ends & vocabulary.punctuation)}))
+        return tuple(sorted({self.message_tail()[0], *self.vocabulary().sentence_marks}))
 
     def vocabulary(self) -> Vocabulary:
         """The tokenizer's scanned vocabulary, once for all guards and probes (~0.6 s for SmolLM2's 49k tokens)."""

@@ -15,7 +15,7 @@ layout with the most expected tokens per ms, m = 0 (autoregressive) included, dr
 Costs timed minutes apart differ with the machine's load alone, so the first judgement is made on paired timings:
 `calibrate` makes the next passes follow a schedule that times every layout in turn, a few passes each, round after
 round, and `costs` / `seed` carry the result from one process to the next (the model's loader keeps it on disk per
-machine, model/chat/engine.py `calibrate_drafts`), so a process does not spend its first answers drafting to learn
+machine, model/chat/draft_calibration.py), so a process does not spend its first answers drafting to learn
 what the last one knew.
 """
 

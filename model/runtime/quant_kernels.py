@@ -74,14 +74,22 @@ def _target() -> str:
     return os.environ.get(TARGET_VARIABLE) or "-march=native"
 
 
-def _cpu_flags() -> str:
+def _cpuinfo_line(*keys: str) -> str | None:
+    """The first /proc/cpuinfo line that starts with one of `keys` (None without one, or without the file)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(keys)), None)
     except OSError:
-        pass
-    return platform.processor()
+        return None
+
+
+def _cpu_flags() -> str:
+    return _cpuinfo_line("flags", "Features") or platform.processor()
+
+
+def cpu_name() -> str:
+    """The CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) ..."), or the platform's processor string."""
+    line = _cpuinfo_line("model name")
+    return line.split(":", 1)[1].strip() if line else platform.processor() or "cpu"
 
 
 def _flags(target: str) -> list[str]:

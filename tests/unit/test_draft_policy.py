@@ -3,10 +3,20 @@ cost and how often drafts are accepted; answers stay the teacher's whatever it c
 
 from __future__ import annotations
 
-from report_lib.tiny_models import tiny_llama
+from report_lib.tiny_models import tiny_llama, word_tokenizer
 
 from model.bundled.block_diffusion import BlockDiffusionDenoiser
-from model.decoding.draft_policy import RETIME_ALL_EVERY, RETIME_EVERY, TIMINGS_BEFORE_JUDGING, DraftPolicy
+from model.chat.draft_calibration import calibrate_drafts
+from model.chat.engine import DiffusionChatModel
+from model.decoding.draft_policy import (
+    CALIBRATION_ROUNDS,
+    CALIBRATION_RUN,
+    RETIME_ALL_EVERY,
+    RETIME_EVERY,
+    TIMINGS_BEFORE_JUDGING,
+    DraftPolicy,
+)
+from model.decoding.sampler import SamplerConfig
 from model.decoding.speculative import generate_speculative
 from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse)
     EOS,
@@ -119,8 +129,6 @@ def test_drafts_that_promise_less_than_the_margin_give_autoregressive_passes() -
 
 
 def test_calibration_times_every_layout_in_turn_and_a_seeded_policy_starts_from_its_costs() -> None:
-    from model.decoding.draft_policy import CALIBRATION_ROUNDS, CALIBRATION_RUN
-
     cost = {0: 15.0, 1: 41.0, 2: 63.0}  # a 2-core AVX2 EPYC: drafting passes 2.7-4x a lone step
     policy = DraftPolicy(max_masks=2)
     policy.calibrate()
@@ -136,12 +144,6 @@ def test_calibration_times_every_layout_in_turn_and_a_seeded_policy_starts_from_
 
 
 def test_calibration_at_load_is_measured_once_per_machine_and_seeds_the_next_process(tmp_path) -> None:
-    from report_lib.tiny_models import word_tokenizer
-
-    from model.chat.draft_calibration import calibrate_drafts
-    from model.chat.engine import DiffusionChatModel
-    from model.decoding.sampler import SamplerConfig
-
     def chat_model() -> DiffusionChatModel:
         tokenizer = word_tokenizer()
         config = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=2,
