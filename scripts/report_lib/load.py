@@ -204,6 +204,8 @@ async def run_level(
         "cut_short": bool(pending),
         "wall_s": round(time.monotonic() - started, 1),
         "voice_to_voice_ms": _figures(server_v2v),
+        # the server's own figures, each turn: what a worker's voice_to_voice_seconds histogram must hold
+        "voice_to_voice_samples_ms": sorted(float(r.latency_ms["voice_to_voice"]) for r in spoken),
         "client_voice_to_voice_ms": _figures(client_v2v),
         # where the time goes as sessions are added: each stage's p50 (the server's breakdown of each turn)
         "stages_p50_ms": {name: _figures(summarise(r.latency_ms.get(name) for r in spoken))["p50"]
