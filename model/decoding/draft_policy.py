@@ -5,18 +5,24 @@ each of the `m + 1` prefixes it may accept (`m (m + 1)` mask rows). It yields `1
 E[accepted] = sum over i <= m of P(the first i drafts are accepted), and costs what a pass of that shape costs on this
 CPU. Both sides are machine- and model-dependent (with the int4 kernels a 4-row pass, one draft, costs about 1.4-1.7x
 a lone row; drafts that are right half the time barely pay for it), so the policy measures both as it decodes, no-I/O:
-costs per layout from the lone steps it times (the pass and the decoding work around it, from one step's end to the
-next; each layout is tried a few times before it is judged, its cost the median of its last timings, and re-timed now
-and then as the machine's load changes: often when it comes close to the best, rarely when it is far behind),
-acceptance per draft position from every pass (starting from the bundled adapter's measured rates), and picks the
-layout with the most expected tokens per ms, m = 0 (autoregressive) included, drafting only for a clear gain
+acceptance per draft position from every pass (starting from the bundled adapter's measured rates), and each layout's
+cost from the lone steps it times (the pass and the decoding work around it, from one step's end to the next). It
+picks the layout with the most expected tokens per ms, m = 0 (autoregressive) included, drafting only for a clear gain
 (`DRAFT_MARGIN`). Every layout gives the teacher's answer exactly; only the speed depends on the choice.
 
-Costs timed minutes apart differ with the machine's load alone, so the first judgement is made on paired timings:
+A cost is kept as a ratio, the layout's *shape*: what its step costs against a lone step (layout 0) timed next to it.
+The layout in use is timed on every lone pass and the others only now and then, so absolute costs timed minutes
+apart compare two loads of a shared machine (one process's other work doubles a step on 2 cores): a seeded drafting
+cost then looked cheap beside a no-draft cost timed under load, and handed passes to drafting. A shape is measured
+only in pairs: each timed pass of a layout that has just run after another (a calibration round, a re-timing run of a
+few passes) is divided by the other layouts' steps of the last few passes, brought to lone-step units by their own
+shapes. The load (`scale`: a lone step's ms now, the median of the last passes timed, each divided by its shape) only
+turns shapes back into ms; the choice depends on shapes and acceptance alone.
+
 `calibrate` makes the next passes follow a schedule that times every layout in turn, a few passes each, round after
-round, and `costs` / `seed` carry the result from one process to the next (the model's loader keeps it on disk per
-machine, model/chat/draft_calibration.py), so a process does not spend its first answers drafting to learn
-what the last one knew.
+round; an unseeded policy runs rounds of it until every layout is judged. `costs` / `seed` carry the result from one
+process to the next (the model's loader keeps it on disk per machine, model/chat/draft_calibration.py), so a process
+does not spend its first answers drafting to learn what the last one knew.
 """
 
 from __future__ import annotations
@@ -30,33 +36,38 @@ from dataclasses import dataclass, field
 # the first one, two, three drafts), as pseudo-counts that real passes soon outweigh
 PRIOR_ACCEPTANCE = (0.46, 0.54, 0.68)
 PRIOR_WEIGHT = 20.0
-TIMINGS_BEFORE_JUDGING = 3  # lone passes timed per layout before its cost is trusted (the first one is not counted)
-# A layout's cost is the median of its last timings: a pass slowed by a moment of other load (2x on a shared 2-core
-# machine) must not make the cheapest layout look dear and hand the choice to a dearer one until it is re-timed
+SAMPLES_BEFORE_JUDGING = 2  # paired samples of a layout's cost before it is judged (a shape's first timing, which
+# also built its kernels, is not one)
+# A shape (or the load) is the median of its last samples: a pass slowed by a moment of other load (2x on a shared
+# 2-core machine) must not make the cheapest layout look dear and hand the choice to a dearer one until it is re-timed
 COST_WINDOW = 9
-# Every so many choices, the contender timed longest ago is used once more: a layout whose expected tokens per ms are
-# within RETIME_MARGIN of the best's, which a change of load could make the best. The others are re-timed only every
-# RETIME_ALL_EVERY choices: a pass of a layout 3x dearer than the best every 32 passes cost self-speculative decoding
-# 6 % of its speed.
+# A layout's timing pairs with the other layouts' steps of this many passes before it: those of the run just before
+# its own (a step after a layout change is not in its steady shape, so a run's first pass is often not timed)
+PAIRED_WITHIN = 6
+# Every so many choices, the contender timed longest ago runs for a few passes: a layout whose expected tokens per ms
+# are within RETIME_MARGIN of the best's, which a change of acceptance could make the best. The others are re-timed
+# only every RETIME_ALL_EVERY choices: a pass of a layout 3x dearer than the best every 32 passes cost
+# self-speculative decoding 6 % of its speed.
 RETIME_EVERY = 64
 RETIME_MARGIN = 0.8
 RETIME_ALL_EVERY = 512
-# Drafting must promise this much more than autoregressive passes to be chosen: on a shared machine two layouts' costs,
-# timed minutes apart, differ by 10-30 % with the load alone, and draft layouts chosen on that noise made
-# self-speculative decoding 0.93x autoregressive with a 10 % margin (eval_default_model, int4 kernels, 120 prompts)
+# Drafting must promise this much more than autoregressive passes to be chosen: paired costs still differ by 5-10 %
+# from one calibration to the next on a shared machine, and draft layouts chosen on that noise made self-speculative
+# decoding 0.93x autoregressive with a 10 % margin (eval_default_model, int4 kernels, 120 prompts)
 DRAFT_MARGIN = 0.2
 # The calibration schedule: this many rounds over every layout, each layout a run of passes in a row (the first pass
-# after a layout change is not in its steady shape, so it is not timed)
+# after a layout change is not in its steady shape, so it is not timed); a re-timing is one such run
 CALIBRATION_ROUNDS = 5
 CALIBRATION_RUN = 3
 
 
 @dataclass(slots=True)
 class _Layout:
-    cost_ms: float = 0.0
-    timings: int = 0
+    shape: float = 1.0  # its step's cost in lone steps (layout 0's shape is 1 by definition)
+    samples: int = 0  # paired samples of its cost so far (layout 0: its timed steps)
+    timings: int = 0  # lone steps of it timed, the first (kernel-building) one included
     timed_at: int = 0  # the choice count when it was last timed
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))  # its last shape samples
 
 
 @dataclass(slots=True)
@@ -68,7 +79,11 @@ class DraftPolicy:
     accepted: list[float] = field(default_factory=list)  # ... and accepted it
     layouts: list[_Layout] = field(default_factory=list)
     choices: int = 0
-    _schedule: deque[int] = field(default_factory=deque)  # layouts the next passes use, while calibrating
+    # (layout, its step in lone-step ms, the choice count) of the last timed passes: the load, and what a layout's
+    # timing is paired with
+    steps: deque[tuple[int, float, int]] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    _schedule: deque[int] = field(default_factory=deque)  # layouts the next passes use (a calibration, a re-timing)
+    _calibrating: int = 0  # passes of the schedule that belong to `calibrate`
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -94,19 +109,23 @@ class DraftPolicy:
 
     @property
     def calibrating(self) -> bool:
-        return bool(self._schedule)
+        return self._calibrating > 0
 
     def calibrate(self) -> None:
         """Time every layout, interleaved, over the next lone passes (`CALIBRATION_ROUNDS` rounds of
         `CALIBRATION_RUN` passes per layout), whatever the costs known so far."""
         with self._lock:
-            runs = [m for m in range(self.max_masks + 1) for _ in range(CALIBRATION_RUN)]
-            self._schedule = deque(runs * CALIBRATION_ROUNDS)
+            self._schedule = deque(self._round() * CALIBRATION_ROUNDS)
+            self._calibrating = len(self._schedule)
 
     def costs(self) -> list[float | None]:
-        """Each layout's cost in ms (None until it has been timed enough to be judged)."""
+        """Each layout's cost in ms at the present load (None until it has been judged)."""
         with self._lock:
-            return [layout.cost_ms if layout.timings >= TIMINGS_BEFORE_JUDGING else None for layout in self.layouts]
+            scale = self._scale()
+            return [
+                layout.shape * scale if scale is not None and self._judged(layout) else None
+                for layout in self.layouts
+            ]
 
     def seed(self, costs: list[float]) -> None:
         """Start from costs an earlier calibration measured (`costs`), as if each layout had been timed: no pass
@@ -114,28 +133,32 @@ class DraftPolicy:
         if len(costs) != len(self.layouts) or not all(cost > 0 for cost in costs):
             raise ValueError(f"{len(self.layouts)} positive costs needed, got {costs}")
         with self._lock:
-            for layout, cost in zip(self.layouts, costs, strict=True):
+            for m, (layout, cost) in enumerate(zip(self.layouts, costs, strict=True)):
+                layout.shape = cost / costs[0]
                 layout.recent.clear()
-                layout.recent.extend([cost] * TIMINGS_BEFORE_JUDGING)
-                layout.cost_ms, layout.timings, layout.timed_at = cost, TIMINGS_BEFORE_JUDGING, self.choices
+                if m:
+                    layout.recent.extend([layout.shape] * SAMPLES_BEFORE_JUDGING)
+                layout.samples, layout.timings, layout.timed_at = SAMPLES_BEFORE_JUDGING, 1, self.choices
+            self.steps.clear()
+            self.steps.extend([(0, costs[0], self.choices)] * SAMPLES_BEFORE_JUDGING)
 
     def choose(self) -> int:
         """Masks per block for the next lone pass."""
         with self._lock:
             self.choices += 1
-            if self._schedule:
-                return self._schedule.popleft()
-            untimed = [m for m, layout in enumerate(self.layouts) if layout.timings < TIMINGS_BEFORE_JUDGING]
-            if untimed:  # the most drafts first: a process's first answers draft as a fixed layout would
-                return untimed[-1]
-            rates = [self.expected_tokens(m) / layout.cost_ms for m, layout in enumerate(self.layouts)]
-            if self.choices % RETIME_ALL_EVERY == 0:
-                return min(range(len(self.layouts)), key=lambda m: self.layouts[m].timed_at)
-            if self.choices % RETIME_EVERY == 0:
-                contenders = [m for m, rate in enumerate(rates) if rate >= RETIME_MARGIN * max(rates)]
-                return min(contenders, key=lambda m: self.layouts[m].timed_at)
-            best = max(range(len(self.layouts)), key=lambda m: rates[m])
-            return best if rates[best] > (1 + DRAFT_MARGIN) * rates[0] else 0
+            if not self._schedule and not all(self._judged(layout) for layout in self.layouts):
+                self._schedule.extend(self._round())  # unseeded: time every layout in turn until each is judged
+            if not self._schedule:
+                rates = [self.expected_tokens(m) / layout.shape for m, layout in enumerate(self.layouts)]
+                if self.choices % RETIME_ALL_EVERY == 0:
+                    self._retime(range(len(self.layouts)))
+                elif self.choices % RETIME_EVERY == 0:
+                    self._retime([m for m, rate in enumerate(rates) if rate >= RETIME_MARGIN * max(rates)])
+                else:
+                    best = max(range(len(self.layouts)), key=lambda m: rates[m])
+                    return best if rates[best] > (1 + DRAFT_MARGIN) * rates[0] else 0
+            self._calibrating = max(0, self._calibrating - 1)
+            return self._schedule.popleft()
 
     def observe(self, masks: int, drafted: int, accepted: int, pass_ms: float | None) -> None:
         """A pass verified `drafted` drafts and accepted `accepted` of them. `pass_ms`: its time when it was a lone
@@ -149,7 +172,30 @@ class DraftPolicy:
                 return
             layout = self.layouts[masks]
             if layout.timings > 0:  # the first timing of a shape also built its kernels: not counted
-                layout.recent.append(pass_ms)
-                layout.cost_ms = statistics.median(layout.recent)
+                if masks == 0:
+                    layout.samples += 1
+                else:
+                    nearby = [ms for m, ms, at in self.steps if m != masks and at >= self.choices - PAIRED_WITHIN]
+                    if nearby:
+                        layout.recent.append(pass_ms / statistics.median(nearby))
+                        layout.shape = statistics.median(layout.recent)
+                        layout.samples += 1
+                if masks == 0 or layout.samples:
+                    self.steps.append((masks, pass_ms / layout.shape, self.choices))
             layout.timings += 1
             layout.timed_at = self.choices
+
+    def _round(self) -> list[int]:
+        return [m for m in range(self.max_masks + 1) for _ in range(CALIBRATION_RUN)]
+
+    def _retime(self, candidates: range | list[int]) -> None:
+        """Run the candidate timed longest ago for a few passes."""
+        layout = min(candidates, key=lambda m: self.layouts[m].timed_at)
+        self._schedule.extend([layout] * CALIBRATION_RUN)
+
+    def _judged(self, layout: _Layout) -> bool:
+        return layout.samples >= SAMPLES_BEFORE_JUDGING
+
+    def _scale(self) -> float | None:
+        """A lone step's ms at the present load (None before any timed step)."""
+        return statistics.median(ms for _, ms, _ in self.steps) if self.steps else None
