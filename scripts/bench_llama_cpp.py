@@ -6,10 +6,11 @@
 Every engine answers the same held-out prompts (tests/data/heldout_prompts.txt; nothing was tuned on them) under the
 voice system prompt, greedy, from the same token ids: llama.cpp through `llama-cpp-python` (`make install-bench`
 builds it for this CPU, about 6 minutes on 2 cores), and this runtime's autoregressive and self-speculative decoding
-on one loaded model. Each engine lives in its own worker process, so neither's thread pool spins beside the other's
-passes; the driver hands them the prompts interleaved (prompt by prompt, thread count by thread count, the engines'
-order alternating), so none gets the quieter minutes of a shared machine. Both reuse the cached system prompt
-between prompts (llama.cpp's longest-prefix reuse, our slot cache).
+on one loaded model a thread count, through the batch runner as every answer runs. Each engine and thread count
+lives in its own worker process, so no thread pool spins beside another's passes (and our runner's thread keeps the
+thread count it starts with); the driver hands them the prompts interleaved (prompt by prompt, thread count by
+thread count, the engines' order alternating), so none gets the quieter minutes of a shared machine. Both reuse the
+cached system prompt between prompts (llama.cpp's longest-prefix reuse, our slot cache).
 
 Reported per thread count and engine: decode tokens/s (tokens after the first over the time after the first token),
 first-token ms (p50 and p95: the new prompt tokens' prefill and the first token), answer tokens, and each engine's
@@ -79,10 +80,12 @@ def _llama_cpp_worker(conn: Connection, gguf: str, threads: int, eos: list[int])
         conn.send(Answer(ids, first, time.perf_counter() - started))
 
 
-def _runtime_worker(conn: Connection, weights: str) -> None:
+def _runtime_worker(conn: Connection, weights: str, threads: int) -> None:
     import dataclasses
 
     import torch
+
+    torch.set_num_threads(threads)  # before the load: the batch runner's thread keeps the count it starts with
 
     from model.bundled.default_model import load_default_chat_model
     from model.chat import GenerationOptions
@@ -90,14 +93,13 @@ def _runtime_worker(conn: Connection, weights: str) -> None:
     chat = load_default_chat_model(weights=weights)
     conn.send("ready")
     while (request := conn.recv()) is not None:
-        prompt, max_tokens, decoding, threads = request
-        torch.set_num_threads(threads)
+        prompt, max_tokens, decoding = request
         chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding)
         config, length = chat.sampler_for(GenerationOptions(max_new_tokens=max_tokens))
         started = time.perf_counter()
         first = None
         final = None
-        for refinement in chat.refinements(prompt, length, config, None):
+        for refinement in chat.answer_refinements(prompt, length, config):  # the loop every answer runs
             if first is None and refinement.committed_prefix > 0:
                 first = time.perf_counter() - started
             final = refinement
@@ -180,14 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     if "llama.cpp" in engines:
         for t in threads:
             workers[("llama.cpp", t)] = Worker(_llama_cpp_worker, str(base_gguf_path()), t, eos)
-    ours = [e for e in engines if e != "llama.cpp"]
-    runtime = Worker(_runtime_worker, args.weights) if ours else None
+    runtimes: dict[int, Worker] = {}
+    if any(e != "llama.cpp" for e in engines):
+        runtimes = {t: Worker(_runtime_worker, args.weights, t) for t in threads}
 
     def ask(engine: str, t: int, ids: list[int]) -> Answer:
         if engine == "llama.cpp":
             return workers[(engine, t)].ask(ids, args.max_tokens)
-        assert runtime is not None
-        return runtime.ask(ids, args.max_tokens, engine, t)
+        return runtimes[t].ask(ids, args.max_tokens, engine)
 
     for t in threads:  # warm up: kernels built, caches of the system prompt filled
         for engine in engines:
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[t][engine].append(ask(engine, t, ids))
         if (index + 1) % 10 == 0:
             print(f"  {index + 1}/{len(prompt_ids)} prompts, {time.monotonic() - started:.0f} s", flush=True)
-    for worker in [*workers.values(), *([runtime] if runtime else [])]:
+    for worker in [*workers.values(), *runtimes.values()]:
         worker.close()
 
     report: dict[str, Any] = {

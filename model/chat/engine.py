@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
@@ -285,14 +285,7 @@ class DiffusionChatModel:
         cancel: threading.Event | None,
     ) -> Iterator[Draft]:
         cancelled = Draft(step=0, pieces=(), done=True, finish_reason="cancelled", prompt_tokens=len(prompt))
-        if self._runner is not None and config.use_cache:
-            run = self._runner.submit(self.sequence(prompt, length, config), options.interactive, cancel,
-                                      options.conversation)
-            refinements, reused = iter(run), lambda: run.reused_tokens
-        else:
-            refinements = self._locked_refinements(prompt, length, config, cancel)
-            denoiser = self.denoiser
-            reused = lambda: denoiser.reused_tokens if isinstance(denoiser, ReportsReusedTokens) else 0  # noqa: E731
+        refinements, reused = self._answer(prompt, length, config, cancel, options.interactive, options.conversation)
         try:
             for refinement in refinements:
                 draft = draft_from_refinement(self.tokenizer, refinement, len(prompt), options.max_new_tokens)
@@ -306,6 +299,27 @@ class DiffusionChatModel:
             yield cancelled
         finally:
             refinements.close()  # type: ignore[attr-defined]  # frees the model (lock or batch slot) at once
+
+    def answer_refinements(
+        self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None = None
+    ) -> Iterator[Refinement]:
+        """The passes of one answer as `stream_chat` runs them (through the batch runner when the model has one),
+        for a caller that reads the tokens of each pass: the benchmarks measure the loop that runs."""
+        return self._answer(prompt, length, config, cancel, False, None)[0]
+
+    def _answer(
+        self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None,
+        interactive: bool, conversation: str | None,
+    ) -> tuple[Iterator[Refinement], Callable[[], int]]:
+        """The answer's passes, and how many prompt tokens it found already encoded (read after the first pass)."""
+        if self._runner is not None and config.use_cache:
+            run = self._runner.submit(self.sequence(prompt, length, config), interactive, cancel, conversation)
+            return iter(run), lambda: run.reused_tokens
+        denoiser = self.denoiser
+        return (
+            self._locked_refinements(prompt, length, config, cancel),
+            lambda: denoiser.reused_tokens if isinstance(denoiser, ReportsReusedTokens) else 0,
+        )
 
     def _locked_refinements(
         self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None

@@ -137,8 +137,9 @@ class FastPass:
     """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.runtime.batching`). Built
     from the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does).
 
-    With the model's int4 weights (`BlockDiffusionLM.int4`), decoding passes multiply by them and prefills by
-    the bf16 ones (`model.runtime.int4_weights` says why); without, every pass is bf16."""
+    With the model's int4 weights (`BlockDiffusionLM.int4`), decoding passes multiply by them, and so do prefills of
+    one answer except long ones where AMX makes bf16 matmuls cheaper (`int4_prefill`); without, every pass is
+    bf16."""
 
     def __init__(self, model: BlockDiffusionLM) -> None:
         base = model.base
