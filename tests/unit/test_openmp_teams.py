@@ -53,11 +53,12 @@ def test_a_passing_thread_takes_its_openmp_workers_with_it():
 
 
 def test_the_loaders_run_on_a_passing_thread():
-    from model.bundled.default_model import load_default_chat_model
+    from model.bundled.default_model import _load_default_chat_model
     from model.chat.loading import load_chat_model
     from model.runtime.passing_thread import run_in_passing_thread
 
-    for loader in (load_chat_model, load_default_chat_model):
+    # the bundled model's loading (its draft calibration then runs on the batch runner's thread, after it)
+    for loader in (load_chat_model, _load_default_chat_model):
         assert loader.__wrapped__ is not None  # the decorator's functools.wraps
     with pytest.raises(ValueError, match="from the thread"):
         run_in_passing_thread(lambda: (_ for _ in ()).throw(ValueError("from the thread")))
