@@ -162,6 +162,19 @@ def test_answers_in_a_batch_equal_their_answers_alone_in_every_mode() -> None:
         assert results[i][-1].done
 
 
+def test_a_bare_answer_runs_through_the_runner_and_equals_its_answer_alone() -> None:
+    # what the benchmarks time (eval_default_model, bench_llama_cpp): the loop every answer runs, on the runner's
+    # thread, not a second loop on the caller's (whose OpenMP team would slow the runner's passes)
+    chat = engine()
+    runner: BatchRunner = chat._runner
+    for prompt, config, length in requests(3):
+        before = len(runner.batch_sizes)
+        got = stream(chat.answer_refinements(prompt, length, config))
+        assert len(runner.batch_sizes) - before == len(got)  # every pass of it the runner's
+        assert got == alone(prompt, config, length), config.decoding
+    assert runner._thread is not None and runner._thread is not threading.current_thread()
+
+
 def test_a_run_cancelled_mid_batch_leaves_the_others_unchanged() -> None:
     chat = engine()
     runner: BatchRunner = chat._runner
