@@ -14,6 +14,7 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from model.disk_cache import cache_root
 from voice.cancellation import cancel_and_wait
 from web.config import TOKEN_ENV, WebConfig
 from web.native_memory import limit_malloc_arenas
@@ -34,8 +35,6 @@ def web_config_from_args(args: argparse.Namespace) -> WebConfig:
     if args.self_signed:
         if cert or key:
             raise ValueError("use either --self-signed or --tls-cert/--tls-key, not both")
-        from model.bundled.default_model import cache_root
-
         made = self_signed_certificate(cache_root() / "tls", names_to_cover(args.host))
         cert, key = made.cert_file, made.key_file
         print(

@@ -18,6 +18,7 @@ fused into the first pass of the next block (one forward over `[finished block |
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Iterable
@@ -399,8 +400,6 @@ class BlockDiffusionDenoiser:
 
 def save_adapter(model: BlockDiffusionLM, directory: Path, extra: dict[str, object] | None = None) -> None:
     """Write `adapter.safetensors` and `adapter.json` (config plus free-form training facts)."""
-    import json
-
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -416,8 +415,6 @@ def save_adapter(model: BlockDiffusionLM, directory: Path, extra: dict[str, obje
 
 def load_adapter(model_base: PreTrainedModel, directory: Path) -> BlockDiffusionLM:
     """Rebuild a `BlockDiffusionLM` from a base model and a saved adapter folder."""
-    import json
-
     from safetensors.torch import load_file
 
     weights, meta_path = directory / "adapter.safetensors", directory / "adapter.json"
