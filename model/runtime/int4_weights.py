@@ -5,17 +5,19 @@ A decoding pass multiplies a few rows by every weight of the model, so it is bou
 bf16. The file we ship stores the layers as Q4_1 (each group of 32 weights of a row is `w = d * q + m`, a 4-bit `q`
 and fp16 `d`, `m`: ~5 bits a weight) and the tied embedding as Q8_0 (`w = d * q`, an 8-bit `q`). The kernels read
 exactly these values, re-laid out in tiles of 16 outputs: nothing is rounded again, and the teacher these passes
-compute is the shipped file itself, multiplied much as llama.cpp multiplies it (activations rounded to 8 bits per
-group of 32, exact integer dot products; fp32 activation scales where llama.cpp rounds them to fp16). A row's
+compute is the shipped file itself, multiplied with exact integer dot products as llama.cpp multiplies it, but on
+finer activations: llama.cpp rounds each group of 32 to 8 bits, which made the greedy answers' perplexity 1.05x the
+bf16 teacher's; the kernels add the remainder as a second 8-bit part, so an activation is off by at most 1/64516 of
+its group's largest (quant_matmul.c), and the answers score as the bf16 teacher's do. A row's
 output never depends on the other rows of the call (checked by `check_rows_independent` and
 tests/unit/test_int4_weights.py, also for other CPUs' builds), so self-speculative decoding stays exact on these
 weights.
 
 What it costs: a lone row reads ~100 MB instead of 270 MB, and each extra row of a pass costs a few integer
-instructions per 64 weights, so drafting passes stay cheap (scripts/bench_lm.py --pass-costs). Prefills, whose rows
-are many and whose layout is the same whichever decoding mode answers, keep the bf16 weights (oneDNN's bf16 matmuls
-on AMX or AVX-512 are faster for hundreds of rows), and so does a batched pass of several answers past
-`INT4_BATCH_ROWS` rows (`model.runtime.fast_pass`).
+instructions per 64 weights, so drafting passes stay cheap (scripts/bench_lm.py --pass-costs). A prefill of one
+answer goes through the same kernels, except a prompt of more than `AMX_PREFILL_ROWS` tokens on a CPU with AMX, whose
+bf16 matmuls encode it cheaper; a batched pass of several answers past `INT4_BATCH_ROWS` rows keeps the bf16 weights
+(`model.runtime.fast_pass`).
 
 The blocks are read from the GGUF once (~10 s: the reader parses the tokenizer too) and kept packed in the cache
 (`cached_int4_weights`), stamped with the layout's name and the file's size and time.

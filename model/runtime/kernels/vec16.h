@@ -22,6 +22,19 @@ static inline vec16 v_mul(vec16 a, vec16 b) { return (vec16){_mm512_mul_ps(a.v, 
 static inline vec16 v_add(vec16 a, vec16 b) { return (vec16){_mm512_add_ps(a.v, b.v)}; }
 static inline vec16 v_div(vec16 a, vec16 b) { return (vec16){_mm512_div_ps(a.v, b.v)}; }
 static inline vec16 v_fma(vec16 a, vec16 b, vec16 c) { return (vec16){_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+static inline vec16 v_sub(vec16 a, vec16 b) { return (vec16){_mm512_sub_ps(a.v, b.v)}; }
+static inline vec16 v_abs(vec16 a) { return (vec16){_mm512_abs_ps(a.v)}; }
+static inline vec16 v_max(vec16 a, vec16 b) { return (vec16){_mm512_max_ps(a.v, b.v)}; }
+static inline vec16 v_min(vec16 a, vec16 b) { return (vec16){_mm512_min_ps(a.v, b.v)}; }
+static inline float v_hmax(vec16 a) { return _mm512_reduce_max_ps(a.v); }
+/* to the nearest integer, ties to even (as rintf in the default rounding mode) */
+static inline vec16 v_rint(vec16 a) {
+    return (vec16){_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+/* 16 lanes holding integers in [-128, 127] as 16 bytes */
+static inline void v_store_int8(int8_t *p, vec16 a) {
+    _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(a.v)));
+}
 static inline vec16 v_f16(const uint16_t *p) {
     return (vec16){_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p))};
 }
@@ -86,6 +99,10 @@ static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
 }
 static inline vec16 iv_float(ivec16 a) { return (vec16){_mm512_cvtepi32_ps(a.v)}; }
 static inline ivec16 iv_add(ivec16 a, ivec16 b) { return (ivec16){_mm512_add_epi32(a.v, b.v)}; }
+/* a * k + b, lane by lane, in int32 */
+static inline ivec16 iv_madd(ivec16 a, int32_t k, ivec16 b) {
+    return (ivec16){_mm512_add_epi32(_mm512_mullo_epi32(a.v, _mm512_set1_epi32(k)), b.v)};
+}
 /* 64 signed weight bytes (in [-127, 127]) as |w| and the sign, so that a signed x signed dot product is an
  * unsigned x signed one, |w| . (x * sign(w)), whose pair sums stay within 16 bits */
 typedef struct { __m512i abs; __mmask64 negative; } s8vec;
@@ -113,6 +130,30 @@ static inline vec16 v_add(vec16 a, vec16 b) { return (vec16){_mm256_add_ps(a.lo,
 static inline vec16 v_div(vec16 a, vec16 b) { return (vec16){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
 static inline vec16 v_fma(vec16 a, vec16 b, vec16 c) {
     return (vec16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline vec16 v_sub(vec16 a, vec16 b) { return (vec16){_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+static inline vec16 v_abs(vec16 a) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    return (vec16){_mm256_andnot_ps(sign, a.lo), _mm256_andnot_ps(sign, a.hi)};
+}
+static inline vec16 v_max(vec16 a, vec16 b) { return (vec16){_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+static inline vec16 v_min(vec16 a, vec16 b) { return (vec16){_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+static inline float v_hmax(vec16 a) {
+    const __m256 half = _mm256_max_ps(a.lo, a.hi);
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_max_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+static inline vec16 v_rint(vec16 a) {
+    const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    return (vec16){_mm256_round_ps(a.lo, mode), _mm256_round_ps(a.hi, mode)};
+}
+static inline void v_store_int8(int8_t *p, vec16 a) {
+    int32_t lane[16];
+    _mm256_storeu_si256((__m256i *)lane, _mm256_cvtps_epi32(a.lo));
+    _mm256_storeu_si256((__m256i *)(lane + 8), _mm256_cvtps_epi32(a.hi));
+    for (int i = 0; i < 16; i++) p[i] = (int8_t)lane[i];
 }
 static inline vec16 v_f16(const uint16_t *p) {
     return (vec16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
@@ -177,6 +218,11 @@ static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
 static inline vec16 iv_float(ivec16 a) { return (vec16){_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
 static inline ivec16 iv_add(ivec16 a, ivec16 b) {
     return (ivec16){_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
+}
+static inline ivec16 iv_madd(ivec16 a, int32_t k, ivec16 b) {
+    const __m256i vk = _mm256_set1_epi32(k);
+    return (ivec16){_mm256_add_epi32(_mm256_mullo_epi32(a.lo, vk), b.lo),
+                    _mm256_add_epi32(_mm256_mullo_epi32(a.hi, vk), b.hi)};
 }
 typedef struct { __m256i abs_lo, abs_hi, w_lo, w_hi; } s8vec;
 static inline s8vec s8_load(const int8_t *p) {
