@@ -202,6 +202,7 @@ def pass_cost_main(args: argparse.Namespace) -> int:
     from model.chat.loading import load_chat_model
 
     chat = load_chat_model(args.model, device=args.device, weights=args.weights)
+    chat.stop_batching()  # the passes are timed on this thread: one OpenMP team
     sizes = [int(n) for n in args.pass_costs.split(",")]
     with torch.inference_mode():
         costs = verify_pass_costs(chat.denoiser, args.cache_length, sizes, args.pass_repeats)
@@ -246,6 +247,7 @@ def prefill_cost_main(args: argparse.Namespace) -> int:
     from model.chat.loading import load_chat_model
 
     chat = load_chat_model(args.model, device=args.device, weights=args.weights)
+    chat.stop_batching()  # the prefills are timed on this thread: one OpenMP team
     sizes = [int(n) for n in args.prefill_costs.split(",")]
     with torch.inference_mode():
         costs = prefill_costs(chat.denoiser.model, sizes, args.pass_repeats)
@@ -292,6 +294,7 @@ def batch_cost_main(args: argparse.Namespace) -> int:
     from model.chat.loading import load_chat_model
 
     chat = load_chat_model(args.model, device=args.device, weights=args.weights)
+    chat.stop_batching()  # the passes are timed on this thread: one OpenMP team
     batches = [int(n) for n in args.batch_costs.split(",")]
     costs = batch_pass_costs(chat.denoiser.model, args.cache_length, batches, args.pass_repeats)
     print(f"one batched pass, ~{args.cache_length} cached tokens per answer, {torch.get_num_threads()} threads, "

@@ -186,6 +186,13 @@ class DiffusionChatModel:
         """How many answers this model decodes at once (1: one at a time)."""
         return self._runner.max_batch if self._runner is not None else 1
 
+    def stop_batching(self) -> None:
+        """End the batch runner's thread (answers it is decoding end with an error; later ones are refused). For a
+        benchmark that times passes on its own thread: the runner's thread keeps an OpenMP team (it ran the draft
+        calibration at load), and two teams on two cores slow every pass 2-3x (model/runtime/passing_thread.py)."""
+        if self._runner is not None:
+            self._runner.close()
+
     def prompt_ids(self, messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[int]:
         """Token ids of the chat, formatted by the tokenizer's chat template and ending where the answer starts.
         A chat without a system message gets `system_prompt`, else the model's own default (if any)."""
