@@ -204,6 +204,11 @@ def _load_default_chat_model(
         context_length=context_length_of(base.config),
         max_batch=max_batch,
     )
+    # Built here rather than by the first answer, which waited ~0.4 s for the fused pass (its weights concatenated)
+    # and 1-2 s for the guards' and the end-of-turn probe's scan of the 49k tokens: a server's first request, a
+    # benchmark's first prompt, and a voice session's first turn when the draft costs came from disk (no pass at load)
+    model.inference_pass()
+    chat.vocabulary()
     return chat
 
 
