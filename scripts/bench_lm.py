@@ -197,12 +197,19 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
     }
 
 
-def pass_cost_main(args: argparse.Namespace) -> int:
-    """--pass-costs: the table the self-speculative layout is chosen from (bundled model, bf16)."""
+def model_to_time(args: argparse.Namespace) -> Any:
+    """The chat model of `args`, its batch runner stopped: the passes are timed on this thread, so that one OpenMP
+    team runs them (the runner's thread keeps the team it calibrated with)."""
     from model.chat.loading import load_chat_model
 
     chat = load_chat_model(args.model, device=args.device, weights=args.weights)
-    chat.stop_batching()  # the passes are timed on this thread: one OpenMP team
+    chat.stop_batching()
+    return chat
+
+
+def pass_cost_main(args: argparse.Namespace) -> int:
+    """--pass-costs: the table the self-speculative layout is chosen from (bundled model, bf16)."""
+    chat = model_to_time(args)
     sizes = [int(n) for n in args.pass_costs.split(",")]
     with torch.inference_mode():
         costs = verify_pass_costs(chat.denoiser, args.cache_length, sizes, args.pass_repeats)
@@ -244,10 +251,7 @@ def prefill_costs(model: Any, sizes: list[int], repeats: int) -> dict[str, list[
 
 def prefill_cost_main(args: argparse.Namespace) -> int:
     """--prefill-costs: what encoding a prompt costs, through the decode kernel against bf16 matmuls."""
-    from model.chat.loading import load_chat_model
-
-    chat = load_chat_model(args.model, device=args.device, weights=args.weights)
-    chat.stop_batching()  # the prefills are timed on this thread: one OpenMP team
+    chat = model_to_time(args)
     sizes = [int(n) for n in args.prefill_costs.split(",")]
     with torch.inference_mode():
         costs = prefill_costs(chat.denoiser.model, sizes, args.pass_repeats)
@@ -291,10 +295,7 @@ def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats:
 
 def batch_cost_main(args: argparse.Namespace) -> int:
     """--batch-costs: what a pass over B answers costs against one (bundled model, bf16)."""
-    from model.chat.loading import load_chat_model
-
-    chat = load_chat_model(args.model, device=args.device, weights=args.weights)
-    chat.stop_batching()  # the passes are timed on this thread: one OpenMP team
+    chat = model_to_time(args)
     batches = [int(n) for n in args.batch_costs.split(",")]
     costs = batch_pass_costs(chat.denoiser.model, args.cache_length, batches, args.pass_repeats)
     print(f"one batched pass, ~{args.cache_length} cached tokens per answer, {torch.get_num_threads()} threads, "
