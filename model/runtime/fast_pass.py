@@ -26,19 +26,40 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from model.runtime import quant_kernels, row_exact
-from model.runtime.int4_weights import Int4Layer, Int4Linear, Q8Head
+from model.runtime.int4_weights import Int4Layer, Int4Linear, Int4Weights, Q8Head
 from model.runtime.noisy_rows import Suffix, noisy_suffix
 
 if TYPE_CHECKING:
-    from model.bundled.block_diffusion import BlockDiffusionLM, GatedLoRALinear
     from model.runtime.batching import SlotCache
+
+
+class LoRALinear(Protocol):
+    """What the fused pass reads of an adapted linear layer (model/bundled/block_diffusion.py's GatedLoRALinear):
+    its base layer, whose weight it replaces by a view of the fused one, and its LoRA factors."""
+
+    base: nn.Linear
+    lora_a: torch.Tensor  # [rank, in]
+    lora_b: torch.Tensor  # [out, rank]
+    scale: float
+
+
+class AdaptedModel(Protocol):
+    """What the fused pass reads of a block-diffusion network (model/bundled/block_diffusion.py's BlockDiffusionLM):
+    the base Llama with its linears adapted, the adapter's targets, the int4 weights when it decodes with them, and
+    its embedding of mask tokens."""
+
+    base: Any  # a transformers LlamaForCausalLM whose linears are LoRALinear
+    config: Any  # its AdapterConfig (`targets`)
+    int4: Int4Weights | None
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +102,7 @@ INT4_BATCH_ROWS = 8
 AMX_PREFILL_ROWS = 32
 
 
-def supports(model: BlockDiffusionLM) -> bool:
+def supports(model: AdaptedModel) -> bool:
     """Whether `FastPass` computes exactly what `model`'s own forward does: a plain Llama (SmolLM2's architecture) with
     the LoRA on every linear layer."""
     config = model.base.config
@@ -96,7 +117,7 @@ def supports(model: BlockDiffusionLM) -> bool:
     )
 
 
-def _fuse(modules: list[GatedLoRALinear]) -> tuple[torch.Tensor, _LoRA]:
+def _fuse(modules: list[LoRALinear]) -> tuple[torch.Tensor, _LoRA]:
     """Stack the base weights of `modules` (same input) into one matrix whose rows the modules then view; keep
     their LoRA factors member by member."""
     fused = torch.cat([m.base.weight.detach() for m in modules])
@@ -141,7 +162,7 @@ class FastPass:
     one answer except long ones where AMX makes bf16 matmuls cheaper (`int4_prefill`); without, every pass is
     bf16."""
 
-    def __init__(self, model: BlockDiffusionLM) -> None:
+    def __init__(self, model: AdaptedModel) -> None:
         base = model.base
         config = base.config
         self.model = model

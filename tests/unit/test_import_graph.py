@@ -15,11 +15,6 @@ PACKAGES = ("model", "voice", "web")
 # What each package may import of the others (voice/ never imports web/; model/ neither of them).
 ALLOWED = {"model": {"model"}, "voice": {"model", "voice"}, "web": {"model", "voice", "web"}}
 MAX_FLAT_MODULES = 8
-# Known, type-only edges left in place, each with its reason; an import that runs never belongs here.
-# fast_pass names the network's classes in annotations only (under TYPE_CHECKING) while the network builds its fused
-# pass: the cycle goes once the network's pieces fast_pass reads (GatedLoRALinear, the network's shape) sit in a module
-# below both; left while fast_pass is being rewritten for issue 32.
-TYPE_ONLY_EDGES_ALLOWED = {("model.runtime.fast_pass", "model.bundled.block_diffusion")}
 
 
 def module_name(path: Path) -> str:
@@ -101,11 +96,7 @@ def test_the_graph_reader_finds_a_cycle_hidden_in_a_function() -> None:
 
 
 def test_no_import_cycles_in_model_voice_and_web() -> None:
-    graph = import_graph()
-    for module, target in TYPE_ONLY_EDGES_ALLOWED:
-        assert target in graph[module], f"{module} no longer imports {target}: drop it from TYPE_ONLY_EDGES_ALLOWED"
-        graph[module].discard(target)
-    assert cycles(graph) == []
+    assert cycles(import_graph()) == []
 
 
 def test_each_package_imports_only_the_layers_below_it() -> None:
