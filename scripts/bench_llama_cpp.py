@@ -1,6 +1,6 @@
 """The bundled LM side by side with llama.cpp, the engine a user would run instead, on the very GGUF we ship.
 
-    python scripts/bench_llama_cpp.py [--limit 120] [--threads 1,2] [--max-tokens 64] [--json PATH]
+    python scripts/bench_llama_cpp.py [--limit 120] [--threads 1,2] [--max-tokens 64] [--rounds 1] [--json PATH]
         [--engines llama.cpp,autoregressive,self-speculative] [--weights int4|bf16]
 
 Every engine answers the same held-out prompts (tests/data/heldout_prompts.txt; nothing was tuned on them) under the
@@ -14,7 +14,9 @@ cached system prompt between prompts (llama.cpp's longest-prefix reuse, our slot
 
 Reported per thread count and engine: decode tokens/s (tokens after the first over the time after the first token),
 first-token ms (p50 and p95: the new prompt tokens' prefill and the first token), answer tokens, and each engine's
-decode rate over llama.cpp's. Also: how many self-speculative answers equal the autoregressive ones token for token
+decode rate over llama.cpp's; with --rounds N the prompts are answered N times over, and each round's decode rate of
+every engine over the first one's shows how far a ratio moves from one run to the next on this machine. Also: how
+many self-speculative answers equal the autoregressive ones token for token
 (the exactness claim), and how many of ours equal llama.cpp's (same file, different kernels: a measure of how
 close the int4 teacher is to the file's own arithmetic). Figures are printed, never asserted.
 """
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=120)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=1, help="answer the prompts this many times over")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto", help="this runtime's")
     parser.add_argument("--json", type=Path, default=None)
@@ -195,36 +198,49 @@ def main(argv: list[str] | None = None) -> int:
         for engine in engines:
             for ids in prompt_ids[:2]:
                 ask(engine, t, ids)
-    results: dict[int, dict[str, list[Answer]]] = {t: {e: [] for e in engines} for t in threads}
+    # per round, thread count and engine: the answers in prompt order
+    results: list[dict[int, dict[str, list[Answer]]]] = []
     started = time.monotonic()
-    for index, ids in enumerate(prompt_ids):
-        for t in threads:
-            order = engines if index % 2 == 0 else engines[::-1]
-            for engine in order:
-                results[t][engine].append(ask(engine, t, ids))
-        if (index + 1) % 10 == 0:
-            print(f"  {index + 1}/{len(prompt_ids)} prompts, {time.monotonic() - started:.0f} s", flush=True)
+    for round_index in range(args.rounds):
+        results.append({t: {e: [] for e in engines} for t in threads})
+        for index, ids in enumerate(prompt_ids):
+            for t in threads:
+                order = engines if (index + round_index) % 2 == 0 else engines[::-1]
+                for engine in order:
+                    results[-1][t][engine].append(ask(engine, t, ids))
+            if (index + 1) % 10 == 0:
+                print(f"  round {round_index + 1}/{args.rounds}: {index + 1}/{len(prompt_ids)} prompts, "
+                      f"{time.monotonic() - started:.0f} s", flush=True)
     for worker in [*workers.values(), *runtimes.values()]:
         worker.close()
 
     report: dict[str, Any] = {
         "cpu": platform.processor() or platform.machine(), "prompts": len(prompt_ids), "weights": args.weights,
-        "max_tokens": args.max_tokens, "threads": {},
+        "max_tokens": args.max_tokens, "rounds": args.rounds, "threads": {},
     }
     for t in threads:
-        rows = {e: summarize(results[t][e]) for e in engines}
+        rows = {e: summarize([a for run in results for a in run[t][e]]) for e in engines}
+        per_round = {
+            e: [summarize(run[t][e])["decode_tokens_per_s"] / summarize(run[t][engines[0]])["decode_tokens_per_s"]
+                for run in results]
+            for e in engines[1:]
+        }
         base = rows.get("llama.cpp", {}).get("decode_tokens_per_s")
         for row in rows.values():
             row["vs_llama_cpp"] = row["decode_tokens_per_s"] / base if base else float("nan")
         same: dict[str, float] = {}
+
+        def identical(a: str, b: str, t: int = t) -> float:
+            pairs = [(x, y) for run in results for x, y in zip(run[t][a], run[t][b], strict=True)]
+            return statistics.fmean(x.ids == y.ids for x, y in pairs)
+
         if {"autoregressive", "self-speculative"} <= set(engines):
-            pairs = zip(results[t]["autoregressive"], results[t]["self-speculative"], strict=True)
-            same["self-speculative == autoregressive"] = statistics.fmean(a.ids == b.ids for a, b in pairs)
+            same["self-speculative == autoregressive"] = identical("autoregressive", "self-speculative")
         if "llama.cpp" in engines and "autoregressive" in engines:
-            pairs = zip(results[t]["autoregressive"], results[t]["llama.cpp"], strict=True)
-            same["autoregressive == llama.cpp"] = statistics.fmean(a.ids == b.ids for a, b in pairs)
-        report["threads"][str(t)] = {"engines": rows, "identical_answers": same}
-        print(f"\n{len(prompt_ids)} held-out prompts, {t} thread(s), greedy, weights {args.weights}:")
+            same["autoregressive == llama.cpp"] = identical("autoregressive", "llama.cpp")
+        report["threads"][str(t)] = {"engines": rows, "identical_answers": same, "per_round_vs_first": per_round}
+        print(f"\n{len(prompt_ids)} held-out prompts x {args.rounds} round(s), {t} thread(s), greedy, "
+              f"weights {args.weights}:")
         print(f"  {'engine':18} {'decode tok/s':>12} {'vs llama.cpp':>12} {'first token p50/p95 ms':>24} {'tokens':>7}")
         for engine, row in rows.items():
             print(f"  {engine:18} {row['decode_tokens_per_s']:12.1f} {row['vs_llama_cpp']:11.2f}x "
@@ -232,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['answer_tokens_mean']:7.1f}")
         for name, rate in same.items():
             print(f"  identical answers, {name}: {rate:.1%}")
+        if args.rounds > 1:
+            for engine, ratios in per_round.items():
+                print(f"  {engine} / {engines[0]}, decode rate by round: "
+                      + " ".join(f"{r:.3f}" for r in ratios)
+                      + f" (mean {statistics.fmean(ratios):.3f})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

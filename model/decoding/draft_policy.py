@@ -44,13 +44,17 @@ COST_WINDOW = 9
 # A layout's timing pairs with the other layouts' steps of this many passes before it: those of the run just before
 # its own (a step after a layout change is not in its steady shape, so a run's first pass is often not timed)
 PAIRED_WITHIN = 6
-# Every so many choices, the contender timed longest ago runs for a few passes: a layout whose expected tokens per ms
-# are within RETIME_MARGIN of the best's, which a change of acceptance could make the best. The others are re-timed
-# only every RETIME_ALL_EVERY choices: a pass of a layout 3x dearer than the best every 32 passes cost
-# self-speculative decoding 6 % of its speed.
+# Re-timing: while the choice stands, now and then the contender timed longest ago runs for a few passes: a layout
+# whose expected tokens per ms are within RETIME_MARGIN of the best's, which a change of acceptance or of the machine
+# could make the best. Each re-timing run that leaves the choice as it was doubles the wait before the next, from
+# RETIME_EVERY choices up to RETIME_EVERY_MAX; a new choice starts over at RETIME_EVERY. Every RETIME_ALL_OF-th
+# re-timing may pick any layout, however dear. A fixed cadence (contenders every 64 choices, every layout every 512)
+# cost self-speculative decoding 1.5 % of its speed on the AMD EPYC, where no drafting layout pays: its re-timing runs
+# were most of the passes it drafted (bench_llama_cpp, 120 prompts: 0.977x autoregressive, 0.993x without them).
 RETIME_EVERY = 64
+RETIME_EVERY_MAX = 2048
 RETIME_MARGIN = 0.8
-RETIME_ALL_EVERY = 512
+RETIME_ALL_OF = 4
 # Drafting must promise this much more than autoregressive passes to be chosen: paired costs still differ by 5-10 %
 # from one calibration to the next on a shared machine, and draft layouts chosen on that noise made self-speculative
 # decoding 0.93x autoregressive with a 10 % margin (eval_default_model, int4 kernels, 120 prompts)
@@ -83,6 +87,10 @@ class DraftPolicy:
     # timing is paired with
     steps: deque[tuple[int, float, int]] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
     _schedule: deque[int] = field(default_factory=deque)  # layouts the next passes use (a calibration, a re-timing)
+    _best: int | None = None  # the layout chosen while the schedule is empty
+    _retime_wait: int = RETIME_EVERY  # choices from one re-timing to the next while `_best` stands
+    _next_retime: int = RETIME_EVERY  # the choice count of the next re-timing
+    _retimes: int = 0  # re-timings so far
     _calibrating: int = 0  # passes of the schedule that belong to `calibrate`
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -150,13 +158,20 @@ class DraftPolicy:
                 self._schedule.extend(self._round())  # unseeded: time every layout in turn until each is judged
             if not self._schedule:
                 rates = [self.expected_tokens(m) / layout.shape for m, layout in enumerate(self.layouts)]
-                if self.choices % RETIME_ALL_EVERY == 0:
+                best = max(range(len(self.layouts)), key=lambda m: rates[m])
+                best = best if rates[best] > (1 + DRAFT_MARGIN) * rates[0] else 0
+                if best != self._best:  # a new choice: its contenders are re-timed soon again
+                    self._best, self._retime_wait = best, RETIME_EVERY
+                    self._next_retime = self.choices + RETIME_EVERY
+                if self.choices < self._next_retime:
+                    return best
+                self._retimes += 1
+                if self._retimes % RETIME_ALL_OF == 0:
                     self._retime(range(len(self.layouts)))
-                elif self.choices % RETIME_EVERY == 0:
-                    self._retime([m for m, rate in enumerate(rates) if rate >= RETIME_MARGIN * max(rates)])
                 else:
-                    best = max(range(len(self.layouts)), key=lambda m: rates[m])
-                    return best if rates[best] > (1 + DRAFT_MARGIN) * rates[0] else 0
+                    self._retime([m for m, rate in enumerate(rates) if rate >= RETIME_MARGIN * max(rates)])
+                self._retime_wait = min(2 * self._retime_wait, RETIME_EVERY_MAX)
+                self._next_retime = self.choices + self._retime_wait
             self._calibrating = max(0, self._calibrating - 1)
             return self._schedule.popleft()
 
