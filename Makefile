@@ -75,15 +75,16 @@ test: models install-dev
 test-fast: install-dev
 	$(VENV)/bin/python -m pytest -q tests/unit
 
+# bench: the README's language-model tables (Measured figures): llama.cpp side by side with this runtime on the same
+# GGUF, in process and through both OpenAI-compatible servers
 bench: install-bench
-	$(PY) scripts/bench_llama_cpp.py --json artifacts/bench_llama_cpp.json
-	$(PY) scripts/bench_servers.py --json artifacts/bench_servers.json
-	$(PY) scripts/bench_lm.py --json artifacts/bench_lm.json
-	$(PY) scripts/bench_conversation.py --json artifacts/bench_conversation.json
+	$(PY) scripts/bench_llama_cpp.py --limit 120 --threads 1,2 --json artifacts/bench_llama_cpp.json
+	$(PY) scripts/bench_servers.py --limit 30 --threads 2 --json artifacts/bench_servers.json
 
-# report: the README's headline voice-to-voice table (Measured figures), with and without the early LM start
+# report: the README's voice-to-voice table and the load test's largest N (Measured figures)
 report: install
-	$(PY) scripts/latency_report.py --conversational --compare --out artifacts/latency
+	$(PY) scripts/latency_report.py --conversational --out artifacts/latency
+	$(PY) scripts/load_test.py --spawn --clients 1,2,4,8 --turns 5 --json artifacts/load_test.json
 
 train: install
 	nice -n 19 $(PY) scripts/train_default_model.py
