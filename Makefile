@@ -78,8 +78,8 @@ test-fast: install-dev
 # bench: the README's language-model tables (Measured figures): llama.cpp side by side with this runtime on the same
 # GGUF, in process and through both OpenAI-compatible servers
 bench: install-bench
-	$(PY) scripts/bench_llama_cpp.py --limit 120 --threads 1,2 --json artifacts/bench_llama_cpp.json
-	$(PY) scripts/bench_servers.py --limit 30 --threads 2 --json artifacts/bench_servers.json
+	$(PY) scripts/bench/bench_llama_cpp.py --limit 120 --threads 1,2 --json artifacts/bench_llama_cpp.json
+	$(PY) scripts/bench/bench_servers.py --limit 30 --threads 2 --json artifacts/bench_servers.json
 
 # report: the README's voice-to-voice table and the load test's largest N (Measured figures)
 report: install
@@ -87,10 +87,10 @@ report: install
 	$(PY) scripts/load_test.py --spawn --clients 1,2,4,8 --turns 5 --json artifacts/load_test.json
 
 train: install
-	nice -n 19 $(PY) scripts/train_default_model.py
+	nice -n 19 $(PY) scripts/train/train_default_model.py
 
 eval: install
-	$(PY) scripts/eval_default_model.py --json artifacts/eval_default_model.json
+	$(PY) scripts/train/eval_default_model.py --json artifacts/eval_default_model.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache artifacts

@@ -1,4 +1,5 @@
-"""Make scripts/ importable as it is when a script runs (`import report_lib...`): the tests check its helpers too."""
+"""Make scripts/ importable as it is when a script runs (`import report_lib...`, `import bench.bench_int8_linear`): the
+tests check its helpers too."""
 
 from __future__ import annotations
 

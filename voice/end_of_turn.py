@@ -15,8 +15,8 @@ the prosody does. The two are combined as a logistic regression on their log-odd
 and the turn is released after the short wait when the score passes `threshold`; otherwise it waits the long one (the
 question's shorter one when Whisper wrote a question). A transcript that trails off waits the long one whatever the
 score when `trails_off_holds`. Weights, threshold and whether the trailing-off rule still earns its place are not
-chosen by hand: `fit_rule` fits them on the turn-detector benchmark's decodes (scripts/fit_end_of_turn.py, which also
-reports them on recordings the fit did not use), and the defaults below are that fit's output.
+chosen by hand: `fit_rule` fits them on the turn-detector benchmark's decodes (scripts/train/fit_end_of_turn.py, which
+also reports them on recordings the fit did not use), and the defaults below are that fit's output.
 
 Without the LM's probability (a remote model that gives no logprobs, a turn too long for the probe) the rule is Smart
 Turn's verdict alone, as before; without either, the silence rule.
@@ -53,7 +53,7 @@ def logit(probability: float) -> float:
 class EndOfTurnRule:
     """The fitted combination (see the module docstring) and the waits it chooses between, in milliseconds."""
 
-    # fitted by scripts/fit_end_of_turn.py on the fit half of the turn-detector benchmark's recordings
+    # fitted by scripts/train/fit_end_of_turn.py on the fit half of the turn-detector benchmark's recordings
     bias: float = 1.7707
     audio_weight: float = 0.1893
     text_weight: float = 1.0109

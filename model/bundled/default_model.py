@@ -139,9 +139,10 @@ def load_default_chat_model(
     """The model used when no `--model` is given: base + bundled adapter, with the sampler settings from its card.
 
     bf16 by default: on CPUs with AVX512-BF16 or AMX a refinement pass is about twice as fast as in fp32 (measured by
-    scripts/bench_lm.py), and the answers match the fp32 ones almost token for token (scripts/eval_default_model.py).
-    Loads on a passing thread (`model.runtime.passing_thread`): the passes run on another thread, the batch runner's.
-    On a GPU (`device` cuda) the weights are loaded on the host, then moved: the checkpoint is 270 MB.
+    scripts/bench/bench_lm.py), and the answers match the fp32 ones almost token for token
+    (scripts/train/eval_default_model.py). Loads on a passing thread (`model.runtime.passing_thread`): the passes run on
+    another thread, the batch runner's. On a GPU (`device` cuda) the weights are loaded on the host, then moved: the
+    checkpoint is 270 MB.
 
     `weights`: "int4" decodes with the GGUF's own 4-bit blocks (`model.runtime.int4_weights`: about 2x cheaper
     decoding passes on a CPU), "bf16" with the de-quantized copy only; "auto" is int4 on a CPU where torch's kernel

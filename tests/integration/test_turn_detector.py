@@ -1,7 +1,7 @@
 """Smart Turn v3.2 on real speech: finished sentences sound more finished to it than the same sentences cut mid-phrase.
 
-The model is not perfect on this material (read-aloud LibriVox, a TTS voice; see scripts/bench_turn_detector.py for
-its accuracy), so the assertions are about the population, with margins: the mean of the complete beats the mean of
+The model is not perfect on this material (read-aloud LibriVox, a TTS voice; see scripts/bench/bench_turn_detector.py
+for its accuracy), so the assertions are about the population, with margins: the mean of the complete beats the mean of
 the cut by 0.25, most complete ones score above the threshold and at least half of the cut ones do not. Every
 utterance ends in 200 ms of silence, about what the session hands the detector: it judges the turn when the segment's
 final transcript arrives, a little after the endpointer's silence.
@@ -26,8 +26,8 @@ from voice.listen.words import asks_a_question, trails_off
 pytestmark = pytest.mark.skipif(find_smart_turn_model() is None, reason="pipecat-ai==1.14.0 not installed")
 
 TRAILING_MS = 200
-# Every cut right after a function word that scripts/bench_turn_detector.py finds and verifies (the audio before it
-# is transcribed ending with the word shown), in seconds.
+# Every cut right after a function word that scripts/bench/bench_turn_detector.py finds and verifies (the audio before
+# it is transcribed ending with the word shown), in seconds.
 LIBRIVOX_CUTS = {
     "sense_and_sensibility_01_austen_64kb-0870": [
         (0.365, "And"), (1.863, "And Mr. John Dashwood had"), (2.922, "then leisure to"), (4.955, "there might be"),
@@ -119,8 +119,8 @@ def bare(word: str) -> str:
 
 def function_word_cuts(audio: np.ndarray) -> list[int]:
     """Sample positions right after each unfinishing word, so the cut leaves the sentence unfinished without splitting
-    a word. As in scripts/bench_turn_detector.py: the quietest 10 ms a little before Whisper's rough word end, kept
-    only when the audio before it is transcribed ending with that word (an earlier window is tried second)."""
+    a word. As in scripts/bench/bench_turn_detector.py: the quietest 10 ms a little before Whisper's rough word end,
+    kept only when the audio before it is transcribed ending with that word (an earlier window is tried second)."""
     cuts = []
     for word, _following in itertools.pairwise(words_of(audio)):
         if bare(word.word) not in UNFINISHING_WORDS:

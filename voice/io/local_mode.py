@@ -7,13 +7,14 @@ assistant cannot interrupt itself; with `--headset` it listens all the time and 
 
 No underruns: the speaker stream keeps `OUTPUT_LATENCY_S` of audio queued in the device ahead of playback, so a
 callback that runs late (the GIL, busy cores) still finds the device fed, and the audio threads ask for real-time
-scheduling where they may. The size is measured, not guessed (scripts/bench_local_mode.py, 10 turns per run, PulseAudio
-over ALSA, the 2-core development machine shared at load 6-9): PortAudio's default "high" latency (35 ms) underran 361
-times (38 while the answer played), 100 ms 1 and 4 times in two runs, 150 ms 0, 1 and 0 times in three. Stalls of
-200-400 ms still happen when the machine is overloaded (200 ms underran 4 times at load 9), and most underruns fall in
-silence, while the ASR and LM work: each turn's `TurnEnd.stats` carries the underflow flags (all, and those while the
-answer was playing), the microphone's overflows and the longest gap between speaker callbacks, so a machine that needs
-more shows it. ALSA's own error messages ("underrun occurred") go to the log at debug level instead of the console.
+scheduling where they may. The size is measured, not guessed (scripts/bench/bench_local_mode.py, 10 turns per run,
+PulseAudio over ALSA, the 2-core development machine shared at load 6-9): PortAudio's default "high" latency (35 ms)
+underran 361 times (38 while the answer played), 100 ms 1 and 4 times in two runs, 150 ms 0, 1 and 0 times in three.
+Stalls of 200-400 ms still happen when the machine is overloaded (200 ms underran 4 times at load 9), and most underruns
+fall in silence, while the ASR and LM work: each turn's `TurnEnd.stats` carries the underflow flags (all, and those
+while the answer was playing), the microphone's overflows and the longest gap between speaker callbacks, so a machine
+that needs more shows it. ALSA's own error messages ("underrun occurred") go to the log at debug level instead of the
+console.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class TranscriberConfig:
     # Finals: on 48 clips (synthesised questions and pocketsphinx-testdata) the full window gave 5.1 % WER at 573 ms
     # a clip (one CTranslate2 thread), 10 s 5.1 % at 149 ms, 8 s 4.5 % at 126 ms (real speech 12.0 vs 14.1 %), 6 s
     # 5.1 % at 102 ms but 15.2 % on the real speech, 2 s +3 points. The final decode is what the answer waits for
-    # (scripts/bench_asr.py: speech end -> final p50 595 ms on the full window, 344 ms with 10 s).
+    # (scripts/bench/bench_asr.py: speech end -> final p50 595 ms on the full window, 344 ms with 10 s).
     partial_margin_s: float | None = 2.0
     final_margin_s: float | None = 8.0
     trim_after_s: float = 10.0

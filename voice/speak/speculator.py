@@ -46,9 +46,9 @@ class SpeculatorConfig:
     """Thresholds of the speculator. `enabled=False` turns speculation off: only `Commit` actions, so phrases are
     rendered on commit (the baseline speculation is measured against).
 
-    Defaults chosen from `scripts/bench_tts.py`'s replay of the bundled model's drafts over 50 held-out prompts: with
-    4-token blocks a phrase's end is visible only about one pass before it commits, so waiting for k=2 stable drafts
-    hit 7 % of phrases; k=1 with min_confidence 0.5 hits 33 % at 0.44 wasted renders per answer (k=1 with no
+    Defaults chosen from `scripts/bench/bench_tts.py`'s replay of the bundled model's drafts over 50 held-out prompts:
+    with 4-token blocks a phrase's end is visible only about one pass before it commits, so waiting for k=2 stable
+    drafts hit 7 % of phrases; k=1 with min_confidence 0.5 hits 33 % at 0.44 wasted renders per answer (k=1 with no
     confidence floor hits 45 % but wastes 1.3 renders per answer, CPU the language model needs on 2 cores). The first
     phrase, whose audio the user waits for, has no floor and closes after 3 words (was 5): in the latency report's 18
     turns voice-to-voice p50 went 967 -> 798 ms with 3 words and -> 678 ms without the floor (TTS after the first

@@ -6,7 +6,7 @@ oldest exchanges are dropped first, always keeping the system prompt and the new
 
 History is dropped in large steps, not one exchange a turn. The LM keeps its KV cache between answers and encodes only
 what the new prompt does not share with the last one; dropping the oldest exchange every turn shifts the whole history
-and forces a re-encoding of all of it every turn (measured: scripts/bench_dialogue.py). Once the history outgrows
+and forces a re-encoding of all of it every turn (measured: scripts/bench/bench_dialogue.py). Once the history outgrows
 `context_chars`, the oldest messages go until at most `keep_after_drop` of the budget remains; the prompt then grows
 turn by turn on top of a cached prefix until the budget is reached again. The window is a pure function of the history,
 so a copy of the dialogue (the session's early LM start) sends exactly the prompt the real one would.
@@ -15,7 +15,7 @@ The model also sees at most `max_exchanges` earlier exchanges (1 by default). Th
 earlier answers: with the whole budget of history its answers decayed within a few turns into copies of an earlier
 one ("A cat's a cat. A cat's name is a cat's." to every question from turn 7 on, in self-speculative decoding, which
 says exactly what the base model says) or "X is a X" loops (diffusion decoding); with the previous exchange only it
-answered the questions (scripts/bench_dialogue.py --history full|last). One exchange keeps what a follow-up needs
+answered the questions (scripts/bench/bench_dialogue.py --history full|last). One exchange keeps what a follow-up needs
 ("What is my name?" after "My name is Alice."); a capable remote model can be given more (`None`: the budget only).
 """
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from model.chat import AnswerRules
 
-# The prompt the bundled adapter's teacher answered its training prompts under (scripts/train_default_model.py): the
-# adapter drafts answers of this style best, so the pipeline asks for them.
+# The prompt the bundled adapter's teacher answered its training prompts under (scripts/train/train_default_model.py):
+# the adapter drafts answers of this style best, so the pipeline asks for them.
 SPOKEN_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one short sentence."
 
 # Spoken answers never loop: no word 3-gram twice (as a listener hears it), no run of 6 tokens (punctuation counted)

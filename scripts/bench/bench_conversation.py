@@ -18,13 +18,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
 from model.bundled.default_model import load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
-PROMPTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "heldout_prompts.txt"
+ROOT = Path(__file__).resolve().parents[2]
+
+PROMPTS = ROOT / "tests" / "data" / "heldout_prompts.txt"
 
 
 def conversation(lm: Any, prompts: list[str], max_new_tokens: int) -> list[dict[str, float]]:

@@ -1,7 +1,7 @@
 """Fit, and report on held-out recordings, the end-of-turn rule that combines Smart Turn's ear with the LM's words.
 
-Cases are the turn-detector benchmark's (scripts/bench_turn_detector.py): each recording cut where it is complete, at
-an internal pause and mid-phrase, 200 ms of its own room tone after the cut. For each case this script records what
+Cases are the turn-detector benchmark's (scripts/bench/bench_turn_detector.py): each recording cut where it is complete,
+at an internal pause and mid-phrase, 200 ms of its own room tone after the cut. For each case this script records what
 the session would know when it decides the pause: Smart Turn v3.2's probability on the audio, Whisper tiny.en's
 transcript of the cut (beam 1, as the listener's likely final), and the bundled LM's probability of `<|im_end|>`
 right after the transcript's last word, read from the first pass of a real answer to it (the prompt's known part
@@ -13,7 +13,7 @@ alsa, piper), recordings sorted by name alternate fit / held out, starting with 
 other recordings. A rule is right on a complete utterance when it releases it without the long hold (the short
 wait), and right on a cut when it holds it.
 
-    python scripts/fit_end_of_turn.py [--json artifacts/end_of_turn_fit.json] [--cases-in FILE]
+    python scripts/train/fit_end_of_turn.py [--json artifacts/end_of_turn_fit.json] [--cases-in FILE]
 
 `--cases-in` refits from the cases of an earlier `--json` without running the models again.
 """
@@ -28,13 +28,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
-from voice.end_of_turn import EndOfTurnRule, Signals, fit_rule  # noqa: E402
-from voice.listen.words import asks_a_question, trails_off  # noqa: E402
-from voice.think.spoken import SPOKEN_SYSTEM_PROMPT  # noqa: E402
+from report_lib.turn_cases import load_recordings, speech_bounds_and_pauses, with_silence, word_cuts
+
+from voice.end_of_turn import EndOfTurnRule, Signals, fit_rule
+from voice.listen.words import asks_a_question, trails_off
+from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
 TRAILING_MS = 200
 
@@ -60,8 +61,6 @@ class Case:
 
 def collect() -> list[Case]:
     """Run Smart Turn, Whisper and the LM on every case of the turn-detector benchmark."""
-    import bench_turn_detector as bench
-
     from model.bundled.default_model import load_default_chat_model
     from model.chat import ChatMessage, GenerationOptions
     from voice.listen.asr_models import load_model
@@ -70,18 +69,18 @@ def collect() -> list[Case]:
     detector = SmartTurn.load(TurnDetectorConfig())
     whisper = load_model().model
     lm = load_default_chat_model()
-    recordings = bench.load_recordings(piper=True)
+    recordings = load_recordings(piper=True)
     cases: list[Case] = []
     for recording in recordings:
         audio = recording.audio
-        _, last_voiced, pauses = bench.speech_bounds_and_pauses(audio)
+        _, last_voiced, pauses = speech_bounds_and_pauses(audio)
         if last_voiced == 0:
             continue
         cuts = [("complete", last_voiced)] + [("cut_at_pause", cut) for cut in pauses]
         if recording.cuts_mid_phrase:
-            cuts += [("cut_mid_phrase", cut) for cut, _words in bench.word_cuts(audio, whisper)]
+            cuts += [("cut_mid_phrase", cut) for cut, _words in word_cuts(audio, whisper)]
         for kind, cut in cuts:
-            heard = bench.with_silence(audio, cut, recording.room_tone, TRAILING_MS)
+            heard = with_silence(audio, cut, recording.room_tone, TRAILING_MS)
             audio_probability = detector.probability(heard)
             segments, _ = whisper.transcribe(heard, language="en", beam_size=1, condition_on_previous_text=False)
             transcript = " ".join(segment.text.strip() for segment in segments).strip()

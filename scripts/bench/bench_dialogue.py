@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
 from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
 from report_lib.soak_inputs import SOAK_QUESTIONS, interleave

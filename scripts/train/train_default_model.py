@@ -1,7 +1,7 @@
 """Train the bundled block-diffusion adapter on SmolLM2-135M-Instruct's own answers (CPU, resumable).
 
-    python scripts/train_default_model.py [--out runs/default] [--minutes 90] [--publish]
-    python scripts/train_default_model.py --out runs/drafting --init model/default --drafting --near-weight 0.7
+    python scripts/train/train_default_model.py [--out runs/default] [--minutes 90] [--publish]
+    python scripts/train/train_default_model.py --out runs/drafting --init model/default --drafting --near-weight 0.7
 
 Stages, each resumable: (1) the held-out prompts are fixed and written to tests/data/heldout_prompts.txt; (2) the
 teacher answers the training prompts greedily (appended to OUT/teacher.jsonl as it goes); (3) the adapter trains,
@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
-from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter  # noqa: E402
-from model.bundled.default_model import ADAPTER_DIR, load_base  # noqa: E402
-from model.training.block_training import block_diffusion_loss, make_batch  # noqa: E402
-from model.training.teacher_data import (  # noqa: E402
+from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter
+from model.bundled.default_model import ADAPTER_DIR, load_base
+from model.training.block_training import block_diffusion_loss, make_batch
+from model.training.teacher_data import (
     TeacherExample,
     assistant_questions,
     chitchat_prompts,
@@ -36,7 +36,9 @@ from model.training.teacher_data import (  # noqa: E402
     split_prompts,
     teacher_answers,
 )
-from voice.think.spoken import SPOKEN_SYSTEM_PROMPT  # noqa: E402
+from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HELDOUT_FILE = ROOT / "tests" / "data" / "heldout_prompts.txt"
 # The adapter is trained on the teacher's answers under the voice pipeline's prompt: they are what it serves.

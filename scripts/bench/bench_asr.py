@@ -13,8 +13,8 @@ and compares the streaming final transcripts with offline faster-whisper on the 
 
 Figures, not a test: the CPU is shared, so the load average is printed with them.
 
-    python scripts/bench_asr.py --threads 2 --repeats 3 --json artifacts/bench_asr.json
-    python scripts/bench_asr.py --conversation --repeats 2 --json artifacts/bench_asr_conversation.json
+    python scripts/bench/bench_asr.py --threads 2 --repeats 3 --json artifacts/bench_asr.json
+    python scripts/bench/bench_asr.py --conversation --repeats 2 --json artifacts/bench_asr_conversation.json
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
 from report_lib.speech_samples import SpeechClip, card_clips, librivox_clips
 from report_lib.stats import percentile_or

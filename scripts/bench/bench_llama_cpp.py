@@ -1,6 +1,6 @@
 """The bundled LM side by side with llama.cpp, the engine a user would run instead, on the very GGUF we ship.
 
-    python scripts/bench_llama_cpp.py [--limit 120] [--threads 1,2] [--max-tokens 64] [--rounds 1] [--json PATH]
+    python scripts/bench/bench_llama_cpp.py [--limit 120] [--threads 1,2] [--max-tokens 64] [--rounds 1] [--json PATH]
         [--engines llama.cpp,autoregressive,self-speculative] [--weights int4|bf16]
 
 Every engine answers the same held-out prompts (tests/data/heldout_prompts.txt; nothing was tuned on them) under the
@@ -35,10 +35,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
-from report_lib.stats import percentile  # noqa: E402  (scripts/ is on the path when this runs as a script)
+from report_lib.stats import percentile
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
 ENGINES = ("llama.cpp", "autoregressive", "self-speculative")

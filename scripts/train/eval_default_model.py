@@ -1,6 +1,6 @@
 """Evaluate the bundled model's decoding modes against its own autoregressive decoding, on held-out prompts.
 
-    python scripts/eval_default_model.py [--adapter model/default] [--limit 120] [--modes self-speculative]
+    python scripts/train/eval_default_model.py [--adapter model/default] [--limit 120] [--modes self-speculative]
         [--verify-fp32] --json artifacts/eval_default_model.json
 
 Every mode runs in the same runtime (same weights, dtype, prompt-cache policy, speech guard) as the autoregressive
@@ -37,14 +37,16 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
-from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_chat_model  # noqa: E402
-from model.chat import ChatMessage, GenerationOptions  # noqa: E402
-from model.chat.engine import DiffusionChatModel  # noqa: E402
-from model.runtime.fast_pass import FastPass  # noqa: E402
-from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT  # noqa: E402
+from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_chat_model
+from model.chat import ChatMessage, GenerationOptions
+from model.chat.engine import DiffusionChatModel
+from model.runtime.fast_pass import FastPass
+from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
 WARMUP_PROMPTS = ("Hello! How are you today?", "What is the capital of France?", "Tell me a joke.")

@@ -1,8 +1,8 @@
 """Throughput and latency of dlm-serve with 1 and 4 concurrent clients, over loopback, with the official openai client.
 
-    python scripts/bench_api.py                       # a tiny random BERT (measures the server, not a model)
-    python scripts/bench_api.py --model default       # the bundled diffusion model
-    python scripts/bench_api.py --model PATH --json artifacts/bench_api.json
+    python scripts/bench/bench_api.py                       # a tiny random BERT (measures the server, not a model)
+    python scripts/bench/bench_api.py --model default       # the bundled diffusion model
+    python scripts/bench/bench_api.py --model PATH --json artifacts/bench_api.json
 
 Each client sends diffusing streaming requests one after another; "first draft" is the first chunk with non-empty
 draft text (what speculative TTS can start on), "latency" the whole answer. Throughput counts committed completion
@@ -22,10 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
+
 from report_lib.stats import percentile_or
 from report_lib.tiny_models import tiny_bert
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's model/, not an installed one
 
 from model.chat import ChatModel
 from model.server.background import serve_in_thread

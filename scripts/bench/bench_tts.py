@@ -9,7 +9,7 @@
    time changes. The drafts of the runs without speculation are then replayed through the speculator alone for a
    small grid of thresholds, which is how the defaults were chosen.
 
-    python scripts/bench_tts.py --json artifacts/bench_tts.json [--model SPEC | --adapter DIR] [--prompts 50]
+    python scripts/bench/bench_tts.py --json artifacts/bench_tts.json [--model SPEC | --adapter DIR] [--prompts 50]
 """
 
 from __future__ import annotations
@@ -24,18 +24,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
-from report_lib.stats import percentile  # noqa: E402
+from report_lib.stats import percentile
 
-from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions  # noqa: E402
-from model.errors import ModelError  # noqa: E402
-from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult  # noqa: E402
-from voice.speak.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig  # noqa: E402
-from voice.speak.stage import SpeakReport, SpeakStage  # noqa: E402
-from voice.speak.tts import PiperSynthesizer, TTSConfig  # noqa: E402
-from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT  # noqa: E402
+from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
+from model.errors import ModelError
+from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult
+from voice.speak.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig
+from voice.speak.stage import SpeakReport, SpeakStage
+from voice.speak.tts import PiperSynthesizer, TTSConfig
+from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FIRST_PHRASES = [
     "Sure, I can help.", "Hello there!", "Good question.", "Of course.", "I think so.", "Yes, that works.",

@@ -1,6 +1,7 @@
 """Local mode through virtual audio devices: N spoken turns, their underruns and voice-to-voice latency as heard.
 
-    python scripts/bench_local_mode.py [--turns 10] [--output-latency MS] [--json FILE] [-- EXTRA voice-assistant ARGS]
+    python scripts/bench/bench_local_mode.py [--turns 10] [--output-latency MS] [--json FILE]
+        [-- EXTRA voice-assistant ARGS]
 
 Starts a private PulseAudio server (scripts/report_lib/pulse_devices.py), runs `voice-assistant` (local mode) on it,
 writes the LibriVox clips of pocketsphinx-testdata into the virtual microphone in real time, one turn each (after one
@@ -26,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
+
 from report_lib.local_assistant import TURN_SUMMARY, AssistantFailed, LocalAssistant
 from report_lib.pulse_devices import MIC_RATE, PulseUnavailable, VirtualDevices
 from report_lib.results import print_and_save
@@ -95,7 +100,8 @@ def browser_figures(turns: int, max_new_tokens: int) -> dict[str, Any]:
     """p50 voice-to-voice of the same clips over the WebSocket path (one client, a spawned server)."""
     with tempfile.TemporaryDirectory(prefix="bench-browser-") as folder:
         out = Path(folder) / "load.json"
-        command = [sys.executable, str(Path(__file__).with_name("load_test.py")), "--spawn", "--clients", "1",
+        load_test = Path(__file__).resolve().parents[1] / "load_test.py"
+        command = [sys.executable, str(load_test), "--spawn", "--clients", "1",
                    "--turns", str(turns), "--max-new-tokens", str(max_new_tokens), "--json", str(out),
                    "--server-log", str(Path(folder) / "server.log")]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     session = [t["voice_to_voice_ms"] for t in turns if t["voice_to_voice_ms"] is not None]
     heard = [t["heard_voice_to_voice_ms"] for t in turns if t["heard_voice_to_voice_ms"] is not None]
     result = {
-        "command": "python scripts/bench_local_mode.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python scripts/bench/bench_local_mode.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "turns": len(turns),
         "underruns": sum(t["underruns"] for t in turns),
         "turns_with_underruns": sum(1 for t in turns if t["underruns"]),

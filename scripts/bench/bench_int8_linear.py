@@ -1,6 +1,6 @@
 """Would int8 linear layers make the bundled model's passes cheaper without breaking self-speculative exactness?
 
-    python scripts/bench_int8_linear.py [--rows 1,4,16] [--repeats 200] [--threads 1] [--json PATH]
+    python scripts/bench/bench_int8_linear.py [--rows 1,4,16] [--repeats 200] [--threads 1] [--json PATH]
 
 For every distinct linear shape of the fused pass (model/runtime/fast_pass.py: q/k/v, o, gate/up, down, the LM head),
 with the
@@ -35,10 +35,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 
 METHODS = ("bf16", "int8 dynamic (fbgemm)", "int8 fixed scale (oneDNN)")
 

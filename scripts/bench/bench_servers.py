@@ -1,13 +1,13 @@
 """The bundled LM served, side by side with llama.cpp's server, through the same `openai` client: what a user of either
 OpenAI-compatible server sees, prefill and HTTP included.
 
-    python scripts/bench_servers.py [--limit 30] [--threads 2] [--max-tokens 64] [--json PATH]
+    python scripts/bench/bench_servers.py [--limit 30] [--threads 2] [--max-tokens 64] [--json PATH]
         [--decoding self-speculative,autoregressive]
 
 Servers, each in its own process on loopback: llama-cpp-python's (`python -m llama_cpp.server`, the `bench` extra:
 `make install-bench`) on the very GGUF we ship, and one `dlm-serve` per decoding mode, all at `--threads` threads.
 Every server answers the same held-out questions (tests/data/heldout_prompts.txt, from the last one backwards, so
-the 30 are not the first 30 that scripts/bench_llama_cpp.py starts with) under the voice system prompt, greedy,
+the 30 are not the first 30 that scripts/bench/bench_llama_cpp.py starts with) under the voice system prompt, greedy,
 streaming; the questions are interleaved (question by question, the servers' order alternating), one request at a
 time, so no server runs while another does.
 
@@ -31,13 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import httpx
+import openai
 
-import httpx  # noqa: E402
-import openai  # noqa: E402
-from report_lib.load import free_port  # noqa: E402
-from report_lib.stats import percentile  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
+
+from report_lib.load import free_port
+from report_lib.stats import percentile
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
 DECODINGS = ("self-speculative", "autoregressive")
