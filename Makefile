@@ -78,7 +78,7 @@ test-fast: install-dev
 # bench: the README's language-model tables (Measured figures): llama.cpp side by side with this runtime on the same
 # GGUF, in process and through both OpenAI-compatible servers
 bench: install-bench
-	$(PY) scripts/bench/bench_llama_cpp.py --limit 120 --threads 1,2 --json artifacts/bench_llama_cpp.json
+	$(PY) scripts/bench/bench_llama_cpp.py --limit 120 --threads 1,2 --rounds 2 --json artifacts/bench_llama_cpp.json
 	$(PY) scripts/bench/bench_servers.py --limit 30 --threads 2 --json artifacts/bench_servers.json
 
 # report: the README's voice-to-voice table and the load test's largest N (Measured figures)
