@@ -153,6 +153,15 @@ class TokenizingChatModel(ChatModel, Protocol):
 
 
 @runtime_checkable
+class BatchesAnswers(Protocol):
+    """A model that decodes several answers in one pass (`DiffusionChatModel` with its batch runner): a server runs up
+    to `max_batch` requests at once on it, where a model without it gets one at a time."""
+
+    @property
+    def max_batch(self) -> int: ...
+
+
+@runtime_checkable
 class PreparesPrompts(Protocol):
     """A model that can encode, while it is idle, the part of a conversation's next prompt known before the user's
     next words (`DiffusionChatModel.prepare`); a remote model has no such step."""

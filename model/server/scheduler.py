@@ -16,11 +16,11 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
+from model.chat import BatchesAnswers, ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
 from model.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class Scheduler:
         self._worker: asyncio.Task[None] | None = None
         self._running: set[Job] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.concurrency = max(1, int(getattr(model, "max_batch", 1)))
+        self.concurrency = max(1, model.max_batch) if isinstance(model, BatchesAnswers) else 1
         # its own threads: a job's thread is held for its whole answer, and asyncio's default pool has only 6 on 2 cores
         self._threads = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="dlm-job")
         self._idle = asyncio.Event()  # set while nothing is queued or running
@@ -219,6 +219,5 @@ class Scheduler:
             log.exception("generation failed")
             job.error = GenerationCrashed(f"generation failed: {type(error).__name__}: {error}")
         finally:
-            close = getattr(drafts, "close", None)  # releases the model's lock at once if we stopped early
-            if close is not None:
-                close()
+            if isinstance(drafts, Generator):  # closing frees the model's lock or batch slot now if we stopped early
+                drafts.close()

@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,6 +31,14 @@ MAX_NEW_TOKENS = 200  # with the prompt, within Whisper's 448-token decoder limi
 WHISPER_WINDOW_S = 30
 _HAS_WORD = re.compile(r"\w")
 _PIECES = re.compile(r"\s*\S+")
+
+
+@runtime_checkable
+class WindowedEncoder(Protocol):
+    """A Whisper model whose encoder can be shown less than the 30 s window (voice/listen/asr_models.py's
+    `windowed_model_class`): `encoder_frames` mel frames, or all of them when None."""
+
+    encoder_frames: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +102,7 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
     `word_times` the words are the same (alignment runs after decoding) but their times are spread evenly over their
     segment: faster-whisper's word alignment is a quarter of a decode, and a turn's final text does not need it.
     """
-    windowed = window_margin_s is not None and hasattr(model, "encoder_frames")
+    windowed = window_margin_s is not None and isinstance(model, WindowedEncoder)
     options = decode_options(config)
     if windowed:
         window_s = max(audio.size / TARGET_RATE + window_margin_s, MIN_ENCODER_WINDOW_S)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 from model.chat import Draft
@@ -251,9 +251,8 @@ class SpeakStage:
         self._close(render)
 
     def _close(self, render: _Render) -> None:
-        close = getattr(render.chunk_source, "close", None)
-        if close is not None:
-            close()
+        if isinstance(render.chunk_source, Generator):  # a synthesis stopped early frees its Piper stream now
+            render.chunk_source.close()
         render.finished = True
         self._output_wake.set()
 
