@@ -127,11 +127,13 @@ class DraftPolicy:
             self._calibrating = len(self._schedule)
 
     def costs(self) -> list[float | None]:
-        """Each layout's cost in ms at the present load (None until it has been judged)."""
+        """Each layout's cost in ms at the present load (None until it has been judged), to the microsecond: the
+        precision the calibration stores them at, so costs a policy was seeded with read back as they were stored
+        (a shape times the lone step's cost is the seeded cost only up to float rounding)."""
         with self._lock:
             scale = self._scale()
             return [
-                layout.shape * scale if scale is not None and self._judged(layout) else None
+                round(layout.shape * scale, 3) if scale is not None and self._judged(layout) else None
                 for layout in self.layouts
             ]
 
