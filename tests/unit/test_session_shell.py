@@ -220,7 +220,7 @@ def test_a_speculative_answer_is_silent_until_the_end_of_turn_is_confirmed(make_
         session = make_session()
         listen, events, collector = await started(session)
         await say(listen, "What time is it?")
-        assert session.turn_taking.state is State.USER_PAUSED
+        assert session.core.state is State.USER_PAUSED
         await asyncio.sleep(0.5)  # long enough for the fake model and voice to finish the whole answer
         audio_while_held = sum(isinstance(e, AudioOut) for e in events)
         listen.silence_ms = 700.0
