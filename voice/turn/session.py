@@ -284,10 +284,7 @@ class Session:
                 if (answer := self._current(answer_id)) is not None:
                     self._answers.resume(answer)
             case MarkTurn(turn=turn, marks=marks, endpoint_detected_ns=detected):
-                record = self._records.get(turn)
-                record.marks.update(marks)
-                if detected is not None:
-                    record.endpoint_detected_ns = detected
+                self._records.mark(turn, marks, detected)
             case AskDetector(request=request, audio=audio) if self._detector is not None:
                 self._detector.ask(request, audio)
             case AwaitVerdict(request=request, turn=turn) if self._detector is not None:
