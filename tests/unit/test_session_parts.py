@@ -95,3 +95,11 @@ def test_the_clock_ticks_only_while_the_core_needs_it_and_runs_one_task() -> Non
     ticks, one_task, not_restarted = asyncio.run(scenario())
     assert one_task and not_restarted and len(ticks) == 3
     assert all(isinstance(t, ClockTick) and t.audio_gap_ms == 0.0 for t in ticks)  # audio being processed
+
+
+def test_marks_add_up_on_the_turns_record_and_a_mark_without_an_endpoint_keeps_the_one_before() -> None:
+    records = TurnRecords("s", Dialogue())
+    records.mark(2, {"speech_end": 10, "asr_final": 30}, endpoint_detected_ns=20)
+    records.mark(2, {"text_in": 40})
+    record = records.get(2)
+    assert record.marks == {"speech_end": 10, "asr_final": 30, "text_in": 40} and record.endpoint_detected_ns == 20

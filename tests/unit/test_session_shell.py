@@ -88,6 +88,7 @@ class FakeListen:
         self.emit = emit
         self.inside = 0
         self.overlaps = 0
+        self.accepted = 0  # chunks of audio the session let through
         self.silence_ms = 0.0
         self.speech_start_ms = self.speech_end_ms = 0.0
         self.last_segment_audio = np.zeros(16000, dtype=np.float32)
@@ -101,6 +102,7 @@ class FakeListen:
         self.inside -= 1
 
     async def accept(self, pcm: bytes, sample_rate: int = 16000) -> None:
+        self.accepted += 1
         await self._enter()
 
     async def flush(self) -> None:
@@ -218,7 +220,7 @@ def test_a_speculative_answer_is_silent_until_the_end_of_turn_is_confirmed(make_
         session = make_session()
         listen, events, collector = await started(session)
         await say(listen, "What time is it?")
-        assert session.turn_taking.state is State.USER_PAUSED
+        assert session.core.state is State.USER_PAUSED
         await asyncio.sleep(0.5)  # long enough for the fake model and voice to finish the whole answer
         audio_while_held = sum(isinstance(e, AudioOut) for e in events)
         listen.silence_ms = 700.0
@@ -507,3 +509,25 @@ def test_the_answer_starts_from_the_likely_final_and_a_resumed_voice_drops_it(ma
     speech_end = spoke + 2_000_000
     assert ends[0].latency_ms["at_asr_final"] == pytest.approx((likely.t_ns - speech_end) / 1e6)
     assert likely.t_ns < final.t_ns
+
+
+def test_half_duplex_does_not_feed_the_listener_while_the_answer_plays(make_session) -> None:
+    """The shell asks the core whether audio is heard (`accepts_audio`): an open speaker must not barge in."""
+
+    async def scenario() -> tuple[int, int, list[Event]]:
+        session = make_session(FakeLM(pass_s=0.01), full_duplex=False, wait_for_playback=True)
+        listen, events, collector = await started(session)
+        await session.send_text("Tell me a story.")
+        await until(lambda: any(isinstance(e, AudioOut) for e in events))
+        for _ in range(3):
+            await session.feed_audio(b"\x00\x00" * 320)
+        while_playing = listen.accepted
+        await until(lambda: any(isinstance(e, TurnEnd) for e in events))
+        await session.feed_audio(b"\x00\x00" * 320)
+        await session.close()
+        await collector
+        return while_playing, listen.accepted, events
+
+    while_playing, after, events = asyncio.run(scenario())
+    assert (while_playing, after) == (0, 1)
+    assert not any(isinstance(e, Pause | Clear) for e in events)

@@ -3,8 +3,10 @@
 `Answer` is one answer's state: whether its events are held (a speculative answer before the end of turn is
 confirmed) or dropped (cancelled), its latency marks, and how much of its audio has played, pauses excluded.
 `AnswerRunner` runs it: LmRun (the diffusion LM in a worker thread) -> drafts -> SpeakStage -> audio, every event
-through one gate, and then waits until the audio has had time to play. What the answer means for the turn (release,
-cancel, finish) is decided by the turn-taking core and executed by the session (voice/turn/session.py).
+through one gate, and then waits until the audio has had time to play; it pauses, resumes and cancels the outputs
+(`Pause`, `Resume`, `Clear`), and has the LM encode the next prompt ahead. What the answer means for the turn
+(release, pause, cancel, finish) is decided by the session core (voice/turn/session_core.py) and executed by the
+session (voice/turn/session.py).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from model.chat import ChatMessage, Draft
+from model.chat import ChatMessage, Draft, PreparesPrompts
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
@@ -24,13 +27,16 @@ from voice.errors import VoiceError
 from voice.events import (
     AnswerDone,
     AudioOut,
+    Clear,
     DraftUpdate,
     ErrorEvent,
     Event,
     FirstAudioOut,
     LmFirstPass,
     LmStarted,
+    Pause,
     PhraseCommitted,
+    Resume,
     TtsFirstChunk,
     now_ns,
 )
@@ -117,7 +123,8 @@ class Answer:
 
 
 class AnswerRunner:
-    """Runs a session's answers: `run` generates and speaks one; `event` and `release` gate what goes out.
+    """Runs a session's answers: `run` generates and speaks one; `event` and `release` gate what goes out; `pause`,
+    `resume` and `cancel` act on its outputs; `prepare_next` encodes the next prompt ahead.
 
     `emit` puts an event on the session's output; `on_first_audio` tells the session that an answer's first audio
     went out (it is speaking now)."""
@@ -138,6 +145,7 @@ class AnswerRunner:
         # Told the LM's end-of-turn probability as soon as the first pass gives it (not held like the answer's
         # events: the end of turn waits on it)
         self.on_end_of_turn: Callable[[Answer, float], Awaitable[None]] | None = None
+        self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
 
     async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
         """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
@@ -167,12 +175,46 @@ class AnswerRunner:
         finally:
             await run.close()
 
-    @staticmethod
-    async def stop(answer: Answer) -> None:
-        """Cancel the answer's task and close its LM run (the worker thread stops at its next pass)."""
+    async def cancel(self, answer: Answer, clear_reason: str | None = None) -> None:
+        """Drop everything of `answer` from now on, so no audio follows its `Clear` (sent when `clear_reason` is
+        given); then cancel its task and close its LM run (the worker thread stops at its next pass)."""
+        answer.cancelled = True
+        if clear_reason is not None:
+            self._emit(Clear(session=self.session_id, turn=answer.turn, reason=clear_reason))
         await cancel_and_wait(answer.task)
         if answer.run is not None:
             await answer.run.close()
+
+    def pause(self, answer: Answer) -> None:
+        """The outputs stop playing `answer` (`Pause`), unless they already had."""
+        if answer.pause(now_ns()):
+            self._emit(Pause(session=self.session_id, turn=answer.turn, t_ns=answer.paused_at_ns))
+
+    def resume(self, answer: Answer) -> None:
+        """The outputs play `answer` on from where they paused (`Resume`), if they had paused."""
+        resumed = now_ns()
+        if answer.resume(resumed):
+            self._emit(Resume(session=self.session_id, turn=answer.turn, t_ns=resumed))
+
+    def prepare_next(self, history: list[ChatMessage]) -> None:
+        """Have the LM encode the next prompt's known part (`history`, the messages it will see before the user's
+        next words, and the user header) while the user speaks, so the next answer's prefill encodes only the new
+        words (`DiffusionChatModel.prepare`; a remote LM has no such step). A prepare still waiting when the next
+        answer starts is dropped (`drop_prepared`)."""
+        lm = self.engines.lm
+        if not isinstance(lm, PreparesPrompts):
+            return
+        self.drop_prepared()
+        self._prepared = threading.Event()
+        try:
+            lm.prepare(history, self._prepared, conversation=self.session_id, system_prompt=self.config.system_prompt)
+        except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
+            log.warning("could not encode the next prompt ahead: %s", error)
+
+    def drop_prepared(self) -> None:
+        if self._prepared is not None:
+            self._prepared.set()
+            self._prepared = None
 
     async def _until_played(self, answer: Answer) -> None:
         """Wait until the answer's audio has had time to play (no wait without `wait_for_playback`); a pause, even

@@ -10,9 +10,10 @@ the same turn on the very same audio; otherwise (the segment grew after it) it i
 again. Speech resuming makes every verdict of the pause moot. What the detector hears is the turn's audio so far:
 the segments of the turn already judged and this one, the last `max_seconds`.
 
-The session (voice/turn/session.py) executes the actions: `AskDetector` runs the detector in a thread, `AwaitVerdict`
-waits for that request's probability and hands it back as `DetectorAnswered`, `DropVerdict` cancels a request, and
-`DeliverVerdict` is the machine's `TurnVerdict` event.
+The session core (voice/turn/session_core.py) says when the events happen and hands each `DeliverVerdict` to the
+machine as its `TurnVerdict`; the session shell executes the rest (voice/turn/detector_runs.py): `AskDetector` runs
+the detector in a thread, `AwaitVerdict` waits for that request's probability and hands it back as
+`DetectorAnswered`, `DropVerdict` cancels a request.
 """
 
 from __future__ import annotations

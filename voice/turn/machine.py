@@ -1,9 +1,9 @@
 """Turn-taking as an explicit state machine: who holds the floor, and what the session must do about it. No I/O.
 
 The shape is h11's and websockets' `Protocol`: a small `State` enum, one method, `handle(event) -> list[action]`, that
-holds every legal transition, and a thin async shell (`voice.turn.session.Session`) that only executes the actions.
-Tests
-drive it with lists of events and assert the actions: no models, no sleeps, no event loop.
+holds every legal transition. The session core (voice/turn/session_core.py) joins it to the listener and the turn
+detector, and a thin async shell (`voice.turn.session.Session`) only executes the actions. Tests drive it with lists
+of events and assert the actions: no models, no sleeps, no event loop.
 
 Speculative end of turn. The listener decodes a segment as soon as its speech has been followed by a moment of
 silence (~64 ms: the likely final, `UserLikelyFinal`), and the answer starts right there (`StartAnswer(held=True)`),
@@ -102,7 +102,8 @@ class UserFinal:
 
 @dataclass(frozen=True, slots=True)
 class Silence:
-    """The user has been silent for `ms` since the last voiced sample (measured on the audio clock)."""
+    """The user has been silent for `ms` since the last voiced sample (measured on the audio clock). The shell reports
+    it after every chunk of audio; it counts only in a pause."""
 
     ms: float
 
@@ -189,9 +190,10 @@ class ReleaseAnswer:
 
 @dataclass(frozen=True, slots=True)
 class CancelAnswer:
-    """Stop answer `answer_id`. `clear`: its audio went out, tell the output to stop playing it. `ends_turn`: the turn
-    ends here (TurnEnd, interrupted; the history keeps what was heard); otherwise the user continues the same turn and
-    the answer vanishes without a trace (a dropped speculation)."""
+    """Stop answer `answer_id`. `clear`: its audio went out (`AnswerAudio` came), tell the output to stop playing it;
+    never for an answer not heard. `ends_turn`: the turn ends here (TurnEnd, interrupted; the history keeps what was
+    heard); otherwise the user continues the same turn and the answer vanishes without a trace (a dropped
+    speculation)."""
 
     answer_id: int
     turn: int

@@ -30,6 +30,13 @@ class TurnRecords:
             record = self._records[turn] = TurnRecord(turn)
         return record
 
+    def mark(self, turn: int, marks: dict[str, int], endpoint_detected_ns: int | None = None) -> None:
+        """Record when moments of `turn` happened, by name; its latencies are folded from them when it ends."""
+        record = self.get(turn)
+        record.marks.update(marks)
+        if endpoint_detected_ns is not None:
+            record.endpoint_detected_ns = endpoint_detected_ns
+
     def renumber(self, record: TurnRecord, turn: int) -> None:
         """The record's turn goes on as `turn` (a dropped speculative answer: the user kept speaking)."""
         record = self._records.pop(record.turn, record)
