@@ -162,7 +162,7 @@ def sequence(
         block = model.config.block_length
         settings = {**adapter_meta().get("sampler", {}), "block_length": block, "steps_per_block": block}
         decoding = DiffusionDecoding(model.mask_id, eos, length, SamplerConfig(**settings), None)
-        return DiffusionSequence(decoding, BlockPasses(prompt[-1], model.vocab_size), prompt)
+        return DiffusionSequence(decoding, BlockPasses(prompt, model.vocab_size))
     masks = DRAFT_MASKS if mode == "self-speculative" else 0
     return SpeculativeDecoding(prompt, length, masks, model.mask_id, eos)
 

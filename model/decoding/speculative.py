@@ -1,9 +1,8 @@
 """Self-speculative decoding: the teacher verifies, the adapter drafts, in the same forward pass (lossless).
 
 A block-diffusion model built from an autoregressive checkpoint with a *gated* adapter
-(model/bundled/block_diffusion.py) holds
-two models in one set of weights: with the gate off it is exactly the teacher, with the gate on it fills masks. One pass
-feeds, after the KV cache::
+(model/bundled/block_diffusion.py) holds two models in one set of weights: with the gate off it is exactly the teacher,
+with the gate on it fills masks. One pass feeds, after the KV cache::
 
     [ last committed token | k drafts d1..dk | m masks ]
       clean, causal, gate off (the teacher)   gate on, bidirectional among themselves, see every clean token
@@ -16,8 +15,9 @@ possible accepted prefixes (`Feed.after`: block a sees the last token and d1..da
 and the block after the accepted prefix gives the next drafts, whatever was rejected; a rejection no longer costs the
 next pass its drafts. Mask rows are cheap next to the weights a pass reads (MODEL_CARD.md, "Pass cost"). Without
 `branches` there is one block, after every draft, used only when all were accepted. The cache keeps what was accepted
-and drops the rest. With m = 0 the same loop is plain autoregressive decoding (one token per pass, gate off), so both
-modes share every line but the drafting.
+and drops the rest. With m = 0 the same steps are plain autoregressive decoding (one token per pass, gate off), so both
+modes share every line but the drafting. An answer is a `SpeculativeDecoding`, a step object that the batch runner
+(model/runtime/batch_runner.py) drives: `feed()`, one pass, `consume(logits)`, keep the accepted tokens.
 
 At temperature > 0 the rule is speculative sampling (Leviathan et al. 2023, gpt-fast's `speculative_decode`): accept a
 draft d with probability min(1, p(d) / q(d)); on rejection sample from the residual max(0, p - q). Drafts here are the
@@ -33,11 +33,9 @@ equal with it on.
 from __future__ import annotations
 
 import secrets
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -45,29 +43,6 @@ from model.decoding.draft_policy import DraftPolicy
 from model.decoding.refinement import Refinement
 from model.errors import ModelError
 from model.runtime.batching import Feed
-
-
-@runtime_checkable
-class Verifier(Protocol):
-    """What a checkpoint needs for self-speculative and autoregressive decoding (BlockDiffusionDenoiser has it)."""
-
-    eos_ids: frozenset[int]
-    mask_id: int
-
-    def start_verify(self, prompt_ids: list[int]) -> None:
-        """Cache every prompt token but the last (the first pass feeds that one)."""
-        ...
-
-    def verify(self, feed: Feed) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass over `feed` (clean tokens, then mask blocks: see `Feed`) after the cache; returns the teacher's
-        logits `[len(clean), V]` (row i predicts the token after clean[i]) and the masks' logits `[len(noisy), V]` (row
-        j of the block after the first g clean tokens predicts the token j + 1 places after the one that follows
-        clean[g - 1]). All of the pass is appended to the cache until `keep` is called."""
-        ...
-
-    def keep(self, count: int) -> None:
-        """Keep only the first `count` tokens of the last pass in the cache."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,10 +205,9 @@ def first_eos(tokens: list[int], eos_ids: frozenset[int]) -> int | None:
 class SpeculativeDecoding:
     """One answer's self-speculative (or, with `masks` = 0, autoregressive) decoding as a step function: `feed()`
     says which tokens the next pass needs, `consume(...)` takes that pass's logits and returns the `Refinement` and how
-    many of the fed tokens the cache keeps. `generate_speculative` drives one answer; model/runtime/batch_runner.py
-    drives many
-    in one forward. A Refinement's committed tokens are verified by the teacher; the uncommitted ones after them are
-    the drafts for the next pass.
+    many of the fed tokens the cache keeps. model/runtime/batch_runner.py drives it, alone or beside other answers in
+    one forward. A Refinement's committed tokens are verified by the teacher; the uncommitted ones after them are the
+    drafts for the next pass.
     """
 
     def __init__(
@@ -372,36 +346,3 @@ class SpeculativeDecoding:
         self.step += 1
         return refinement, lead + 1 + accepted
 
-
-def generate_speculative(
-    verifier: Verifier,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    masks: int,
-    temperature: float = 0.0,
-    seed: int | None = None,
-    guard: SpeechGuard | None = None,
-    cancel: threading.Event | None = None,
-    branches: bool = True,
-    policy: DraftPolicy | None = None,
-) -> Iterator[Refinement]:
-    """Answer `prompt_ids` with at most `max_new_tokens` tokens, one `Refinement` per pass, on one verifier.
-
-    `masks` = 0 is autoregressive decoding; `masks` = m > 0 drafts up to m tokens ahead per pass (`branches`: a block
-    after every draft).
-    """
-    decoding = SpeculativeDecoding(
-        prompt_ids, max_new_tokens, masks, verifier.mask_id, verifier.eos_ids, temperature, seed, guard, branches,
-        policy,
-    )
-    verifier.start_verify(list(prompt_ids))
-    while True:
-        started = time.perf_counter()
-        feed = decoding.feed()
-        clean_logits, mask_logits = verifier.verify(feed)  # [k + 1, V], [masks in the feed, V]
-        cancelled = cancel is not None and cancel.is_set()
-        refinement, kept = decoding.consume(clean_logits, mask_logits, time.perf_counter() - started, cancelled)
-        verifier.keep(kept)
-        yield refinement
-        if refinement.done:
-            return

@@ -1,4 +1,6 @@
-"""One thread that runs the passes of every answer in flight on a block-diffusion model as one batched forward.
+"""One thread that runs the passes of every answer in flight on a block-diffusion model as one batched forward: the
+only loop that decodes the bundled model, in every mode, for one answer or many, and its `SlotCache` the model's only
+KV cache.
 
 Callers (the HTTP scheduler's jobs, voice sessions, `dlm generate`) each submit a *sequence*: an answer's decoding as a
 step function (`feed()` -> the rows of its next pass; `consume(logits)` -> a `Refinement` and how many rows the cache
@@ -25,7 +27,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -98,21 +100,38 @@ class BlockPasses:
     A pass feeds the clean tokens not yet cached (the prompt's last token before the first block; the block finished
     just before, fused into the next block's first pass) followed by the noisy block. Logits for the block's first
     position come from the last clean position (the teacher's own next-token prediction); logits for position
-    `lo + j` (j >= 1) from noisy position `lo + j - 1`.
+    `lo + j` (j >= 1) from noisy position `lo + j - 1`. Blocks run in order: a block's pass needs the cache to end
+    where it starts.
+
+    Not `cached` (`--no-cache`, for comparisons): nothing is cached, so every pass feeds the whole prompt and every
+    finished block again, and keeps none of it.
     """
 
-    def __init__(self, prompt_last: int, vocab_size: int) -> None:
+    def __init__(self, prompt: Sequence[int], vocab_size: int, cached: bool = True) -> None:
+        if not prompt:
+            raise ModelError("the prompt is empty: nothing to condition the answer on")
+        self.prompt = tuple(prompt)
         self.vocab_size = vocab_size  # the network's; the mask id's column is added, always -inf
-        self.pending: tuple[int, ...] = (prompt_last,)  # clean tokens not yet in the cache
+        self.cached = cached
+        self.pending: tuple[int, ...] = self.prompt[-1:]  # clean tokens not yet in the cache
         self.next_logits: torch.Tensor | None = None  # [V] prediction for the first uncached position
+        self.lo = 0  # where the next block starts: every block before it is finished
+
+    @property
+    def cached_prompt(self) -> list[int]:
+        """What the cache must hold before the first pass."""
+        return list(self.prompt[:-1]) if self.cached else []
 
     def feed(self, canvas: torch.Tensor, lo: int, hi: int) -> Feed:
-        return Feed(clean=self.pending, noisy=tuple(canvas[lo:hi].tolist()))
+        if lo != self.lo:
+            raise ModelError("blocks must be denoised in order: the cache does not end where this block starts")
+        clean = self.pending if self.cached else (*self.prompt, *canvas[:lo].tolist())
+        return Feed(clean=clean, noisy=tuple(canvas[lo:hi].tolist()))
 
     def block_logits(self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(logits `[hi - lo, V + 1]` of the block, clean tokens the cache keeps: all of them)."""
-        kept = len(self.pending)
-        if kept:
+        """(logits `[hi - lo, V + 1]` of the block, clean tokens the cache keeps: all of them, or none uncached)."""
+        kept = len(self.pending) if self.cached else 0
+        if clean_logits.shape[0]:
             self.next_logits, self.pending = clean_logits[-1], ()
         if self.next_logits is None:
             raise ModelError("the first pass of an answer must feed the prompt's last token")
@@ -122,18 +141,23 @@ class BlockPasses:
 
     def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
         # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
-        self.pending = tuple(canvas[lo:hi].tolist())
+        self.lo = hi
+        if self.cached:
+            self.pending = tuple(canvas[lo:hi].tolist())
 
 
 class DiffusionSequence:
     """The threshold sampler's decoding (`DiffusionDecoding`) on a block-diffusion model's cache (`BlockPasses`)."""
 
-    def __init__(self, decoding: DiffusionDecoding, passes: BlockPasses, prompt: list[int]) -> None:
+    def __init__(self, decoding: DiffusionDecoding, passes: BlockPasses) -> None:
         self.decoding = decoding
         self.passes = passes
-        self.cached_prompt = list(prompt[:-1])
 
-    def fold_prompt(self, tokens: list[int]) -> None:
+    @property
+    def cached_prompt(self) -> list[int]:
+        return self.passes.cached_prompt
+
+    def fold_prompt(self, tokens: Sequence[int]) -> None:
         """Encode `tokens` in the first pass, before the prompt's last token (see `SpeculativeDecoding`)."""
         self.passes.pending = (*tokens, *self.passes.pending)
 
