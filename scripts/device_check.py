@@ -43,10 +43,11 @@ from model.bundled.default_model import ADAPTER_DIR, BASE_NAME, DRAFT_MASKS, ada
 from model.chat import ChatMessage
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding
+from model.decoding.step import DecodingSequence
 from model.device import DEVICE_CHOICES, describe, resolve_device, synchronize
 from model.disk_cache import cache_root
 from model.errors import ModelError
-from model.runtime.batch_runner import BatchRunner, BlockPasses, DecodingSequence, DiffusionSequence, Run
+from model.runtime.batch_runner import BatchRunner, BlockPasses, DiffusionSequence, Run
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 

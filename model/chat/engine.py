@@ -22,10 +22,12 @@ from model.decoding.draft_policy import DraftPolicy
 from model.decoding.end_of_turn import EndOfTurnProbe, message_tail, probe_row
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
-from model.decoding.speculative import SpeculativeDecoding, SpeechGuard, WordClasses
+from model.decoding.speculative import SpeculativeDecoding
+from model.decoding.speech_guard import SpeechGuard, WordClasses
+from model.decoding.step import DecodingSequence
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
-from model.runtime.batch_runner import Batching, BlockPasses, DecodingSequence, DiffusionSequence
+from model.runtime.batch_runner import Batching, BlockPasses, DiffusionSequence
 from model.runtime.batching import common_prefix
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte

@@ -38,7 +38,7 @@ import torch
 
 from model.decoding.denoiser import Denoiser
 from model.decoding.refinement import Refinement
-from model.decoding.speculative import SpeechGuard
+from model.decoding.speech_guard import SpeechGuard
 from model.errors import ModelError
 
 REMASKING = ("low_confidence", "random", "left_to_right")

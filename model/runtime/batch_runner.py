@@ -3,9 +3,9 @@ only loop that decodes the bundled model, in every mode, for one answer or many,
 KV cache.
 
 Callers (the HTTP scheduler's jobs, voice sessions, `dlm generate`) each submit a *sequence*: an answer's decoding as a
-step function (`feed()` -> the rows of its next pass; `consume(logits)` -> a `Refinement` and how many rows the cache
-keeps). `SpeculativeDecoding` (self-speculative and autoregressive) and `DiffusionSequence` (the threshold sampler)
-are both sequences, so any mix of modes shares a pass. The loop::
+step object (model/decoding/step.py: `feed()` -> the rows of its next pass; `consume(logits)` -> a `Refinement` and
+how many rows the cache keeps). `SpeculativeDecoding` (self-speculative and autoregressive) and `DiffusionSequence`
+(the threshold sampler) are both sequences, so any mix of modes shares a pass. The loop::
 
     admit waiting sequences into free cache slots (interactive first), encode their prompts
     one forward over the next pass of every admitted sequence (model/runtime/batching.py)
@@ -36,8 +36,9 @@ import torch
 from model.decoding.end_of_turn import EndOfTurnProbe
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding
+from model.decoding.step import DecodingSequence, Feed, FoldsPrompt
 from model.errors import GenerationCancelled, ModelError
-from model.runtime.batching import Feed, SlotCache, batched_pass, common_prefix, keep, prefill
+from model.runtime.batching import SlotCache, batched_pass, common_prefix, keep, prefill
 
 log = logging.getLogger(__name__)
 _RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
@@ -57,32 +58,6 @@ DEFAULT_MAX_BATCH = 8
 # last token + drafting masks), where a bf16 row comes out the same whatever shares its pass
 # (model/runtime/batching.py).
 FOLD_LIMIT = 24
-
-
-class DecodingSequence(Protocol):
-    """One answer's decoding as a step function (see the module docstring). Not `collections.abc.Sequence`: a
-    sequence here is an answer being decoded."""
-
-    @property
-    def cached_prompt(self) -> list[int]:
-        """What the cache must hold before the first pass."""
-        ...
-
-    def feed(self, crowd: int = 1) -> Feed:
-        """The rows of this answer's next pass; `crowd`: how many answers share the pass."""
-        ...
-
-    def consume(
-        self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
-    ) -> tuple[Refinement, int]: ...
-
-
-@runtime_checkable
-class FoldsPrompt(Protocol):
-    """A sequence whose first pass can also encode the prompt's uncached tokens before its last one (up to
-    `FOLD_LIMIT`) instead of a prefill of their own. Every decoding sequence can; a `PromptOnly`, with no pass, not."""
-
-    def fold_prompt(self, tokens: list[int]) -> None: ...
 
 
 @runtime_checkable

@@ -11,7 +11,8 @@ from report_lib.tiny_models import LLAMA_EOS
 from model.bundled.block_diffusion import BlockDiffusionLM, reference_logits
 from model.decoding.refinement import Refinement
 from model.decoding.speculative import SpeculativeDecoding
-from model.runtime.batch_runner import BatchRunner, BlockPasses, DecodingSequence
+from model.decoding.step import DecodingSequence
+from model.runtime.batch_runner import BatchRunner, BlockPasses
 from model.runtime.batching import Feed, SlotCache, batched_pass, keep, prefill
 
 
