@@ -41,13 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 from model.bundled.default_model import ADAPTER_DIR, BASE_NAME, DRAFT_MASKS, adapter_meta, load_default_chat_model
 from model.chat import ChatMessage
+from model.decoding.block_passes import BlockPasses, DiffusionSequence
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding
 from model.decoding.step import DecodingSequence
 from model.device import DEVICE_CHOICES, describe, resolve_device, synchronize
 from model.disk_cache import cache_root
 from model.errors import ModelError
-from model.runtime.batch_runner import BatchRunner, BlockPasses, DiffusionSequence, Run
+from model.runtime.batch_runner import BatchRunner, Run
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.chat.stop_strings import end_at_stop
+from model.decoding.block_passes import BlockPasses, DiffusionSequence
 from model.decoding.denoiser import Denoiser, Forkable, ReportsReusedTokens
 from model.decoding.draft_policy import DraftPolicy
 from model.decoding.end_of_turn import EndOfTurnProbe, message_tail, probe_row
@@ -27,7 +28,7 @@ from model.decoding.speech_guard import SpeechGuard, WordClasses
 from model.decoding.step import DecodingSequence
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
-from model.runtime.batch_runner import Batching, BlockPasses, DiffusionSequence
+from model.runtime.batch_runner import Batching
 from model.runtime.batching import common_prefix
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte

@@ -4,7 +4,7 @@ Read it top to bottom: small pure helpers (schedule, sampling, commit choice), t
 (blocks, then denoising passes) are the whole algorithm. The sampler owns the answer canvas and the commit policy; the
 network, its attention pattern and its cache live behind the `Denoiser` protocol (model/decoding/denoiser.py).
 `generate` drives external checkpoints, which cannot batch; on the bundled block-diffusion model the same
-`DiffusionDecoding` steps are driven by its batch runner (model/runtime/batch_runner.py, `DiffusionSequence`).
+`DiffusionDecoding` steps are driven by its batch runner (`DiffusionSequence`, model/decoding/block_passes.py).
 
 Commit policy per pass, in one place so it can be checked:
 

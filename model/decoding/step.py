@@ -1,7 +1,7 @@
 """The step protocol: how a decoding policy and the loop that runs it talk, one pass at a time.
 
 Each policy is a step object per answer (`SpeculativeDecoding` in model/decoding/speculative.py: self-speculative and
-autoregressive; `DiffusionSequence` in model/runtime/batch_runner.py: the threshold sampler on the bundled model's
+autoregressive; `DiffusionSequence` in model/decoding/block_passes.py: the threshold sampler on the bundled model's
 cache). The loop (`BatchRunner`, model/runtime/batch_runner.py) is the same for all of them::
 
     encode the answer's `cached_prompt` into its cache slot

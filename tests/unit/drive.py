@@ -9,10 +9,11 @@ import torch
 from report_lib.tiny_models import LLAMA_EOS
 
 from model.bundled.block_diffusion import BlockDiffusionLM, reference_logits
+from model.decoding.block_passes import BlockPasses
 from model.decoding.refinement import Refinement
 from model.decoding.speculative import SpeculativeDecoding
 from model.decoding.step import DecodingSequence
-from model.runtime.batch_runner import BatchRunner, BlockPasses
+from model.runtime.batch_runner import BatchRunner
 from model.runtime.batching import Feed, SlotCache, batched_pass, keep, prefill
 
 

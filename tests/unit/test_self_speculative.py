@@ -17,12 +17,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 from model.chat.engine import DiffusionChatModel
+from model.decoding.block_passes import BlockPasses, DiffusionSequence
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding, accept_greedy, accept_sampled
 from model.decoding.speech_guard import SpeechGuard, WordClasses
 from model.errors import ModelError
-from model.runtime.batch_runner import BatchRunner, BlockPasses, DiffusionSequence
+from model.runtime.batch_runner import BatchRunner
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.training.block_training import make_batch
 from tests.unit.drive import decode, decode_alone, one_pass, speculative
