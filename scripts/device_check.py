@@ -41,12 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 from model.bundled.default_model import ADAPTER_DIR, BASE_NAME, DRAFT_MASKS, adapter_meta, load_default_chat_model
 from model.chat import ChatMessage
+from model.decoding.block_passes import BlockPasses, DiffusionSequence
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding
+from model.decoding.step import DecodingSequence
 from model.device import DEVICE_CHOICES, describe, resolve_device, synchronize
 from model.disk_cache import cache_root
 from model.errors import ModelError
-from model.runtime.batch_runner import BatchRunner, BlockPasses, DecodingSequence, DiffusionSequence, Run
+from model.runtime.batch_runner import BatchRunner, Run
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
@@ -162,7 +164,7 @@ def sequence(
         block = model.config.block_length
         settings = {**adapter_meta().get("sampler", {}), "block_length": block, "steps_per_block": block}
         decoding = DiffusionDecoding(model.mask_id, eos, length, SamplerConfig(**settings), None)
-        return DiffusionSequence(decoding, BlockPasses(prompt[-1], model.vocab_size), prompt)
+        return DiffusionSequence(decoding, BlockPasses(prompt, model.vocab_size))
     masks = DRAFT_MASKS if mode == "self-speculative" else 0
     return SpeculativeDecoding(prompt, length, masks, model.mask_id, eos)
 

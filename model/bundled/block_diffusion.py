@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,17 +31,8 @@ from transformers.cache_utils import Cache
 
 from model.errors import ModelError
 from model.runtime import fast_pass, row_exact
-from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, BlockPasses
-from model.runtime.batching import (
-    Feed,
-    SlotCache,
-    additive_mask,
-    batched_pass,
-    keep,
-    pass_layout,
-    prefill,
-    prefill_bucket,
-)
+from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner
+from model.runtime.batching import Feed, additive_mask, pass_layout, prefill_bucket
 from model.runtime.fast_pass import FastPass
 from model.runtime.int4_weights import Int4Weights
 from model.runtime.noisy_rows import Suffix, noisy_suffix
@@ -261,15 +251,9 @@ class BlockDiffusionLM(nn.Module):
 
 
 class BlockDiffusionDenoiser:
-    """`Denoiser` and `Verifier` over a `BlockDiffusionLM`: exact prefix cache, one forward per pass.
-
-    One answer at a time, on a one-slot `SlotCache`, through the same code that batches many answers
-    (model/runtime/batching.py, model/runtime/batch_runner.py): a single answer is a batch of one. The cache is kept
-    from one answer
-    to the next, so a conversation's next prompt encodes only what it adds.
-    """
-
-    block_causal = True
+    """A `BlockDiffusionLM` as the chat engine serves it: every answer, in every decoding mode, is a step object
+    (model/decoding/) driven by the network's one `BatchRunner`, whose `SlotCache` is the network's only KV cache. The
+    runner is made once and kept, so a conversation's next prompt encodes only what it adds."""
 
     def __init__(self, model: BlockDiffusionLM, eos_ids: Iterable[int]) -> None:
         self.model = model
@@ -278,15 +262,8 @@ class BlockDiffusionDenoiser:
         self.vocab_size = model.vocab_size + 1
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.block_length = model.config.block_length
-        self._prompt: list[int] = []
-        self._use_cache = True
-        self._cache = SlotCache(1)
-        self.reused_tokens = 0  # prompt tokens the last start() found already in the cache
         self._reuse_prompt_cache = True
         self._runner: BatchRunner | None = None
-        self._passes: BlockPasses | None = None
-        self.prefill_cancel: threading.Event | None = None  # checked between prefill chunks (set by the engine)
-        self._feed = Feed(clean=())  # the last verify() pass
 
     @property
     def dtype(self) -> torch.dtype:
@@ -294,7 +271,7 @@ class BlockDiffusionDenoiser:
 
     @property
     def reuse_prompt_cache(self) -> bool:
-        """False: encode every prompt from scratch (for comparisons), here and in the batch runner."""
+        """False: encode every prompt from scratch (for comparisons)."""
         return self._reuse_prompt_cache
 
     @reuse_prompt_cache.setter
@@ -304,98 +281,23 @@ class BlockDiffusionDenoiser:
             self._runner.reuse_prompt_cache = value
 
     def batch_runner(self, max_batch: int | None = None) -> BatchRunner:
-        """The runner that decodes concurrent answers on this network in batched passes (created once, with up to
-        `max_batch` answers a pass, default `DEFAULT_MAX_BATCH`; its own cache, apart from this denoiser's one-answer
-        cache)."""
+        """The runner that decodes every answer on this network, in batched passes (created once, with up to
+        `max_batch` answers a pass, default `DEFAULT_MAX_BATCH`)."""
         if self._runner is None:
             self._runner = BatchRunner(
                 self.model, max_batch or DEFAULT_MAX_BATCH, reuse_prompt_cache=self._reuse_prompt_cache
             )
         return self._runner
 
-    @property
-    def _cached_ids(self) -> list[int]:
-        """The tokens whose keys/values the cache holds."""
-        return self._cache.slots[0].ids
 
-    def start(self, prompt_ids: list[int], max_new_tokens: int, use_cache: bool) -> None:
-        if not prompt_ids:
-            raise ModelError("the prompt is empty: nothing to condition the answer on")
-        self._prompt = list(prompt_ids)
-        self._use_cache = use_cache
-        self._passes = BlockPasses(self._prompt[-1], self.model.vocab_size)
-        self.reused_tokens = 0
-        if use_cache:
-            self._encode(self._prompt[:-1])
-
-    def _encode(self, tokens: list[int]) -> None:
-        """Make the cache hold `tokens`, reusing what it shares with them (a conversation's previous turns)."""
-        try:
-            self.reused_tokens, _ = prefill(
-                self.model, self._cache, 0, tokens, self.reuse_prompt_cache, self.prefill_cancel
-            )
-        except BaseException:
-            self._cached_ids.clear()  # a partial prefill is never reused
-            raise
-
-    @torch.inference_mode()
-    def block_logits(self, canvas: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        if self._passes is None:
-            raise ModelError("block_logits() before start()")
-        if not self._use_cache:
-            clean = torch.tensor(self._prompt + canvas[:lo].tolist())
-            ids = torch.cat([clean, canvas[lo:hi]]).unsqueeze(0)
-            logits = self._run(ids, noisy_from=clean.shape[0])[0]
-            # from the last clean position on: it predicts the block's first token
-            passes = BlockPasses(self._prompt[-1], self.model.vocab_size)
-            passes.next_logits, passes.pending = logits[clean.shape[0] - 1], ()
-            return passes.block_logits(logits[:0], logits[clean.shape[0] :])[0]
-        feed = self._passes.feed(canvas, lo, hi)
-        if len(self._cached_ids) != len(self._prompt) + lo - len(feed.clean):
-            raise ModelError("blocks must be denoised in order: the cache does not end where this block starts")
-        [(clean_logits, noisy_logits)] = batched_pass(self.model, self._cache, [0], [feed])
-        logits, kept = self._passes.block_logits(clean_logits, noisy_logits)
-        keep(self._cache, 0, feed, kept)
-        return logits
-
-    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
-        if self._passes is not None:
-            self._passes.finish_block(canvas, lo, hi)
-
-    # --- self-speculative and autoregressive decoding (model/decoding/speculative.py) -----------------------------
-    def start_verify(self, prompt_ids: list[int]) -> None:
-        """Cache every prompt token but the last, reusing what the cache already holds of it (the conversation so
-        far); the first pass feeds the last prompt token, whose row predicts the answer's first token."""
-        if not prompt_ids:
-            raise ModelError("the prompt is empty: nothing to condition the answer on")
-        self._prompt = list(prompt_ids)
-        self._use_cache = True
-        self._passes = None
-        self.reused_tokens = 0
-        self._encode(self._prompt[:-1])
-
-    @torch.inference_mode()
-    def verify(self, feed: Feed) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass over `feed` (see `Feed`): returns (clean logits `[len(clean), V]`, mask logits `[len(noisy), V]`);
-        the pass's tokens stay out of the cache until `keep`."""
-        if self._prompt == [] or self._passes is not None:
-            raise ModelError("verify() before start_verify(): there is no cache to extend")
-        self._feed = feed
-        [(clean, noisy)] = batched_pass(self.model, self._cache, [0], [self._feed])
-        return clean, noisy
-
-    def keep(self, count: int) -> None:
-        """Keep the first `count` tokens of the last `verify` pass in the cache; drop the rejected drafts and masks."""
-        keep(self._cache, 0, self._feed, count)
-
-    def _run(self, ids: torch.Tensor, noisy_from: int) -> torch.Tensor:
-        """Forward `ids` (`[1, S]`) without a cache: positions before `noisy_from` clean (causal), the rest one noisy
-        block (the exact reference the cached passes are tested against)."""
-        clean, noisy = ids[0, :noisy_from].tolist(), ids[0, noisy_from:].tolist()
-        layout = pass_layout([0], [Feed(tuple(clean), tuple(noisy))])
-        device = self.model.base.device
-        ids, positions, noisy_rows, allowed = (t.to(device) for t in layout)
-        return self.model(ids, positions, additive_mask(allowed), noisy_rows, None)
+@torch.no_grad()
+def reference_logits(model: BlockDiffusionLM, clean: Sequence[int], noisy: Sequence[int] = ()) -> torch.Tensor:
+    """Logits `[len(clean) + len(noisy), V]` of one forward through the modules without a cache: `clean` causal with
+    the gate off, `noisy` one block after it with the gate on. The exact reference that cached and fused passes are
+    tested against."""
+    layout = pass_layout([0], [Feed(tuple(clean), tuple(noisy))])
+    ids, positions, noisy_rows, allowed = (t.to(model.base.device) for t in layout)
+    return model(ids, positions, additive_mask(allowed), noisy_rows, None)[0]
 
 
 def save_adapter(model: BlockDiffusionLM, directory: Path, extra: dict[str, object] | None = None) -> None:

@@ -30,7 +30,7 @@ class AnswerRules:
 
     They are a caller's policy, not the model's: a voice pipeline wants answers a listener can follow (no loops, an end
     soon after a sentence), an API client wants what it asked for. The model applies them identically in every
-    decoding mode (`model.decoding.speculative.SpeechGuard`), so they never make decoding modes disagree.
+    decoding mode (`model.decoding.speech_guard.SpeechGuard`), so they never make decoding modes disagree.
     """
 
     no_repeat_ngram: int = 0  # never repeat an n-gram of words of the answer, as a listener hears it

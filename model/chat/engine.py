@@ -1,10 +1,11 @@
-"""`DiffusionChatModel`: a tokenizer, a `Denoiser` and a `SamplerConfig` behind the `ChatModel` interface.
+"""`DiffusionChatModel`: a tokenizer, a network and a `SamplerConfig` behind the `ChatModel` interface.
 
-It applies the tokenizer's chat template, runs the sampler and turns each `Refinement` into a `Draft` whose pieces
+It applies the tokenizer's chat template, runs the decoding and turns each `Refinement` into a `Draft` whose pieces
 say which text is final. The HTTP server and voice sessions share one model. On a block-diffusion model (the bundled
-one) concurrent answers are decoded together: each pass of every answer in flight is one batched forward
-(model/runtime/batch_runner.py). Other denoisers serve one answer at a time behind a fair lock; concurrent callers
-queue.
+one) every answer, in every decoding mode, is a step object (`sequence`) that the model's batch runner drives
+(model/runtime/batch_runner.py): each pass of every answer in flight is one batched forward. External checkpoints
+(`Denoiser`s that cannot batch) run the sampler's `generate`, one answer at a time behind a fair lock; concurrent
+callers queue.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from typing import Any
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.chat.stop_strings import end_at_stop
-from model.decoding.denoiser import CancellablePrefill, Denoiser, Forkable, ReportsReusedTokens
+from model.decoding.block_passes import BlockPasses, DiffusionSequence
+from model.decoding.denoiser import Denoiser, Forkable, ReportsReusedTokens
 from model.decoding.draft_policy import DraftPolicy
 from model.decoding.end_of_turn import EndOfTurnProbe, message_tail, probe_row
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig, generate, validate_request
-from model.decoding.speculative import SpeculativeDecoding, SpeechGuard, Verifier, WordClasses, generate_speculative
+from model.decoding.speculative import SpeculativeDecoding
+from model.decoding.speech_guard import SpeechGuard, WordClasses
+from model.decoding.step import DecodingSequence
 from model.errors import ContextLengthExceeded, GenerationCancelled, ModelError
 from model.fair_lock import FairLock
-from model.runtime.batch_runner import Batching, BlockPasses, DecodingSequence, DiffusionSequence
+from model.runtime.batch_runner import Batching
 from model.runtime.batching import common_prefix
 
 # Tokens decoded again on each side of a piece: enough for byte-level BPE and SentencePiece to merge a multi-byte
@@ -141,14 +145,14 @@ def context_length_of(config: Any) -> int | None:
 
 
 class DiffusionChatModel:
-    """A local diffusion LM as a `ChatModel`. Thread-safe: concurrent answers share batched passes when the denoiser
+    """A local diffusion LM as a `ChatModel`. Thread-safe: concurrent answers share batched passes when the network
     offers a `batch_runner` (block-diffusion models); otherwise one answer at a time, callers queue."""
 
     def __init__(
         self,
         name: str,
         tokenizer: Any,
-        denoiser: Denoiser | None,
+        denoiser: Denoiser | Batching | None,
         sampler: SamplerConfig,
         system_prompt: str | None = None,
         context_length: int | None = None,
@@ -160,7 +164,8 @@ class DiffusionChatModel:
         self.sampler = sampler
         self.system_prompt = system_prompt
         self.context_length = context_length  # positions the network was built for; None: not known, not checked
-        if sampler.decoding != "diffusion" and not isinstance(denoiser, Verifier):
+        batching = isinstance(denoiser, Batching)
+        if sampler.decoding != "diffusion" and not batching:
             raise ModelError(
                 f"{name} cannot decode {sampler.decoding}: that needs a block-diffusion model with a gated adapter "
                 "(clean tokens see exactly the autoregressive teacher); use --decoding diffusion"
@@ -171,14 +176,16 @@ class DiffusionChatModel:
         self._message_tail: tuple[int, ...] | None = None  # built on first use (`message_tail`)
         self._draft_policies: dict[int, DraftPolicy] = {}
         self._policies_lock = threading.Lock()
-        # classifier-free guidance needs a second state over the same weights
+        # classifier-free guidance needs a second state over the same weights (`Forkable`); the batch runner keeps one
+        # state per answer, and guidance is a masked sampler's tool, so a block-diffusion model refuses it
+        if sampler.cfg_scale > 0 and batching:
+            raise ModelError(f"{name} does not support classifier-free guidance (cfg_scale): set it to 0")
         self._unconditional = denoiser.fork() if sampler.cfg_scale > 0 and isinstance(denoiser, Forkable) else None
         self._lock = FairLock()  # without batching, sessions take turns on the model, first come, first served
-        # Batched passes for every mode the bundled model has; guidance needs a second state per answer: not batched.
-        # `max_batch`: answers per pass (None: the runner's default; 1: one at a time, still through the runner).
+        # Every answer of a block-diffusion model runs through its runner, in every mode. `max_batch`: answers per
+        # pass (None: the runner's default; 1: one at a time, still through the runner).
         if max_batch is not None and max_batch < 1:
             raise ModelError(f"max_batch must be at least 1, got {max_batch}")
-        batching = isinstance(denoiser, Batching) and sampler.cfg_scale == 0
         self._runner = denoiser.batch_runner(max_batch) if batching else None
 
     @property
@@ -319,7 +326,7 @@ class DiffusionChatModel:
         interactive: bool, conversation: str | None,
     ) -> tuple[Iterator[Refinement], Callable[[], int]]:
         """The answer's passes, and how many prompt tokens it found already encoded (read after the first pass)."""
-        if self._runner is not None and config.use_cache:
+        if self._runner is not None:
             run = self._runner.submit(self.sequence(prompt, length, config), interactive, cancel, conversation)
             return iter(run), lambda: run.reused_tokens
         denoiser = self.denoiser
@@ -339,14 +346,19 @@ class DiffusionChatModel:
             self._lock.release()
 
     def sequence(self, prompt: list[int], length: int, config: SamplerConfig) -> DecodingSequence:
-        """This answer's decoding as a step function for the batch runner (model/runtime/batch_runner.py)."""
+        """This answer's decoding as a step function for the batch runner (model/runtime/batch_runner.py).
+        Without the cache (`use_cache` False, for comparisons) diffusion passes re-encode the prompt every time; the
+        other modes refuse."""
         denoiser = self.denoiser
         sequence: DecodingSequence
         if config.decoding == "diffusion":
             validate_request(denoiser, prompt, length, config)
             guard = self.speech_guard(config, prompt)
             decoding = DiffusionDecoding(denoiser.mask_id, denoiser.eos_ids, length, config, guard)
-            sequence = DiffusionSequence(decoding, BlockPasses(prompt[-1], denoiser.model.vocab_size), prompt)
+            passes = BlockPasses(prompt, denoiser.model.vocab_size, cached=config.use_cache)
+            sequence = DiffusionSequence(decoding, passes)
+        elif not config.use_cache:
+            raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
         else:
             masks = config.draft_masks if config.decoding == "self-speculative" else 0
             sequence = SpeculativeDecoding(
@@ -386,23 +398,10 @@ class DiffusionChatModel:
     def refinements(
         self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None
     ) -> Iterator[Refinement]:
-        """The passes of one answer, one at a time on the denoiser; models that are not masked (DiffusionGemma)
-        override this.
-
-        A denoiser that can (`CancellablePrefill`) checks `cancel` between the chunks of a long prompt's prefill.
-        """
-        if isinstance(self.denoiser, CancellablePrefill):
-            self.denoiser.prefill_cancel = cancel
-        if config.decoding == "diffusion":
-            guard = self.speech_guard(config, prompt)
-            return generate(self.denoiser, prompt, length, config, cancel, self._unconditional, guard)
-        if not config.use_cache:
-            raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
-        masks = config.draft_masks if config.decoding == "self-speculative" else 0
-        return generate_speculative(
-            self.denoiser, prompt, length, masks, config.temperature, config.seed, self.speech_guard(config, prompt),
-            cancel, config.draft_branches, self.draft_policy(config),
-        )
+        """The passes of one answer of a denoiser that cannot batch (external checkpoints: the sampler's `generate`,
+        one answer at a time); models that are not masked (DiffusionGemma) override this."""
+        guard = self.speech_guard(config, prompt)
+        return generate(self.denoiser, prompt, length, config, cancel, self._unconditional, guard)
 
     def draft_policy(self, config: SamplerConfig) -> DraftPolicy | None:
         """The model's shared draft policy for `config` (one per mask count: what it learns about pass costs and

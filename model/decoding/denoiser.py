@@ -1,8 +1,10 @@
 """The one interface the sampler needs from a masked-diffusion checkpoint.
 
-Every adapter (masked LMs such as ModernBERT, LLaDA-style remote-code models, block-diffusion models adapted from an
-autoregressive checkpoint) turns its checkpoint into a `Denoiser`. The sampler owns the answer canvas and the commit
-policy; the denoiser owns the network, its attention pattern and its KV/prefix cache.
+Every adapter of an external checkpoint (masked LMs such as ModernBERT, LLaDA-style remote-code models) turns it into a
+`Denoiser`, which the sampler's `generate` drives one answer at a time. The sampler owns the answer canvas and the
+commit policy; the denoiser owns the network, its attention pattern and its KV/prefix cache. The bundled
+block-diffusion model is no `Denoiser`: its answers are step objects that its batch runner drives
+(model/runtime/batch_runner.py).
 
 Call order for one answer::
 
@@ -17,7 +19,6 @@ Positions are relative to the start of the answer.
 
 from __future__ import annotations
 
-import threading
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -63,10 +64,3 @@ class ReportsReusedTokens(Protocol):
 
     reused_tokens: int
 
-
-@runtime_checkable
-class CancellablePrefill(Protocol):
-    """A denoiser that checks `prefill_cancel` between the chunks of a long prompt's prefill and raises
-    `GenerationCancelled`, so a cancel does not wait for the whole prompt to be encoded."""
-
-    prefill_cancel: threading.Event | None

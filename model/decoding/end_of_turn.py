@@ -29,7 +29,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from model.decoding.refinement import Refinement
-from model.runtime.batching import Feed
+from model.decoding.step import Feed
 
 
 def message_tail(with_words: Sequence[int], words: Sequence[int]) -> tuple[int, ...] | None:
@@ -60,7 +60,7 @@ def end_probability(logits: torch.Tensor, end_ids: Sequence[int]) -> float:
 
 
 class EndOfTurnProbe:
-    """A decoding sequence (`model.runtime.batch_runner.DecodingSequence`) whose first pass also reports the
+    """A decoding sequence (`model.decoding.step.DecodingSequence`) whose first pass also reports the
     probability that the message ends after the user's last word (prompt index `row`): that of any of `end_ids`,
     the end-of-message token and the sentence-ending marks."""
 

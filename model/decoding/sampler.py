@@ -3,6 +3,8 @@
 Read it top to bottom: small pure helpers (schedule, sampling, commit choice), then `generate`, whose two nested loops
 (blocks, then denoising passes) are the whole algorithm. The sampler owns the answer canvas and the commit policy; the
 network, its attention pattern and its cache live behind the `Denoiser` protocol (model/decoding/denoiser.py).
+`generate` drives external checkpoints, which cannot batch; on the bundled block-diffusion model the same
+`DiffusionDecoding` steps are driven by its batch runner (`DiffusionSequence`, model/decoding/block_passes.py).
 
 Commit policy per pass, in one place so it can be checked:
 
@@ -36,7 +38,7 @@ import torch
 
 from model.decoding.denoiser import Denoiser
 from model.decoding.refinement import Refinement
-from model.decoding.speculative import SpeechGuard
+from model.decoding.speech_guard import SpeechGuard
 from model.errors import ModelError
 
 REMASKING = ("low_confidence", "random", "left_to_right")
@@ -55,7 +57,7 @@ class SamplerConfig:
     temperature: float = 0.0  # 0 = argmax; > 0 = Gumbel-max sampling in float64
     cfg_scale: float = 0.0  # classifier-free guidance; > 0 needs an unconditional denoiser (see `generate`)
     seed: int | None = None  # same seed, same output
-    use_cache: bool = True  # passed to `Denoiser.start`
+    use_cache: bool = True  # False: re-encode the prompt every pass (`Denoiser.start`, the bundled `BlockPasses`)
     # "diffusion": this file's threshold/budget sampler; "self-speculative" / "autoregressive":
     # model/decoding/speculative.py
     decoding: str = "diffusion"
@@ -229,7 +231,7 @@ def validate_request(denoiser: Denoiser, prompt_ids: list[int], max_new_tokens: 
 class DiffusionDecoding:
     """One answer's masked-diffusion decoding as a step function: the canvas and commit state of the answer, the
     active block `[lo, hi)`, and `consume(logits)` for each pass over that block. `generate` drives one answer through
-    any `Denoiser`; model/runtime/batch_runner.py drives many through one forward (block-diffusion models).
+    any `Denoiser`; model/runtime/batch_runner.py drives every answer of a block-diffusion model, many in one forward.
 
     Blocks run left to right; within a block each pass commits by the schedule (and threshold), and the block is
     finished (`finished_block` set) once every position of it is committed.

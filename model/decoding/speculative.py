@@ -1,9 +1,8 @@
 """Self-speculative decoding: the teacher verifies, the adapter drafts, in the same forward pass (lossless).
 
 A block-diffusion model built from an autoregressive checkpoint with a *gated* adapter
-(model/bundled/block_diffusion.py) holds
-two models in one set of weights: with the gate off it is exactly the teacher, with the gate on it fills masks. One pass
-feeds, after the KV cache::
+(model/bundled/block_diffusion.py) holds two models in one set of weights: with the gate off it is exactly the teacher,
+with the gate on it fills masks. One pass feeds, after the KV cache::
 
     [ last committed token | k drafts d1..dk | m masks ]
       clean, causal, gate off (the teacher)   gate on, bidirectional among themselves, see every clean token
@@ -16,183 +15,33 @@ possible accepted prefixes (`Feed.after`: block a sees the last token and d1..da
 and the block after the accepted prefix gives the next drafts, whatever was rejected; a rejection no longer costs the
 next pass its drafts. Mask rows are cheap next to the weights a pass reads (MODEL_CARD.md, "Pass cost"). Without
 `branches` there is one block, after every draft, used only when all were accepted. The cache keeps what was accepted
-and drops the rest. With m = 0 the same loop is plain autoregressive decoding (one token per pass, gate off), so both
-modes share every line but the drafting.
+and drops the rest. With m = 0 the same steps are plain autoregressive decoding (one token per pass, gate off), so both
+modes share every line but the drafting. An answer is a `SpeculativeDecoding`, a step object that the batch runner
+(model/runtime/batch_runner.py) drives: `feed()`, one pass, `consume(logits)`, keep the accepted tokens.
 
 At temperature > 0 the rule is speculative sampling (Leviathan et al. 2023, gpt-fast's `speculative_decode`): accept a
 draft d with probability min(1, p(d) / q(d)); on rejection sample from the residual max(0, p - q). Drafts here are the
 masks' argmax, so q is one-hot and the rule becomes: accept with probability p(d), else sample p with d removed. The
 output then follows the teacher's distribution exactly.
 
-The `SpeechGuard` (no repeated word n-grams, no copied runs of the prompt, end at a sentence end once the answer is
-long enough) edits the teacher's logits as a pure function of the prompt and the answer so far. It is applied to every
-verification row with that row's own prefix, so autoregressive and self-speculative decoding stay token-for-token
-equal with it on.
+The speech guard (model/decoding/speech_guard.py) edits the teacher's logits as a pure function of the prompt and the
+answer so far. It is applied to every verification row with that row's own prefix (`guarded`), so autoregressive and
+self-speculative decoding stay token-for-token equal with it on.
 """
 
 from __future__ import annotations
 
 import secrets
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from collections.abc import Sequence
 
 import torch
 
 from model.decoding.draft_policy import DraftPolicy
 from model.decoding.refinement import Refinement
+from model.decoding.speech_guard import SpeechGuard, guarded
+from model.decoding.step import Feed
 from model.errors import ModelError
-from model.runtime.batching import Feed
-
-
-@runtime_checkable
-class Verifier(Protocol):
-    """What a checkpoint needs for self-speculative and autoregressive decoding (BlockDiffusionDenoiser has it)."""
-
-    eos_ids: frozenset[int]
-    mask_id: int
-
-    def start_verify(self, prompt_ids: list[int]) -> None:
-        """Cache every prompt token but the last (the first pass feeds that one)."""
-        ...
-
-    def verify(self, feed: Feed) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass over `feed` (clean tokens, then mask blocks: see `Feed`) after the cache; returns the teacher's
-        logits `[len(clean), V]` (row i predicts the token after clean[i]) and the masks' logits `[len(noisy), V]` (row
-        j of the block after the first g clean tokens predicts the token j + 1 places after the one that follows
-        clean[g - 1]). All of the pass is appended to the cache until `keep` is called."""
-        ...
-
-    def keep(self, count: int) -> None:
-        """Keep only the first `count` tokens of the last pass in the cache."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class WordClasses:
-    """Token ids grouped by the word they spell, so the guard sees "A quick" and " a quick" as the same words.
-
-    `of[t]` is token t's class, or -1 for a token that spells no word (punctuation, spaces): the guard skips those
-    when it compares words alone and keys them by their own id otherwise. `members[c]` are the tokens of class c,
-    banned together.
-    """
-
-    of: tuple[int, ...]
-    members: dict[int, tuple[int, ...]]
-
-    @classmethod
-    def from_texts(cls, texts: list[str]) -> WordClasses:
-        """Classes from each token's decoded text: lower-cased, spaces and punctuation removed (apostrophes kept)."""
-        index: dict[str, int] = {}
-        of: list[int] = []
-        members: dict[int, list[int]] = {}
-        for token_id, text in enumerate(texts):
-            key = "".join(ch for ch in text.lower().replace("\u2019", "'") if ch.isalnum() or ch == "'")
-            if not key:
-                of.append(-1)
-                continue
-            cls_id = index.setdefault(key, len(index))
-            of.append(cls_id)
-            members.setdefault(cls_id, []).append(token_id)
-        return cls(tuple(of), {c: tuple(ids) for c, ids in members.items()})
-
-
-@dataclass(frozen=True, slots=True)
-class SpeechGuard:
-    """Rules that keep spoken answers from looping; applied to the teacher's logits identically in every mode.
-
-    With `words`, n-grams are compared as a listener hears them, case and leading spaces ignored, twice: with
-    punctuation (no 'A: "A: "') and without it (no "a quick breakfast. A quick breakfast"). The token-id rule let
-    "A quick breakfast is a quick breakfast." through, since "A" and " a" are different tokens.
-
-    `no_copy_ngram` keeps the answer from copying runs of its prompt (punctuation counted): in a long conversation a
-    small model otherwise repeats its previous answer for an unclear question, and the copy then feeds the next turn
-    ("A: "A: "" five turns in a row in a 60-turn soak). `no_copy_opening` keeps it from opening the way an earlier
-    answer opened: the copy rule stopped the verbatim copies, but five answers in a row still began "A: ...".
-    `for_prompt` gives the guard of one request.
-    """
-
-    no_repeat_ngram: int = 0  # n > 0: never emit a token that would repeat an n-gram of the answer
-    end_after: int = 0  # > 0: once the answer holds this many tokens, end it after the next sentence end
-    sentence_end_ids: frozenset[int] = frozenset()  # tokens that end a sentence (".", "!", "?" ...)
-    eos_id: int | None = None
-    words: WordClasses | None = None  # None: compare token ids as they are
-    no_copy_ngram: int = 0  # n > 0: never emit a token that would copy an n-gram of the prompt
-    copied: dict[tuple[int, ...], frozenset[int]] = field(default_factory=dict)  # prompt (n-1)-gram -> next keys
-    no_copy_opening: int = 0  # n > 0: never open with the first n tokens an earlier answer in the prompt opened with
-    openings: frozenset[tuple[int, ...]] = frozenset()  # those openings (keys), found by `for_prompt`
-
-    def for_prompt(self, prompt: list[int], header: int = 3) -> SpeechGuard:
-        """This guard with the prompt's n-grams and earlier answers' openings indexed (itself when both are off).
-
-        Earlier answers are found by the prompt's own last `header` tokens: a chat prompt ends with the assistant
-        header ("<|im_start|>assistant\\n"), and the template wrote the same tokens before each earlier answer.
-        """
-        n, k = self.no_copy_ngram, self.no_copy_opening
-        if n <= 0 and k <= 0:
-            return self
-        keys = [self._key(t) for t in prompt]
-        index: dict[tuple[int, ...], set[int]] = {}
-        for i in range(len(keys) - n + 1 if n > 0 else 0):
-            index.setdefault(tuple(keys[i : i + n - 1]), set()).add(keys[i + n - 1])
-        mark = prompt[-header:] if k > 0 and len(prompt) > header else None
-        starts = [i + header for i in range(len(prompt) - header) if mark and prompt[i : i + header] == mark]
-        openings = frozenset(tuple(keys[i : i + k]) for i in starts if i + k <= len(prompt) - header)
-        return replace(self, copied={c: frozenset(after) for c, after in index.items()}, openings=openings)
-
-    def _key(self, token: int) -> int:
-        """A token as heard: its word class, or for punctuation its own identity (as -2 - id)."""
-        if self.words is None:
-            return token
-        word = self.words.of[token]
-        return word if word >= 0 else -2 - token
-
-    def _tokens_of(self, key: int) -> tuple[int, ...]:
-        if self.words is None:
-            return (key,)
-        return (-2 - key,) if key < 0 else self.words.members[key]
-
-    def apply(self, logits: torch.Tensor, answer: list[int]) -> None:
-        """Edit `logits` ([V], in place) for the token that follows `answer`."""
-        banned: set[int] = set()
-        n = self.no_repeat_ngram
-        if n > 0:
-            # tokens as said (punctuation counted: 'A: "A: "') and the words alone ("breakfast. A quick breakfast")
-            spoken = [self._key(t) for t in answer]
-            for keys in (spoken, [key for key in spoken if key >= 0]) if self.words is not None else (answer,):
-                if len(keys) >= n:
-                    context = keys[len(keys) - n + 1 :]
-                    repeats = {keys[i + n - 1] for i in range(len(keys) - n + 1) if keys[i : i + n - 1] == context}
-                    banned.update(token for key in repeats for token in self._tokens_of(key))
-        n = self.no_copy_ngram
-        if n > 0 and self.copied and len(answer) >= n - 1:
-            context = tuple(self._key(t) for t in answer[len(answer) - n + 1 :])
-            banned.update(token for key in self.copied.get(context, ()) for token in self._tokens_of(key))
-        k = len(answer) + 1
-        if k == self.no_copy_opening and self.openings:
-            opened = tuple(self._key(t) for t in answer)
-            after = {opening[-1] for opening in self.openings if opening[:-1] == opened}
-            banned.update(token for key in after for token in self._tokens_of(key))
-        if banned:
-            logits[sorted(banned)] = -torch.inf
-        long_enough = self.end_after and self.eos_id is not None and len(answer) >= self.end_after
-        if long_enough and answer[-1] in self.sentence_end_ids:
-            logits.fill_(-torch.inf)
-            logits[self.eos_id] = 0.0
-
-
-def guarded(logits: torch.Tensor, answer: list[int], drafts: list[int], guard: SpeechGuard | None) -> torch.Tensor:
-    """The guard applied to each verification row with its own prefix: row i follows `answer + drafts[:i]`.
-
-    logits: [k + 1, V] -> [k + 1, V] float32 (a copy).
-    """
-    logits = logits.float().clone()
-    if guard is not None:
-        for i in range(logits.shape[0]):
-            guard.apply(logits[i], answer + drafts[:i])
-    return logits
 
 
 def accept_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]:
@@ -230,10 +79,9 @@ def first_eos(tokens: list[int], eos_ids: frozenset[int]) -> int | None:
 class SpeculativeDecoding:
     """One answer's self-speculative (or, with `masks` = 0, autoregressive) decoding as a step function: `feed()`
     says which tokens the next pass needs, `consume(...)` takes that pass's logits and returns the `Refinement` and how
-    many of the fed tokens the cache keeps. `generate_speculative` drives one answer; model/runtime/batch_runner.py
-    drives many
-    in one forward. A Refinement's committed tokens are verified by the teacher; the uncommitted ones after them are
-    the drafts for the next pass.
+    many of the fed tokens the cache keeps. model/runtime/batch_runner.py drives it, alone or beside other answers in
+    one forward. A Refinement's committed tokens are verified by the teacher; the uncommitted ones after them are the
+    drafts for the next pass.
     """
 
     def __init__(
@@ -372,36 +220,3 @@ class SpeculativeDecoding:
         self.step += 1
         return refinement, lead + 1 + accepted
 
-
-def generate_speculative(
-    verifier: Verifier,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    masks: int,
-    temperature: float = 0.0,
-    seed: int | None = None,
-    guard: SpeechGuard | None = None,
-    cancel: threading.Event | None = None,
-    branches: bool = True,
-    policy: DraftPolicy | None = None,
-) -> Iterator[Refinement]:
-    """Answer `prompt_ids` with at most `max_new_tokens` tokens, one `Refinement` per pass, on one verifier.
-
-    `masks` = 0 is autoregressive decoding; `masks` = m > 0 drafts up to m tokens ahead per pass (`branches`: a block
-    after every draft).
-    """
-    decoding = SpeculativeDecoding(
-        prompt_ids, max_new_tokens, masks, verifier.mask_id, verifier.eos_ids, temperature, seed, guard, branches,
-        policy,
-    )
-    verifier.start_verify(list(prompt_ids))
-    while True:
-        started = time.perf_counter()
-        feed = decoding.feed()
-        clean_logits, mask_logits = verifier.verify(feed)  # [k + 1, V], [masks in the feed, V]
-        cancelled = cancel is not None and cancel.is_set()
-        refinement, kept = decoding.consume(clean_logits, mask_logits, time.perf_counter() - started, cancelled)
-        verifier.keep(kept)
-        yield refinement
-        if refinement.done:
-            return

@@ -1,9 +1,11 @@
-"""One thread that runs the passes of every answer in flight on a block-diffusion model as one batched forward.
+"""One thread that runs the passes of every answer in flight on a block-diffusion model as one batched forward: the
+only loop that decodes the bundled model, in every mode, for one answer or many, and its `SlotCache` the model's only
+KV cache.
 
 Callers (the HTTP scheduler's jobs, voice sessions, `dlm generate`) each submit a *sequence*: an answer's decoding as a
-step function (`feed()` -> the rows of its next pass; `consume(logits)` -> a `Refinement` and how many rows the cache
-keeps). `SpeculativeDecoding` (self-speculative and autoregressive) and `DiffusionSequence` (the threshold sampler)
-are both sequences, so any mix of modes shares a pass. The loop::
+step object (model/decoding/step.py: `feed()` -> the rows of its next pass; `consume(logits)` -> a `Refinement` and
+how many rows the cache keeps). `SpeculativeDecoding` (self-speculative and autoregressive) and `DiffusionSequence`
+(the threshold sampler) are both sequences, so any mix of modes shares a pass. The loop::
 
     admit waiting sequences into free cache slots (interactive first), encode their prompts
     one forward over the next pass of every admitted sequence (model/runtime/batching.py)
@@ -33,9 +35,9 @@ import torch
 
 from model.decoding.end_of_turn import EndOfTurnProbe
 from model.decoding.refinement import Refinement
-from model.decoding.sampler import DiffusionDecoding
+from model.decoding.step import DecodingSequence, FoldsPrompt
 from model.errors import GenerationCancelled, ModelError
-from model.runtime.batching import Feed, SlotCache, batched_pass, common_prefix, keep, prefill
+from model.runtime.batching import SlotCache, batched_pass, common_prefix, keep, prefill
 
 log = logging.getLogger(__name__)
 _RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
@@ -57,97 +59,12 @@ DEFAULT_MAX_BATCH = 8
 FOLD_LIMIT = 24
 
 
-class DecodingSequence(Protocol):
-    """One answer's decoding as a step function (see the module docstring). Not `collections.abc.Sequence`: a
-    sequence here is an answer being decoded."""
-
-    @property
-    def cached_prompt(self) -> list[int]:
-        """What the cache must hold before the first pass."""
-        ...
-
-    def feed(self, crowd: int = 1) -> Feed:
-        """The rows of this answer's next pass; `crowd`: how many answers share the pass."""
-        ...
-
-    def consume(
-        self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
-    ) -> tuple[Refinement, int]: ...
-
-
-@runtime_checkable
-class FoldsPrompt(Protocol):
-    """A sequence whose first pass can also encode the prompt's uncached tokens before its last one (up to
-    `FOLD_LIMIT`) instead of a prefill of their own. Every decoding sequence can; a `PromptOnly`, with no pass, not."""
-
-    def fold_prompt(self, tokens: list[int]) -> None: ...
-
-
 @runtime_checkable
 class Batching(Protocol):
     """A denoiser whose answers can share batched passes: it makes a `BatchRunner` over its network (the bundled
     block-diffusion model)."""
 
     def batch_runner(self, max_batch: int | None = None) -> BatchRunner: ...
-
-
-class BlockPasses:
-    """The cache side of diffusion decoding on a block-diffusion model, for one answer: which tokens a pass over block
-    `[lo, hi)` feeds, and how its logits become the block's.
-
-    A pass feeds the clean tokens not yet cached (the prompt's last token before the first block; the block finished
-    just before, fused into the next block's first pass) followed by the noisy block. Logits for the block's first
-    position come from the last clean position (the teacher's own next-token prediction); logits for position
-    `lo + j` (j >= 1) from noisy position `lo + j - 1`.
-    """
-
-    def __init__(self, prompt_last: int, vocab_size: int) -> None:
-        self.vocab_size = vocab_size  # the network's; the mask id's column is added, always -inf
-        self.pending: tuple[int, ...] = (prompt_last,)  # clean tokens not yet in the cache
-        self.next_logits: torch.Tensor | None = None  # [V] prediction for the first uncached position
-
-    def feed(self, canvas: torch.Tensor, lo: int, hi: int) -> Feed:
-        return Feed(clean=self.pending, noisy=tuple(canvas[lo:hi].tolist()))
-
-    def block_logits(self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(logits `[hi - lo, V + 1]` of the block, clean tokens the cache keeps: all of them)."""
-        kept = len(self.pending)
-        if kept:
-            self.next_logits, self.pending = clean_logits[-1], ()
-        if self.next_logits is None:
-            raise ModelError("the first pass of an answer must feed the prompt's last token")
-        length = noisy_logits.shape[0]
-        out = torch.cat([self.next_logits.unsqueeze(0), noisy_logits[: length - 1]]).float()[:, : self.vocab_size]
-        return torch.cat([out, torch.full((length, 1), -torch.inf, device=out.device)], dim=1), kept
-
-    def finish_block(self, canvas: torch.Tensor, lo: int, hi: int) -> None:
-        # Encoded lazily: fused into the next block's first pass, so a finished answer costs no extra forward.
-        self.pending = tuple(canvas[lo:hi].tolist())
-
-
-class DiffusionSequence:
-    """The threshold sampler's decoding (`DiffusionDecoding`) on a block-diffusion model's cache (`BlockPasses`)."""
-
-    def __init__(self, decoding: DiffusionDecoding, passes: BlockPasses, prompt: list[int]) -> None:
-        self.decoding = decoding
-        self.passes = passes
-        self.cached_prompt = list(prompt[:-1])
-
-    def fold_prompt(self, tokens: list[int]) -> None:
-        """Encode `tokens` in the first pass, before the prompt's last token (see `SpeculativeDecoding`)."""
-        self.passes.pending = (*tokens, *self.passes.pending)
-
-    def feed(self, crowd: int = 1) -> Feed:
-        return self.passes.feed(self.decoding.canvas, self.decoding.lo, self.decoding.hi)
-
-    def consume(
-        self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
-    ) -> tuple[Refinement, int]:
-        logits, kept = self.passes.block_logits(clean_logits, noisy_logits)
-        refinement = self.decoding.consume(logits.cpu().clone(), elapsed_s, cancelled)
-        if self.decoding.finished_block is not None:
-            self.passes.finish_block(self.decoding.canvas, *self.decoding.finished_block)
-        return refinement, kept
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers.cache_utils import Cache
 
+from model.decoding.step import Feed
 from model.device import upload
 from model.errors import GenerationCancelled
 from model.runtime.noisy_rows import noisy_suffix
@@ -43,35 +44,6 @@ KEEP_AFTER_ANSWER = 2048  # a finished answer's slot keeps at most this many tok
 # autoregressive step) and over L + 16 keys (a self-speculative pass) rounded the same query's output differently now
 # and then; over the same rounded length the sums match bit for bit (see `pass_layout`).
 KEY_MULTIPLE = 32
-
-
-@dataclass(frozen=True, slots=True)
-class Feed:
-    """The rows one sequence feeds to a pass: `clean` tokens, then `noisy` ones (mask ids or a block's canvas).
-
-    `after` (one entry per noisy row, or empty) splits the noisy rows into blocks: a row with value g belongs to the
-    block that follows the first g clean tokens, sits at the positions right after clean token g - 1, sees only those
-    g clean tokens (and the cache) and the rows of its own block. Empty: one block after every clean token. Self-
-    speculative decoding drafts one block after each draft it verifies, so whichever draft is rejected, the block that
-    followed the accepted ones holds the next pass's drafts.
-    """
-
-    clean: tuple[int, ...]
-    noisy: tuple[int, ...] = ()
-    after: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        after = self.after
-        if after and (
-            len(after) != len(self.noisy)
-            or not all(1 <= g <= len(self.clean) for g in after)
-            or list(after) != sorted(after)
-        ):
-            raise ValueError("Feed.after needs one value in [1, len(clean)] per noisy row, in ascending order")
-
-    @property
-    def rows(self) -> int:
-        return len(self.clean) + len(self.noisy)
 
 
 @dataclass(slots=True)

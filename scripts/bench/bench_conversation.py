@@ -41,7 +41,7 @@ def conversation(lm: Any, prompts: list[str], max_new_tokens: int) -> list[dict[
         next(drafts)
         first_ms = (time.perf_counter() - started) * 1000
         *_, last = drafts
-        turns.append({"prompt_tokens": last.prompt_tokens, "reused_tokens": lm.denoiser.reused_tokens,
+        turns.append({"prompt_tokens": last.prompt_tokens, "reused_tokens": last.cached_prompt_tokens,
                       "first_draft_ms": round(first_ms, 1)})
         history.append(ChatMessage("assistant", last.text))
     return turns

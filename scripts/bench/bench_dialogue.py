@@ -99,7 +99,7 @@ def converse(
         total_ms = (time.perf_counter() - started) * 1000
         answer = last.committed_text.strip() or last.text.strip()
         dialogue.add_assistant(answer)
-        reused = lm.denoiser.reused_tokens
+        reused = last.cached_prompt_tokens
         refinement = last.refinement
         answer_ids = list(refinement.tokens[: refinement.answer_length]) if refinement is not None else []
         turns.append(

@@ -10,9 +10,10 @@
     python scripts/bench_lm.py --prefill-costs 8,32,128 --threads 2   # a prompt's prefill: decode kernel vs bf16
 
 Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
-pass). Each runs over the prompt set with the cache on and off. Separately it times single passes for a 256-token
-prompt and a 32-token block, cached vs uncached (the cost the cache is meant to cut). Figures are printed, never
-asserted: they depend on the machine and on what else runs on it.
+pass). Each runs over the prompt set with the cache on and off, through the chat model's own loop
+(`DiffusionChatModel.answer_refinements`: the batch runner for a block-diffusion model). Separately it times single
+passes for a 256-token prompt and a 32-token block, cached vs uncached (the cost the cache is meant to cut). Figures
+are printed, never asserted: they depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
+from model.chat.engine import DiffusionChatModel
 from model.decoding.denoiser import Denoiser
-from model.decoding.sampler import SamplerConfig, generate
+from model.decoding.sampler import SamplerConfig
 from model.device import DEVICE_CHOICES, describe, resolve_device
 from model.errors import ModelError
+from model.runtime.batch_runner import Batching
+from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 
 PROMPTS = (
     "What's the weather like on Mars?",
@@ -61,7 +65,7 @@ class ModeResult:
         return self.tokens / self.passes if self.passes else 0.0
 
 
-def tiny_block_diffusion(block_length: int, device: torch.device) -> tuple[Denoiser, int]:
+def tiny_block_diffusion(block_length: int, device: torch.device) -> tuple[Batching, int]:
     """Random LlamaForCausalLM of SmolLM2-135M's shape, wrapped by the block-diffusion adapter."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -112,8 +116,8 @@ def tiny_masked_lm(device: torch.device) -> tuple[Denoiser, int]:
 
 def build(
     spec: str | None, block_length: int | None, device: torch.device
-) -> tuple[Denoiser, list[list[int]], int, str]:
-    """Denoiser, tokenized prompts, block length and a description for a model spec."""
+) -> tuple[DiffusionChatModel, list[list[int]], int, str]:
+    """Chat model, tokenized prompts, block length and a description for a model spec."""
     if spec in ("tiny", "tiny-masked"):
         length = block_length or 8
         denoiser, vocab = tiny_block_diffusion(length, device) if spec == "tiny" else tiny_masked_lm(device)
@@ -121,7 +125,8 @@ def build(
         # random weights: any ids do; prompt lengths like a short chat turn with its template
         prompts = [torch.randint(10, vocab, (40 + 8 * i,), generator=generator).tolist() for i in range(len(PROMPTS))]
         params = sum(p.numel() for p in denoiser.model.parameters())
-        return denoiser, prompts, length, f"{spec} (random weights, {params / 1e6:.0f}M parameters)"
+        chat = DiffusionChatModel(spec, None, denoiser, SamplerConfig(length, length))  # no tokenizer: ids only
+        return chat, prompts, length, f"{spec} (random weights, {params / 1e6:.0f}M parameters)"
     from model.chat import ChatMessage
     from model.chat.loading import load_chat_model
     from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
@@ -131,44 +136,59 @@ def build(
         raise ModelError(f"{spec!r} is not a masked-diffusion model; this benchmark drives the masked sampler")
     prompts = [chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", text)])
                for text in PROMPTS]
-    return chat.denoiser, prompts, block_length or chat.sampler.block_length, chat.name
+    return chat, prompts, block_length or chat.sampler.block_length, chat.name
 
 
-def run_mode(denoiser: Denoiser, prompts: list[list[int]], max_new_tokens: int, config: SamplerConfig, name: str):
+def run_mode(chat: DiffusionChatModel, prompts: list[list[int]], max_new_tokens: int, config: SamplerConfig,
+             name: str) -> ModeResult:
     tokens = passes = 0
     started = time.perf_counter()
     for prompt in prompts:
-        refinements = list(generate(denoiser, prompt, max_new_tokens, config))
+        refinements = list(chat.answer_refinements(prompt, max_new_tokens, config))
         passes += len(refinements)
         tokens += sum(refinements[-1].committed[: refinements[-1].answer_length])
     return ModeResult(name, config.use_cache, tokens, passes, time.perf_counter() - started)
 
 
-def pass_cost(denoiser: Denoiser, use_cache: bool, prompt_tokens: int, block: int, repeats: int) -> float:
+def pass_cost(denoiser: Denoiser | Batching, use_cache: bool, prompt_tokens: int, block: int, repeats: int) -> float:
     """Median seconds of one pass over a fully masked `block` after a `prompt_tokens` prompt (prompt encoding and
-    the first pass of a block, which refreshes an approximate cache, are excluded)."""
+    the first pass of a block, which refreshes an approximate cache, are excluded). A block-diffusion model's pass is
+    the runner's (`batched_pass` on a one-slot cache): cached, the block after the encoded prompt (a block's second
+    pass); uncached, the prompt and the block in one pass."""
     prompt = torch.randint(10, 1000, (prompt_tokens,), generator=torch.Generator().manual_seed(2)).tolist()
-    canvas = torch.full((block,), denoiser.mask_id, dtype=torch.long)
-    denoiser.start(prompt, block, use_cache)
-    denoiser.block_logits(canvas, 0, block)
+    masks = (denoiser.mask_id,) * block
+    if isinstance(denoiser, Batching):
+        model, cache = denoiser.model, SlotCache(1)
+        if use_cache:
+            prefill(model, cache, 0, prompt)
+        feed = Feed(clean=() if use_cache else tuple(prompt), noisy=masks)
+
+        def one_pass() -> None:
+            batched_pass(model, cache, [0], [feed])  # its logits come back to the host: the pass is done
+    else:
+        canvas = torch.tensor(masks, dtype=torch.long)
+        denoiser.start(prompt, block, use_cache)
+
+        def one_pass() -> None:
+            denoiser.block_logits(canvas, 0, block).cpu()  # .cpu() waits for an accelerator to finish
+    one_pass()
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        denoiser.block_logits(canvas, 0, block).cpu()  # .cpu() waits for an accelerator to finish
+        one_pass()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
 
-def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
+def verify_pass_costs(model: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
     """Median seconds of one self-speculative pass after `cache_length` cached tokens, for each input size n: the
     autoregressive form (n clean tokens, gate off) and the drafting form (1 clean token + n - 1 masks, gate on for
     the masks), each through the fused pass (model/runtime/fast_pass.py, what decoding runs: on the int4 weights when
     the model has them, and on the bf16 ones) and through transformers' modules (bf16, the same logits as the bf16
-    fused pass). The pass's keys/values are dropped after each timing, so the cache length stays fixed."""
-    from model.runtime.batching import Feed
+    fused pass). Each is the runner's pass (`batched_pass`) on a one-slot cache; nothing is kept, so the cache length
+    stays fixed."""
     from model.runtime.fast_pass import FastPass
 
-    model = denoiser.model
     fused = model.inference_pass()
     variants = {"fused pass": lambda: fused, "modules": lambda: model}
     if getattr(model, "int4", None) is not None:
@@ -177,7 +197,8 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
         model.int4 = int4
         variants = {"fused pass, int4": lambda: fused, "fused pass, bf16": lambda: bf16, "modules": lambda: model}
     prompt = torch.randint(10, 1000, (cache_length + 1,), generator=torch.Generator().manual_seed(2)).tolist()
-    denoiser.start_verify(prompt)
+    cache = SlotCache(1)
+    prefill(model, cache, 0, prompt[:-1])
     shapes = [(n, 0) for n in sizes] + [(1, n - 1) for n in sizes]
     times: dict[tuple[str, int, int], list[float]] = {(v, *shape): [] for v in variants for shape in shapes}
     try:
@@ -185,10 +206,9 @@ def verify_pass_costs(denoiser: Any, cache_length: int, sizes: list[int], repeat
             for variant, clean, masks in times:
                 model.inference_pass = variants[variant]
                 started = time.perf_counter()
-                denoiser.verify(Feed(tuple(prompt[-1:] * clean), (denoiser.mask_id,) * masks))
+                batched_pass(model, cache, [0], [Feed(tuple(prompt[-1:] * clean), (model.mask_id,) * masks)])
                 if round_:  # the first round builds each shape's kernels: not timed
                     times[(variant, clean, masks)].append(time.perf_counter() - started)
-                denoiser.keep(0)
     finally:
         del model.inference_pass  # the class's own method again
     return {
@@ -213,7 +233,7 @@ def pass_cost_main(args: argparse.Namespace) -> int:
     chat = model_to_time(args)
     sizes = [int(n) for n in args.pass_costs.split(",")]
     with torch.inference_mode():
-        costs = verify_pass_costs(chat.denoiser, args.cache_length, sizes, args.pass_repeats)
+        costs = verify_pass_costs(chat.denoiser.model, args.cache_length, sizes, args.pass_repeats)
     print(f"one cached pass after {args.cache_length} tokens, {torch.get_num_threads()} threads, median of "
           f"{args.pass_repeats} (ms)")
     print("tokens | " + " | ".join(costs))
@@ -230,7 +250,6 @@ def prefill_costs(model: Any, sizes: list[int], repeats: int) -> dict[str, list[
     """Median seconds of a prefill of n prompt tokens on an empty cache (model/runtime/batching.py `prefill`), the
     way this CPU runs it (int4 through the decode kernel, or bf16 for long prompts on AMX) and forced to bf16
     (`FastPass.int4_prefill`), interleaved."""
-    from model.runtime.batching import SlotCache, prefill
     from model.runtime.fast_pass import FastPass
 
     tokens = torch.randint(10, 1000, (max(sizes),), generator=torch.Generator().manual_seed(3)).tolist()
@@ -271,8 +290,6 @@ def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats:
     `cache_length` tokens (lengths differ by a few tokens, as real answers do), for the row shapes of each mode:
     autoregressive (1 clean row), self-speculative (1 clean + 4 masks, drafts rejected; 5 clean + 4 masks, drafts
     accepted) and diffusion (a finished block of 4 clean + 4 noisy). Nothing is kept, so lengths stay fixed."""
-    from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
-
     mask = model.mask_id
     forms = {
         "autoregressive 1": Feed((11,)),
@@ -395,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return batch_agreement_main(args)
 
     try:
-        denoiser, prompts, block, name = build(args.model, args.block_length, args.device)
+        chat, prompts, block, name = build(args.model, args.block_length, args.device)
         prompts = prompts[: args.prompts]
         max_new = -(-args.max_new_tokens // block) * block
         if block % args.k:
@@ -405,14 +422,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.k}/pass": SamplerConfig(block, block // args.k),
             f"threshold {args.threshold}": SamplerConfig(block, block, threshold=args.threshold),
         }
+        # outside inference mode: an answer's decoding state is made here and edited on the runner's thread
+        results = [
+            run_mode(chat, prompts, max_new, SamplerConfig(**{**asdict(cfg), "use_cache": cache}), mode)
+            for mode, cfg in policies.items()
+            for cache in (True, False)
+        ]
+        chat.stop_batching()  # the single passes are timed on this thread (see `model_to_time`)
         with torch.inference_mode():
-            results = [
-                run_mode(denoiser, prompts, max_new, SamplerConfig(**{**asdict(cfg), "use_cache": cache}), mode)
-                for mode, cfg in policies.items()
-                for cache in (True, False)
-            ]
-            cached = pass_cost(denoiser, True, 256, 32, args.pass_repeats)
-            uncached = pass_cost(denoiser, False, 256, 32, args.pass_repeats)
+            cached = pass_cost(chat.denoiser, True, 256, 32, args.pass_repeats)
+            uncached = pass_cost(chat.denoiser, False, 256, 32, args.pass_repeats)
     except ModelError as error:
         print(f"bench_lm: {error}", file=sys.stderr)
         return 2

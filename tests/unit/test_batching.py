@@ -12,12 +12,12 @@ import pytest
 import torch
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
-from model.bundled.block_diffusion import BlockDiffusionDenoiser
+from model.bundled.block_diffusion import BlockDiffusionDenoiser, BlockDiffusionLM
+from model.bundled.block_diffusion import reference_logits as cache_free_logits
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.decoding.refinement import Refinement
-from model.decoding.sampler import SamplerConfig, generate
-from model.decoding.speculative import generate_speculative
+from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
 from model.runtime.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
 from model.runtime.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
@@ -39,15 +39,13 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, LLAMA_VOCAB) for _ in range(rng.randrange(1, 30))] for _ in range(count)]
 
 
-def reference_logits(denoiser: BlockDiffusionDenoiser, context: list[int], feed: Feed) -> torch.Tensor:
+def reference_logits(model: BlockDiffusionLM, context: list[int], feed: Feed) -> torch.Tensor:
     """Logits of `feed`'s rows after `context` from one cache-free forward over the whole sequence."""
-    ids = torch.tensor([context + list(feed.clean) + list(feed.noisy)])
-    return denoiser._run(ids, noisy_from=len(context) + len(feed.clean))[0, len(context) :].float()
+    return cache_free_logits(model, context + list(feed.clean), feed.noisy)[len(context) :].float()
 
 
 def test_a_batched_pass_gives_each_sequence_its_unbatched_logits() -> None:
     model = adapted()
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     mask = model.mask_id
     masks = (mask,) * 4
     contexts = prompts(4, seed=1)
@@ -65,7 +63,7 @@ def test_a_batched_pass_gives_each_sequence_its_unbatched_logits() -> None:
     for slots, feeds in rounds:
         outs = batched_pass(model, cache, slots, feeds)
         for slot, feed, (clean, noisy) in zip(slots, feeds, outs, strict=True):
-            expected = reference_logits(denoiser, cache.slots[slot].ids, feed)
+            expected = reference_logits(model, cache.slots[slot].ids, feed)
             torch.testing.assert_close(clean, expected[: len(feed.clean)], atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(noisy, expected[len(feed.clean) :], atol=1e-4, rtol=1e-4)
             keep(cache, slot, feed, len(feed.clean) - 1)  # the slots grow by different amounts
@@ -82,11 +80,10 @@ def test_mask_blocks_after_each_clean_prefix_see_only_that_prefix() -> None:
     prefill(model, cache, 0, context)
     after = (1, 1, 1, 2, 2, 2, 3, 3, 3)
     [(clean_logits, noisy_logits)] = batched_pass(model, cache, [0], [Feed(clean, (mask,) * 9, after)])
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     for g in (1, 2, 3):
-        expected = reference_logits(denoiser, context, Feed(clean[:g], (mask,) * 3))
+        expected = reference_logits(model, context, Feed(clean[:g], (mask,) * 3))
         torch.testing.assert_close(noisy_logits[3 * (g - 1) : 3 * g], expected[g:], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(clean_logits, reference_logits(denoiser, context, Feed(clean))[:3], atol=1e-4,
+    torch.testing.assert_close(clean_logits, reference_logits(model, context, Feed(clean))[:3], atol=1e-4,
                                rtol=1e-4)
     with pytest.raises(ValueError, match="ascending"):
         Feed(clean, (mask,) * 2, (2, 1))
@@ -97,22 +94,13 @@ def stream(refinements: Iterator[Refinement]) -> list[tuple[object, ...]]:
     return [(r.tokens, r.committed, r.done, r.finish_reason) for r in refinements]
 
 
-def alone(prompt: list[int], config: SamplerConfig, length: int, cancel_after: int | None = None):
-    """The answer decoded by itself on a fresh one-answer denoiser (no runner)."""
-    denoiser = BlockDiffusionDenoiser(adapted(), [EOS])
-    cancel = threading.Event()
-    if config.decoding == "diffusion":
-        refinements = generate(denoiser, prompt, length, config, cancel)
-    else:
-        masks = config.draft_masks if config.decoding == "self-speculative" else 0
-        refinements = generate_speculative(denoiser, prompt, length, masks, config.temperature, config.seed,
-                                           cancel=cancel, branches=config.draft_branches)
-    out = []
-    for refinement in refinements:
-        out.append(refinement)
-        if cancel_after is not None and len(out) == cancel_after:
-            cancel.set()
-    return stream(iter(out))
+def alone(prompt: list[int], config: SamplerConfig, length: int):
+    """The answer decoded by itself, on a fresh model and a runner of its own that decodes one answer a pass."""
+    chat = DiffusionChatModel("tiny", None, BlockDiffusionDenoiser(adapted(), [EOS]), config, max_batch=1)
+    try:
+        return stream(chat.answer_refinements(prompt, length, config))
+    finally:
+        chat.stop_batching()
 
 
 def engine() -> DiffusionChatModel:

@@ -16,9 +16,12 @@ from model.bundled.block_diffusion import (
     load_adapter,
     save_adapter,
 )
-from model.decoding.sampler import SamplerConfig, generate
+from model.chat.engine import DiffusionChatModel
+from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
+from model.runtime.batching import SlotCache
 from model.training.block_training import batch_logits, block_diffusion_loss, make_batch
+from tests.unit.drive import BlockAnswer, uncached_block_logits
 
 VOCAB = LLAMA_VOCAB
 EOS = LLAMA_EOS
@@ -38,18 +41,16 @@ PROMPT = [5, 9, 11, 3, 7, 20]
 
 def test_cached_and_uncached_passes_agree_block_by_block() -> None:
     model = adapted()
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     canvas = torch.full((12,), model.mask_id)
     canvas[:6] = torch.tensor([10, 12, 14, 16, 18, 21])
-    outputs = {}
-    for use_cache in (True, False):
-        denoiser.start(PROMPT, 12, use_cache)
-        per_block = []
-        for lo in range(0, 12, 4):
-            per_block.append(denoiser.block_logits(canvas, lo, lo + 4))
-            per_block.append(denoiser.block_logits(canvas, lo, lo + 4))  # a second pass of the same block
-            denoiser.finish_block(canvas, lo, lo + 4)
-        outputs[use_cache] = torch.stack(per_block)
+    answer = BlockAnswer(model, PROMPT)
+    per_block = []
+    for lo in range(0, 12, 4):
+        per_block.append(answer.block_logits(canvas, lo, lo + 4))
+        per_block.append(answer.block_logits(canvas, lo, lo + 4))  # a second pass of the same block
+        answer.finish_block(canvas, lo, lo + 4)
+    uncached = [uncached_block_logits(model, PROMPT, canvas, lo, lo + 4) for lo in (0, 0, 4, 4, 8, 8)]
+    outputs = {True: torch.stack(per_block), False: torch.stack(uncached)}
     assert outputs[True].shape == (6, 4, VOCAB + 1)
     torch.testing.assert_close(outputs[True], outputs[False], atol=1e-4, rtol=1e-4)
 
@@ -57,13 +58,12 @@ def test_cached_and_uncached_passes_agree_block_by_block() -> None:
 def test_first_position_of_each_block_is_the_teachers_next_token_prediction() -> None:
     model = adapted()
     teacher = model.base
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     answer = [10, 12, 14, 16, 18, 21, 22, 23]
     canvas = torch.tensor(answer)
-    denoiser.start(PROMPT, 8, use_cache=True)
-    denoiser.block_logits(canvas, 0, 4)
-    denoiser.finish_block(canvas, 0, 4)
-    second_block = denoiser.block_logits(canvas, 4, 8)
+    passes = BlockAnswer(model, PROMPT)
+    passes.block_logits(canvas, 0, 4)
+    passes.finish_block(canvas, 0, 4)
+    second_block = passes.block_logits(canvas, 4, 8)
     with torch.no_grad(), AdapterOff(model):
         ar = teacher(torch.tensor([PROMPT + answer[:4]])).logits[0, -1]
     torch.testing.assert_close(second_block[0, :VOCAB], ar, atol=1e-4, rtol=1e-4)
@@ -74,7 +74,6 @@ def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pyte
     import model.runtime.batching as batching
 
     model = adapted()
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     shapes: set[tuple[int, ...]] = set()
     runner = model.inference_pass()
 
@@ -87,13 +86,13 @@ def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pyte
     canvas[:4] = torch.tensor([10, 12, 14, 16])
     for length in (1, 6, 33, 40, 41, 95):
         prompt = [(5 + 7 * i) % (VOCAB - 3) + 3 for i in range(length)]
-        denoiser.start(prompt, 8, use_cache=False)  # the reference: the whole sequence in one unpadded forward
-        expected = [denoiser.block_logits(canvas, 0, 4), denoiser.block_logits(canvas, 4, 8)]
+        # the reference: the whole sequence in one unpadded forward
+        expected = [uncached_block_logits(model, prompt, canvas, lo, lo + 4) for lo in (0, 4)]
         monkeypatch.setattr(model, "inference_pass", lambda: recording)
-        denoiser.start(prompt, 8, use_cache=True)
-        first = denoiser.block_logits(canvas, 0, 4)
-        denoiser.finish_block(canvas, 0, 4)
-        second = denoiser.block_logits(canvas, 4, 8)  # attends to the cached prompt: padding must be gone
+        answer = BlockAnswer(model, prompt)
+        first = answer.block_logits(canvas, 0, 4)
+        answer.finish_block(canvas, 0, 4)
+        second = answer.block_logits(canvas, 4, 8)  # attends to the cached prompt: padding must be gone
         monkeypatch.setattr(model, "inference_pass", lambda: runner)
         torch.testing.assert_close(torch.stack([first, second]), torch.stack(expected), atol=1e-4, rtol=1e-4)
     # chunks of 40 tokens are padded to 48: prefills (of all but the prompt's last token) ran at two lengths (32,
@@ -106,9 +105,9 @@ def test_prefill_in_padded_chunks_is_exact_and_uses_few_shapes(monkeypatch: pyte
 
 def test_the_next_prompt_reuses_the_cached_conversation_exactly() -> None:
     model = adapted()
-    warm = BlockDiffusionDenoiser(model, [EOS])  # keeps its cache from one answer to the next
+    cache = SlotCache(1)  # kept from one answer to the next
     canvas = torch.tensor([10, 12, 14, 16, 18, 21, 22, 23])
-    warm.start(PROMPT, 8, use_cache=True)
+    warm = BlockAnswer(model, PROMPT, cache)
     for lo in (0, 4):
         warm.block_logits(canvas, lo, lo + 4)
         warm.finish_block(canvas, lo, lo + 4)
@@ -121,16 +120,14 @@ def test_the_next_prompt_reuses_the_cached_conversation_exactly() -> None:
     next_canvas = torch.full((8,), model.mask_id)
     next_canvas[:3] = torch.tensor([40, 41, 42])
     for case, (prompt, reused) in follow_ups.items():
-        warm.start(prompt, 8, use_cache=True)
+        warm = BlockAnswer(model, prompt, cache)
         assert warm.reused_tokens == reused, case
         got = warm.block_logits(next_canvas, 0, 4)
-        fresh = BlockDiffusionDenoiser(model, [EOS])
-        fresh.start(prompt, 8, use_cache=True)
+        fresh = BlockAnswer(model, prompt)
         torch.testing.assert_close(got, fresh.block_logits(next_canvas, 0, 4), atol=1e-4, rtol=1e-4, msg=case)
         warm.finish_block(next_canvas, 0, 4)
         warm.block_logits(next_canvas, 4, 8)  # leaves more answer tokens in the cache for the next case
-    warm.reuse_prompt_cache = False
-    warm.start(PROMPT, 8, use_cache=True)
+    warm = BlockAnswer(model, PROMPT, cache, reuse=False)
     assert warm.reused_tokens == 0
 
 
@@ -155,24 +152,24 @@ class AdapterOff:
 
 def test_mask_never_predicted_and_blocks_must_run_in_order() -> None:
     model = adapted()
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     canvas = torch.full((8,), model.mask_id)
-    denoiser.start(PROMPT, 8, use_cache=True)
-    logits = denoiser.block_logits(canvas, 0, 4)
+    answer = BlockAnswer(model, PROMPT)
+    logits = answer.block_logits(canvas, 0, 4)
     assert torch.isneginf(logits[:, model.mask_id]).all()
     with pytest.raises(ModelError, match="in order"):
-        denoiser.block_logits(canvas, 4, 8)  # block 0 never finished
+        answer.block_logits(canvas, 4, 8)  # block 0 never finished
     with pytest.raises(ModelError, match="empty"):
-        denoiser.start([], 8, use_cache=True)
+        BlockAnswer(model, [])
 
 
-def test_sampler_runs_through_the_denoiser_with_identical_cached_output() -> None:
+def test_a_diffusion_answer_is_the_same_with_and_without_the_cache() -> None:
     model = adapted(seed=3)
     results = []
     for use_cache in (True, False):
-        denoiser = BlockDiffusionDenoiser(model, [EOS])
         config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.5, seed=0, use_cache=use_cache)
-        refinements = list(generate(denoiser, PROMPT, 16, config))
+        chat = DiffusionChatModel("tiny", None, BlockDiffusionDenoiser(model, [EOS]), config)
+        refinements = list(chat.answer_refinements(PROMPT, 16, config))
+        chat.stop_batching()
         assert refinements[-1].done
         results.append(refinements[-1].tokens)
     assert results[0] == results[1]
@@ -236,16 +233,15 @@ def test_a_training_batch_and_a_decoding_pass_give_the_same_logits_for_the_same_
         training = batch_logits(model, batch)[0]  # [8, VOCAB]: row i predicts answer position i + 1
     noisy = batch.noisy_ids[0]
     assert (noisy == model.mask_id).any()
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
-    denoiser.start(PROMPT, 8, use_cache=True)
+    passes = BlockAnswer(model, PROMPT)
     for lo in (0, 4):
         canvas = torch.full((8,), model.mask_id)
         canvas[:lo] = torch.tensor(answer[:lo])  # finished blocks hold the answer, as the clean pass does
         canvas[lo : lo + 4] = noisy[lo : lo + 4]  # the active block exactly as the training copy masked it
-        decoded = denoiser.block_logits(canvas, lo, lo + 4)  # row j predicts answer position lo + j
+        decoded = passes.block_logits(canvas, lo, lo + 4)  # row j predicts answer position lo + j
         torch.testing.assert_close(decoded[1:, :VOCAB], training[lo : lo + 3], atol=1e-4, rtol=1e-4)
         canvas[lo : lo + 4] = torch.tensor(answer[lo : lo + 4])
-        denoiser.finish_block(canvas, lo, lo + 4)
+        passes.finish_block(canvas, lo, lo + 4)
 
 
 def test_training_step_updates_only_the_adapter_and_reduces_loss() -> None:
@@ -273,9 +269,7 @@ def test_adapter_round_trip(tmp_path: Path) -> None:
     canvas = torch.full((4,), model.mask_id)
     outs = []
     for m in (model, restored):
-        denoiser = BlockDiffusionDenoiser(m, [EOS])
-        denoiser.start(PROMPT, 4, use_cache=True)
-        outs.append(denoiser.block_logits(canvas, 0, 4))
+        outs.append(BlockAnswer(m, PROMPT).block_logits(canvas, 0, 4))
     torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=1e-2)  # fp16 storage of the LoRA factors
     with pytest.raises(ModelError, match="no block-diffusion adapter"):
         load_adapter(tiny_llama(2), tmp_path / "missing")

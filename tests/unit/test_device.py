@@ -16,7 +16,7 @@ import pytest
 import torch
 from report_lib.tiny_models import LLAMA_EOS
 
-from model.bundled.block_diffusion import BlockDiffusionDenoiser
+from model.bundled.block_diffusion import BlockDiffusionDenoiser, reference_logits
 from model.device import describe, resolve_device, synchronize, upload
 from model.errors import ModelError
 from model.runtime.batching import Feed, SlotCache, batched_pass, keep, pass_layout, prefill
@@ -139,8 +139,7 @@ def test_a_batched_pass_on_the_device_gives_each_sequence_its_cache_free_logits(
     for slot, feed, (clean, noisy) in zip(slots, feeds, outs, strict=True):
         assert clean.device.type == "cpu"  # the logits come back to the host, for the decoding decisions
         context = cache.slots[slot].ids
-        ids = torch.tensor([context + list(feed.clean) + list(feed.noisy)])
-        expected = denoiser._run(ids, noisy_from=len(context) + len(feed.clean))[0, len(context) :].float().cpu()
+        expected = reference_logits(model, context + list(feed.clean), feed.noisy)[len(context) :].float().cpu()
         torch.testing.assert_close(clean, expected[: len(feed.clean)], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(noisy, expected[len(feed.clean) :], atol=1e-4, rtol=1e-4)
         keep(cache, slot, feed, 1)

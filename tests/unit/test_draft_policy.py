@@ -17,7 +17,8 @@ from model.decoding.draft_policy import (
     DraftPolicy,
 )
 from model.decoding.sampler import SamplerConfig
-from model.decoding.speculative import generate_speculative
+from model.runtime.batch_runner import BatchRunner
+from tests.unit.drive import decode, speculative
 from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse)
     EOS,
     OracleDrafts,
@@ -150,17 +151,19 @@ def test_acceptance_counts_each_position_only_when_the_drafts_before_it_were_acc
 def test_adaptive_layouts_still_give_the_teachers_answer() -> None:
     model = adapted()
     teacher = tiny_llama()
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
+    runner = BatchRunner(model, max_batch=1)
     policy = DraftPolicy(max_masks=4)
     layouts = set()
     for index, prompt in enumerate(prompts(10)):
         reference = teacher_greedy(teacher, prompt, 20)
         expected = reference[: reference.index(EOS) + 1] if EOS in reference else reference
-        oracle = OracleDrafts(denoiser, reference, error_rate=0.3, seed=index)
+        oracle = OracleDrafts(speculative(model, prompt, 20, masks=4, policy=policy), reference, error_rate=0.3,
+                              seed=index)
         before = policy.choices
-        refinements = list(generate_speculative(oracle, prompt, 20, masks=4, policy=policy))
+        refinements = decode(runner, oracle)
         assert final_tokens(refinements) == expected, index
         layouts.update(m for m, layout in enumerate(policy.layouts) if layout.timed_at > before)
+    runner.close()
     assert len(layouts) >= 3  # the answers really ran under different layouts
 
 

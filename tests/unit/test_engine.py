@@ -116,7 +116,7 @@ class EndlessDenoiser(MaskedLMDenoiser):
 
 
 class PrefixCachingDenoiser(MaskedLMDenoiser):
-    """Claims to have found all but the last prompt token in its cache, as BlockDiffusionDenoiser does on a repeat."""
+    """Claims to have found all but the last prompt token in its cache, as a prefix cache does on a repeat."""
 
     def start(self, prompt_ids, max_new_tokens, use_cache) -> None:
         super().start(prompt_ids, max_new_tokens, use_cache)

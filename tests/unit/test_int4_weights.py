@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.runtime import quant_kernels
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.runtime.fast_pass import AMX_PREFILL_ROWS
@@ -28,7 +27,7 @@ from model.runtime.int4_weights import (
     read_gguf_head,
     read_gguf_linears,
 )
-from tests.unit.test_self_speculative import EOS, assert_modes_agree, bf16_adapted, rows_whose_logits_differ
+from tests.unit.test_self_speculative import assert_modes_agree, bf16_adapted, rows_whose_logits_differ
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 
@@ -236,7 +235,7 @@ def test_with_int4_weights_self_speculative_answers_equal_autoregressive_ones_bi
     with torch.no_grad():  # large logits: near-ties are common, as in SmolLM2's 49k vocabulary
         model.base.model.norm.weight.mul_(60.0)
     model.use_int4(model.int4)  # the fused pass reads the new norm
-    assert_modes_agree(BlockDiffusionDenoiser(model, [EOS]), prompts_count=8)
+    assert_modes_agree(model, prompts_count=8)
 
 
 def test_the_weights_choice_is_checked_before_loading() -> None:

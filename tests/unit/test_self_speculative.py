@@ -15,13 +15,18 @@ import torch
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
+from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 from model.chat.engine import DiffusionChatModel
-from model.decoding.sampler import SamplerConfig
-from model.decoding.speculative import SpeechGuard, WordClasses, accept_greedy, accept_sampled, generate_speculative
+from model.decoding.block_passes import BlockPasses, DiffusionSequence
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import DiffusionDecoding, SamplerConfig
+from model.decoding.speculative import SpeculativeDecoding, accept_greedy, accept_sampled
+from model.decoding.speech_guard import SpeechGuard, WordClasses
 from model.errors import ModelError
+from model.runtime.batch_runner import BatchRunner
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.training.block_training import make_batch
+from tests.unit.drive import decode, decode_alone, one_pass, speculative
 
 VOCAB = LLAMA_VOCAB
 EOS = LLAMA_EOS
@@ -60,38 +65,47 @@ def teacher_greedy(teacher: LlamaForCausalLM, prompt: list[int], length: int) ->
 
 
 class OracleDrafts:
-    """A verifier whose masks draft the reference answer, wrong at random places: so passes accept several drafts,
-    reject others, and the real network's verification and cache handling are exercised on both paths."""
+    """A self-speculative decoding whose masks draft the reference answer, wrong at random places: so passes accept
+    several drafts, reject others, and the real network's verification and cache handling are exercised on both paths.
+    It wraps the decoding the runner drives and replaces the pass's mask logits before `consume` sees them."""
 
-    def __init__(self, denoiser: BlockDiffusionDenoiser, reference: list[int], error_rate: float, seed: int) -> None:
-        self.denoiser = denoiser
-        self.eos_ids = denoiser.eos_ids
-        self.mask_id = denoiser.mask_id
+    def __init__(self, decoding: SpeculativeDecoding, reference: list[int], error_rate: float, seed: int) -> None:
+        self.decoding = decoding
         self.reference = reference
         self.error_rate = error_rate
         self.rng = random.Random(seed)
-        self.prompt_length = 0
+        self.prompt_length = len(decoding.prompt)
+        self.cached = len(decoding.cached_prompt)  # tokens the cache holds before the next pass
+        self._feed = Feed(clean=())
 
-    def start_verify(self, prompt_ids: list[int]) -> None:
-        self.prompt_length = len(prompt_ids)
-        self.denoiser.start_verify(prompt_ids)
+    @property
+    def cached_prompt(self) -> list[int]:
+        return self.decoding.cached_prompt
 
-    def verify(self, feed: Feed) -> tuple[torch.Tensor, torch.Tensor]:
-        clean, mask_logits = self.denoiser.verify(feed)
-        cached = len(self.denoiser._cached_ids)
+    def fold_prompt(self, tokens: list[int]) -> None:
+        self.cached -= len(tokens)  # the first pass encodes them: the cache holds the prompt before them
+        self.decoding.fold_prompt(tokens)
+
+    def feed(self, crowd: int = 1) -> Feed:
+        self._feed = self.decoding.feed(crowd)
+        return self._feed
+
+    def consume(
+        self, clean_logits: torch.Tensor, mask_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
+    ) -> tuple[Refinement, int]:
+        feed = self._feed
         after = feed.after or (len(feed.clean),) * len(feed.noisy)
         oracle = torch.zeros_like(mask_logits)
         for j, block in enumerate(after):
             # answer index this mask row predicts: its block follows clean[block - 1]; it is row j - first of it
-            index = cached + block - self.prompt_length + 1 + j - after.index(block)
+            index = self.cached + block - self.prompt_length + 1 + j - after.index(block)
             token = self.reference[index] if index < len(self.reference) else EOS
             if self.rng.random() < self.error_rate:
                 token = self.rng.randrange(3, VOCAB)
             oracle[j, token] = 10.0
-        return clean, oracle
-
-    def keep(self, count: int) -> None:
-        self.denoiser.keep(count)
+        refinement, kept = self.decoding.consume(clean_logits, oracle, elapsed_s, cancelled)
+        self.cached += kept
+        return refinement, kept
 
 
 def final_tokens(refinements: list) -> list[int]:
@@ -103,23 +117,25 @@ def final_tokens(refinements: list) -> list[int]:
 def test_self_speculative_equals_autoregressive_equals_the_teacher() -> None:
     model = adapted()
     teacher = tiny_llama()  # same seed: the base weights without any adapter
-    warm = BlockDiffusionDenoiser(model, [EOS])  # one denoiser for every answer: the prompt cache is reused too
+    warm = BatchRunner(model, max_batch=1)  # one runner for every answer: the prompt cache is reused too
     accepted_per_pass = []
     for index, prompt in enumerate(prompts(16)):
         reference = teacher_greedy(teacher, prompt, 20)
-        autoregressive = final_tokens(list(generate_speculative(warm, prompt, 20, masks=0)))
+        autoregressive = final_tokens(decode(warm, speculative(model, prompt, 20, masks=0)))
         expected = reference[: reference.index(EOS) + 1] if EOS in reference else reference
         assert autoregressive == expected, index
         for branches in (True, False):
-            speculative = final_tokens(list(generate_speculative(warm, prompt, 20, masks=4, branches=branches)))
-            oracle = OracleDrafts(warm, reference, error_rate=0.25, seed=index)
-            drafted = list(generate_speculative(oracle, prompt, 20, masks=4, branches=branches))
-            assert speculative == expected, (index, branches)
+            drafting = final_tokens(decode(warm, speculative(model, prompt, 20, masks=4, branches=branches)))
+            oracle = OracleDrafts(speculative(model, prompt, 20, masks=4, branches=branches), reference,
+                                  error_rate=0.25, seed=index)
+            drafted = decode(warm, oracle)
+            assert drafting == expected, (index, branches)
             assert final_tokens(drafted) == expected, (index, branches)
             if branches:
                 accepted_per_pass.append(len(expected) / len(drafted))
     # autoregressive makes one token a pass; good drafts make several (the oracle is right 75 % of the time)
     assert sum(accepted_per_pass) / len(accepted_per_pass) > 2.0
+    warm.close()
 
 
 def test_a_block_after_every_draft_keeps_drafting_after_a_rejection() -> None:
@@ -127,14 +143,14 @@ def test_a_block_after_every_draft_keeps_drafting_after_a_rejection() -> None:
     each draft, the block after the accepted ones drafts on. Same answers, fewer passes (same oracle errors)."""
     model = adapted(seed=3)
     teacher = tiny_llama(seed=3)
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     passes = {True: 0, False: 0}
     for index, prompt in enumerate(prompts(12, seed=3)):
         reference = teacher_greedy(teacher, prompt, 24)
         answers = {}
         for branches in (True, False):
-            oracle = OracleDrafts(denoiser, reference, error_rate=0.3, seed=index)
-            refinements = list(generate_speculative(oracle, prompt, 24, masks=4, branches=branches))
+            oracle = OracleDrafts(speculative(model, prompt, 24, masks=4, branches=branches), reference,
+                                  error_rate=0.3, seed=index)
+            refinements = decode_alone(model, oracle)
             answers[branches] = final_tokens(refinements)
             passes[branches] += len(refinements)
             drafted = [r for r in refinements[:-1] if not all(r.committed)]
@@ -146,17 +162,16 @@ def test_a_block_after_every_draft_keeps_drafting_after_a_rejection() -> None:
 
 def test_the_speech_guard_keeps_both_modes_equal_and_the_answer_free_of_repeats() -> None:
     model = adapted(seed=1)
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     base = SpeechGuard(
         no_repeat_ngram=2, end_after=6, sentence_end_ids=frozenset({7, 8}), eos_id=EOS,
         no_copy_ngram=3, no_copy_opening=1,
     )
     for index, prompt in enumerate(prompts(12, seed=1)):
         guard = base.for_prompt(prompt)
-        autoregressive = final_tokens(list(generate_speculative(denoiser, prompt, 24, masks=0, guard=guard)))
-        oracle = OracleDrafts(denoiser, autoregressive, error_rate=0.2, seed=index)
-        speculative = final_tokens(list(generate_speculative(oracle, prompt, 24, masks=4, guard=guard)))
-        assert speculative == autoregressive, index
+        autoregressive = final_tokens(decode_alone(model, speculative(model, prompt, 24, masks=0, guard=guard)))
+        oracle = OracleDrafts(speculative(model, prompt, 24, masks=4, guard=guard), autoregressive, error_rate=0.2,
+                              seed=index)
+        assert final_tokens(decode_alone(model, oracle)) == autoregressive, index
         bigrams = list(itertools.pairwise(autoregressive))
         assert len(bigrams) == len(set(bigrams)), index
         prompt_trigrams = set(zip(prompt, prompt[1:], prompt[2:], strict=False))
@@ -230,16 +245,17 @@ def test_the_cache_after_rejected_drafts_equals_a_fresh_prefill_of_the_accepted_
     teacher = tiny_llama(seed=2)
     prompt = [5, 9, 11, 3, 7, 20]
     reference = teacher_greedy(teacher, prompt, 16)
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
-    oracle = OracleDrafts(denoiser, reference, error_rate=0.5, seed=0)
-    refinements = list(generate_speculative(oracle, prompt, 16, masks=4))
+    runner = BatchRunner(model, max_batch=1)
+    oracle = OracleDrafts(speculative(model, prompt, 16, masks=4), reference, error_rate=0.5, seed=0)
+    refinements = decode(runner, oracle)
+    runner.close()
     answer = final_tokens(refinements)
     assert len(refinements) < len(answer)  # some drafts were accepted ...
-    fresh = BlockDiffusionDenoiser(model, [EOS])
-    fresh.start_verify(prompt + answer)  # caches everything but the last token, as a pass leaves it
-    assert denoiser._cached_ids == fresh._cached_ids == (prompt + answer)[:-1]
-    held = len(fresh._cached_ids)
-    for warm, cold in ((denoiser._cache._keys, fresh._cache._keys), (denoiser._cache._values, fresh._cache._values)):
+    cache, fresh = runner.cache, SlotCache(1)
+    prefill(model, fresh, 0, (prompt + answer)[:-1])  # everything but the last token, as a pass leaves it
+    assert cache.slots[0].ids == fresh.slots[0].ids == (prompt + answer)[:-1]
+    held = len(fresh.slots[0].ids)
+    for warm, cold in ((cache._keys, fresh._keys), (cache._values, fresh._values)):
         for warm_layer, fresh_layer in zip(warm, cold, strict=True):
             torch.testing.assert_close(warm_layer[:, :, :held], fresh_layer[:, :, :held], atol=1e-5, rtol=1e-5)
 
@@ -292,9 +308,8 @@ def test_the_training_batch_and_the_decoding_pass_give_the_same_logits_for_a_mas
         model(batch.clean_ids, torch.arange(t)[None], batch.clean_bias, clean_noisy, cache)
         noisy = torch.ones_like(noisy_ids, dtype=torch.bool)
         training = model(noisy_ids, batch.noisy_pos, batch.noisy_bias, noisy, cache)[0, 4:8]
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
-    denoiser.start_verify(prompt + answer[:4])  # the cache ends just before the block's last clean token
-    _, decoding = denoiser.verify(Feed((answer[3],), (model.mask_id,) * 4))
+    # the cache ends just before the block's last clean token
+    _, decoding = one_pass(model, prompt + answer[:3], Feed((answer[3],), (model.mask_id,) * 4))
     torch.testing.assert_close(decoding, training, atol=1e-4, rtol=1e-4)
 
 
@@ -321,9 +336,8 @@ def test_the_drafting_batch_and_a_drafting_pass_give_the_same_logits(masks: int)
         model(batch.clean_ids, torch.arange(t)[None], batch.clean_bias, clean_noisy, cache)
         noisy = torch.ones_like(batch.noisy_ids, dtype=torch.bool)
         training = model(batch.noisy_ids, batch.noisy_pos, batch.noisy_bias, noisy, cache)[0, rows]
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
-    denoiser.start_verify(prompt + answer[:4])  # the cache ends just before answer[3], the pass's clean token
-    _, decoding = denoiser.verify(Feed((answer[3],), (model.mask_id,) * masks))
+    # the cache ends just before answer[3], the pass's clean token
+    _, decoding = one_pass(model, prompt + answer[:3], Feed((answer[3],), (model.mask_id,) * masks))
     torch.testing.assert_close(decoding, training, atol=1e-4, rtol=1e-4)
     assert batch.targets[0, rows].tolist() == answer[5 : 5 + masks]  # each mask row drafts the token after the next
 
@@ -339,15 +353,14 @@ def test_self_speculative_is_refused_for_a_model_that_cannot_verify() -> None:
 
 
 def test_the_speech_guard_holds_in_diffusion_decoding_too() -> None:
-    from model.decoding.sampler import generate
-
     model = adapted(seed=1)
-    denoiser = BlockDiffusionDenoiser(model, [EOS])
     guard = SpeechGuard(no_repeat_ngram=2)
     config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.3, remasking="left_to_right", seed=0)
     repeats = []
     for prompt in prompts(8, seed=3):
-        tokens = final_tokens(list(generate(denoiser, prompt, 24, config, guard=guard)))
+        decoding = DiffusionDecoding(model.mask_id, frozenset({EOS}), 24, config, guard)
+        sequence = DiffusionSequence(decoding, BlockPasses(prompt, model.vocab_size))
+        tokens = final_tokens(decode_alone(model, sequence))
         answer = tokens[: tokens.index(EOS)] if EOS in tokens else tokens
         bigrams = list(itertools.pairwise(answer))
         repeats.append(len(bigrams) - len(set(bigrams)))
@@ -443,15 +456,17 @@ def test_in_bf16_self_speculative_answers_equal_autoregressive_ones_bit_for_bit(
     model = bf16_adapted()
     with torch.no_grad():  # large logits: bf16 near-ties are common, as in SmolLM2's 49k vocabulary (2 of 24 answers
         model.base.model.norm.weight.mul_(60.0)  # differed between the modes before keys were rounded up)
-    assert_modes_agree(BlockDiffusionDenoiser(model, [EOS]), prompts_count=12)
+    assert_modes_agree(model, prompts_count=12)
 
 
-def assert_modes_agree(denoiser: BlockDiffusionDenoiser, prompts_count: int) -> None:
+def assert_modes_agree(model: BlockDiffusionLM, prompts_count: int) -> None:
     """Self-speculative answers with 3 and 4 masks a block equal the autoregressive answer, on random prompts."""
     rng = random.Random(3)
+    runner = BatchRunner(model, max_batch=1)  # one for every answer, as the chat model's: prompt caches reused
     for index in range(prompts_count):
         prompt = [rng.randrange(3, 512) for _ in range(rng.randrange(1, 40))]
-        autoregressive = final_tokens(list(generate_speculative(denoiser, prompt, 40, masks=0)))
+        autoregressive = final_tokens(decode(runner, speculative(model, prompt, 40, masks=0)))
         for masks in (3, 4):
-            speculative = final_tokens(list(generate_speculative(denoiser, prompt, 40, masks=masks)))
-            assert speculative == autoregressive, (index, masks)
+            drafting = final_tokens(decode(runner, speculative(model, prompt, 40, masks=masks)))
+            assert drafting == autoregressive, (index, masks)
+    runner.close()

@@ -1,0 +1,85 @@
+"""The step protocol: how a decoding policy and the loop that runs it talk, one pass at a time.
+
+Each policy is a step object per answer (`SpeculativeDecoding` in model/decoding/speculative.py: self-speculative and
+autoregressive; `DiffusionSequence` in model/decoding/block_passes.py: the threshold sampler on the bundled model's
+cache). The loop (`BatchRunner`, model/runtime/batch_runner.py) is the same for all of them::
+
+    encode the answer's `cached_prompt` into its cache slot
+    repeat:
+        feed = answer.feed(crowd)                        # the rows of its next pass: clean tokens, then noisy ones
+        clean, noisy = one forward over every answer's feed
+        refinement, kept = answer.consume(clean, noisy, elapsed_s, cancelled)
+        the cache keeps the first `kept` clean rows; the rest is overwritten by the next pass
+    until refinement.done
+
+A policy knows nothing of caches, batches or threads, and the loop nothing of drafts, blocks or commit rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from model.decoding.refinement import Refinement
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """The rows one sequence feeds to a pass: `clean` tokens, then `noisy` ones (mask ids or a block's canvas).
+
+    `after` (one entry per noisy row, or empty) splits the noisy rows into blocks: a row with value g belongs to the
+    block that follows the first g clean tokens, sits at the positions right after clean token g - 1, sees only those
+    g clean tokens (and the cache) and the rows of its own block. Empty: one block after every clean token. Self-
+    speculative decoding drafts one block after each draft it verifies, so whichever draft is rejected, the block that
+    followed the accepted ones holds the next pass's drafts.
+    """
+
+    clean: tuple[int, ...]
+    noisy: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        after = self.after
+        if after and (
+            len(after) != len(self.noisy)
+            or not all(1 <= g <= len(self.clean) for g in after)
+            or list(after) != sorted(after)
+        ):
+            raise ValueError("Feed.after needs one value in [1, len(clean)] per noisy row, in ascending order")
+
+    @property
+    def rows(self) -> int:
+        return len(self.clean) + len(self.noisy)
+
+
+class DecodingSequence(Protocol):
+    """One answer's decoding as a step object (see the module docstring). Not `collections.abc.Sequence`: a sequence
+    here is an answer being decoded."""
+
+    @property
+    def cached_prompt(self) -> list[int]:
+        """What the cache must hold before the first pass."""
+        ...
+
+    def feed(self, crowd: int = 1) -> Feed:
+        """The rows of this answer's next pass; `crowd`: how many answers share the pass."""
+        ...
+
+    def consume(
+        self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
+    ) -> tuple[Refinement, int]:
+        """The pass's logits for this answer's rows (clean `[len(clean), V]`, noisy `[len(noisy), V]`), the pass's
+        time, and whether the caller cancelled -> (the pass's Refinement, how many clean rows the cache keeps)."""
+        ...
+
+
+@runtime_checkable
+class FoldsPrompt(Protocol):
+    """A sequence whose first pass can also encode the prompt's uncached tokens before its last one (as many as the
+    runner's `FOLD_LIMIT`) instead of a prefill of their own. Every decoding sequence can; a prompt encoded ahead of
+    its answer (the runner's `PromptOnly`), with no pass, not."""
+
+    def fold_prompt(self, tokens: Sequence[int]) -> None: ...
