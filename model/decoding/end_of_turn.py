@@ -13,7 +13,7 @@ message there: the end-of-message token itself or a sentence-ending mark ("." "?
 punctuation is its own guess from the same audio (it writes "when you get a chance." for a cut at a comma), and after
 it the 135M LM's P(`<|im_end|>`) is small and overlapping (held-out AUC 0.78 on the turn-detector benchmark's cases);
 whether the sentence may end after the words themselves separates finished from unfinished far better (0.97 alone,
-scripts/fit_end_of_turn.py).
+scripts/train/fit_end_of_turn.py).
 
 `EndOfTurnProbe` wraps any decoding sequence (self-speculative, autoregressive, diffusion): it finds the row, reads
 the probability on the first pass and stamps it on that pass's `Refinement` (`end_of_turn`). A prompt that does not

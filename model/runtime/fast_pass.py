@@ -93,7 +93,7 @@ class _Layer:
 
 
 # Rows of a batched pass (several answers) up to which the int4 kernels (with the torch glue a batch needs) beat bf16
-# (scripts/bench_lm.py --batch-costs)
+# (scripts/bench/bench_lm.py --batch-costs)
 INT4_BATCH_ROWS = 8
 # Rows of a prefill beyond which AMX's bf16 matmuls encode a prompt cheaper than the decode kernel's int8 dot products
 # (each extra row costs the kernel ~2.5 ms a thread on the AMX Xeon, a bf16 pass ~85 ms whatever the rows up to ~64).

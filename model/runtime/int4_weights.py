@@ -14,7 +14,7 @@ tests/unit/test_int4_weights.py, also for other CPUs' builds), so self-speculati
 weights.
 
 What it costs: a lone row reads ~100 MB instead of 270 MB, and each extra row of a pass costs a few integer
-instructions per 64 weights, so drafting passes stay cheap (scripts/bench_lm.py --pass-costs). A prefill of one
+instructions per 64 weights, so drafting passes stay cheap (scripts/bench/bench_lm.py --pass-costs). A prefill of one
 answer goes through the same kernels, except a prompt of more than `AMX_PREFILL_ROWS` tokens on a CPU with AMX, whose
 bf16 matmuls encode it cheaper; a batched pass of several answers past `INT4_BATCH_ROWS` rows keeps the bf16 weights
 (`model.runtime.fast_pass`).

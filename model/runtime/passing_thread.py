@@ -7,8 +7,8 @@ The passes run on another thread (the batch runner's, or a server worker's), whi
 threads than cores, libgomp stops spin-waiting between parallel regions (its "throttled" spin count) and parks workers
 instead, so every small matmul of a pass waits for its workers to be woken. On the 2-core machine a self-speculative
 pass of the bundled model took 117 ms after a main-thread load against 69 ms after a load on a passing thread (p50 of
-88 passes, `scripts/bench_lm.py` shows the same ratio). Loading on a thread that then exits leaves one team: the one of
-the thread that runs the passes.
+88 passes, `scripts/bench/bench_lm.py` shows the same ratio). Loading on a thread that then exits leaves one team: the
+one of the thread that runs the passes.
 """
 
 from __future__ import annotations

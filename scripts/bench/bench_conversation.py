@@ -1,6 +1,6 @@
 """Time to the first draft, turn by turn, in a growing conversation: the LM's cache kept between answers vs not.
 
-    python scripts/bench_conversation.py [--turns 8] [--rounds 2] [--json artifacts/bench_conversation.json]
+    python scripts/bench/bench_conversation.py [--turns 8] [--rounds 2] [--json artifacts/bench_conversation.json]
 
 A voice conversation re-sends the system prompt and the whole history every turn. The bundled model keeps its KV
 cache after an answer and encodes only the part of the next prompt it does not already hold; this measures what that
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {i + 1} | {tokens} | {dropped:.0f} | {kept:.0f} | {reused} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": "python scripts/bench_conversation.py " + " ".join(
+        args.json.write_text(json.dumps({"command": "python scripts/bench/bench_conversation.py " + " ".join(
             sys.argv[1:] if argv is None else argv), "rows": rows, "runs": runs}, indent=2) + "\n")
     return 0
 

@@ -1,6 +1,6 @@
 """A long conversation through the real `Dialogue`, as text: prompt cost and answer quality by turn index.
 
-    python scripts/bench_dialogue.py [--turns 60] [--context-chars 2400] [--json artifacts/bench_dialogue.json]
+    python scripts/bench/bench_dialogue.py [--turns 60] [--context-chars 2400] [--json artifacts/bench_dialogue.json]
 
 The voice session keeps a `Dialogue` (voice/think/dialogue.py) and sends its `messages()` to the LM every turn; the
 LM keeps its KV cache between answers and encodes only what the new prompt does not share with the cached one. This
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        command = "python scripts/bench_dialogue.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        command = "python scripts/bench/bench_dialogue.py " + " ".join(sys.argv[1:] if argv is None else argv)
         args.json.write_text(json.dumps({"command": command, "summary": summary, "turns": turns}, indent=1) + "\n")
     return 0
 

@@ -1,13 +1,13 @@
 """Benchmark a diffusion LM: tokens/s and tokens per pass for three commit policies, with and without the cache.
 
-    python scripts/bench_lm.py                       # the bundled default model
-    python scripts/bench_lm.py --model tiny          # a random SmolLM2-135M-shaped block-diffusion model
-    python scripts/bench_lm.py --model tiny-masked   # a random ModernBERT of similar size (approximate cache)
-    python scripts/bench_lm.py --model PATH --json artifacts/bench_lm.json
-    python scripts/bench_lm.py --pass-costs 1,4,8,12,16,24 --cache-length 200   # self-speculative pass costs
-    python scripts/bench_lm.py --batch-costs 1,2,4,8 --cache-length 200         # one batched pass over B answers
-    python scripts/bench_lm.py --batch-agreement 8    # answers decoded together vs alone (bundled model, bf16)
-    python scripts/bench_lm.py --prefill-costs 8,32,128 --threads 2   # a prompt's prefill: decode kernel vs bf16
+    python scripts/bench/bench_lm.py                       # the bundled default model
+    python scripts/bench/bench_lm.py --model tiny          # a random SmolLM2-135M-shaped block-diffusion model
+    python scripts/bench/bench_lm.py --model tiny-masked   # a random ModernBERT of similar size (approximate cache)
+    python scripts/bench/bench_lm.py --model PATH --json artifacts/bench_lm.json
+    python scripts/bench/bench_lm.py --pass-costs 1,4,8,12,16,24 --cache-length 200   # self-speculative pass costs
+    python scripts/bench/bench_lm.py --batch-costs 1,2,4,8 --cache-length 200         # one batched pass over B answers
+    python scripts/bench/bench_lm.py --batch-agreement 8    # answers decoded together vs alone (bundled model, bf16)
+    python scripts/bench/bench_lm.py --prefill-costs 8,32,128 --threads 2   # a prompt's prefill: decode kernel vs bf16
 
 Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
 pass). Each runs over the prompt set with the cache on and off, through the chat model's own loop

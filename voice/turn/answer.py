@@ -288,7 +288,7 @@ class AnswerRunner:
                 if draft.done:
                     answer.answer = draft.committed_text.strip() or draft.text.strip()
                     tokens = draft.completion_tokens
-                    # the end-of-sequence token is generated work too (as in scripts/eval_default_model.py)
+                    # the end-of-sequence token is generated work too (as in scripts/train/eval_default_model.py)
                     generated = tokens + (1 if draft.finish_reason == "stop" else 0)
                     answer.stats.update(
                         tokens=tokens,

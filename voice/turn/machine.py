@@ -263,8 +263,8 @@ class TurnTakingConfig:
     silence_rule_ms: float = 600.0  # no verdict (no turn detector): confirm after this much silence
     complete_silence_ms: float = 200.0  # the detector says complete
     # the detector says incomplete: wait this long before ending it anyway. Smart Turn hears 26 % of finished
-    # utterances as unfinished (scripts/bench_turn_detector.py), and each then waited this long: 1.5 s keeps a thinking
-    # pause inside the turn and a misjudged question under 2 s (it was 2 s: the load test's p95 sat at 2,000 ms)
+    # utterances as unfinished (scripts/bench/bench_turn_detector.py), and each then waited this long: 1.5 s keeps
+    # a thinking pause inside the turn and a misjudged question under 2 s (2 s put the load test's p95 at 2,000 ms)
     incomplete_silence_ms: float = 1500.0
     # ... unless Whisper wrote the words as a finished question (`asks_a_question`): a pause after a question mark
     # is rarely a thinking pause, and the misjudged questions were most of the holds in the latency report
