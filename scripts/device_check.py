@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from report_lib.tiny_models import smollm2_shaped_llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -77,16 +78,7 @@ class Budget:
 
 def random_model(device: torch.device) -> BlockDiffusionLM:
     """SmolLM2-135M's architecture with random weights, bf16 base and fp32 adapter as the bundled model loads."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    with torch.device(device):  # initialised where it runs: no 540 MB fp32 copy on the host first
-        base = LlamaForCausalLM(config).eval()
+    base = smollm2_shaped_llama(device)
     for parameter in base.parameters():  # parameters only: the rotary inv_freq buffer stays fp32, as when loaded
         parameter.data = parameter.data.to(torch.bfloat16)
     model = BlockDiffusionLM(base, AdapterConfig.from_json(adapter_meta()["adapter"]))

@@ -208,7 +208,7 @@ class BlockDiffusionLM(nn.Module):
         attention_bias: torch.Tensor,  # [B, 1, S, K + S] additive float (0 attend, -inf not)
         noisy: torch.Tensor,  # [B, S] bool: which tokens get the adapter
         cache: Cache | None,
-        keep: int | torch.Tensor = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         exact_rows: int | None = None,
         suffix: Suffix | None = None,
         prefill: bool = False,
@@ -219,7 +219,7 @@ class BlockDiffusionLM(nn.Module):
         attended one by one (`model.runtime.row_exact`), as in the fused pass; any other pattern (training) is plain
         SDPA.
 
-        `keep` is the base model's `logits_to_keep` (0: every position; k: the last k; a 1-D tensor: those
+        `logits_to_keep` is the base model's (0: every position; k: the last k; a 1-D tensor: those
         positions): the vocabulary projection is the largest matmul per token, so a caller that needs one row of
         many (the prefill) asks for it. `suffix`: `noisy_suffix(noisy)` found by the caller on the host (a decoding
         pass's, model/runtime/batching.py); None: found here. `prefill` is the fused pass's (these modules are bf16
@@ -242,7 +242,7 @@ class BlockDiffusionLM(nn.Module):
                 attention_mask=attention_bias.to(self.base.dtype),
                 past_key_values=cache,
                 use_cache=cache is not None,
-                logits_to_keep=keep,
+                logits_to_keep=logits_to_keep,
                 exact_rows=exact_rows,
             )
         finally:

@@ -200,22 +200,22 @@ def _forward(
     model: torch.nn.Module,
     cache: SlotCache,
     layout: tuple[torch.Tensor, ...],
-    keep: torch.Tensor | None = None,
+    logits_to_keep: torch.Tensor | None = None,
     exact_rows: int | None = None,
     prefill: bool = False,
 ) -> torch.Tensor:
-    """The model's inference pass over a host-side `pass_layout` (and `keep` rows): its inputs uploaded without a
-    host sync (`model.device.upload`), and where the adapter runs found on the host (`noisy_suffix`), so nothing in
-    the pass waits for the device. Logits stay on the model's device."""
+    """The model's inference pass over a host-side `pass_layout` (logits for the `logits_to_keep` rows): its inputs
+    uploaded without a host sync (`model.device.upload`), and where the adapter runs found on the host
+    (`noisy_suffix`), so nothing in the pass waits for the device. Logits stay on the model's device."""
     ids, positions, noisy, allowed = layout
     device = model.base.device
     suffix = noisy_suffix(noisy)
     if suffix is not None and suffix[1] is not None:
         suffix = (suffix[0], upload(suffix[1], device))
+    rows = 0 if logits_to_keep is None else upload(logits_to_keep, device)
     return model.inference_pass()(
         upload(ids, device), upload(positions, device), additive_mask(upload(allowed, device)),
-        upload(noisy, device), cache, 0 if keep is None else upload(keep, device), exact_rows=exact_rows,
-        suffix=suffix, prefill=prefill,
+        upload(noisy, device), cache, rows, exact_rows=exact_rows, suffix=suffix, prefill=prefill,
     )
 
 

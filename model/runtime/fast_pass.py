@@ -139,14 +139,14 @@ def _native_lora_rank(lora: _LoRA) -> int | None:
     return rank if rank is not None and len(lora.factors) <= 4 and len(lora.factors) * rank <= 256 else None
 
 
-def _native_linear(weight: Int4Linear, lora: _LoRA, keep: list[torch.Tensor]) -> quant_kernels.Linear:
+def _native_linear(weight: Int4Linear, lora: _LoRA, held: list[torch.Tensor]) -> quant_kernels.Linear:
     """The C kernel's view of one fused linear: its int4 weight and its LoRA's factors (fp32, members stacked)."""
     rank = _native_lora_rank(lora)
     if rank is None:
         raise ValueError("the decode kernel needs one LoRA rank, at most 4 fused members and 256 LoRA columns")
     a = torch.cat([a for a, _ in lora.factors]).float().contiguous()
     b = torch.cat([b for _, b in lora.factors]).float().t().contiguous()  # [rank, out]
-    keep += [a, b]
+    held += [a, b]  # the kernel reads them through raw pointers: the pass holds them
     ends = torch.tensor([member_b.shape[0] for _, member_b in lora.factors]).cumsum(0).tolist()
     return quant_kernels.Linear(
         weight.struct,
@@ -258,12 +258,13 @@ class FastPass:
         cos, sin = self._rotary_fp32(positions)
         return cos.to(self.dtype).unsqueeze(1), sin.to(self.dtype).unsqueeze(1)
 
-    def _kept_rows(self, h: torch.Tensor, keep: int | torch.Tensor) -> torch.Tensor:
-        """The final norm of the residual rows `h` `[B, S, hidden]` that `keep` selects (the rows the head needs)."""
+    def _kept_rows(self, h: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+        """The final norm of the residual rows `h` `[B, S, hidden]` that `logits_to_keep` selects (the rows the head
+        needs)."""
         h = self._rms_norm(h, self.norm)
-        if isinstance(keep, torch.Tensor):
-            return h[:, keep]
-        return h[:, -keep:] if keep else h
+        if isinstance(logits_to_keep, torch.Tensor):
+            return h[:, logits_to_keep]
+        return h[:, -logits_to_keep:] if logits_to_keep else h
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -297,15 +298,15 @@ class FastPass:
         attention_bias: torch.Tensor,  # [B, 1, S, K] additive float
         noisy: torch.Tensor,  # [B, S] bool: noisy rows are each sequence's last ones (see model.runtime.batching)
         cache: SlotCache,
-        keep: int | torch.Tensor = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         exact_rows: int | None = None,
         suffix: Suffix | None = None,
         prefill: bool = False,
     ) -> torch.Tensor:
-        """Logits `[B, S, V]` (or the rows `keep` selects). `prefill`: a prompt's encoding (bf16 weights even when the
-        model has int4 ones). `exact_rows` (default: the clean rows of a pass of one answer) are the rows whose logits
-        and keys must not depend on the rest of the pass (`model.runtime.row_exact`); a prefill, whose layout is the
-        same in every decoding mode, needs none. `suffix`: `noisy_suffix(noisy)`, found by the caller on the host
+        """Logits `[B, S, V]` (or the rows `logits_to_keep` selects). `prefill`: a prompt's encoding (bf16 weights even
+        when the model has int4 ones). `exact_rows` (default: the clean rows of a pass of one answer) are the rows whose
+        logits and keys must not depend on the rest of the pass (`model.runtime.row_exact`); a prefill, whose layout is
+        the same in every decoding mode, needs none. `suffix`: `noisy_suffix(noisy)`, found by the caller on the host
         (model/runtime/batching.py: then nothing in the pass reads a device tensor back); None: found here."""
         if suffix is None:
             suffix = noisy_suffix(noisy)
@@ -324,7 +325,7 @@ class FastPass:
         int4 = (b == 1 and self.int4_prefill(s)) if prefill else (b == 1 or b * s <= INT4_BATCH_ROWS)
         if int4 and b == 1 and self.native is not None:
             first_noisy = s if start is None else start
-            return self._native_pass(input_ids, position_ids, attention_bias, first_noisy, cache, keep)
+            return self._native_pass(input_ids, position_ids, attention_bias, first_noisy, cache, logits_to_keep)
         h = self.model.embed(input_ids).to(self.dtype)  # [B, S, hidden]
         bias = attention_bias.to(self.dtype)
         cos, sin = self._rotary(position_ids)
@@ -344,7 +345,7 @@ class FastPass:
             x = self._rms_norm(h, layer.post_norm)
             gate, up = self._linear(x, w.gate_up, layer.gate_up_lora, start, rows).chunk(2, dim=-1)
             h = h + self._linear(F.silu(gate) * up, w.down, layer.down_lora, start, rows)
-        h = self._kept_rows(h, keep)
+        h = self._kept_rows(h, logits_to_keep)
         if self.int4_head is not None and int4:
             return self.int4_head(h)
         return row_exact.linear(h, self.lm_head)
@@ -356,7 +357,7 @@ class FastPass:
         attention_bias: torch.Tensor,
         start: int,
         cache: SlotCache,
-        keep: int | torch.Tensor,
+        logits_to_keep: int | torch.Tensor,
     ) -> torch.Tensor:
         """A pass of one answer through `decode_layer`, one call a layer: the residual stream in fp32, every row
         computed as if alone (model/runtime/kernels/decode_layer.c)."""
@@ -383,4 +384,4 @@ class FastPass:
             if status:
                 raise ValueError(f"decode_layer refused layer {index}'s shapes ({status})")
         assert self.int4_head is not None
-        return self.int4_head(self._kept_rows(h, keep))
+        return self.int4_head(self._kept_rows(h, logits_to_keep))

@@ -32,6 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
+from report_lib.tiny_models import smollm2_shaped_llama
+
 from model.chat.engine import DiffusionChatModel
 from model.decoding.denoiser import Denoiser
 from model.decoding.sampler import SamplerConfig
@@ -67,26 +69,11 @@ class ModeResult:
 
 def tiny_block_diffusion(block_length: int, device: torch.device) -> tuple[Batching, int]:
     """Random LlamaForCausalLM of SmolLM2-135M's shape, wrapped by the block-diffusion adapter."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
 
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    base = LlamaForCausalLM(config).eval()
+    base = smollm2_shaped_llama(device)
     model = BlockDiffusionLM(base, AdapterConfig(block_length=block_length)).eval().to(device)
-    return BlockDiffusionDenoiser(model, eos_ids=[2]), config.vocab_size
+    return BlockDiffusionDenoiser(model, eos_ids=[2]), int(base.config.vocab_size)
 
 
 def tiny_masked_lm(device: torch.device) -> tuple[Denoiser, int]:

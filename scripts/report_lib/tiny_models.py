@@ -214,3 +214,17 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
         attn_implementation="sdpa",
     )
     return LlamaForCausalLM(config).eval()
+
+
+def smollm2_shaped_llama(device: torch.device | str = "cpu", seed: int = 0) -> LlamaForCausalLM:
+    """A random Llama of SmolLM2-135M-Instruct's exact shape (the bundled model's base), built where it runs: what a
+    pass of the bundled model costs, measured without its weights (scripts/bench/bench_lm.py --model tiny,
+    scripts/device_check.py on a machine that lacks them)."""
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):  # initialised where it runs: no 540 MB fp32 copy on the host first
+        return LlamaForCausalLM(config).eval()
