@@ -48,9 +48,8 @@ PAIRED_WITHIN = 6
 # whose expected tokens per ms are within RETIME_MARGIN of the best's, which a change of acceptance or of the machine
 # could make the best. Each re-timing run that leaves the choice as it was doubles the wait before the next, from
 # RETIME_EVERY choices up to RETIME_EVERY_MAX; a new choice starts over at RETIME_EVERY. Every RETIME_ALL_OF-th
-# re-timing may pick any layout, however dear. A fixed cadence (contenders every 64 choices, every layout every 512)
-# cost self-speculative decoding 1.5 % of its speed on the AMD EPYC, where no drafting layout pays: its re-timing runs
-# were most of the passes it drafted (bench_llama_cpp, 120 prompts: 0.977x autoregressive, 0.993x without them).
+# re-timing may pick any layout, however dear. Where no drafting layout pays, re-timing runs are most of the passes
+# that draft, so their number must grow with the log of the passes, not with the passes.
 RETIME_EVERY = 64
 RETIME_EVERY_MAX = 2048
 RETIME_MARGIN = 0.8
