@@ -8,8 +8,9 @@ Each recording gives one complete utterance and several incomplete ones, all end
 - cut mid-phrase: cut between two words right after a function word ("the", "to", "for"...), which leaves the sentence
   unfinished whatever the prosody; word boundaries from faster-whisper word timestamps, moved to the quietest 10 ms
   nearby and checked by transcribing what is left (see `word_cuts`).
-Recordings: the LibriVox clips of pocketsphinx-testdata, the spoken alsa-utils test sounds (complete only: two words
-each), and Piper sentences with a comma pause inside (scripts/report_lib/turn_cases.py; no test uses them).
+Recordings: the LibriVox clips and the eight short spoken commands of pocketsphinx-testdata (card names, "go forward
+ten meters"), the spoken alsa-utils test sounds (not cut mid-phrase: two words each), and Piper sentences with a comma
+pause inside (scripts/report_lib/turn_cases.py; no test uses them).
 The trailing silence is the recording's own room tone (its lead-in before speech), digital silence for Piper.
 
 A verdict is right when a complete utterance scores above the threshold and an incomplete one does not. Labels are

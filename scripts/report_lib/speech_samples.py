@@ -1,7 +1,9 @@
-"""Real recorded speech for tests and benchmarks: the LibriVox clips of Debian's `pocketsphinx-testdata`.
+"""Real recorded speech for tests and benchmarks, from Debian's `pocketsphinx-testdata`.
 
-Five 16 kHz mono sentences (3-7 s) from "Sense and Sensibility" with their transcription. Installed by the Makefile's
-system packages; callers skip (tests) or stop with a clear message (scripts) when they are absent.
+Five 16 kHz mono sentences (3-7 s) from "Sense and Sensibility" with their transcription (LibriVox); five short
+recorded card names ("ten of clubs"); and three short spoken commands stored as headerless 16 kHz PCM ("go forward ten
+meters"). Installed by the Makefile's system packages; callers skip (tests) or stop with a clear message (scripts)
+when they are absent.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 TESTDATA_DIR = Path(os.environ.get("POCKETSPHINX_TESTDATA", "/usr/share/pocketsphinx/test/data"))
 LIBRIVOX_DIR = TESTDATA_DIR / "librivox"
 CARDS_DIR = TESTDATA_DIR / "cards"
+COMMAND_RAWS = ("goforward", "numbers", "something")
 _LINE = re.compile(r"^<s>\s*(?P<text>.*?)\s*</s>\s*\((?P<id>[^)]+)\)\s*$")
 
 
@@ -32,6 +35,12 @@ def librivox_clips() -> list[SpeechClip]:
 def card_clips() -> list[SpeechClip]:
     """Five short recorded commands ("ten of clubs") of the same package: the short turns an assistant hears."""
     return _clips(CARDS_DIR, CARDS_DIR / "cards.transcription")
+
+
+def command_recordings() -> list[tuple[str, Path]]:
+    """The package's three short spoken commands: (name, path) of headerless 16 kHz mono little-endian PCM, no
+    transcription shipped ("go forward ten meters", a string of digits, "go somewhere and do something")."""
+    return [(name, TESTDATA_DIR / f"{name}.raw") for name in COMMAND_RAWS if (TESTDATA_DIR / f"{name}.raw").is_file()]
 
 
 def _clips(folder: Path, transcription: Path) -> list[SpeechClip]:

@@ -1,4 +1,5 @@
-"""The turn-detector benchmark's material: recordings (LibriVox, alsa-utils, Piper sentences), where each is cut
+"""The turn-detector benchmark's material: recordings (LibriVox, alsa-utils, short recorded commands, Piper sentences),
+where each is cut
 (complete, at an internal pause, mid-phrase after a function word) and the silence heard after a cut. Shared by
 scripts/bench/bench_turn_detector.py (Smart Turn's accuracy) and scripts/train/fit_end_of_turn.py (the fitted
 end-of-turn rule), so both judge the same cases."""
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from report_lib.speech_samples import librivox_clips
+from report_lib.speech_samples import card_clips, command_recordings, librivox_clips
 from voice.io.audio import load_audio_16k, pcm16_to_float32, resample
 from voice.listen.turn_detector import SAMPLE_RATE
 from voice.listen.vad import FRAME_SAMPLES, SileroVad
@@ -50,7 +51,7 @@ MIN_PAUSE_WINDOWS = 2  # 64 ms of non-speech inside an utterance counts as a pau
 @dataclass(frozen=True, slots=True)
 class Recording:
     name: str
-    source: str  # librivox | alsa | piper
+    source: str  # librivox | alsa | commands | piper
     audio: np.ndarray  # 16 kHz mono float32
     room_tone: np.ndarray  # what the silence after a cut sounds like
     cuts_mid_phrase: bool
@@ -141,6 +142,12 @@ def load_recordings(piper: bool) -> list[Recording]:
         first, _, _ = speech_bounds_and_pauses(audio)
         tone = audio[: first - SAMPLE_RATE // 20] if first > SAMPLE_RATE // 10 else np.zeros(160, dtype=np.float32)
         recordings.append(Recording(path.stem, "alsa", audio, tone, cuts_mid_phrase=False))
+    commands = [(f"cards-{clip.clip_id}", load_audio_16k(clip.path)) for clip in card_clips()]
+    commands += [(name, pcm16_to_float32(path.read_bytes())) for name, path in command_recordings()]
+    for name, audio in commands:  # short real turns: a card's name, "go forward ten meters"
+        first, _, _ = speech_bounds_and_pauses(audio)
+        tone = audio[: max(first - SAMPLE_RATE // 10, SAMPLE_RATE // 20)]
+        recordings.append(Recording(name, "commands", audio, tone, cuts_mid_phrase=True))
     if piper:
         from voice.speak.tts import load_synthesizer
 

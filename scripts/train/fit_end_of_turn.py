@@ -8,10 +8,11 @@ right after the transcript's last word, read from the first pass of a real answe
 encoded ahead, as a voice session does, so the words are folded into that pass: model/decoding/end_of_turn.py).
 
 Split: recordings, not cases, are split, so no recording's cuts are on both sides. Within each source (librivox,
-alsa, piper), recordings sorted by name alternate fit / held out, starting with fit. The rule's weights and threshold
-(voice/end_of_turn.py) are fitted on the fit recordings only; every figure printed for "held out" comes from the
-other recordings. A rule is right on a complete utterance when it releases it without the long hold (the short
-wait), and right on a cut when it holds it.
+alsa, commands, piper), recordings sorted by name alternate fit / held out, starting with fit. The rule's weights and
+threshold (voice/end_of_turn.py) are fitted on the fit recordings only; every figure printed for "held out" comes
+from the other recordings. A second view uses every recording: each is judged by the rule fitted on all the others
+("each left out"), so each figure there also comes from a rule that never saw that recording. A rule is right on a
+complete utterance when it releases it without the long hold (the short wait), and right on a cut when it holds it.
 
     python scripts/train/fit_end_of_turn.py [--json artifacts/end_of_turn_fit.json] [--cases-in FILE]
 
@@ -151,6 +152,29 @@ def report(name: str, cases: list[Case], rule: EndOfTurnRule) -> dict[str, dict[
     return out
 
 
+def fit(cases: list[Case]) -> EndOfTurnRule:
+    return fit_rule([case.signals() for case in cases], [case.complete for case in cases],
+                    [case.recording for case in cases])
+
+
+def each_left_out(cases: list[Case]) -> dict[str, object]:
+    """Every recording judged by the rule fitted on all the other recordings."""
+    judged: list[tuple[Case, bool, float]] = []
+    for name in sorted({case.recording for case in cases}):
+        rule = fit([case for case in cases if case.recording != name])
+        for case in cases:
+            if case.recording == name:
+                judged.append((case, rule.wait_ms(case.signals()) <= rule.complete_ms,
+                               rule.score(case.signals()) or 0.0))
+    out = figures([c for c, _, _ in judged], [r for _, r, _ in judged], [s for _, _, s in judged])
+    print(f"\neach recording left out in turn ({len({c.recording for c in cases})} fits): complete released "
+          f"{out['complete_released']:.3f} (n={out['n_complete']}), pause cuts held {out['cut_at_pause_held']:.3f} "
+          f"(n={out['n_cut_at_pause']}), mid-phrase held {out['cut_mid_phrase_held']:.3f} "
+          f"(n={out['n_cut_mid_phrase']}); the AUC mixes {len({c.recording for c in cases})} rules' scores: "
+          f"{out['auc']:.3f}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the cases, the fitted rule and the figures here")
@@ -163,11 +187,16 @@ def main() -> None:
     fit_names, held_names = split(usable)
     fit_cases = [case for case in usable if case.recording in fit_names]
     held_cases = [case for case in usable if case.recording in held_names]
-    rule = fit_rule([case.signals() for case in fit_cases], [case.complete for case in fit_cases])
+    rule = fit(fit_cases)
     print(f"fit on {sorted(fit_names)}\nheld out {sorted(held_names)}")
     print(f"fitted rule: {rule}")
     results = {"fit": report("fit recordings", fit_cases, rule), "held_out": report("held-out recordings",
                                                                                    held_cases, rule)}
+    results["each_left_out"] = each_left_out(usable)
+    for case in held_cases:
+        if case.complete and rule.wait_ms(case.signals()) > rule.complete_ms:
+            print(f"held-out complete utterance held: {case.recording} {case.transcript!r} "
+                  f"(Smart Turn {case.audio_probability}, LM {case.text_probability})")
     text_ms = [case.text_ms for case in usable]
     print(f"\nfirst pass of an answer (its 1 token), CPU ms: median {statistics.median(text_ms):.1f}; the probe "
           "itself is one softmax row inside it (see tests/unit/test_end_of_turn_probe.py)")
