@@ -14,9 +14,10 @@ from the other recordings. A second view uses every recording: each is judged by
 ("each left out"), so each figure there also comes from a rule that never saw that recording. A rule is right on a
 complete utterance when it releases it without the long hold (the short wait), and right on a cut when it holds it.
 
-    python scripts/train/fit_end_of_turn.py [--json artifacts/end_of_turn_fit.json] [--cases-in FILE]
+    python scripts/train/fit_end_of_turn.py [--json artifacts/end_of_turn_fit.json] [--cases-in FILE] [--shipped]
 
-`--cases-in` refits from the cases of an earlier `--json` without running the models again.
+`--cases-in` refits from the cases of an earlier `--json` without running the models again. `--shipped` judges the
+shipped defaults instead of fitting: Piper samples its voice anew each run, so a new collection is new material.
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the cases, the fitted rule and the figures here")
     parser.add_argument("--cases-in", type=Path, help="refit from the cases of an earlier --json")
+    parser.add_argument("--shipped", action="store_true",
+                        help="report the shipped defaults (voice/end_of_turn.py) instead of a new fit: a fresh "
+                             "collection judges the rule the assistant runs")
     args = parser.parse_args()
     cases = [Case(**row) for row in json.loads(args.cases_in.read_text())["cases"]] if args.cases_in else collect()
     usable = [case for case in cases if case.text_probability is not None]
@@ -187,9 +191,9 @@ def main() -> None:
     fit_names, held_names = split(usable)
     fit_cases = [case for case in usable if case.recording in fit_names]
     held_cases = [case for case in usable if case.recording in held_names]
-    rule = fit(fit_cases)
+    rule = EndOfTurnRule() if args.shipped else fit(fit_cases)
     print(f"fit on {sorted(fit_names)}\nheld out {sorted(held_names)}")
-    print(f"fitted rule: {rule}")
+    print(f"{'shipped' if args.shipped else 'fitted'} rule: {rule}")
     results = {"fit": report("fit recordings", fit_cases, rule), "held_out": report("held-out recordings",
                                                                                    held_cases, rule)}
     results["each_left_out"] = each_left_out(usable)
