@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -174,20 +174,20 @@ def fit_rule(signals: list[Signals], complete: list[bool], groups: list[str] | N
     text = np.array([logit(s.text) for s, _, _ in rows])  # type: ignore[arg-type]
     trails = np.array([s.trails_off for s, _, _ in rows], dtype=bool)
     judged: dict[tuple[bool, int], tuple[bool, int]] = {}
+    mixes = {degrees: math.cos(math.radians(degrees)) * audio + math.sin(math.radians(degrees)) * text
+             for degrees in MIXES_DEGREES}
     for holds in (True, False):
         releasable = ~trails if holds else np.ones_like(trails)
-        for degrees in MIXES_DEGREES:
-            angle = math.radians(degrees)
-            scores = math.cos(angle) * audio + math.sin(angle) * text
+        for degrees, scores in mixes.items():
             released = _left_out(scores, done, releasable, names, floor, confidence)
             judged[(holds, degrees)] = (bool(released[done].mean() >= floor), int((~released[~done]).sum()))
     best = max((*outcome, holds) for (holds, _), outcome in judged.items())
     tying = sorted(degrees for (holds, degrees), outcome in judged.items() if (*outcome, holds) == best)
-    holds, angle = best[2], math.radians(tying[len(tying) // 2])
-    scores = math.cos(angle) * audio + math.sin(angle) * text
+    holds, degrees = best[2], tying[len(tying) // 2]
+    scores = mixes[degrees]
     bias, scale = (float(v) for v in _logistic_fit(scores[:, None], done.astype(float)))
     scale = max(scale, 1e-3)  # a mix the regression finds useless still orders the cases: keep the score increasing
     threshold = 1.0 / (1.0 + math.exp(-(bias + scale * _bound(scores[done], floor, confidence))))
-    return EndOfTurnRule(round(bias, 4), round(scale * math.cos(angle), 4), round(scale * math.sin(angle), 4),
-                         round(threshold, 4), holds, base.audio_threshold, base.complete_ms, base.incomplete_ms,
-                         base.question_ms, base.silence_rule_ms)
+    return replace(base, bias=round(bias, 4), audio_weight=round(scale * math.cos(math.radians(degrees)), 4),
+                   text_weight=round(scale * math.sin(math.radians(degrees)), 4), threshold=round(threshold, 4),
+                   trails_off_holds=holds)

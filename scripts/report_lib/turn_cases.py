@@ -130,11 +130,13 @@ def with_silence(audio: np.ndarray, cut: int, room_tone: np.ndarray, trailing_ms
 
 def load_recordings(piper: bool) -> list[Recording]:
     recordings = []
-    for clip in librivox_clips():
-        audio = load_audio_16k(clip.path)
+    recorded = [(clip.clip_id, "librivox", load_audio_16k(clip.path)) for clip in librivox_clips()]
+    recorded += [(f"cards-{clip.clip_id}", "commands", load_audio_16k(clip.path)) for clip in card_clips()]
+    recorded += [(name, "commands", pcm16_to_float32(path.read_bytes())) for name, path in command_recordings()]
+    for name, source, audio in recorded:  # read sentences, and short real turns: a card's name, "go forward ten meters"
         first, _, _ = speech_bounds_and_pauses(audio)
         tone = audio[: max(first - SAMPLE_RATE // 10, SAMPLE_RATE // 20)]
-        recordings.append(Recording(clip.clip_id, "librivox", audio, tone, cuts_mid_phrase=True))
+        recordings.append(Recording(name, source, audio, tone, cuts_mid_phrase=True))
     for path in sorted(ALSA_DIR.glob("*.wav")):
         if path.stem == "Noise":
             continue
@@ -142,12 +144,6 @@ def load_recordings(piper: bool) -> list[Recording]:
         first, _, _ = speech_bounds_and_pauses(audio)
         tone = audio[: first - SAMPLE_RATE // 20] if first > SAMPLE_RATE // 10 else np.zeros(160, dtype=np.float32)
         recordings.append(Recording(path.stem, "alsa", audio, tone, cuts_mid_phrase=False))
-    commands = [(f"cards-{clip.clip_id}", load_audio_16k(clip.path)) for clip in card_clips()]
-    commands += [(name, pcm16_to_float32(path.read_bytes())) for name, path in command_recordings()]
-    for name, audio in commands:  # short real turns: a card's name, "go forward ten meters"
-        first, _, _ = speech_bounds_and_pauses(audio)
-        tone = audio[: max(first - SAMPLE_RATE // 10, SAMPLE_RATE // 20)]
-        recordings.append(Recording(name, "commands", audio, tone, cuts_mid_phrase=True))
     if piper:
         from voice.speak.tts import load_synthesizer
 

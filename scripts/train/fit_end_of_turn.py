@@ -161,17 +161,18 @@ def fit(cases: list[Case]) -> EndOfTurnRule:
 def each_left_out(cases: list[Case]) -> dict[str, object]:
     """Every recording judged by the rule fitted on all the other recordings."""
     judged: list[tuple[Case, bool, float]] = []
-    for name in sorted({case.recording for case in cases}):
+    names = sorted({case.recording for case in cases})
+    for name in names:
         rule = fit([case for case in cases if case.recording != name])
         for case in cases:
             if case.recording == name:
                 judged.append((case, rule.wait_ms(case.signals()) <= rule.complete_ms,
                                rule.score(case.signals()) or 0.0))
     out = figures([c for c, _, _ in judged], [r for _, r, _ in judged], [s for _, _, s in judged])
-    print(f"\neach recording left out in turn ({len({c.recording for c in cases})} fits): complete released "
+    print(f"\neach recording left out in turn ({len(names)} fits): complete released "
           f"{out['complete_released']:.3f} (n={out['n_complete']}), pause cuts held {out['cut_at_pause_held']:.3f} "
           f"(n={out['n_cut_at_pause']}), mid-phrase held {out['cut_mid_phrase_held']:.3f} "
-          f"(n={out['n_cut_mid_phrase']}); the AUC mixes {len({c.recording for c in cases})} rules' scores: "
+          f"(n={out['n_cut_mid_phrase']}); the AUC mixes {len(names)} rules' scores: "
           f"{out['auc']:.3f}")
     return out
 
