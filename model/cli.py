@@ -14,8 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from model.bundled.default_model import WEIGHTS as WEIGHT_CHOICES
 from model.chat import ChatMessage, Draft, GenerationOptions
+from model.chat.spec import WEIGHTS as WEIGHT_CHOICES
+from model.chat.spec import DecodingSettings, ModelSpec
 from model.decoding.sampler import DECODING_MODES
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
@@ -86,37 +87,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def sampler_overrides(args: argparse.Namespace) -> dict[str, object]:
-    """Only what the user set, so the model's own defaults hold otherwise."""
-    overrides: dict[str, object] = {}
-    if args.block_length is not None:
-        overrides["block_length"] = args.block_length
-        overrides["steps_per_block"] = args.steps if args.steps is not None else args.block_length
-    elif args.steps is not None:
-        overrides["steps_per_block"] = args.steps
-    if args.threshold is not None:
-        overrides["threshold"] = args.threshold
-    if args.no_cache:
-        overrides["use_cache"] = False
-    if args.decoding is not None:
-        overrides["decoding"] = args.decoding
-    if args.draft_masks is not None:
-        overrides["draft_masks"] = args.draft_masks
-    if getattr(args, "weights", "auto") != "auto":
-        overrides["weights"] = args.weights
-    return overrides
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """The model to load, from the flags: only what the user set changes the model's own decoding settings."""
+    settings = DecodingSettings(
+        decoding=args.decoding, threshold=args.threshold, block_length=args.block_length,
+        steps_per_block=args.steps, draft_masks=args.draft_masks, use_cache=not args.no_cache,
+    )
+    return ModelSpec(source=args.model, device=args.device, weights=args.weights, decoding=settings)
 
 
 def generate_command(args: argparse.Namespace, out: TextIO) -> None:
     import torch
 
+    from model.bundled.backend import BlockDiffusionBackend
     from model.chat.engine import DiffusionChatModel
-    from model.chat.loading import load_chat_model
     from model.device import describe, resolve_device
+    from model.loading import load_chat_model
     from model.runtime import row_exact
 
-    device = resolve_device(args.device)
-    model = load_chat_model(args.model, device=device, **sampler_overrides(args))
+    spec = model_spec(args)
+    device = resolve_device(spec.device)
+    model = load_chat_model(spec)
     options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     view = LiveView(out, tty=out.isatty())
     started = time.perf_counter()
@@ -137,7 +128,8 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
     if isinstance(model, DiffusionChatModel) and model.sampler.decoding == "self-speculative":
         cpu = device.type == "cpu"
         problem = row_exact.check_here(torch.get_num_threads())
-        if problem is None and getattr(model.denoiser.model, "int4", None) is not None:
+        backend = model.backend
+        if problem is None and isinstance(backend, BlockDiffusionBackend) and backend.model.int4 is not None:
             from model.runtime import int4_weights
 
             problem = int4_weights.check_here(torch.get_num_threads())

@@ -107,7 +107,7 @@ def build(device: torch.device, force_random: bool, prompt_length: int) -> Subje
     if not force_random and bundled_weights_here():
         chat = load_default_chat_model(device=device)
         prompt = chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", QUESTION)])
-        return Subject(chat.denoiser.model, frozenset(chat.denoiser.eos_ids), prompt, "bundled")
+        return Subject(chat.backend.model, frozenset(chat.denoiser.eos_ids), prompt, "bundled")
     model = random_model(device)
     return Subject(model, RANDOM_EOS, random_ids(prompt_length + 1, model.vocab_size, seed=3), "random")
 
@@ -151,11 +151,11 @@ def pass_costs(model: BlockDiffusionLM, device: torch.device, budget: Budget) ->
 def sequence(
     mode: str, model: BlockDiffusionLM, eos: frozenset[int], prompt: list[int], length: int
 ) -> DecodingSequence:
-    """One answer's decoding as the engine builds it (model/chat/engine.py `DiffusionChatModel.sequence`), greedy."""
+    """One answer's decoding as the bundled back end builds it (model/bundled/backend.py `sequence`), greedy."""
     if mode == "diffusion":
         block = model.config.block_length
         settings = {**adapter_meta().get("sampler", {}), "block_length": block, "steps_per_block": block}
-        decoding = DiffusionDecoding(model.mask_id, eos, length, SamplerConfig(**settings), None)
+        decoding = DiffusionDecoding(model.mask_id, eos, length, SamplerConfig(**settings))
         return DiffusionSequence(decoding, BlockPasses(prompt, model.vocab_size))
     masks = DRAFT_MASKS if mode == "self-speculative" else 0
     return SpeculativeDecoding(prompt, length, masks, model.mask_id, eos)

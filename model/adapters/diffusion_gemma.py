@@ -29,7 +29,9 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from model.adapters.masked_lm import end_ids
+from model.chat.backend import AnswerPlan, OneAtATime
 from model.chat.engine import DiffusionChatModel, context_length_of
+from model.chat.spec import ModelSpec
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
@@ -142,52 +144,49 @@ def diffusion_gemma_refinements(
         worker.join()
 
 
-class DiffusionGemmaChatModel(DiffusionChatModel):
-    """DiffusionGemma behind `ChatModel`: prompt formatting and drafts as for masked models, passes from its generate.
+def diffusion_gemma_chat_model(name: str, tokenizer: Any, model: torch.nn.Module, system_prompt: str | None = None,
+                               max_denoising_steps: int | None = None) -> DiffusionChatModel:
+    """DiffusionGemma behind `ChatModel`: prompt formatting and drafts as for masked models, passes from its generate,
+    one answer at a time.
 
-    `sampler.block_length` is the model's canvas length (answers are rounded up to whole canvases) and
-    `sampler.steps_per_block` its max_denoising_steps; the other sampler fields do not apply to this model.
+    The sampler's `block_length` is the model's canvas length (answers are rounded up to whole canvases) and its
+    `steps_per_block` the max_denoising_steps; the other sampler fields do not apply to this model.
     """
+    canvas = int(model.config.canvas_length)
+    steps = min(max_denoising_steps or canvas, canvas)
+    model = model.eval()
+    eos = end_ids(tokenizer, getattr(model.config, "text_config", model.config))
 
-    def __init__(self, name: str, tokenizer: Any, model: torch.nn.Module, system_prompt: str | None = None,
-                 max_denoising_steps: int | None = None) -> None:
-        canvas = int(model.config.canvas_length)
-        steps = min(max_denoising_steps or canvas, canvas)
-        super().__init__(name, tokenizer, None, SamplerConfig(block_length=canvas, steps_per_block=steps),
-                         system_prompt, context_length_of(model.config))
-        self.model = model.eval()
-        self.max_denoising_steps = max_denoising_steps
-        self.eos_ids = end_ids(tokenizer, getattr(model.config, "text_config", model.config))
+    def passes(plan: AnswerPlan, cancel: threading.Event | None) -> Iterator[Refinement]:
+        return diffusion_gemma_refinements(model, plan.prompt, plan.length, eos, cancel, plan.options.seed,
+                                           max_denoising_steps)
 
-    def refinements(
-        self, prompt: list[int], length: int, config: SamplerConfig, cancel: threading.Event | None
-    ) -> Iterator[Refinement]:
-        return diffusion_gemma_refinements(
-            self.model, prompt, length, self.eos_ids, cancel, config.seed, self.max_denoising_steps
-        )
+    def check(config: SamplerConfig) -> None:
+        """Its own sampler decodes by diffusion whatever the config says."""
+
+    backend = OneAtATime(passes, check)
+    sampler = SamplerConfig(block_length=canvas, steps_per_block=steps)
+    return DiffusionChatModel(name, tokenizer, backend, sampler, system_prompt, context_length_of(model.config))
 
 
-def load_diffusion_gemma(
-    spec: str, device: str | None = None, system_prompt: str | None = None, **sampler: Any
-) -> DiffusionGemmaChatModel:
-    """DiffusionGemma from a local folder or hub id. `steps_per_block` maps to max_denoising_steps."""
+def load_diffusion_gemma(source: str, device: torch.device, spec: ModelSpec) -> DiffusionChatModel:
+    """DiffusionGemma from a local folder or hub id. `spec.decoding.steps_per_block` maps to max_denoising_steps."""
     from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-    unsupported = set(sampler) - {"steps_per_block", "block_length"}
+    settings = spec.decoding
+    unsupported = set(settings.changed) - {"steps_per_block", "block_length"}
     if unsupported:
         raise ModelError(f"DiffusionGemma has its own sampler; these options do not apply: {sorted(unsupported)}")
     try:
-        canvas = int(AutoConfig.from_pretrained(spec).canvas_length)
-        if sampler.get("block_length", canvas) != canvas:  # refused before the weights are loaded
+        canvas = int(AutoConfig.from_pretrained(source).canvas_length)
+        if settings.block_length not in (None, canvas):  # refused before the weights are loaded
             raise ModelError(
-                f"block length {sampler['block_length']} does not match {spec!r}, whose blocks (canvas_length) are "
+                f"block length {settings.block_length} does not match {source!r}, whose blocks (canvas_length) are "
                 f"{canvas} tokens: leave --block-length unset or pass {canvas}"
             )
-        tokenizer = AutoTokenizer.from_pretrained(spec)
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(spec, dtype=torch.bfloat16)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(source, dtype=torch.bfloat16)
     except (OSError, ValueError, KeyError, AttributeError) as error:
-        raise ModelError(f"could not load DiffusionGemma from {spec!r}: {error}") from error
-    if device:
-        model = model.to(device)
-    return DiffusionGemmaChatModel(spec.rstrip("/").split("/")[-1], tokenizer, model, system_prompt,
-                                   sampler.get("steps_per_block"))
+        raise ModelError(f"could not load DiffusionGemma from {source!r}: {error}") from error
+    return diffusion_gemma_chat_model(source.rstrip("/").split("/")[-1], tokenizer, model.to(device),
+                                      spec.system_prompt, settings.steps_per_block)

@@ -31,7 +31,6 @@ from transformers.cache_utils import Cache
 
 from model.errors import ModelError
 from model.runtime import fast_pass, row_exact
-from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner
 from model.runtime.batching import Feed, additive_mask, pass_layout, prefill_bucket
 from model.runtime.fast_pass import FastPass
 from model.runtime.int4_weights import Int4Weights
@@ -248,46 +247,6 @@ class BlockDiffusionLM(nn.Module):
         finally:
             self._gate.mask, self._gate.suffix_from = None, None
         return out.logits
-
-
-class BlockDiffusionDenoiser:
-    """A `BlockDiffusionLM` as the chat engine serves it: every answer, in every decoding mode, is a step object
-    (model/decoding/) driven by the network's one `BatchRunner`, whose `SlotCache` is the network's only KV cache. The
-    runner is made once and kept, so a conversation's next prompt encodes only what it adds."""
-
-    def __init__(self, model: BlockDiffusionLM, eos_ids: Iterable[int]) -> None:
-        self.model = model
-        self.mask_id = model.mask_id
-        # The mask id sits just past the tokenizer's vocabulary; logits get one extra column for it, always -inf.
-        self.vocab_size = model.vocab_size + 1
-        self.eos_ids = frozenset(int(i) for i in eos_ids)
-        self.block_length = model.config.block_length
-        self._reuse_prompt_cache = True
-        self._runner: BatchRunner | None = None
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.base.dtype
-
-    @property
-    def reuse_prompt_cache(self) -> bool:
-        """False: encode every prompt from scratch (for comparisons)."""
-        return self._reuse_prompt_cache
-
-    @reuse_prompt_cache.setter
-    def reuse_prompt_cache(self, value: bool) -> None:
-        self._reuse_prompt_cache = value
-        if self._runner is not None:
-            self._runner.reuse_prompt_cache = value
-
-    def batch_runner(self, max_batch: int | None = None) -> BatchRunner:
-        """The runner that decodes every answer on this network, in batched passes (created once, with up to
-        `max_batch` answers a pass, default `DEFAULT_MAX_BATCH`)."""
-        if self._runner is None:
-            self._runner = BatchRunner(
-                self.model, max_batch or DEFAULT_MAX_BATCH, reuse_prompt_cache=self._reuse_prompt_cache
-            )
-        return self._runner
 
 
 @torch.no_grad()

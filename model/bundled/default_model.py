@@ -8,6 +8,7 @@ with `importlib.util.find_spec` without importing the package.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -18,10 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, load_adapter
-from model.chat.draft_calibration import calibrate_drafts
+from model.bundled.backend import BlockDiffusionBackend
+from model.bundled.block_diffusion import AdapterConfig, load_adapter
+from model.bundled.draft_calibration import calibrate_drafts
 from model.chat.engine import DiffusionChatModel, context_length_of
+from model.chat.spec import ModelSpec
 from model.decoding.sampler import SamplerConfig
+from model.device import resolve_device
 from model.disk_cache import cache_root
 from model.errors import ModelError
 from model.runtime import quant_kernels
@@ -129,101 +133,95 @@ def adapter_meta(directory: Path = ADAPTER_DIR) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def load_default_chat_model(
-    adapter_dir: Path | None = None,
-    dtype: torch.dtype = torch.bfloat16,
-    device: torch.device | str = "cpu",
-    weights: str = "auto",
-    **sampler_overrides: Any,
-) -> DiffusionChatModel:
-    """The model used when no `--model` is given: base + bundled adapter, with the sampler settings from its card.
+def load_default_chat_model(spec: ModelSpec | None = None) -> DiffusionChatModel:
+    """The model used when no `--model` is given (`spec.source` None), or another adapter folder of the same base:
+    base + adapter, with the sampler settings from its card, changed by `spec.decoding`.
 
-    bf16 by default: on CPUs with AVX512-BF16 or AMX a refinement pass is about twice as fast as in fp32 (measured by
-    scripts/bench/bench_lm.py), and the answers match the fp32 ones almost token for token
+    bf16 by default (`spec.precision`): on CPUs with AVX512-BF16 or AMX a refinement pass is about twice as fast as in
+    fp32 (measured by scripts/bench/bench_lm.py), and the answers match the fp32 ones almost token for token
     (scripts/train/eval_default_model.py). Loads on a passing thread (`model.runtime.passing_thread`): the passes run on
-    another thread, the batch runner's. On a GPU (`device` cuda) the weights are loaded on the host, then moved: the
-    checkpoint is 270 MB.
+    another thread, the batch runner's. On a GPU (`spec.device` cuda) the weights are loaded on the host, then moved:
+    the checkpoint is 270 MB.
 
-    `weights`: "int4" decodes with the GGUF's own 4-bit blocks (`model.runtime.int4_weights`: about 2x cheaper
+    `spec.weights`: "int4" decodes with the GGUF's own 4-bit blocks (`model.runtime.int4_weights`: about 2x cheaper
     decoding passes on a CPU), "bf16" with the de-quantized copy only; "auto" is int4 on a CPU where torch's kernel
     runs, else bf16.
     """
-    chat = _load_default_chat_model(adapter_dir, dtype, device, weights, **sampler_overrides)
-    # Each draft layout's cost on this machine, paired-timed once and kept (model/chat/draft_calibration.py). Only
+    spec = spec or ModelSpec()
+    device = resolve_device(spec.device)
+    chat, backend = _load_default_chat_model(spec, device)
+    # Each draft layout's cost on this machine, paired-timed once and kept (model/bundled/draft_calibration.py). Only
     # once the loading thread has exited: while its OpenMP team lives beside the runner's, libgomp parks workers
     # between parallel regions, and a calibration there timed a lone step at 27 ms that then took 10.
-    int4 = isinstance(chat.denoiser, BlockDiffusionDenoiser) and chat.denoiser.model.int4 is not None
-    calibrate_drafts(chat, draft_costs_file(), calibration_key(chat, int4, device))
+    calibrate_drafts(chat, backend, draft_costs_file(), calibration_key(chat, backend, device))
     return chat
 
 
-@on_passing_thread
-def _load_default_chat_model(
-    adapter_dir: Path | None,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    weights: str,
-    **sampler_overrides: Any,
-) -> DiffusionChatModel:
+def card_sampler(meta: dict[str, Any]) -> SamplerConfig:
+    """The adapter card's sampler settings (adapter.json "sampler") over the bundled model's defaults: blocks of the
+    trained size, one pass a token, self-speculative decoding with `DRAFT_MASKS` drafts in the adaptive layout."""
+    block = AdapterConfig.from_json(meta["adapter"]).block_length
+    card: dict[str, Any] = dict(meta.get("sampler", {}))
+    unknown = set(card) - set(SamplerConfig.__dataclass_fields__)
+    if unknown:
+        raise ModelError(f"adapter.json's sampler has unknown settings: {sorted(unknown)}")
+    # The gated adapter makes lossless self-speculative decoding possible (model/decoding/speculative.py): it is the
+    # default, drafting as many tokens a pass as pay on this CPU (model/decoding/draft_policy.py)
+    defaults = SamplerConfig(block_length=block, steps_per_block=block, decoding="self-speculative",
+                             draft_masks=DRAFT_MASKS, draft_layout="adaptive")
+    return dataclasses.replace(defaults, **{**card, "block_length": block})
 
-    directory = adapter_dir or ADAPTER_DIR
+
+@on_passing_thread
+def _load_default_chat_model(spec: ModelSpec, device: torch.device) -> tuple[DiffusionChatModel, BlockDiffusionBackend]:
+    directory = Path(spec.source) if spec.source else ADAPTER_DIR
     meta = adapter_meta(directory)
-    trained_block = AdapterConfig.from_json(meta["adapter"]).block_length
-    asked_block = sampler_overrides.get("block_length", trained_block)
-    if asked_block != trained_block:  # refused before the slow load of the base model
+    card = card_sampler(meta)
+    sampler = spec.decoding.apply(card)
+    if sampler.block_length != card.block_length:  # refused before the slow load of the base model
         # the adapter learned to fill blocks of exactly this size: other sizes attend over spans it never saw
         raise ModelError(
-            f"block length {asked_block} does not match the block-diffusion adapter in {directory}, which was trained "
-            f"with blocks of {trained_block} tokens: leave --block-length unset or pass {trained_block}"
+            f"block length {sampler.block_length} does not match the block-diffusion adapter in {directory}, which "
+            f"was trained with blocks of {card.block_length} tokens: leave --block-length unset or pass "
+            f"{card.block_length}"
         )
-    base, tokenizer = load_base(dtype)
+    base, tokenizer = load_base(torch.float32 if spec.precision == "fp32" else torch.bfloat16)
     model = load_adapter(base, directory)
-    # The adapter stays fp32 (10 MB more) while the base runs in `dtype`: its rank-16 matmuls over a few rows are
+    # The adapter stays fp32 (10 MB more) while the base runs in bf16: its rank-16 matmuls over a few rows are
     # faster in fp32 on a CPU, which made a drafting pass 10-18 % cheaper (MODEL_CARD.md, "Batched passes").
     model.cast_adapter(torch.float32)
     model.eval()
     model.to(device)
-    if _int4_wanted(weights, device):
+    if _int4_wanted(spec.weights, device):
         model.use_int4(cached_int4_weights(base_gguf_path(), base.config, int4_cache_file()))
-    settings: dict[str, Any] = dict(meta.get("sampler", {}))
-    settings["block_length"] = trained_block
-    settings.setdefault("steps_per_block", settings["block_length"])
-    # The gated adapter makes lossless self-speculative decoding possible (model/decoding/speculative.py): it is the
-    # default.
-    settings.setdefault("decoding", "self-speculative")
-    settings.setdefault("draft_masks", DRAFT_MASKS)
-    # as many drafts a pass as pay on this CPU (model/decoding/draft_policy.py)
-    settings.setdefault("draft_layout", "adaptive")
-    max_batch = sampler_overrides.pop("max_batch", None)
-    settings.update(sampler_overrides)
-    denoiser = BlockDiffusionDenoiser(model, eos_ids=eos_ids(tokenizer))
+    backend = BlockDiffusionBackend(model, eos_ids(tokenizer), spec.max_batch)
     chat = DiffusionChatModel(
         name=DEFAULT_MODEL_NAME,
         tokenizer=tokenizer,
-        denoiser=denoiser,
-        sampler=SamplerConfig(**settings),
+        backend=backend,
+        sampler=sampler,
+        system_prompt=spec.system_prompt,
         context_length=context_length_of(base.config),
-        max_batch=max_batch,
     )
     # Built here rather than by the first answer, which waited ~0.4 s for the fused pass (its weights concatenated)
     # and 1-2 s for the guards' and the end-of-turn probe's scan of the 49k tokens: a server's first request, a
     # benchmark's first prompt, and a voice session's first turn when the draft costs came from disk (no pass at load)
     model.inference_pass()
     chat.vocabulary()
-    return chat
+    return chat, backend
 
 
 def draft_costs_file() -> Path:
     return cache_root() / "draft_costs.json"
 
 
-def calibration_key(chat: DiffusionChatModel, int4: bool, device: torch.device | str) -> str:
+def calibration_key(chat: DiffusionChatModel, backend: BlockDiffusionBackend, device: torch.device) -> str:
     """What a pass's cost depends on besides its shape: the machine, the threads, the kernels and the weights."""
 
     cpu = quant_kernels.cpu_name()
     isa = ",".join(f"{name}={os.environ.get(name, '')}" for name in ISA_VARIABLES)
-    weights = "int4" if int4 else str(chat.denoiser.dtype).removeprefix("torch.")
-    return (f"{DEFAULT_MODEL_NAME}|{cpu}|{torch.device(device)}|threads={torch.get_num_threads()}|{weights}|"
+    weights = "int4" if backend.model.int4 is not None else str(backend.dtype).removeprefix("torch.")
+    return (f"{DEFAULT_MODEL_NAME}|{cpu}|{device}|threads={torch.get_num_threads()}|{weights}|"
             f"masks={chat.sampler.draft_masks}|torch={torch.__version__}|kernels={quant_kernels.fingerprint()}|{isa}")
 
 
@@ -234,12 +232,7 @@ ISA_VARIABLES = (
 
 
 
-WEIGHTS = ("auto", "int4", "bf16")
-
-
-def _int4_wanted(weights: str, device: torch.device | str) -> bool:
-    if weights not in WEIGHTS:
-        raise ModelError(f"unknown weights {weights!r}: choose one of {', '.join(WEIGHTS)}")
+def _int4_wanted(weights: str, device: torch.device) -> bool:
     on_cpu = torch.device(device).type == "cpu"
     if weights == "bf16" or (weights == "auto" and not on_cpu):
         return False

@@ -12,8 +12,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from model.decoding.options import AnswerRules, GenerationOptions
 from model.decoding.refinement import Refinement
-from model.errors import ModelError
+
+__all__ = [
+    "ROLES", "AnswerRules", "BatchesAnswers", "ChatMessage", "ChatModel", "Draft", "DraftPiece", "GenerationOptions",
+    "PreparesPrompts", "TokenizingChatModel",
+]
 
 ROLES = ("system", "user", "assistant")
 
@@ -22,48 +27,6 @@ ROLES = ("system", "user", "assistant")
 class ChatMessage:
     role: str
     content: str
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerRules:
-    """Edits of the teacher's logits that one caller may ask of its answer; every rule is off (0) by default.
-
-    They are a caller's policy, not the model's: a voice pipeline wants answers a listener can follow (no loops, an end
-    soon after a sentence), an API client wants what it asked for. The model applies them identically in every
-    decoding mode (`model.decoding.speech_guard.SpeechGuard`), so they never make decoding modes disagree.
-    """
-
-    no_repeat_ngram: int = 0  # never repeat an n-gram of words of the answer, as a listener hears it
-    end_after: int = 0  # once the answer holds this many tokens, end it at the next sentence end
-    no_copy_ngram: int = 0  # never copy a run of n tokens (words and punctuation) from the prompt
-    no_copy_opening: int = 0  # never open with the first n tokens of an earlier answer in the prompt
-
-    def __post_init__(self) -> None:
-        if min(self.no_repeat_ngram, self.end_after, self.no_copy_ngram, self.no_copy_opening) < 0:
-            raise ModelError("no_repeat_ngram, no_copy_ngram, no_copy_opening and end_after must be >= 0 (0: off)")
-
-    @property
-    def active(self) -> bool:
-        return bool(self.no_repeat_ngram or self.end_after or self.no_copy_ngram or self.no_copy_opening)
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationOptions:
-    """What a caller may ask of one answer. Sampler details (block length, threshold) belong to the model's config."""
-
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    # A voice turn someone is waiting to hear: a model that batches answers starts it ahead of bulk (API) work.
-    interactive: bool = False
-    # The conversation this answer continues (a voice session's id): a model that batches answers keeps its cache
-    # slot for it, so other conversations never overwrite what it encoded ahead.
-    conversation: str | None = None
-    # The system message of a chat that has none (None: the model's own default, if it has one).
-    system_prompt: str | None = None
-    # Logit rules of this caller (all off by default: an API client gets the model's plain answer).
-    rules: AnswerRules = AnswerRules()
 
 
 @dataclass(frozen=True, slots=True)

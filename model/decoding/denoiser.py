@@ -57,10 +57,3 @@ class Forkable(Protocol):
     def fork(self) -> Denoiser: ...
 
 
-@runtime_checkable
-class ReportsReusedTokens(Protocol):
-    """A denoiser that says how many prompt tokens its last `start` found already in its cache (the answer's usage
-    reports them as cached)."""
-
-    reused_tokens: int
-

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from model.decoding.denoiser import Denoiser
+from model.decoding.options import PLAIN, GenerationOptions
 from model.decoding.refinement import Refinement
 from model.decoding.speech_guard import SpeechGuard
 from model.errors import ModelError
@@ -48,15 +49,15 @@ DRAFT_LAYOUTS = ("fixed", "adaptive")
 
 @dataclass(frozen=True, slots=True)
 class SamplerConfig:
-    """How the sampler spends its passes. Validated on construction; lengths are checked again in `generate`."""
+    """How the model spends its passes: the model's own settings, whatever the request. What one caller asks of its
+    answer (temperature, seed, logit rules) is its `GenerationOptions`. Validated on construction; lengths are checked
+    again in `generate`."""
 
     block_length: int = 32  # B; B = max_new_tokens decodes the whole answer as one block
     steps_per_block: int = 32  # pass budget per block (upper bound when `threshold` is set)
     remasking: str = "low_confidence"  # which masked positions a fixed budget commits (see REMASKING)
     threshold: float | None = None  # Fast-dLLM: commit every masked position with confidence > threshold
-    temperature: float = 0.0  # 0 = argmax; > 0 = Gumbel-max sampling in float64
     cfg_scale: float = 0.0  # classifier-free guidance; > 0 needs an unconditional denoiser (see `generate`)
-    seed: int | None = None  # same seed, same output
     use_cache: bool = True  # False: re-encode the prompt every pass (`Denoiser.start`, the bundled `BlockPasses`)
     # "diffusion": this file's threshold/budget sampler; "self-speculative" / "autoregressive":
     # model/decoding/speculative.py
@@ -66,11 +67,6 @@ class SamplerConfig:
     # self-speculative: "fixed" drafts `draft_masks` every pass; "adaptive" lets a lone answer draft 0..draft_masks, as
     # many as pay on this machine (model/decoding/draft_policy.py)
     draft_layout: str = "fixed"
-    # The caller's `AnswerRules` (model/chat.py), set per answer by `DiffusionChatModel.sampler_for`:
-    no_repeat_ngram: int = 0  # never repeat an n-gram of the answer (0: off)
-    end_after: int = 0  # end at the first sentence end after this many tokens (0: off)
-    no_copy_ngram: int = 0  # never copy a run of n tokens (words and punctuation) from the prompt (0: off)
-    no_copy_opening: int = 0  # never open with the first n tokens of an earlier answer in the prompt (0: off)
 
     def __post_init__(self) -> None:
         if self.block_length < 1:
@@ -84,8 +80,6 @@ class SamplerConfig:
             raise ModelError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
         if self.threshold is not None and not 0.0 <= self.threshold < 1.0:
             raise ModelError(f"threshold must be in [0, 1), got {self.threshold}")
-        if self.temperature < 0:
-            raise ModelError(f"temperature must be >= 0, got {self.temperature}")
         if self.cfg_scale < 0:
             raise ModelError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
         if self.decoding not in DECODING_MODES:
@@ -94,8 +88,6 @@ class SamplerConfig:
             raise ModelError(f"draft_layout must be one of {DRAFT_LAYOUTS}, got {self.draft_layout!r}")
         if self.draft_masks < 1:
             raise ModelError(f"draft_masks must be at least 1, got {self.draft_masks}")
-        if min(self.no_repeat_ngram, self.end_after, self.no_copy_ngram, self.no_copy_opening) < 0:
-            raise ModelError("no_repeat_ngram, no_copy_ngram, no_copy_opening and end_after must be >= 0 (0: off)")
 
 
 def commit_schedule(masked: int, steps: int) -> list[int]:
@@ -239,13 +231,15 @@ class DiffusionDecoding:
 
     def __init__(
         self, mask_id: int, eos_ids: frozenset[int], max_new_tokens: int, config: SamplerConfig,
-        guard: SpeechGuard | None = None,
+        options: GenerationOptions = PLAIN, guard: SpeechGuard | None = None,
     ) -> None:
         self.mask_id = mask_id
         self.eos_ids = frozenset(eos_ids)
         self.config = config
+        self.temperature = options.temperature
         self.guard = guard
-        self.generator = torch.Generator().manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
+        seed = options.seed if options.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
         self.eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long)  # [E]
         self.canvas = torch.full((max_new_tokens,), mask_id, dtype=torch.long)  # [N] committed tokens, mask elsewhere
         self.committed = torch.zeros(max_new_tokens, dtype=torch.bool)  # [N]
@@ -273,10 +267,10 @@ class DiffusionDecoding:
         logits[:, self.mask_id] = -torch.inf  # the mask is never an answer, whatever the adapter did
         budget = self.schedule[self.pass_in_block]
         if self.guard is None:
-            proposal = sample_tokens(logits, config.temperature, self.generator)  # [B]
+            proposal = sample_tokens(logits, self.temperature, self.generator)  # [B]
         else:
             proposal = guarded_proposal(logits, canvas[:lo].tolist(), canvas[lo:hi], committed[lo:hi], self.guard,
-                                        config.temperature, self.generator)
+                                        self.temperature, self.generator)
         proposal_conf = token_confidence(logits, proposal)  # [B]
         masked = ~committed[lo:hi]  # [B]
         chosen = choose_commits(proposal_conf, masked, budget, config, self.generator)
@@ -326,6 +320,7 @@ def generate(
     cancel: threading.Event | None = None,
     unconditional: Denoiser | None = None,
     guard: SpeechGuard | None = None,
+    options: GenerationOptions = PLAIN,
 ) -> Iterator[Refinement]:
     """Denoise an answer of at most `max_new_tokens` after `prompt_ids`, yielding one `Refinement` per pass.
 
@@ -335,12 +330,13 @@ def generate(
     Setting `cancel` stops after the pass in flight; that pass's Refinement is the last, with finish_reason "cancelled".
     `guard` (no repeated n-grams, end at a sentence end) edits each masked position's logits given the tokens to its
     left (committed, or this pass's guesses), the same rule the autoregressive and self-speculative modes apply.
+    `options`: the caller's temperature and seed.
     """
     validate_request(denoiser, prompt_ids, max_new_tokens, config)
     if config.cfg_scale > 0 and unconditional is None:
         raise ModelError("cfg_scale > 0 needs an unconditional denoiser (e.g. denoiser.fork())")
     guided = config.cfg_scale > 0 and unconditional is not None
-    decoding = DiffusionDecoding(denoiser.mask_id, frozenset(denoiser.eos_ids), max_new_tokens, config, guard)
+    decoding = DiffusionDecoding(denoiser.mask_id, frozenset(denoiser.eos_ids), max_new_tokens, config, options, guard)
     denoiser.start(list(prompt_ids), max_new_tokens, config.use_cache)
     if guided:
         unconditional.start([denoiser.mask_id] * len(prompt_ids), max_new_tokens, config.use_cache)

@@ -16,6 +16,7 @@ import sys
 
 import uvicorn
 
+from model.chat.spec import DecodingSettings, ModelSpec
 from model.errors import ModelError
 from model.server.app import create_app
 from model.server.config import ServerConfig
@@ -40,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help=f"address to bind (non-loopback needs ${API_KEY_ENV})")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default=None,
-                        help="model spec for model.chat.loading.load_chat_model (default: bundled)")
+                        help="a diffusion checkpoint folder or hub id, or a block-diffusion adapter folder "
+                        "(default: the bundled model)")
     parser.add_argument("--served-name", action="append", default=None,
                         help="model id clients use (repeatable); default: the model's own name")
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
@@ -89,15 +91,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_batch is not None and args.max_batch < 1:
         raise SystemExit(f"dlm-serve: --max-batch must be at least 1, got {args.max_batch}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from model.chat.loading import load_chat_model
+    spec = ModelSpec(source=args.model, device=args.device, weights=args.weights, max_batch=args.max_batch,
+                     decoding=DecodingSettings(decoding=args.decoding))
     from model.device import describe, resolve_device  # heavy (torch, transformers): only once the arguments are valid
+    from model.loading import load_chat_model
 
     try:
-        device = resolve_device(args.device)
-        overrides = {"decoding": args.decoding, "max_batch": args.max_batch, "weights": args.weights}
-        model = load_chat_model(
-            args.model, device=device, **{key: value for key, value in overrides.items() if value is not None}
-        )
+        device = resolve_device(spec.device)
+        model = load_chat_model(spec)
     except ModelError as error:
         sys.exit(f"dlm-serve: cannot load model: {error}")
     logging.getLogger("dlm-serve").info("model %s on %s", model.name, describe(device))

@@ -132,7 +132,7 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
 
 
 def load_model(spec: str, decoding: str | None = None) -> ChatModel:
-    from model.chat.loading import load_chat_model
+    from model.loading import load_chat_model
 
     overrides = {"decoding": decoding} if decoding else {}
     if spec == "tiny":

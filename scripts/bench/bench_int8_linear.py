@@ -55,7 +55,7 @@ def model_shapes() -> list[tuple[str, torch.Tensor, int]]:
     from model.bundled.default_model import load_default_chat_model
 
     chat = load_default_chat_model()
-    fast = chat.denoiser.model.inference_pass()
+    fast = chat.backend.model.inference_pass()
     layer = fast.layers[len(fast.layers) // 2]  # a middle layer's weights; every layer has the same shapes
     count = len(fast.layers)
     return [

@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
+from report_lib.passes import answer_refinements
 from report_lib.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ def _runtime_worker(conn: Connection, weights: str, threads: int) -> None:
         started = time.perf_counter()
         first = None
         final = None
-        for refinement in chat.answer_refinements(prompt, length, config):  # the loop every answer runs
+        for refinement in answer_refinements(chat, prompt, length, config):  # the loop every answer runs
             if first is None and refinement.committed_prefix > 0:
                 first = time.perf_counter() - started
             final = refinement

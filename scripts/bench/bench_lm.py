@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
+from report_lib.passes import answer_refinements, stop_batching
 from report_lib.tiny_models import smollm2_shaped_llama
 
 from model.chat.engine import DiffusionChatModel
@@ -69,11 +70,12 @@ class ModeResult:
 
 def tiny_block_diffusion(block_length: int, device: torch.device) -> tuple[Batching, int]:
     """Random LlamaForCausalLM of SmolLM2-135M's shape, wrapped by the block-diffusion adapter."""
-    from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionDenoiser, BlockDiffusionLM
+    from model.bundled.backend import BlockDiffusionBackend
+    from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 
     base = smollm2_shaped_llama(device)
     model = BlockDiffusionLM(base, AdapterConfig(block_length=block_length)).eval().to(device)
-    return BlockDiffusionDenoiser(model, eos_ids=[2]), int(base.config.vocab_size)
+    return BlockDiffusionBackend(model, eos_ids=[2]), int(base.config.vocab_size)
 
 
 def tiny_masked_lm(device: torch.device) -> tuple[Denoiser, int]:
@@ -115,7 +117,7 @@ def build(
         chat = DiffusionChatModel(spec, None, denoiser, SamplerConfig(length, length))  # no tokenizer: ids only
         return chat, prompts, length, f"{spec} (random weights, {params / 1e6:.0f}M parameters)"
     from model.chat import ChatMessage
-    from model.chat.loading import load_chat_model
+    from model.loading import load_chat_model
     from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
     chat = load_chat_model(spec, device=device)
@@ -131,7 +133,7 @@ def run_mode(chat: DiffusionChatModel, prompts: list[list[int]], max_new_tokens:
     tokens = passes = 0
     started = time.perf_counter()
     for prompt in prompts:
-        refinements = list(chat.answer_refinements(prompt, max_new_tokens, config))
+        refinements = list(answer_refinements(chat, prompt, max_new_tokens, config))
         passes += len(refinements)
         tokens += sum(refinements[-1].committed[: refinements[-1].answer_length])
     return ModeResult(name, config.use_cache, tokens, passes, time.perf_counter() - started)
@@ -208,10 +210,10 @@ def verify_pass_costs(model: Any, cache_length: int, sizes: list[int], repeats: 
 def model_to_time(args: argparse.Namespace) -> Any:
     """The chat model of `args`, its batch runner stopped: the passes are timed on this thread, so that one OpenMP
     team runs them (the runner's thread keeps the team it calibrated with)."""
-    from model.chat.loading import load_chat_model
+    from model.loading import load_chat_model
 
     chat = load_chat_model(args.model, device=args.device, weights=args.weights)
-    chat.stop_batching()
+    stop_batching(chat)
     return chat
 
 
@@ -220,7 +222,7 @@ def pass_cost_main(args: argparse.Namespace) -> int:
     chat = model_to_time(args)
     sizes = [int(n) for n in args.pass_costs.split(",")]
     with torch.inference_mode():
-        costs = verify_pass_costs(chat.denoiser.model, args.cache_length, sizes, args.pass_repeats)
+        costs = verify_pass_costs(chat.backend.model, args.cache_length, sizes, args.pass_repeats)
     print(f"one cached pass after {args.cache_length} tokens, {torch.get_num_threads()} threads, median of "
           f"{args.pass_repeats} (ms)")
     print("tokens | " + " | ".join(costs))
@@ -261,7 +263,7 @@ def prefill_cost_main(args: argparse.Namespace) -> int:
     chat = model_to_time(args)
     sizes = [int(n) for n in args.prefill_costs.split(",")]
     with torch.inference_mode():
-        costs = prefill_costs(chat.denoiser.model, sizes, args.pass_repeats)
+        costs = prefill_costs(chat.backend.model, sizes, args.pass_repeats)
     print(f"one prefill on an empty cache, {torch.get_num_threads()} threads, median of {args.pass_repeats} (ms)")
     print("tokens | " + " | ".join(costs))
     for i, n in enumerate(sizes):
@@ -302,7 +304,7 @@ def batch_cost_main(args: argparse.Namespace) -> int:
     """--batch-costs: what a pass over B answers costs against one (bundled model, bf16)."""
     chat = model_to_time(args)
     batches = [int(n) for n in args.batch_costs.split(",")]
-    costs = batch_pass_costs(chat.denoiser.model, args.cache_length, batches, args.pass_repeats)
+    costs = batch_pass_costs(chat.backend.model, args.cache_length, batches, args.pass_repeats)
     print(f"one batched pass, ~{args.cache_length} cached tokens per answer, {torch.get_num_threads()} threads, "
           f"median of {args.pass_repeats} (ms; in brackets: cost relative to B = {batches[0]})")
     print("answers | " + " | ".join(costs))
@@ -332,7 +334,7 @@ def batch_agreement_main(args: argparse.Namespace) -> int:
     import threading
 
     from model.chat import ChatMessage, GenerationOptions
-    from model.chat.loading import load_chat_model
+    from model.loading import load_chat_model
     from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
     chat = load_chat_model(args.model, device=args.device, **({"dtype": torch.float32} if args.fp32 else {}))
@@ -415,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode, cfg in policies.items()
             for cache in (True, False)
         ]
-        chat.stop_batching()  # the single passes are timed on this thread (see `model_to_time`)
+        stop_batching(chat)  # the single passes are timed on this thread (see `model_to_time`)
         with torch.inference_mode():
             cached = pass_cost(chat.denoiser, True, 256, 32, args.pass_repeats)
             uncached = pass_cost(chat.denoiser, False, 256, 32, args.pass_repeats)

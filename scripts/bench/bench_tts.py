@@ -251,7 +251,7 @@ def load_model(args: argparse.Namespace) -> ChatModel:
         from model.bundled.default_model import load_default_chat_model
 
         return load_default_chat_model(adapter_dir=Path(args.adapter))
-    from model.chat.loading import load_chat_model
+    from model.loading import load_chat_model
 
     return load_chat_model(args.model)
 

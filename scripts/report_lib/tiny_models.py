@@ -184,6 +184,7 @@ def scripted_byte_model(
     """A `DiffusionChatModel` over the byte tokenizer that answers `answer` (then EOS) to anything, committing one
     token per pass from left to right (unless `steps_per_block` is smaller), so every block end and every character
     boundary shows up in some draft."""
+    from model.adapters.sampler_backend import SamplerBackend
     from model.chat.engine import DiffusionChatModel
     from model.decoding.sampler import SamplerConfig
 
@@ -191,7 +192,8 @@ def scripted_byte_model(
     denoiser = ScriptedDenoiser(list(tokenizer.encode(answer)), eos_ahead)
     steps = steps_per_block or block_length
     config = SamplerConfig(block_length=block_length, steps_per_block=steps, remasking="left_to_right")
-    return DiffusionChatModel("scripted", tokenizer, denoiser, config, context_length=context_length)
+    backend = SamplerBackend("scripted", denoiser, config)
+    return DiffusionChatModel("scripted", tokenizer, backend, config, context_length=context_length)
 
 
 LLAMA_VOCAB = 48

@@ -40,6 +40,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
+from report_lib.passes import answer_refinements
+
 from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
@@ -73,7 +75,7 @@ def answer_of(chat: DiffusionChatModel, prompt: str, mode: str, options: Generat
     prompt_ids = chat.prompt_ids(messages)
     config, length = chat.sampler_for(options)
     started = time.perf_counter()
-    refinements = list(chat.answer_refinements(prompt_ids, length, config))  # the loop every answer runs
+    refinements = list(answer_refinements(chat, prompt_ids, length, config))  # the loop every answer runs
     wall = time.perf_counter() - started
     final = refinements[-1]
     n = final.answer_length

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from model.chat.loading import load_chat_model
+from model.loading import load_chat_model
 from model.server.config import ServerConfig
 from tests.integration.api_harness import RunningServer, serve
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT

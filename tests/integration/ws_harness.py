@@ -29,7 +29,7 @@ DEFAULT_ADAPTER = Path(__file__).resolve().parents[2] / "model" / "bundled" / "d
 def load_test_engines(tmp_folder: Path) -> Engines:
     """The real ASR and TTS; the bundled LM when it has been trained, else a tiny random BERT (real code, random
     words) so the pipeline and the socket can be tested before the bundled model exists."""
-    from model.chat.loading import load_chat_model
+    from model.loading import load_chat_model
     from voice.listen.asr_models import load_model
     from voice.speak.tts import load_synthesizer
 

@@ -3,18 +3,35 @@ pieces it is made of (a `SlotCache`, `prefill`, `batched_pass`, `keep`) when a t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 from report_lib.tiny_models import LLAMA_EOS
 
+from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import BlockDiffusionLM, reference_logits
+from model.chat.engine import DiffusionChatModel
 from model.decoding.block_passes import BlockPasses
+from model.decoding.options import PLAIN, GenerationOptions
 from model.decoding.refinement import Refinement
+from model.decoding.sampler import SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding
 from model.decoding.step import DecodingSequence
 from model.runtime.batch_runner import BatchRunner
 from model.runtime.batching import Feed, SlotCache, batched_pass, keep, prefill
+
+
+def sequence(
+    chat: DiffusionChatModel, prompt: list[int], length: int, config: SamplerConfig | None = None,
+    options: GenerationOptions = PLAIN,
+) -> DecodingSequence:
+    """The step object `chat`'s bundled back end makes for one answer of `length` tokens after `prompt`, with decoding
+    settings `config` (the model's own by default) and the caller's `options` (temperature, seed, rules)."""
+    if not isinstance(chat.backend, BlockDiffusionBackend):
+        raise TypeError("only the bundled back end decodes through step objects")
+    plan = chat.plan(prompt, dataclasses.replace(options, max_new_tokens=length), config)
+    return chat.backend.sequence(plan)
 
 
 def decode(runner: BatchRunner, sequence: DecodingSequence) -> list[Refinement]:

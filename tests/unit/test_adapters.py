@@ -11,10 +11,12 @@ from transformers import BertConfig, BertForMaskedLM, ModernBertConfig, ModernBe
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
 from model.adapters.remote_code import load_remote_code
-from model.chat.loading import architecture, load_chat_model, read_config
+from model.chat.spec import DecodingSettings, ModelSpec
+from model.decoding.options import GenerationOptions
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig, generate
 from model.errors import ModelError
+from model.loading import architecture, load_chat_model, read_config
 
 MASK, EOS = 63, 1
 
@@ -107,40 +109,46 @@ def test_remote_code_adapter_loads_an_auto_map_checkpoint_offline(tmp_path: Path
     tokenizer, denoiser = load_remote_code(str(folder))
     assert type(denoiser.model).__name__ == "TinyDLMModel"  # the class from the folder's own code
     assert denoiser.mask_id == tokenizer.mask_token_id
-    refinements = list(generate(denoiser, tokenizer.encode("how are you"), 16, SamplerConfig(8, 2, seed=1)))
+    refinements = list(generate(denoiser, tokenizer.encode("how are you"), 16, SamplerConfig(8, 2),
+                                options=GenerationOptions(seed=1)))
     assert len(refinements) <= 4 and refinements[-1].done
     assert all(isinstance(r, Refinement) and denoiser.mask_id not in r.tokens for r in refinements)
 
 
 def test_load_chat_model_picks_the_adapter_from_the_config(tmp_path: Path) -> None:
-    model = load_chat_model(str(tiny_bert(tmp_path / "bert")), block_length=4, steps_per_block=2)
-    assert type(model.denoiser).__name__ == "MaskedLMDenoiser"
+    model = load_chat_model(ModelSpec(str(tiny_bert(tmp_path / "bert")),
+                                      decoding=DecodingSettings(block_length=4, steps_per_block=2)))
+    assert type(model.backend.denoiser).__name__ == "MaskedLMDenoiser"
     assert model.sampler.block_length == 4
-    remote = load_chat_model(str(tiny_remote_code(tmp_path / "remote")))
-    assert type(remote.denoiser).__name__ == "RemoteCodeDenoiser"
+    remote = load_chat_model(ModelSpec(str(tiny_remote_code(tmp_path / "remote"))))
+    assert type(remote.backend.denoiser).__name__ == "RemoteCodeDenoiser"
 
 
 def test_unknown_path_is_a_clear_model_error(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="not found"):
-        load_chat_model(str(tmp_path / "missing"))
+        load_chat_model(ModelSpec(str(tmp_path / "missing")))
     with pytest.raises(ModelError, match="not found"):
-        load_chat_model(str(tmp_path))  # a folder, but no config.json
+        load_chat_model(ModelSpec(str(tmp_path)))  # a folder, but no config.json
 
 
 def test_checkpoint_without_mask_token_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="no mask token"):
-        load_chat_model(str(tiny_bert(tmp_path / "bert", with_mask=False)))
+        load_chat_model(ModelSpec(str(tiny_bert(tmp_path / "bert", with_mask=False))))
 
 
 def test_causal_lm_checkpoint_has_no_masked_adapter(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ModelError, match="no diffusion adapter"):
-        load_chat_model(str(tmp_path))
+        load_chat_model(ModelSpec(str(tmp_path)))
 
 
-def test_unknown_option_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match="unknown model options"):
-        load_chat_model(str(tiny_bert(tmp_path / "bert")), blok_length=4)
+def test_a_spec_refuses_what_no_model_can_do() -> None:
+    with pytest.raises(ModelError, match="unknown weights"):
+        ModelSpec(weights="int3")
+    with pytest.raises(ModelError, match="max_batch must be at least 1"):
+        ModelSpec(max_batch=0)
+    with pytest.raises(ModelError, match="unknown device"):
+        ModelSpec(device="tpu")
 
 
 def test_a_block_length_other_than_the_adapters_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,9 +162,10 @@ def test_a_block_length_other_than_the_adapters_is_refused(tmp_path: Path, monke
     monkeypatch.setattr(default_model, "load_base", no_base)
     (tmp_path / "adapter.json").write_text(json.dumps({"adapter": {"block_length": 4}, "sampler": {}}))
     with pytest.raises(ModelError, match=r"block length 8 does not match .* trained with blocks of 4 tokens"):
-        load_chat_model(str(tmp_path), block_length=8, steps_per_block=8)
+        load_chat_model(ModelSpec(str(tmp_path), decoding=DecodingSettings(block_length=8, steps_per_block=8)))
 
 
 def test_a_tiny_masked_model_knows_its_context(tmp_path: Path) -> None:
-    model = load_chat_model(str(tiny_bert(tmp_path / "bert")), block_length=8, steps_per_block=8)
+    model = load_chat_model(ModelSpec(str(tiny_bert(tmp_path / "bert")),
+                                      decoding=DecodingSettings(block_length=8, steps_per_block=8)))
     assert model.context_length == 256  # the tiny BERT's max_position_embeddings

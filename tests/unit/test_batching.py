@@ -10,17 +10,21 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from report_lib.passes import answer_refinements, stop_batching
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
-from model.bundled.block_diffusion import BlockDiffusionDenoiser, BlockDiffusionLM
+from model.bundled.backend import BlockDiffusionBackend
+from model.bundled.block_diffusion import BlockDiffusionLM
 from model.bundled.block_diffusion import reference_logits as cache_free_logits
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
+from model.decoding.options import PLAIN
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
 from model.runtime.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
 from model.runtime.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
+from tests.unit.drive import sequence
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 
 EOS = LLAMA_EOS
@@ -94,26 +98,25 @@ def stream(refinements: Iterator[Refinement]) -> list[tuple[object, ...]]:
     return [(r.tokens, r.committed, r.done, r.finish_reason) for r in refinements]
 
 
-def alone(prompt: list[int], config: SamplerConfig, length: int):
+def alone(prompt: list[int], config: SamplerConfig, length: int, options: GenerationOptions = PLAIN):
     """The answer decoded by itself, on a fresh model and a runner of its own that decodes one answer a pass."""
-    chat = DiffusionChatModel("tiny", None, BlockDiffusionDenoiser(adapted(), [EOS]), config, max_batch=1)
+    chat = DiffusionChatModel("tiny", None, BlockDiffusionBackend(adapted(), [EOS], max_batch=1), config)
     try:
-        return stream(chat.answer_refinements(prompt, length, config))
+        return stream(answer_refinements(chat, prompt, length, config, options))
     finally:
-        chat.stop_batching()
+        stop_batching(chat)
 
 
 def engine() -> DiffusionChatModel:
-    return DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"])
+    return DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionBackend(adapted(), [EOS]), MODES["diffusion"])
 
 
-def requests(count: int) -> list[tuple[list[int], SamplerConfig, int]]:
+def requests(count: int) -> list[tuple[list[int], SamplerConfig, int, GenerationOptions]]:
     """Prompts of different lengths in every mode, greedy, and a sampled one (its own seeded generator)."""
     modes = list(MODES.values())
-    out = [(prompt, modes[i % len(modes)], 12 + 4 * (i % 3)) for i, prompt in enumerate(prompts(count, seed=3))]
-    sampled = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", temperature=0.8, seed=7,
-                            draft_branches=False)
-    out.append((prompts(1, seed=9)[0], sampled, 16))
+    out = [(prompt, modes[i % len(modes)], 12 + 4 * (i % 3), PLAIN) for i, prompt in enumerate(prompts(count, seed=3))]
+    sampled = GenerationOptions(temperature=0.8, seed=7)
+    out.append((prompts(1, seed=9)[0], MODES["self-speculative"], 16, sampled))
     return out
 
 
@@ -140,13 +143,13 @@ def drain_together(runs: list[Run]) -> list[list[Refinement]]:
 
 def test_answers_in_a_batch_equal_their_answers_alone_in_every_mode() -> None:
     chat = engine()
-    runner: BatchRunner = chat._runner
+    runner: BatchRunner = chat.backend.runner
     cases = requests(9)
-    runs = [runner.submit(chat.sequence(prompt, length, config)) for prompt, config, length in cases]
+    runs = [runner.submit(sequence(chat, prompt, length, config, options)) for prompt, config, length, options in cases]
     results = drain_together(runs)
     assert max(runner.batch_sizes) >= 4  # the answers really shared passes
-    for i, (prompt, config, length) in enumerate(cases):
-        assert stream(iter(results[i])) == alone(prompt, config, length), (i, config.decoding)
+    for i, (prompt, config, length, options) in enumerate(cases):
+        assert stream(iter(results[i])) == alone(prompt, config, length, options), (i, config.decoding)
         assert results[i][-1].done
 
 
@@ -154,22 +157,22 @@ def test_a_bare_answer_runs_through_the_runner_and_equals_its_answer_alone() -> 
     # what the benchmarks time (eval_default_model, bench_llama_cpp): the loop every answer runs, on the runner's
     # thread, not a second loop on the caller's (whose OpenMP team would slow the runner's passes)
     chat = engine()
-    runner: BatchRunner = chat._runner
-    for prompt, config, length in requests(3):
+    runner: BatchRunner = chat.backend.runner
+    for prompt, config, length, options in requests(3):
         before = len(runner.batch_sizes)
-        got = stream(chat.answer_refinements(prompt, length, config))
+        got = stream(answer_refinements(chat, prompt, length, config, options))
         assert len(runner.batch_sizes) - before == len(got)  # every pass of it the runner's
-        assert got == alone(prompt, config, length), config.decoding
+        assert got == alone(prompt, config, length, options), config.decoding
     assert runner._thread is not None and runner._thread is not threading.current_thread()
 
 
 def test_a_run_cancelled_mid_batch_leaves_the_others_unchanged() -> None:
     chat = engine()
-    runner: BatchRunner = chat._runner
+    runner: BatchRunner = chat.backend.runner
     cases = requests(5)[:5]
     cancels = [threading.Event() for _ in cases]
-    runs = [runner.submit(chat.sequence(prompt, length, config), cancel=cancel)
-            for (prompt, config, length), cancel in zip(cases, cancels, strict=True)]
+    runs = [runner.submit(sequence(chat, prompt, length, config, options), cancel=cancel)
+            for (prompt, config, length, options), cancel in zip(cases, cancels, strict=True)]
     results: dict[int, list[Refinement]] = {}
     victim = 1
 
@@ -183,18 +186,19 @@ def test_a_run_cancelled_mid_batch_leaves_the_others_unchanged() -> None:
         thread.join(timeout=120)
     # passes the runner made before it saw the cancel may already be queued (it runs ahead of a slow reader), so the
     # bound is the uncancelled answer's pass count, not the cancel point
-    prompt, config, length = cases[victim]
+    prompt, config, length, options = cases[victim]
     assert results[victim][-1].finish_reason == "cancelled"
-    assert len(results[victim]) < len(alone(prompt, config, length))
-    for i, (prompt, config, length) in enumerate(cases):
+    assert len(results[victim]) < len(alone(prompt, config, length, options))
+    for i, (prompt, config, length, options) in enumerate(cases):
         if i != victim:
-            assert stream(iter(results[i])) == alone(prompt, config, length), i
+            assert stream(iter(results[i])) == alone(prompt, config, length, options), i
     # an abandoned iterator (the caller went away) ends its run too, and the runner goes on serving
-    prompt, config, length = cases[0]
-    abandoned = iter(runner.submit(chat.sequence(prompt, length, config)))
+    prompt, config, length, options = cases[0]
+    abandoned = iter(runner.submit(sequence(chat, prompt, length, config, options)))
     next(abandoned)
     abandoned.close()
-    assert stream(iter(drain(runner.submit(chat.sequence(prompt, length, config))))) == alone(prompt, config, length)
+    again = drain(runner.submit(sequence(chat, prompt, length, config, options)))
+    assert stream(iter(again)) == alone(prompt, config, length, options)
 
 
 def test_interactive_runs_are_admitted_first_and_bulk_ones_one_at_a_time() -> None:
@@ -234,7 +238,7 @@ def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes() -> None:
     from model.chat import ChatMessage
     from model.server.scheduler import Scheduler
 
-    chat = DiffusionChatModel("tiny", word_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"])
+    chat = DiffusionChatModel("tiny", word_tokenizer(), BlockDiffusionBackend(adapted(), [EOS]), MODES["diffusion"])
     questions = ["hello how are you", "what is your name", "the cat and the dog", "good day"]
     options = GenerationOptions(max_new_tokens=16)
 
@@ -249,7 +253,7 @@ def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes() -> None:
 
     assert chat.max_batch > 1
     texts = asyncio.run(serve_all())
-    assert max(chat._runner.batch_sizes) >= 2  # the jobs ran at the same time, in shared passes
+    assert max(chat.backend.runner.batch_sizes) >= 2  # the jobs ran at the same time, in shared passes
     assert texts == [list(chat.stream_chat([ChatMessage("user", q)], options))[-1].text for q in questions]
 
 
@@ -259,6 +263,8 @@ def test_a_voice_turn_asks_the_model_for_priority() -> None:
     from model.chat import ChatMessage
     from tests.unit.test_session_shell import FakeLM
     from voice.think.lm_run import LmRun
+    from voice.turn.answer import session_options
+    from voice.turn.config import SessionConfig
 
     lm = FakeLM()
     asked: list[bool] = []
@@ -271,7 +277,8 @@ def test_a_voice_turn_asks_the_model_for_priority() -> None:
     lm.stream_chat = recording  # type: ignore[method-assign]
 
     async def turn() -> None:
-        run = LmRun(lm, [ChatMessage("user", "hi")], GenerationOptions(), name="lm-test")
+        options = session_options(SessionConfig(), "s1")
+        run = LmRun(lm, [ChatMessage("user", "hi")], options, name="lm-test")
         async for _ in run.drafts():
             pass
         await run.close()
@@ -282,11 +289,11 @@ def test_a_voice_turn_asks_the_model_for_priority() -> None:
 
 def test_an_interactive_answer_runs_its_first_pass_ahead_of_waiting_bulk_ones() -> None:
     chat = engine()
-    runner: BatchRunner = chat._runner
+    runner: BatchRunner = chat.backend.runner
     config = MODES["self-speculative"]
     with runner._condition:  # the runner admits nothing until all four wait
-        bulk = [runner.submit(chat.sequence(p, 12, config)) for p in prompts(3, seed=11)]
-        voice = runner.submit(chat.sequence(prompts(1, seed=12)[0], 12, config), interactive=True)
+        bulk = [runner.submit(sequence(chat, p, 12, config)) for p in prompts(3, seed=11)]
+        voice = runner.submit(sequence(chat, prompts(1, seed=12)[0], 12, config), interactive=True)
     for run in [*bulk, voice]:
         drain(run)
     assert voice.first_pass == 0 and runner.batch_sizes[0] == 1  # alone, before any bulk pass
@@ -313,24 +320,24 @@ class FailingSequence:
 
 def test_one_answer_failing_ends_only_that_answer() -> None:
     chat = engine()
-    runner: BatchRunner = chat._runner
+    runner: BatchRunner = chat.backend.runner
     cases = requests(3)[:3]
     with runner._condition:
-        runs = [runner.submit(chat.sequence(p, n, c)) for p, c, n in cases]
-        broken = runner.submit(FailingSequence(chat.sequence(*cases[0][:1], cases[0][2], cases[0][1])))
+        runs = [runner.submit(sequence(chat, p, n, c, o)) for p, c, n, o in cases]
+        broken = runner.submit(FailingSequence(sequence(chat, cases[0][0], cases[0][2], cases[0][1], cases[0][3])))
     with pytest.raises(RuntimeError, match="one answer's decoding"):
         drain(broken)
-    for run, (prompt, config, length) in zip(runs, cases, strict=True):
-        assert stream(iter(drain(run))) == alone(prompt, config, length)
+    for run, (prompt, config, length, options) in zip(runs, cases, strict=True):
+        assert stream(iter(drain(run))) == alone(prompt, config, length, options)
 
 
 def test_closing_the_runner_ends_its_answers_and_stops_its_thread() -> None:
     """At interpreter exit (atexit) the runner stops after the pass in flight, so no torch op outlives the
     interpreter; answers still running end with an error instead of waiting forever."""
     chat = engine()
-    runner: BatchRunner = chat._runner
-    prompt, config, length = requests(1)[0]
-    running = iter(runner.submit(chat.sequence(prompt, length, config)))
+    runner: BatchRunner = chat.backend.runner
+    prompt, config, length, options = requests(1)[0]
+    running = iter(runner.submit(sequence(chat, prompt, length, config, options)))
     next(running)  # the runner thread is up and the answer is in a slot
     runner.close()
     assert runner._thread is not None and not runner._thread.is_alive()
@@ -339,20 +346,20 @@ def test_closing_the_runner_ends_its_answers_and_stops_its_thread() -> None:
     except ModelError as error:
         assert "shutting down" in str(error)
     with pytest.raises(ModelError, match="shutting down"):
-        runner.submit(chat.sequence(prompt, length, config))
+        runner.submit(sequence(chat, prompt, length, config, options))
 
 
 def test_a_long_prompt_gives_its_cache_back_when_its_answer_ends() -> None:
     """One long prompt grows every slot's buffer; once its answer is done the buffers shrink back to what the other
     slots hold, and the answer still running beside it is unchanged."""
     chat = engine()
-    runner: BatchRunner = chat._runner
+    runner: BatchRunner = chat.backend.runner
     config = MODES["self-speculative"]
     short = prompts(1, seed=11)[0]
     long_prompt = [3 + (i * 7) % (LLAMA_VOCAB - 3) for i in range(KEEP_AFTER_ANSWER + 300)]
-    beside = iter(runner.submit(chat.sequence(short, 24, config)))
+    beside = iter(runner.submit(sequence(chat, short, 24, config)))
     first = next(beside)  # running, in its slot, when the long prompt comes
-    long_answer = drain(runner.submit(chat.sequence(long_prompt, 4, config)))
+    long_answer = drain(runner.submit(sequence(chat, long_prompt, 4, config)))
     assert long_answer[-1].done
     assert stream(iter([first, *beside])) == alone(short, config, 24)
     assert runner.cache.capacity <= 2 * GROWTH
@@ -369,18 +376,18 @@ def test_a_short_prompt_stays_cached_for_the_next_turn() -> None:
 
 
 def test_max_batch_bounds_the_answers_in_a_pass() -> None:
-    chat = DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"],
-                              max_batch=2)
+    chat = DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionBackend(adapted(), [EOS], max_batch=2),
+                              MODES["diffusion"])
     assert chat.max_batch == 2
     cases = requests(4)[:4]
-    runs = [chat._runner.submit(chat.sequence(prompt, length, config)) for prompt, config, length in cases]
+    runs = [chat.backend.runner.submit(sequence(chat, prompt, length, config, options))
+            for prompt, config, length, options in cases]
     results = drain_together(runs)
-    assert max(chat._runner.batch_sizes) == 2
-    for i, (prompt, config, length) in enumerate(cases):
-        assert stream(iter(results[i])) == alone(prompt, config, length), i
+    assert max(chat.backend.runner.batch_sizes) == 2
+    for i, (prompt, config, length, options) in enumerate(cases):
+        assert stream(iter(results[i])) == alone(prompt, config, length, options), i
     with pytest.raises(ModelError, match="max_batch"):
-        DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionDenoiser(adapted(), [EOS]), MODES["diffusion"],
-                           max_batch=0)
+        BlockDiffusionBackend(adapted(), [EOS], max_batch=0)
 
 
 def test_the_adapter_runs_only_from_the_longest_noisy_run_on() -> None:
@@ -400,12 +407,12 @@ def test_a_long_answer_ending_in_a_pass_keeps_what_the_others_in_that_pass_just_
     """The long prompt's slot (0) ends in a pass that a longer-running answer (slot 1) shares: the buffers shrink to
     what slot 1 holds only after slot 1 has kept this pass's tokens, or their keys would be lost."""
     chat = engine()
-    runner: BatchRunner = chat._runner
+    runner: BatchRunner = chat.backend.runner
     config = MODES["autoregressive"]
     long_prompt = [3 + (i * 7) % (LLAMA_VOCAB - 3) for i in range(KEEP_AFTER_ANSWER + 300)]
     medium = [3 + (i * 5) % (LLAMA_VOCAB - 3) for i in range(400)]
-    long_run = runner.submit(chat.sequence(long_prompt, 12, config))
-    medium_run = runner.submit(chat.sequence(medium, 28, config))
+    long_run = runner.submit(sequence(chat, long_prompt, 12, config))
+    medium_run = runner.submit(sequence(chat, medium, 28, config))
     long_answer, medium_answer = drain_together([long_run, medium_run])
     assert (long_run.slot, medium_run.slot) == (0, 1)
     assert len(medium_answer) > len(long_answer)  # it went on after the long one ended
@@ -414,7 +421,7 @@ def test_a_long_answer_ending_in_a_pass_keeps_what_the_others_in_that_pass_just_
     # every key slot 1 holds is the one a fresh prefill of its tokens gives (a lost key would read as zeros)
     held = list(runner.cache.slots[1].ids)
     fresh = SlotCache(1)
-    prefill(chat.denoiser.model, fresh, 0, held)
+    prefill(chat.backend.model, fresh, 0, held)
     for warm, cold in ((runner.cache._keys, fresh._keys), (runner.cache._values, fresh._values)):
         for warm_layer, cold_layer in zip(warm, cold, strict=True):
             torch.testing.assert_close(warm_layer[1, :, : len(held)], cold_layer[0, :, : len(held)], atol=1e-5,
@@ -425,16 +432,16 @@ def test_a_lone_answer_drafts_after_every_draft_and_a_batched_one_after_all() ->
     """Blocks after every draft pay off only when an answer has the pass to itself; in a batch each answer drafts one
     block. Either way the answer is the same tokens as alone (drafts only change the speed)."""
     config = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=3)
-    decoding = engine().sequence(prompts(1, seed=6)[0], 16, config)
+    decoding = sequence(engine(), prompts(1, seed=6)[0], 16, config)
     decoding.drafts = [5, 6]
     assert decoding.feed(1).after == (1, 1, 1, 2, 2, 2, 3, 3, 3)
     batched = decoding.feed(4)
     assert batched.clean == (decoding.last, 5, 6) and batched.after == () and len(batched.noisy) == 3
     chat = engine()
     cases = [(prompt, config, 20) for prompt in prompts(4, seed=8)]
-    runs = [chat._runner.submit(chat.sequence(prompt, length, c)) for prompt, c, length in cases]
+    runs = [chat.backend.runner.submit(sequence(chat, prompt, length, c)) for prompt, c, length in cases]
     results = drain_together(runs)
-    assert max(chat._runner.batch_sizes) >= 2
+    assert max(chat.backend.runner.batch_sizes) >= 2
     for i, (prompt, c, length) in enumerate(cases):
         final = results[i][-1]
         assert final.done and list(final.tokens) == final_tokens_alone(prompt, c, length), i
@@ -456,13 +463,13 @@ def test_a_prompt_prepared_ahead_is_reused_by_the_answer_that_follows() -> None:
 
     prefix, rest = prompts(2, seed=9)  # the tiny model's own vocabulary
     question = prefix + rest
-    runner = chat._runner
+    runner = chat.backend.runner
     assert list(runner.prepare(prefix)) == []  # encoded; a prompt encoded ahead has no passes
     config = MODES["self-speculative"]
-    run = runner.submit(chat.sequence(question, 8, config), interactive=True)
+    run = runner.submit(sequence(chat, question, 8, config), interactive=True)
     assert stream(iter(drain(run))) == alone(question, config, 8)
     assert run.reused_tokens == len(prefix)
-    cold = engine()._runner.submit(chat.sequence(question, 8, config), interactive=True)
+    cold = engine().backend.runner.submit(sequence(chat, question, 8, config), interactive=True)
     drain(cold)
     assert cold.reused_tokens == 0
 
@@ -480,8 +487,8 @@ def test_a_prompt_prepared_ahead_waits_until_no_answer_is_decoding() -> None:
 
 def test_a_short_uncached_prompt_is_encoded_by_the_answers_first_pass() -> None:
     chat = engine()
-    runner = chat._runner
-    model = chat.denoiser.model
+    runner = chat.backend.runner
+    model = chat.backend.model
     forwards: list[int] = []  # rows of every forward the runner runs
     fused = model.inference_pass()
 
@@ -497,7 +504,7 @@ def test_a_short_uncached_prompt_is_encoded_by_the_answers_first_pass() -> None:
         for tail in (3, FOLD_LIMIT, FOLD_LIMIT + 1):  # uncached tokens before the prompt's last one
             question = prefix + [(7 * i) % (LLAMA_VOCAB - 3) + 3 for i in range(tail + 1)]
             forwards.clear()
-            run = runner.submit(chat.sequence(question, 8, config), interactive=True)
+            run = runner.submit(sequence(chat, question, 8, config), interactive=True)
             refinements = drain(run)
             assert stream(iter(refinements)) == alone(question, config, 8), (mode, tail)
             assert run.reused_tokens == len(prefix)
@@ -514,7 +521,7 @@ def test_conversations_taking_turns_keep_their_prompts_encoded_ahead() -> None:
     # slot, each overwriting the other's prompt encoded ahead, and each turn re-encoded its whole history. An API
     # request (no conversation) that shares only the system prompt takes a free slot too.
     chat = engine()
-    runner = chat._runner
+    runner = chat.backend.runner
     system = [5, 6, 7, 8, 9, 10]
     prefixes = {owner: [*system, *prompts(1, seed=seed)[0]] for owner, seed in (("a", 21), ("b", 22))}
     config = MODES["self-speculative"]
@@ -523,8 +530,8 @@ def test_conversations_taking_turns_keep_their_prompts_encoded_ahead() -> None:
     for turn in range(3):
         for owner, prefix in prefixes.items():
             if turn == 1:  # bulk work in between
-                drain(runner.submit(chat.sequence([*system, 40, 41, 42], 8, config)))
-            run = runner.submit(chat.sequence([*prefix, 11, 12, 13], 8, config), interactive=True, owner=owner)
+                drain(runner.submit(sequence(chat, [*system, 40, 41, 42], 8, config)))
+            run = runner.submit(sequence(chat, [*prefix, 11, 12, 13], 8, config), interactive=True, owner=owner)
             drain(run)
             assert run.reused_tokens == len(prefix), (turn, owner)
             list(runner.prepare(prefix, owner=owner))  # its next prompt starts the same way again

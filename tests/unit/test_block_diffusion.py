@@ -6,17 +6,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from report_lib.passes import answer_refinements, stop_batching
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
+from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import (
     AdapterConfig,
-    BlockDiffusionDenoiser,
     BlockDiffusionLM,
     additive_mask,
     load_adapter,
     save_adapter,
 )
 from model.chat.engine import DiffusionChatModel
+from model.decoding.options import GenerationOptions
 from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
 from model.runtime.batching import SlotCache
@@ -166,10 +168,10 @@ def test_a_diffusion_answer_is_the_same_with_and_without_the_cache() -> None:
     model = adapted(seed=3)
     results = []
     for use_cache in (True, False):
-        config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.5, seed=0, use_cache=use_cache)
-        chat = DiffusionChatModel("tiny", None, BlockDiffusionDenoiser(model, [EOS]), config)
-        refinements = list(chat.answer_refinements(PROMPT, 16, config))
-        chat.stop_batching()
+        config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.5, use_cache=use_cache)
+        chat = DiffusionChatModel("tiny", None, BlockDiffusionBackend(model, [EOS]), config)
+        refinements = list(answer_refinements(chat, PROMPT, 16, config, GenerationOptions(seed=0)))
+        stop_batching(chat)
         assert refinements[-1].done
         results.append(refinements[-1].tokens)
     assert results[0] == results[1]

@@ -16,11 +16,13 @@ import pytest
 import torch
 from report_lib.tiny_models import LLAMA_EOS
 
-from model.bundled.block_diffusion import BlockDiffusionDenoiser, reference_logits
+from model.bundled.backend import BlockDiffusionBackend
+from model.bundled.block_diffusion import reference_logits
 from model.device import describe, resolve_device, synchronize, upload
 from model.errors import ModelError
 from model.runtime.batching import Feed, SlotCache, batched_pass, keep, pass_layout, prefill
 from model.runtime.fast_pass import FastPass
+from tests.unit.drive import sequence
 from tests.unit.test_batching import MODES, alone, prompts, requests, stream
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 
@@ -120,8 +122,8 @@ def test_upload_gives_the_same_values_on_the_device_and_the_same_tensor_on_the_c
         assert moved is host
 
 
-def tiny_on(device: str) -> BlockDiffusionDenoiser:
-    return BlockDiffusionDenoiser(adapted().to(device), [LLAMA_EOS])
+def tiny_on(device: str) -> BlockDiffusionBackend:
+    return BlockDiffusionBackend(adapted().to(device), [LLAMA_EOS])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -185,7 +187,8 @@ def test_every_decoding_mode_on_the_device_gives_the_cpu_answer(device: str) -> 
 
     chat = DiffusionChatModel("tiny", byte_tokenizer(), tiny_on(device), MODES["diffusion"])
     cases = requests(4)
-    runs = [chat._runner.submit(chat.sequence(prompt, length, config)) for prompt, config, length in cases]
-    for run, (prompt, config, length) in zip(runs, cases, strict=True):
-        assert stream(iter(run)) == alone(prompt, config, length), config.decoding
-    assert {config.decoding for _, config, _ in cases} >= {"self-speculative", "autoregressive", "diffusion"}
+    runs = [chat.backend.runner.submit(sequence(chat, prompt, length, config, options))
+            for prompt, config, length, options in cases]
+    for run, (prompt, config, length, options) in zip(runs, cases, strict=True):
+        assert stream(iter(run)) == alone(prompt, config, length, options), config.decoding
+    assert {config.decoding for _, config, _, _ in cases} >= {"self-speculative", "autoregressive", "diffusion"}

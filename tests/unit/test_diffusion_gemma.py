@@ -10,7 +10,7 @@ from report_lib.tiny_models import word_tokenizer
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from transformers.models.diffusion_gemma.configuration_diffusion_gemma import DiffusionGemmaTextConfig
 
-from model.adapters.diffusion_gemma import DiffusionGemmaChatModel, diffusion_gemma_refinements
+from model.adapters.diffusion_gemma import diffusion_gemma_chat_model, diffusion_gemma_refinements
 from model.chat import ChatMessage, GenerationOptions
 from model.errors import ModelError
 
@@ -83,7 +83,7 @@ def test_same_seed_same_answer_and_cancel_stops(tiny_gemma) -> None:
 
 def test_chat_model_streams_drafts(tiny_gemma) -> None:
     tokenizer = word_tokenizer()
-    model = DiffusionGemmaChatModel("tiny-gemma", tokenizer, tiny_gemma, max_denoising_steps=2)
+    model = diffusion_gemma_chat_model("tiny-gemma", tokenizer, tiny_gemma, max_denoising_steps=2)
     drafts = list(model.stream_chat([ChatMessage("user", "hello")], GenerationOptions(max_new_tokens=5, seed=1)))
     assert drafts[-1].done and len(drafts[-1].refinement.tokens) <= CANVAS  # 5 rounds up to one canvas
     assert all(not piece.committed for piece in drafts[0].pieces)
@@ -117,7 +117,8 @@ def test_any_failure_of_generate_reaches_the_consumer_and_ends_the_stream(tiny_g
 
 def test_a_block_length_other_than_the_canvas_is_refused(tiny_gemma, tmp_path) -> None:
     from model.adapters.diffusion_gemma import load_diffusion_gemma
+    from model.chat.spec import DecodingSettings, ModelSpec
 
     tiny_gemma.config.save_pretrained(tmp_path)  # the check reads only the config: no weights are loaded
     with pytest.raises(ModelError, match=rf"block length 4 does not match .*\(canvas_length\) are {CANVAS} tokens"):
-        load_diffusion_gemma(str(tmp_path), block_length=4)
+        load_diffusion_gemma(str(tmp_path), torch.device("cpu"), ModelSpec(decoding=DecodingSettings(block_length=4)))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from report_lib.tiny_models import tiny_llama, word_tokenizer
 
-from model.bundled.block_diffusion import BlockDiffusionDenoiser
-from model.chat.draft_calibration import calibrate_drafts
+from model.bundled.backend import BlockDiffusionBackend
+from model.bundled.draft_calibration import calibrate_drafts
 from model.chat.engine import DiffusionChatModel
 from model.decoding.draft_policy import (
     CALIBRATION_ROUNDS,
@@ -198,20 +198,25 @@ def test_calibration_at_load_is_measured_once_per_machine_and_seeds_the_next_pro
         tokenizer = word_tokenizer()
         config = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=2,
                                draft_layout="adaptive")
-        return DiffusionChatModel("tiny", tokenizer, BlockDiffusionDenoiser(adapted(), [tokenizer.eos_token_id]),
+        return DiffusionChatModel("tiny", tokenizer, BlockDiffusionBackend(adapted(), [tokenizer.eos_token_id]),
                                   config)
+
+    def with_backend(chat: DiffusionChatModel) -> tuple[DiffusionChatModel, BlockDiffusionBackend]:
+        assert isinstance(chat.backend, BlockDiffusionBackend)
+        return chat, chat.backend
 
     store, prompts = tmp_path / "draft_costs.json", ("hello how are you", "what is your name", "the cat")
     first = chat_model()
-    costs = calibrate_drafts(first, store, "this machine", prompts)
+    costs = calibrate_drafts(first, first.backend, store, "this machine", prompts)
     assert costs is not None and len(costs) == 3 and all(cost > 0 for cost in costs)
-    assert first.draft_policy(first.sampler).choices >= 3 * 5 * 3  # it ran the whole schedule
+    assert first.backend.draft_policy(first.sampler).choices >= 3 * 5 * 3  # it ran the whole schedule
     second = chat_model()
-    assert calibrate_drafts(second, store, "this machine", prompts) == costs
-    policy = second.draft_policy(second.sampler)
+    assert calibrate_drafts(second, second.backend, store, "this machine", prompts) == costs
+    policy = second.backend.draft_policy(second.sampler)
     assert policy.choices == 0 and policy.costs() == costs  # read, not measured again
     other = chat_model()
-    calibrate_drafts(other, store, "another machine", prompts)
-    assert other.draft_policy(other.sampler).choices > 0  # another key: measured
+    calibrate_drafts(other, other.backend, store, "another machine", prompts)
+    assert other.backend.draft_policy(other.sampler).choices > 0  # another key: measured
     store.write_text("not json")
-    assert calibrate_drafts(chat_model(), store, "this machine", prompts) is not None  # a broken file: measured again
+    # a broken file: measured again
+    assert calibrate_drafts(*with_backend(chat_model()), store, "this machine", prompts) is not None

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from report_lib.tiny_models import word_tokenizer
 
-from model.bundled.block_diffusion import BlockDiffusionDenoiser
+from model.bundled.backend import BlockDiffusionBackend
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.decoding.end_of_turn import end_probability, message_tail, probe_row
 from model.runtime.batching import SlotCache, prefill
+from tests.unit.drive import sequence
 from tests.unit.test_batching import MODES
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 
@@ -26,13 +27,13 @@ def chat_model(decoding: str, template: str | None = TEMPLATE) -> DiffusionChatM
     tokenizer = word_tokenizer()
     tokenizer.add_tokens([".", "?", ","])  # ids the tiny Llama's vocabulary still has
     tokenizer.chat_template = template
-    return DiffusionChatModel("tiny", tokenizer, BlockDiffusionDenoiser(adapted(), [tokenizer.eos_token_id]),
+    return DiffusionChatModel("tiny", tokenizer, BlockDiffusionBackend(adapted(), [tokenizer.eos_token_id]),
                               MODES[decoding])
 
 
 def teacher_probability(chat: DiffusionChatModel, prompt: list[int], row: int) -> float:
     """P(EOS, "." or "?") after prompt[: row + 1] from a plain prefill of those tokens alone, on a fresh cache."""
-    _, logits = prefill(chat.denoiser.model, SlotCache(1), 0, prompt[: row + 1])
+    _, logits = prefill(chat.backend.model, SlotCache(1), 0, prompt[: row + 1])
     assert logits is not None
     ends = [chat.tokenizer.eos_token_id, *chat.tokenizer.convert_tokens_to_ids([".", "?"])]
     return end_probability(logits, ends)
@@ -41,7 +42,7 @@ def teacher_probability(chat: DiffusionChatModel, prompt: list[int], row: int) -
 def first_draft(chat: DiffusionChatModel, words: str, prepared: bool):
     messages = [ChatMessage("user", words)]
     if prepared:  # a voice session encodes the prompt's known part ahead: the words are folded into the first pass
-        list(chat._runner.prepare(chat.next_prompt_prefix([]), owner="c"))
+        list(chat.backend.runner.prepare(chat.next_prompt_prefix([]), owner="c"))
     options = GenerationOptions(max_new_tokens=8, interactive=True, conversation="c")
     drafts = list(chat.stream_chat(messages, options))
     return drafts, chat.prompt_ids(messages)
@@ -81,8 +82,8 @@ def test_every_mode_reports_the_teachers_end_of_message_probability_folded_or_pr
             assert all(draft.end_of_turn is None for draft in drafts[1:])  # the first pass only
             # the answer is the one the same model gives without a probe (no template tail: no probe)
             bare = chat_model(decoding)
-            sequence = bare.sequence(prompt, 8, MODES[decoding]).inner
-            reference = list(bare._runner.submit(sequence, interactive=True))
+            inner = sequence(bare, prompt, 8, MODES[decoding]).inner
+            reference = list(bare.backend.runner.submit(inner, interactive=True))
             assert [r.tokens for r in reference][-1] == drafts[-1].refinement.tokens, (decoding, words)
 
 

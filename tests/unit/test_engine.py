@@ -11,9 +11,11 @@ import pytest
 from report_lib.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
+from model.adapters.sampler_backend import SamplerBackend
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
-from model.chat.engine import DiffusionChatModel, draft_from_refinement, token_texts
+from model.chat.engine import DiffusionChatModel
 from model.chat.stop_strings import end_at_stop
+from model.chat.text import draft_from_refinement, token_texts
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ContextLengthExceeded, ModelError
@@ -29,7 +31,7 @@ def chat_model(folder: Path, denoiser_class=MaskedLMDenoiser, **sampler) -> Diff
     if denoiser_class is not MaskedLMDenoiser:
         denoiser = denoiser_class(denoiser.model, denoiser.mask_id, denoiser.eos_ids)
     config = SamplerConfig(**({"block_length": 8, "steps_per_block": 8} | sampler))
-    return DiffusionChatModel("tiny", tokenizer, denoiser, config)
+    return DiffusionChatModel("tiny", tokenizer, SamplerBackend("tiny", denoiser, config), config)
 
 
 def test_multi_byte_characters_come_out_whole() -> None:
@@ -115,21 +117,10 @@ class EndlessDenoiser(MaskedLMDenoiser):
         super().__init__(model, mask_id, frozenset({int(model.config.vocab_size)}))
 
 
-class PrefixCachingDenoiser(MaskedLMDenoiser):
-    """Claims to have found all but the last prompt token in its cache, as a prefix cache does on a repeat."""
-
-    def start(self, prompt_ids, max_new_tokens, use_cache) -> None:
-        super().start(prompt_ids, max_new_tokens, use_cache)
-        self.reused_tokens = len(prompt_ids) - 1
-
-
-def test_drafts_report_the_prompt_tokens_found_in_the_cache(bert_folder: Path) -> None:
+def test_an_external_checkpoint_reports_no_prompt_tokens_cached(bert_folder: Path) -> None:
     chat = [ChatMessage("user", "hello there")]
-    cached = chat_model(bert_folder, PrefixCachingDenoiser, steps_per_block=4)
-    drafts = list(cached.stream_chat(chat, GenerationOptions(max_new_tokens=8)))
-    assert {d.cached_prompt_tokens for d in drafts} == {drafts[-1].prompt_tokens - 1}
     plain = list(chat_model(bert_folder, steps_per_block=4).stream_chat(chat, GenerationOptions(max_new_tokens=8)))
-    assert plain[-1].cached_prompt_tokens == 0  # a denoiser without a prompt cache encodes the whole prompt
+    assert plain[-1].cached_prompt_tokens == 0  # its back end keeps no cache between answers: it encodes the prompt
 
 
 @pytest.fixture(autouse=True)
@@ -266,16 +257,16 @@ def test_prompt_and_answer_beyond_the_context_are_refused_before_the_model_is_to
     long_chat = [ChatMessage("user", "x" * 40)]
     with pytest.raises(ContextLengthExceeded):
         model.stream_chat(long_chat, GenerationOptions(max_new_tokens=4))  # raised at the call, before any pass
-    assert model.denoiser.prompts == []
+    assert model.backend.denoiser.prompts == []
 
 
 def test_cancel_during_a_long_prefill_stops_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     import model.runtime.batching as batching
-    from model.bundled.block_diffusion import BlockDiffusionDenoiser
+    from model.bundled.backend import BlockDiffusionBackend
     from tests.unit.test_block_diffusion import EOS, adapted
 
     network = adapted()
-    denoiser = BlockDiffusionDenoiser(network, [EOS])
+    denoiser = BlockDiffusionBackend(network, [EOS])
     model = DiffusionChatModel("tiny-llama", byte_tokenizer(), denoiser, SamplerConfig(4, 4))
     monkeypatch.setattr(batching, "PREFILL_CHUNK", 32)
     cancel = threading.Event()

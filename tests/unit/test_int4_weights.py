@@ -240,25 +240,28 @@ def test_with_int4_weights_self_speculative_answers_equal_autoregressive_ones_bi
 
 def test_the_weights_choice_is_checked_before_loading() -> None:
     from model.bundled.default_model import _int4_wanted
+    from model.chat.spec import ModelSpec
     from model.errors import ModelError
 
-    assert _int4_wanted("auto", "cpu") and _int4_wanted("int4", "cpu")
-    assert not _int4_wanted("bf16", "cpu")
-    assert not _int4_wanted("auto", "cuda")  # the int4 kernels are CPU ones: a GPU keeps bf16
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert _int4_wanted("auto", cpu) and _int4_wanted("int4", cpu)
+    assert not _int4_wanted("bf16", cpu)
+    assert not _int4_wanted("auto", cuda)  # the int4 kernels are CPU ones: a GPU keeps bf16
     with pytest.raises(ModelError, match="CPU ones"):
-        _int4_wanted("int4", "cuda")
+        _int4_wanted("int4", cuda)
     with pytest.raises(ModelError, match="unknown weights"):
-        _int4_wanted("int8", "cpu")
+        ModelSpec(weights="int8")
 
 
 def test_int4_weights_are_refused_for_a_checkpoint_without_the_bundled_gguf(tmp_path) -> None:
     from report_lib.tiny_models import tiny_bert
 
-    from model.chat.loading import load_chat_model
+    from model.chat.spec import ModelSpec
     from model.errors import ModelError
+    from model.loading import load_chat_model
 
     with pytest.raises(ModelError, match="bundled model's GGUF"):
-        load_chat_model(str(tiny_bert(tmp_path / "bert")), weights="int4")
+        load_chat_model(ModelSpec(str(tiny_bert(tmp_path / "bert")), weights="int4"))
 
 
 def test_the_packed_cache_loads_the_same_weights_and_is_rebuilt_for_another_file(tmp_path) -> None:

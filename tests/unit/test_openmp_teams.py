@@ -54,7 +54,7 @@ def test_a_passing_thread_takes_its_openmp_workers_with_it():
 
 def test_the_loaders_run_on_a_passing_thread():
     from model.bundled.default_model import _load_default_chat_model
-    from model.chat.loading import load_chat_model
+    from model.loading import load_chat_model
     from model.runtime.passing_thread import run_in_passing_thread
 
     # the bundled model's loading (its draft calibration then runs on the batch runner's thread, after it)

@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from model.decoding.options import GenerationOptions
 from model.decoding.sampler import SamplerConfig, commit_schedule, generate, sample_tokens
 from model.errors import ModelError
 
@@ -114,9 +115,9 @@ def test_committed_tokens_never_change_and_mask_is_never_shown() -> None:
     generator = torch.Generator().manual_seed(0)
     plan = torch.randint(0, 10, (24,), generator=generator).tolist()
     denoiser = ScriptedDenoiser(plan=plan, strength=[0.5] * 24)  # weak logits: sampling wanders
-    config = SamplerConfig(block_length=8, steps_per_block=8, remasking="random", temperature=1.5, seed=3)
+    config = SamplerConfig(block_length=8, steps_per_block=8, remasking="random")
     frozen: dict[int, int] = {}
-    refinements = run(denoiser, config, 24)
+    refinements = run(denoiser, config, 24, options=GenerationOptions(temperature=1.5, seed=3))
     for refinement in refinements:
         assert MASK not in refinement.tokens
         for index, (token, is_committed) in enumerate(zip(refinement.tokens, refinement.committed, strict=True)):
@@ -161,11 +162,13 @@ def test_cancel_stops_within_one_pass() -> None:
 
 def test_same_seed_same_output() -> None:
     plan = list(range(10)) * 2
-    config = SamplerConfig(block_length=10, steps_per_block=5, temperature=2.0, remasking="random", seed=7)
+    config = SamplerConfig(block_length=10, steps_per_block=5, remasking="random")
     weak = [0.3] * 20
-    first = run(ScriptedDenoiser(plan, weak), config, 20)[-1].tokens
-    again = run(ScriptedDenoiser(plan, weak), config, 20)[-1].tokens
-    other = run(ScriptedDenoiser(plan, weak), SamplerConfig(10, 5, "random", None, 2.0, 0.0, seed=8), 20)[-1].tokens
+    seeded = GenerationOptions(temperature=2.0, seed=7)
+    first = run(ScriptedDenoiser(plan, weak), config, 20, options=seeded)[-1].tokens
+    again = run(ScriptedDenoiser(plan, weak), config, 20, options=seeded)[-1].tokens
+    other_seed = GenerationOptions(temperature=2.0, seed=8)
+    other = run(ScriptedDenoiser(plan, weak), config, 20, options=other_seed)[-1].tokens
     assert first == again
     assert first != other
 
@@ -220,7 +223,6 @@ def test_bad_requests_raise_model_error(prompt, max_new_tokens, config_args, den
         ({"block_length": 4, "steps_per_block": 5}, "steps_per_block"),
         ({"remasking": "best"}, "remasking"),
         ({"threshold": 1.5}, "threshold"),
-        ({"temperature": -1.0}, "temperature"),
     ],
 )
 def test_bad_configs_raise_model_error(config_args, message) -> None:
@@ -244,3 +246,9 @@ def test_gumbel_sampling_draws_tokens_with_softmax_of_logits_over_temperature(te
     # 18.47 is the chi-square value with 4 degrees of freedom that chance exceeds once in 1,000
     assert chi_square < 18.47, (observed.tolist(), expected.tolist())
     assert torch.equal(sample_tokens(logits[None], 0.0, torch.Generator()), torch.tensor([0]))  # T = 0: argmax
+
+
+def test_a_negative_temperature_is_refused_when_the_answer_is_asked_for() -> None:
+    with pytest.raises(ModelError, match="temperature must be >= 0"):
+        GenerationOptions(temperature=-1.0).check()
+    GenerationOptions(temperature=0.5).check()

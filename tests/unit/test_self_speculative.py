@@ -15,9 +15,11 @@ import torch
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from model.adapters.sampler_backend import SamplerBackend
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 from model.chat.engine import DiffusionChatModel
 from model.decoding.block_passes import BlockPasses, DiffusionSequence
+from model.decoding.options import GenerationOptions
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding, accept_greedy, accept_sampled
@@ -347,7 +349,8 @@ def test_self_speculative_is_refused_for_a_model_that_cannot_verify() -> None:
         mask_id, eos_ids, vocab_size, block_causal = 4, frozenset({EOS}), VOCAB, False
 
     with pytest.raises(ModelError, match="cannot decode self-speculative"):
-        DiffusionChatModel("toy", None, MaskedOnly(), SamplerConfig(decoding="self-speculative"))
+        config = SamplerConfig(decoding="self-speculative")
+        DiffusionChatModel("toy", None, SamplerBackend("toy", MaskedOnly(), config), config)
     with pytest.raises(ModelError, match="decoding must be one of"):
         SamplerConfig(decoding="beam")
 
@@ -355,10 +358,10 @@ def test_self_speculative_is_refused_for_a_model_that_cannot_verify() -> None:
 def test_the_speech_guard_holds_in_diffusion_decoding_too() -> None:
     model = adapted(seed=1)
     guard = SpeechGuard(no_repeat_ngram=2)
-    config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.3, remasking="left_to_right", seed=0)
+    config = SamplerConfig(block_length=4, steps_per_block=4, threshold=0.3, remasking="left_to_right")
     repeats = []
     for prompt in prompts(8, seed=3):
-        decoding = DiffusionDecoding(model.mask_id, frozenset({EOS}), 24, config, guard)
+        decoding = DiffusionDecoding(model.mask_id, frozenset({EOS}), 24, config, GenerationOptions(seed=0), guard)
         sequence = DiffusionSequence(decoding, BlockPasses(prompt, model.vocab_size))
         tokens = final_tokens(decode_alone(model, sequence))
         answer = tokens[: tokens.index(EOS)] if EOS in tokens else tokens

@@ -193,14 +193,14 @@ def test_a_typed_message_cancels_the_answer_in_progress_before_starting_its_own(
 
 
 def test_a_typed_message_during_a_paused_spoken_turn_ends_that_turn_unanswered():
-    machine = TurnTaking(TurnTakingConfig(speculate=False))
+    machine = TurnTaking(TurnTakingConfig(early_answer=False))
     drive(machine, *segment(0, 1000, "Hello."))
     actions = drive(machine, TypedText("typed"))
     assert actions == [AbandonTurn(1, "Hello."), StartAnswer(1, 2, "typed", held=False)]
 
 
 def test_without_speculation_the_answer_starts_at_the_confirmed_end_of_turn():
-    machine = TurnTaking(TurnTakingConfig(speculate=False, silence_rule_ms=300))
+    machine = TurnTaking(TurnTakingConfig(early_answer=False, silence_rule_ms=300))
     assert drive(machine, *segment(0, 1000, "Hi.")) == []
     assert drive(machine, Silence(300)) == [StartAnswer(1, 1, "Hi.", held=False)]
 
@@ -336,10 +336,10 @@ def test_a_later_segment_of_the_turn_answers_all_of_it_from_its_likely_final():
 
 
 def test_the_likely_final_waits_for_the_end_of_a_file_turn_or_without_speculation():
-    for config in (TurnTakingConfig(speculate=False), TurnTakingConfig()):
+    for config in (TurnTakingConfig(early_answer=False), TurnTakingConfig()):
         machine = TurnTaking(config)
         drive(machine, UserSpeechStarted(0))
-        if config.speculate:
+        if config.early_answer:
             drive(machine, UserDone())  # the caller knows the turn ends here: the final starts it, released
             assert drive(machine, UserLikelyFinal("Hello")) == []
             assert drive(machine, UserSpeechEnded(500), UserFinal("Hello")) == [StartAnswer(1, 1, "Hello", held=False)]

@@ -25,7 +25,7 @@ def test_device_reaches_the_engine_config() -> None:
 
 
 def test_max_batch_is_checked_before_any_model_loads() -> None:
-    assert engine_config(build_parser().parse_args(["serve", "--max-batch", "2"])).lm_max_batch == 2
+    assert engine_config(build_parser().parse_args(["serve", "--max-batch", "2"])).lm.max_batch == 2
     with pytest.raises(SystemExit, match="--max-batch must be at least 1"):
         engine_config(build_parser().parse_args(["file", "a.wav", "--out", "o.wav", "--max-batch", "0"]))
     assert engine_config(build_parser().parse_args(["--lm-threads", "2", "serve"])).lm_threads == 2

@@ -28,7 +28,6 @@ from model.chat import ChatMessage
 
 @dataclass(frozen=True, slots=True)
 class DialogueConfig:
-    system_prompt: str | None = None  # None: the session's default (voice/think/spoken.py: short spoken answers)
     context_chars: int = 2400  # about 600 tokens: the bundled model's answers degrade on long contexts
     max_user_chars: int = 2000  # longer user input is cut (typed text can be arbitrarily long)
     keep_after_drop: float = 0.5  # share of the budget left after a drop: lower drops more, less often
@@ -69,20 +68,13 @@ class Dialogue:
         if text:
             self._turns.append(ChatMessage("assistant", text))
 
-    def drop_last_user(self) -> str:
-        """Remove the newest user message (its turn was abandoned) and return its text."""
-        if self._turns and self._turns[-1].role == "user":
-            return self._turns.pop().content
-        return ""
-
     def messages(self) -> list[ChatMessage]:
-        """System prompt + the history window (see `window_start`); the newest message is always in it."""
+        """The history window (see `window_start`); the newest message is always in it. The system prompt is the
+        request's (`GenerationOptions.system_prompt`), which the model puts first."""
         start = window_start(self._turns, self.config.context_chars, self.config.keep_after_drop)
         if self.config.max_exchanges is not None:
             start = max(start, recent_start(self._turns, self.config.max_exchanges))
-        kept = self._turns[start:]
-        system = [ChatMessage("system", self.config.system_prompt)] if self.config.system_prompt else []
-        return system + kept
+        return self._turns[start:]
 
 
 def window_start(turns: list[ChatMessage], budget: int, keep_after_drop: float) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -33,7 +32,6 @@ class LmRun:
         self.cancel = threading.Event()
         self.queue: asyncio.Queue[tuple[int, Draft] | BaseException | None] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
-        options = dataclasses.replace(options, interactive=True)  # someone is waiting to hear it: ahead of bulk work
         self._future = self._loop.run_in_executor(None, self._drive, lm, messages, options)
         self.task = asyncio.create_task(self._watch(), name=name)
 

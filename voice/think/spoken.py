@@ -7,7 +7,7 @@ after a sentence. The pipeline passes them per request, to the local model or to
 
 from __future__ import annotations
 
-from model.chat import AnswerRules
+from model.chat import AnswerRules, GenerationOptions
 
 # The prompt the bundled adapter's teacher answered its training prompts under (scripts/train/train_default_model.py):
 # the adapter drafts answers of this style best, so the pipeline asks for them.
@@ -17,3 +17,6 @@ SPOKEN_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one
 # copied from the prompt, i.e. from an earlier answer or the system prompt, no answer opening with the previous one's
 # first 2 tokens ("A: ..." five times in a row), and an end at the first sentence end after 24 tokens.
 SPOKEN_RULES = AnswerRules(no_repeat_ngram=3, end_after=24, no_copy_ngram=6, no_copy_opening=2)
+
+# A spoken answer's options: the prompt and the rules above, 64 tokens at most (`--max-new-tokens`).
+SPOKEN_ANSWER = GenerationOptions(max_new_tokens=64, system_prompt=SPOKEN_SYSTEM_PROMPT, rules=SPOKEN_RULES)

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from model.chat import ChatMessage, Draft, PreparesPrompts
+from model.chat import ChatMessage, Draft, GenerationOptions, PreparesPrompts
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
@@ -122,6 +122,12 @@ class Answer:
         return max(0.0, (self.ledger.samples_out() - played) / self.sample_rate)
 
 
+def session_options(config: SessionConfig, session_id: str) -> GenerationOptions:
+    """Every answer of a session: the configured options, its own cache slot, and someone waiting to hear it (a model
+    that batches starts it ahead of bulk API work)."""
+    return dataclasses.replace(config.generation, conversation=session_id, interactive=True)
+
+
 class AnswerRunner:
     """Runs a session's answers: `run` generates and speaks one; `event` and `release` gate what goes out; `pause`,
     `resume` and `cancel` act on its outputs; `prepare_next` encodes the next prompt ahead.
@@ -146,16 +152,12 @@ class AnswerRunner:
         # events: the end of turn waits on it)
         self.on_end_of_turn: Callable[[Answer, float], Awaitable[None]] | None = None
         self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
+        self.options = session_options(config, session_id)
 
     async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
         """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
         becomes the answer's `ErrorEvent`. Returns early only when cancelled."""
-        # its own cache slot, and the spoken-answer policy (voice/think/spoken.py)
-        options = dataclasses.replace(
-            self.config.generation, conversation=self.session_id, system_prompt=self.config.system_prompt,
-            rules=self.config.answer_rules,
-        )
-        run = LmRun(self.engines.lm, messages, options, f"lm-{self.session_id}-{answer.turn}")
+        run = LmRun(self.engines.lm, messages, self.options, f"lm-{self.session_id}-{answer.turn}")
         answer.run = run
         answer.stats["early_lm"] = 1.0 if answer.early else 0.0
         started = LmStarted(session=self.session_id, turn=answer.turn, t_ns=run.started_ns, early=answer.early)
@@ -207,7 +209,7 @@ class AnswerRunner:
         self.drop_prepared()
         self._prepared = threading.Event()
         try:
-            lm.prepare(history, self._prepared, conversation=self.session_id, system_prompt=self.config.system_prompt)
+            lm.prepare(history, self._prepared, conversation=self.session_id, system_prompt=self.options.system_prompt)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
 

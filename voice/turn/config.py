@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from model.chat import AnswerRules, GenerationOptions
+from model.chat import GenerationOptions
 from voice.listen.stage import ListenConfig
 from voice.speak.speculator import SpeculatorConfig
 from voice.think.dialogue import DialogueConfig
-from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
+from voice.think.spoken import SPOKEN_ANSWER
 from voice.turn.machine import TurnTakingConfig
 
 
@@ -20,14 +20,11 @@ class SessionConfig:
     listen: ListenConfig = field(default_factory=ListenConfig)
     speculator: SpeculatorConfig = field(default_factory=SpeculatorConfig)
     dialogue: DialogueConfig = field(default_factory=DialogueConfig)
-    generation: GenerationOptions = field(default_factory=lambda: GenerationOptions(max_new_tokens=64))
-    # A spoken answer's policy (voice/think/spoken.py), sent with every request whatever model answers it: the system
-    # prompt for a dialogue without its own (`--system-prompt`), and the logit rules.
-    system_prompt: str | None = SPOKEN_SYSTEM_PROMPT
-    answer_rules: AnswerRules = SPOKEN_RULES
+    # Every answer's options, sent with every request whatever model answers it: a spoken answer's policy
+    # (voice/think/spoken.py) by default, the system prompt (`--system-prompt`) and the logit rules.
+    generation: GenerationOptions = SPOKEN_ANSWER
+    # `early_answer`: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure
     turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
-    # Speculative end of turn: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure.
-    early_lm: bool = True
     full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks
     max_turn_seconds: float = 60.0
     # A turn ends when its audio has had time to play, not when the last chunk was handed out: a user who speaks

@@ -258,7 +258,7 @@ class TurnTakingError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class TurnTakingConfig:
     """Timings in milliseconds. `explicit_end`: only `UserDone` confirms an end of turn (file mode: one file, one
-    turn, whatever pauses it holds). `speculate=False` starts the answer only once the end of turn is confirmed."""
+    turn, whatever pauses it holds). `early_answer=False` starts the answer only once the end of turn is confirmed."""
 
     silence_rule_ms: float = 600.0  # no verdict (no turn detector): confirm after this much silence
     complete_silence_ms: float = 200.0  # the detector says complete
@@ -274,7 +274,7 @@ class TurnTakingConfig:
     stalled_audio_ms: float = 1000.0
     resume_after_ms: float = 600.0  # a sound paused the answer: play on after this long if no word came
     explicit_end: bool = False
-    speculate: bool = True
+    early_answer: bool = True
     # How the detector's and the LM's probabilities combine (fitted: voice/end_of_turn.py); its waits are the ones above
     end_of_turn: EndOfTurnRule = field(default_factory=EndOfTurnRule)
 
@@ -438,7 +438,7 @@ class TurnTaking:
     def _likely_final(self, text: str) -> list[TurnAction]:
         """Start the held answer on the segment's likely final, before the segment ends."""
         user = self._user
-        if self.state is not State.USER_SPEAKING or user is None or not self.config.speculate or user.done:
+        if self.state is not State.USER_SPEAKING or user is None or not self.config.early_answer or user.done:
             return []
         joined = " ".join(segment for segment in [*user.segments, text] if segment)
         if not joined:
@@ -473,7 +473,7 @@ class TurnTaking:
             self.state = State.USER_PAUSED
             return self._confirm() if confirmed else []
         actions = self._cancel("transcript_changed", ends_turn=False)
-        if not confirmed and not self.config.speculate:
+        if not confirmed and not self.config.early_answer:
             self.state = State.USER_PAUSED  # nothing starts until the end of turn is confirmed
             return actions
         user.speculations += 1

@@ -91,7 +91,7 @@ class Session:
         detector = engines.turn_detector
         schedule = None if detector is None else DetectorSchedule(detector.config.threshold,
                                                                   detector.config.max_seconds)
-        self.core = SessionCore(replace(config.turn_taking, speculate=config.early_lm), schedule, config.full_duplex)
+        self.core = SessionCore(config.turn_taking, schedule, config.full_duplex)
         self._detector = None if detector is None else DetectorRuns(detector, self._dispatch, f"turn-verdict-{self.id}")
         self._out: asyncio.Queue[Event | None] = asyncio.Queue()
         self._listen: ListenStage | None = None

@@ -16,12 +16,10 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from model.bundled.backend import BlockDiffusionBackend
 from model.chat import ChatMessage, GenerationOptions
-
-if TYPE_CHECKING:
-    from model.chat.engine import DiffusionChatModel
+from model.chat.engine import DiffusionChatModel
 
 # Answers long enough to run the schedule; none of the benchmarks' held-out prompts
 PROMPTS = (
@@ -33,12 +31,13 @@ MAX_TOKENS = 96
 
 
 def calibrate_drafts(
-    chat: DiffusionChatModel, store: Path, key: str, prompts: Sequence[str] = PROMPTS
+    chat: DiffusionChatModel, backend: BlockDiffusionBackend, store: Path, key: str, prompts: Sequence[str] = PROMPTS
 ) -> list[float] | None:
-    """Seed `chat`'s draft policy with the costs stored under `key` in `store` (a JSON file), or measure and store
-    them. Returns the costs in ms per layout (masks 0, 1, ...), or None when the model has no adaptive draft policy
-    (nothing to calibrate) or its answers ended before every layout was timed (the policy then learns live)."""
-    policy = chat.draft_policy(chat.sampler)
+    """Seed the draft policy of `chat` (whose back end is `backend`) with the costs stored under `key` in `store`
+    (a JSON file), or measure and store them. Returns the costs in ms per layout (masks 0, 1, ...), or None when the
+    model has no adaptive draft policy (nothing to calibrate) or its answers ended before every layout was timed (the
+    policy then learns live)."""
+    policy = backend.draft_policy(chat.sampler)
     if policy is None:
         return None
     stored = _read(store)

@@ -1,0 +1,123 @@
+"""The bundled block-diffusion model as the chat engine's back end: every answer, in every decoding mode, is a step
+object (model/decoding/) driven by the network's one `BatchRunner`, whose `SlotCache` is the network's only KV cache.
+The runner is made once and kept, so a conversation's next prompt encodes only what it adds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Generator, Iterable, Iterator
+
+import torch
+
+from model.bundled.block_diffusion import BlockDiffusionLM
+from model.chat.backend import AnswerPlan
+from model.decoding.block_passes import BlockPasses, DiffusionSequence
+from model.decoding.draft_policy import DraftPolicy
+from model.decoding.end_of_turn import EndOfTurnProbe
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import DiffusionDecoding, SamplerConfig, validate_request
+from model.decoding.speculative import SpeculativeDecoding
+from model.decoding.step import DecodingSequence
+from model.errors import ModelError
+from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, Run
+
+
+class _RunPasses:
+    """A runner's `Run` as an answer's passes: one iterator, closed (the slot freed) when the caller stops."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._passes: Generator[Refinement, None, None] = self._iterate()
+
+    def _iterate(self) -> Generator[Refinement, None, None]:
+        yield from self._run
+
+    @property
+    def reused_tokens(self) -> int:
+        return self._run.reused_tokens
+
+    def __iter__(self) -> Iterator[Refinement]:
+        return self._passes
+
+    def close(self) -> None:
+        self._passes.close()
+
+
+class BlockDiffusionBackend:
+    """A `BlockDiffusionLM` behind the `Backend` contract (model/chat/backend.py), answers batched by its runner."""
+
+    def __init__(self, model: BlockDiffusionLM, eos_ids: Iterable[int], max_batch: int | None = None) -> None:
+        if max_batch is not None and max_batch < 1:
+            raise ModelError(f"max_batch must be at least 1, got {max_batch}")
+        self.model = model
+        self.mask_id = model.mask_id
+        # The mask id sits just past the tokenizer's vocabulary; logits get one extra column for it, always -inf.
+        self.vocab_size = model.vocab_size + 1
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
+        self.block_length = model.config.block_length
+        self.runner = BatchRunner(model, max_batch or DEFAULT_MAX_BATCH)
+        # One policy per mask count: what it learns about pass costs and acceptance holds for every answer
+        self._draft_policies: dict[int, DraftPolicy] = {}
+        self._policies_lock = threading.Lock()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.base.dtype
+
+    @property
+    def max_batch(self) -> int:
+        return self.runner.max_batch
+
+    @property
+    def reuse_prompt_cache(self) -> bool:
+        """False: encode every prompt from scratch (for comparisons)."""
+        return self.runner.reuse_prompt_cache
+
+    @reuse_prompt_cache.setter
+    def reuse_prompt_cache(self, value: bool) -> None:
+        self.runner.reuse_prompt_cache = value
+
+    def check(self, config: SamplerConfig) -> None:
+        # classifier-free guidance needs a second state over the same weights; the runner keeps one state per answer,
+        # and guidance is a masked sampler's tool
+        if config.cfg_scale > 0:
+            raise ModelError("the block-diffusion model does not support classifier-free guidance (cfg_scale): set it "
+                             "to 0")
+
+    def answer(self, plan: AnswerPlan, cancel: threading.Event | None) -> _RunPasses:
+        run = self.runner.submit(self.sequence(plan), plan.options.interactive, cancel, plan.options.conversation)
+        return _RunPasses(run)
+
+    def prepare(self, tokens: list[int], cancel: threading.Event | None, conversation: str | None) -> bool:
+        self.runner.prepare(tokens, cancel, conversation)
+        return True
+
+    def sequence(self, plan: AnswerPlan) -> DecodingSequence:
+        """This answer's decoding as a step object for the runner. Without the cache (`use_cache` False, for
+        comparisons) diffusion passes re-encode the prompt every time; the other modes refuse."""
+        config, options = plan.config, plan.options
+        sequence: DecodingSequence
+        if config.decoding == "diffusion":
+            validate_request(self, plan.prompt, plan.length, config)
+            decoding = DiffusionDecoding(self.mask_id, self.eos_ids, plan.length, config, options, plan.guard)
+            passes = BlockPasses(plan.prompt, self.model.vocab_size, cached=config.use_cache)
+            sequence = DiffusionSequence(decoding, passes)
+        elif not config.use_cache:
+            raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
+        else:
+            masks = config.draft_masks if config.decoding == "self-speculative" else 0
+            sequence = SpeculativeDecoding(
+                plan.prompt, plan.length, masks, self.mask_id, self.eos_ids, options.temperature, options.seed,
+                plan.guard, config.draft_branches, self.draft_policy(config),
+            )
+        if plan.probe is None:
+            return sequence
+        return EndOfTurnProbe(sequence, plan.prompt, plan.probe.row, plan.probe.end_ids)
+
+    def draft_policy(self, config: SamplerConfig) -> DraftPolicy | None:
+        """The shared draft policy for `config` (one per mask count), or None when the layout is fixed."""
+        if config.decoding != "self-speculative" or config.draft_layout != "adaptive":
+            return None
+        with self._policies_lock:
+            return self._draft_policies.setdefault(config.draft_masks, DraftPolicy(config.draft_masks))

@@ -1,0 +1,78 @@
+"""`ModelSpec`: what to load, built once by a command line and passed down whole to `model.loading.load_chat_model`.
+
+Light on purpose (no torch, no transformers): a command builds and checks it before anything heavy is imported, so a
+wrong flag is refused at once. Every field's default is what a user gets without the flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from model.errors import ModelError
+
+if TYPE_CHECKING:
+    from model.decoding.sampler import SamplerConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+WEIGHTS = ("auto", "int4", "bf16")
+PRECISIONS = ("bf16", "fp32")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodingSettings:
+    """A user's changes to a model's own decoding settings (`SamplerConfig`); None keeps the model's own."""
+
+    decoding: str | None = None  # self-speculative | autoregressive | diffusion
+    threshold: float | None = None  # diffusion: commit every masked position more confident than this
+    block_length: int | None = None  # must be the block the model was trained with, where it has one
+    steps_per_block: int | None = None  # diffusion: pass budget per block (default: the block length)
+    draft_masks: int | None = None  # self-speculative: tokens drafted ahead per pass
+    use_cache: bool = True  # False: re-encode the prompt every pass (diffusion only, for comparisons)
+
+    @property
+    def changed(self) -> tuple[str, ...]:
+        """The names of the settings this changes."""
+        return tuple(
+            item.name for item in dataclasses.fields(self)
+            if getattr(self, item.name) != item.default
+        )
+
+    def apply(self, base: SamplerConfig) -> SamplerConfig:
+        """`base` with these changes (validated by `SamplerConfig`). A new block length without a pass budget gets
+        one pass a token, the budget a block of that length has by default."""
+        steps = self.steps_per_block
+        if steps is None and self.block_length is not None:
+            steps = self.block_length
+        changes = {
+            "decoding": self.decoding, "threshold": self.threshold, "block_length": self.block_length,
+            "steps_per_block": steps, "draft_masks": self.draft_masks,
+        }
+        kept = {name: value for name, value in changes.items() if value is not None}
+        return dataclasses.replace(base, **kept, use_cache=self.use_cache and base.use_cache)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Which local model to load, where, and how it decodes."""
+
+    # None: the bundled model; a folder with an adapter.json: another block-diffusion adapter for the bundled base;
+    # another folder or a hub id (owner/name): an external diffusion checkpoint
+    source: str | None = None
+    device: str = "cpu"  # auto: a CUDA GPU when torch sees one (`model.device.resolve_device`)
+    weights: str = "auto"  # the bundled model's: int4 (the GGUF's own blocks), bf16, or auto (int4 on a CPU)
+    precision: str = "bf16"  # the bundled base's dtype (its adapter stays fp32)
+    decoding: DecodingSettings = field(default_factory=DecodingSettings)
+    max_batch: int | None = None  # answers decoded together in one pass, for a back end that batches (None: 8)
+    system_prompt: str | None = None  # the model's own, for a chat without one (a request's own comes first)
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise ModelError(f"unknown device {self.device!r}: expected one of {', '.join(DEVICES)}")
+        if self.weights not in WEIGHTS:
+            raise ModelError(f"unknown weights {self.weights!r}: choose one of {', '.join(WEIGHTS)}")
+        if self.precision not in PRECISIONS:
+            raise ModelError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ModelError(f"max_batch must be at least 1, got {self.max_batch}")
