@@ -18,7 +18,7 @@ def two_phrase_answer() -> Answer:
         answer.ledger.begin_phrase(phrase_id, text)
         answer.ledger.add_audio(phrase_id, 1000)
         answer.ledger.end_phrase(phrase_id)
-    answer.answer = "Once upon a time. The end."
+    answer.text = "Once upon a time. The end."
     answer.sample_rate = 1000
     return answer
 
@@ -49,7 +49,7 @@ def test_an_interrupted_turn_keeps_only_what_was_heard_and_an_unanswered_one_onl
     record.user_text = "Tell me a story."
     assert records.messages_with("and more")[-1].content == "and more" and not records.dialogue.history
     end = records.end(record, answer, interrupted=True, stats={"tokens": 7.0})
-    assert (end.turn, end.answer, end.spoken, end.interrupted) == (3, answer.answer, "Once upon a time.", True)
+    assert (end.turn, end.answer, end.spoken, end.interrupted) == (3, answer.text, "Once upon a time.", True)
     assert [m.content for m in records.dialogue.history] == ["Tell me a story.", "Once upon a time."]
     assert records.get(3) is not record  # ended: a new turn 3 would start afresh
 

@@ -72,7 +72,7 @@ class Answer:
     paused_at_ns: int | None = None
     paused_ns: int = 0  # time spent paused before `paused_at_ns`
     pauses: int = 0
-    answer: str = ""
+    text: str = ""  # what it says so far: its committed text (or its draft, before any commit)
     stats: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -288,7 +288,7 @@ class AnswerRunner:
                 )
                 await drafts.put(draft)
                 if draft.done:
-                    answer.answer = draft.committed_text.strip() or draft.text.strip()
+                    answer.text = draft.committed_text.strip() or draft.text.strip()
                     tokens = draft.completion_tokens
                     # the end-of-sequence token is generated work too (as in scripts/train/eval_default_model.py)
                     generated = tokens + (1 if draft.finish_reason == "stop" else 0)
@@ -306,7 +306,7 @@ class AnswerRunner:
                         AnswerDone(
                             session=session,
                             turn=answer.turn,
-                            text=answer.answer,
+                            text=answer.text,
                             tokens=tokens,
                             passes=passes,
                             lm_seconds=lm_seconds,

@@ -286,7 +286,7 @@ class TurnTakingConfig:
 
 
 @dataclass(slots=True)
-class _Answer:
+class _AnswerState:
     answer_id: int
     turn: int
     held: bool
@@ -325,7 +325,7 @@ class TurnTaking:
         self.state = State.LISTENING
         self.turn_no = 0  # the last turn number handed out
         self._user: _UserTurn | None = None  # the user turn being spoken, paused or answered
-        self._answer: _Answer | None = None
+        self._answer: _AnswerState | None = None
         self._answer_ids = 0
         self._pending_start_ms = 0.0  # BARGE_IN_PENDING: when the contested speech began
         self._output_paused = False  # BARGE_IN_PENDING: the answer's audio is paused
@@ -597,9 +597,9 @@ class TurnTaking:
         self._user = _UserTurn(self.turn_no)
         self.state = State.USER_SPEAKING
 
-    def _new_answer(self, turn: int, held: bool, spoken_turn: bool, text: str = "") -> _Answer:
+    def _new_answer(self, turn: int, held: bool, spoken_turn: bool, text: str = "") -> _AnswerState:
         self._answer_ids += 1
-        self._answer = _Answer(self._answer_ids, turn, held, spoken_turn, text)
+        self._answer = _AnswerState(self._answer_ids, turn, held, spoken_turn, text)
         return self._answer
 
     def _continues(self, start_ms: float) -> bool:

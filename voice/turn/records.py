@@ -58,12 +58,12 @@ class TurnRecords:
             answer_text, spoken, marks = "", "", dict(record.marks)
         else:
             marks = {**record.marks, **answer.marks}
-            answer_text = answer.answer
+            answer_text = answer.text
             if interrupted:
                 answer.ledger.played_total(answer.played_estimate())
                 spoken = answer.ledger.spoken_text()
             else:
-                spoken = answer.answer
+                spoken = answer.text
         self.dialogue.add_user(record.user_text)
         self.dialogue.add_assistant(spoken)
         return TurnEnd(
