@@ -191,11 +191,6 @@ class StreamingTranscriber:
         self.decodes = 0
 
     @property
-    def pending_s(self) -> float:
-        """Audio inserted but not yet decoded."""
-        return (self._total - self._decoded_to) / TARGET_RATE
-
-    @property
     def audio_s(self) -> float:
         return self._total / TARGET_RATE
 

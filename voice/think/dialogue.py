@@ -69,12 +69,6 @@ class Dialogue:
         if text:
             self._turns.append(ChatMessage("assistant", text))
 
-    def drop_last_user(self) -> str:
-        """Remove the newest user message (its turn was abandoned) and return its text."""
-        if self._turns and self._turns[-1].role == "user":
-            return self._turns.pop().content
-        return ""
-
     def messages(self) -> list[ChatMessage]:
         """System prompt + the history window (see `window_start`); the newest message is always in it."""
         start = window_start(self._turns, self.config.context_chars, self.config.keep_after_drop)
