@@ -12,14 +12,13 @@ from model.bundled.block_diffusion import (
     AdapterConfig,
     BlockDiffusionDenoiser,
     BlockDiffusionLM,
-    additive_mask,
     load_adapter,
     save_adapter,
 )
 from model.chat.engine import DiffusionChatModel
 from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
-from model.runtime.batching import SlotCache
+from model.runtime.batching import SlotCache, additive_mask
 from model.training.block_training import batch_logits, block_diffusion_loss, make_batch
 from tests.unit.drive import BlockAnswer, uncached_block_logits
 
