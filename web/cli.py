@@ -19,8 +19,8 @@ from model.device import DEVICE_CHOICES
 from model.errors import ModelError
 from voice.engines import EngineConfig, Engines, load_engines
 from voice.errors import NoAudioDevice, VoiceError
-from voice.io.local_mode import OUTPUT_LATENCY_S
 from voice.listen.stage import ListenConfig
+from voice.modes.local import OUTPUT_LATENCY_S
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.tts import TTSConfig
 from voice.think.dialogue import DialogueConfig
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         run_server(_load(args), session_config(args, full_duplex=True), web)
         return 0
     if args.command == "file":
-        from voice.io.file_mode import run_files, write_turns_json, write_wav
+        from voice.modes.files import run_files, write_turns_json, write_wav
 
         engines = _load(args)
         result = asyncio.run(run_files(engines, args.inputs, session_config(args, True), realtime=args.realtime))
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             write_turns_json(args.json, result)
         return 0
-    from voice.io.local_mode import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
+    from voice.modes.local import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
 
     if args.list_devices:
         print(list_devices())

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from voice.io.audio import TARGET_RATE
+from voice.audio import TARGET_RATE
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from voice.audio import check_float32_mono
 from voice.errors import AudioFormatError, VoiceError
-from voice.io.audio import check_float32_mono
 
 SAMPLE_RATE = 16_000
 MODEL_PACKAGE = "pipecat"  # from the wheel pipecat-ai==1.14.0
