@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,11 +56,12 @@ class AdapterConfig:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> AdapterConfig:
+    def from_json(cls, data: dict[str, Any]) -> AdapterConfig:
+        """The config saved by `to_json` (adapter.json's values are whatever JSON held); unknown keys are ignored."""
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if "targets" in known:
-            known["targets"] = tuple(known["targets"])  # type: ignore[arg-type]
-        return cls(**known)  # type: ignore[arg-type]
+            known["targets"] = tuple(known["targets"])
+        return cls(**known)
 
 
 class _Gate:
