@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from model.bundled.block_diffusion import BlockDiffusionDenoiser
 from model.bundled.default_model import WEIGHTS as WEIGHT_CHOICES
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.decoding.sampler import DECODING_MODES
@@ -102,7 +103,7 @@ def sampler_overrides(args: argparse.Namespace) -> dict[str, object]:
         overrides["decoding"] = args.decoding
     if args.draft_masks is not None:
         overrides["draft_masks"] = args.draft_masks
-    if getattr(args, "weights", "auto") != "auto":
+    if args.weights != "auto":
         overrides["weights"] = args.weights
     return overrides
 
@@ -137,7 +138,8 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
     if isinstance(model, DiffusionChatModel) and model.sampler.decoding == "self-speculative":
         cpu = device.type == "cpu"
         problem = row_exact.check_here(torch.get_num_threads())
-        if problem is None and getattr(model.denoiser.model, "int4", None) is not None:
+        int4 = isinstance(model.denoiser, BlockDiffusionDenoiser) and model.denoiser.model.int4 is not None
+        if problem is None and int4:
             from model.runtime import int4_weights
 
             problem = int4_weights.check_here(torch.get_num_threads())

@@ -69,7 +69,9 @@ class Q4Blocks:
     @staticmethod
     def stack(parts: list[Q4Blocks]) -> Q4Blocks:
         """Weights of one input stacked along the output (q, k, v as one qkv)."""
-        return Q4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
+        return Q4Blocks(
+            torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), torch.cat([p.m for p in parts])
+        )
 
 
 def _tiles(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -297,8 +299,7 @@ def cached_int4_weights(gguf_path: Path, config: Any, cache_file: Path) -> Int4W
 def _flatten(weights: Int4Weights) -> dict[str, torch.Tensor]:
     flat = {}
     for index, layer in enumerate(weights.layers):
-        for name in ("qkv", "o", "gate_up", "down"):
-            linear: Int4Linear = getattr(layer, name)
+        for name, linear in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
             prefix = f"layers.{index}.{name}"
             flat.update({f"{prefix}.nibbles": linear.nibbles, f"{prefix}.d": linear.d, f"{prefix}.m": linear.m})
             flat[f"{prefix}.out_features"] = torch.tensor(linear.out_features)
