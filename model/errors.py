@@ -8,7 +8,12 @@ from __future__ import annotations
 
 
 class ModelError(Exception):
-    """A model could not be loaded or asked to do something it cannot do (bad path, bad lengths, empty prompt...)."""
+    """A model could not be loaded or asked to do something it cannot do (bad path, bad lengths, empty prompt...).
+
+    `code` names the failure for a voice session's `error` event, as `voice.errors.VoiceError.code` does for a
+    stage's."""
+
+    code = "model_error"
 
 
 class GenerationCancelled(ModelError):

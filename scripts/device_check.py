@@ -117,6 +117,17 @@ def random_ids(count: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(10, vocab, (count,), generator=generator).tolist()
 
 
+@torch.inference_mode()
+def copy_slot(cache: SlotCache, source: int, target: int) -> None:
+    """Make slot `target` of `cache` hold what slot `source` holds (keys, values and tokens): one prompt encoded once
+    for every answer of a shape (64 prefills would not fit a CPU's minute). Serving never copies a slot, so this
+    reaches into the cache's buffers here rather than being a method of it."""
+    for keys, values in zip(cache._keys, cache._values, strict=True):
+        keys[target] = keys[source]
+        values[target] = values[source]
+    cache.slots[target].ids = list(cache.slots[source].ids)
+
+
 def timed(device: torch.device, work: Any) -> float:
     synchronize(device)
     started = time.perf_counter()
@@ -132,7 +143,7 @@ def pass_costs(model: BlockDiffusionLM, device: torch.device, budget: Budget) ->
     cache = SlotCache(max(BATCHES))
     prefill(model, cache, 0, random_ids(budget.cache_length, model.vocab_size, seed=1))
     for slot in range(1, max(BATCHES)):
-        cache.copy_slot(0, slot)
+        copy_slot(cache, 0, slot)
     costs: dict[str, dict[str, float]] = {}
     for rows in ROWS:
         feed = Feed((11,), (model.mask_id,) * (rows - 1))
@@ -210,7 +221,7 @@ def decoding_runs(subject: Subject, budget: Budget) -> dict[str, dict[str, Any]]
             with torch.inference_mode():
                 prefill(model, runner.cache, 0, subject.prompt[:-1])
                 for slot in range(1, answers):
-                    runner.cache.copy_slot(0, slot)
+                    copy_slot(runner.cache, 0, slot)
             for mode in MODES:
                 results[mode][f"batch={answers}"] = decode(runner, subject, mode, budget)
         finally:

@@ -35,7 +35,7 @@ from report_lib.results import print_and_save
 from report_lib.runners import ServerUnreachable, VoiceConnection
 from report_lib.soak_inputs import soak_turns
 
-from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
+from voice.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
 
 FRAME_MS = 20
 FRAME_BYTES = TARGET_RATE * FRAME_MS // 1000 * 2

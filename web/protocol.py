@@ -292,6 +292,15 @@ def encode_event(event: ev.Event) -> str | bytes | None:
     return None
 
 
+def text_frame(event: ev.Event) -> str:
+    """The JSON text frame of an event that has one (every client-facing event but `AudioOut`): the outbound queue
+    files markers, clears, pauses and resumes by their text."""
+    frame = encode_event(event)
+    if not isinstance(frame, str):
+        raise TypeError(f"{type(event).__name__} has no text frame")
+    return frame
+
+
 def _finite(value: float, digits: int = 3) -> float | None:
     """JSON has no NaN or infinity; a mark that never happened travels as null."""
     if value is None or isinstance(value, bool) or not math.isfinite(value):

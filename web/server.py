@@ -521,15 +521,15 @@ def _queue_event(state: _Connection, event: ev.Event) -> None:
             if overflow is not None:
                 _send_error(state, overflow, turn)
         case ev.AudioStart(turn=turn, sample_rate=rate):
-            out.push_audio_marker(protocol.encode_event(event), turn, rate)  # type: ignore[arg-type]
+            out.push_audio_marker(protocol.text_frame(event), turn, rate)
         case ev.AudioEnd(turn=turn):
-            out.push_audio_marker(protocol.encode_event(event), turn)  # type: ignore[arg-type]
+            out.push_audio_marker(protocol.text_frame(event), turn)
         case ev.Clear(turn=turn):
-            out.push_clear(protocol.encode_event(event), turn)  # type: ignore[arg-type]
+            out.push_clear(protocol.text_frame(event), turn)
         case ev.Pause(turn=turn):
-            out.push_pause(protocol.encode_event(event), turn, time.monotonic())  # type: ignore[arg-type]
+            out.push_pause(protocol.text_frame(event), turn, time.monotonic())
         case ev.Resume(turn=turn):
-            out.push_resume(protocol.encode_event(event), turn, time.monotonic())  # type: ignore[arg-type]
+            out.push_resume(protocol.text_frame(event), turn, time.monotonic())
         case _:
             frame = protocol.encode_event(event)
             if isinstance(frame, str):

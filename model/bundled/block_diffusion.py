@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +32,7 @@ from transformers.cache_utils import Cache
 
 from model.errors import ModelError
 from model.runtime import fast_pass, row_exact
-from model.runtime.batching import Feed, additive_mask, pass_layout, prefill_bucket
+from model.runtime.batching import prefill_bucket
 from model.runtime.fast_pass import FastPass
 from model.runtime.int4_weights import Int4Weights
 from model.runtime.noisy_rows import Suffix, noisy_suffix
@@ -54,11 +55,12 @@ class AdapterConfig:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> AdapterConfig:
+    def from_json(cls, data: dict[str, Any]) -> AdapterConfig:
+        """The config saved by `to_json` (adapter.json's values are whatever JSON held); unknown keys are ignored."""
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if "targets" in known:
-            known["targets"] = tuple(known["targets"])  # type: ignore[arg-type]
-        return cls(**known)  # type: ignore[arg-type]
+            known["targets"] = tuple(known["targets"])
+        return cls(**known)
 
 
 class _Gate:
@@ -249,14 +251,6 @@ class BlockDiffusionLM(nn.Module):
         return out.logits
 
 
-@torch.no_grad()
-def reference_logits(model: BlockDiffusionLM, clean: Sequence[int], noisy: Sequence[int] = ()) -> torch.Tensor:
-    """Logits `[len(clean) + len(noisy), V]` of one forward through the modules without a cache: `clean` causal with
-    the gate off, `noisy` one block after it with the gate on. The exact reference that cached and fused passes are
-    tested against."""
-    layout = pass_layout([0], [Feed(tuple(clean), tuple(noisy))])
-    ids, positions, noisy_rows, allowed = (t.to(model.base.device) for t in layout)
-    return model(ids, positions, additive_mask(allowed), noisy_rows, None)[0]
 
 
 def save_adapter(model: BlockDiffusionLM, directory: Path, extra: dict[str, object] | None = None) -> None:

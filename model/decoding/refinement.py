@@ -52,7 +52,3 @@ class Refinement:
             if token in self.eos_ids and self.committed[index]:
                 return index
         return len(self.tokens)
-
-    @property
-    def num_committed(self) -> int:
-        return sum(self.committed)

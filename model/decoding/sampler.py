@@ -211,7 +211,7 @@ def validate_request(denoiser: Denoiser, prompt_ids: list[int], max_new_tokens: 
         raise ModelError(
             f"max_new_tokens ({max_new_tokens}) must be a whole number of blocks of {config.block_length} tokens"
         )
-    mask_id = getattr(denoiser, "mask_id", None)
+    mask_id = denoiser.mask_id
     if mask_id is None or not 0 <= mask_id < denoiser.vocab_size:
         raise ModelError(f"this model has no usable mask token (mask_id={mask_id!r}): it cannot drive a masked sampler")
     if not denoiser.eos_ids:

@@ -120,15 +120,6 @@ class SlotCache(Cache):
             self._keys[layer], self._values[layer] = bigger_k, bigger_v
         return self._keys[layer], self._values[layer]
 
-    @torch.inference_mode()
-    def copy_slot(self, source: int, target: int) -> None:
-        """Make slot `target` hold what slot `source` holds (keys, values and tokens): a prompt that several answers
-        share, encoded once (the device check fills 64 slots this way)."""
-        for keys, values in zip(self._keys, self._values, strict=True):
-            keys[target] = keys[source]
-            values[target] = values[source]
-        self.slots[target].ids = list(self.slots[source].ids)
-
     @property
     def capacity(self) -> int:
         """Positions each slot has room for (every slot the same: one buffer per layer)."""

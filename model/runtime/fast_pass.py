@@ -139,6 +139,12 @@ def _native_lora_rank(lora: _LoRA) -> int | None:
     return rank if rank is not None and len(lora.factors) <= 4 and len(lora.factors) * rank <= 256 else None
 
 
+def _native_linears(layer: _Layer, int4: Int4Layer) -> tuple[tuple[Int4Linear, _LoRA], ...]:
+    """The layer's int4 linears, each with its LoRA, in the order decode_layer.c takes them: qkv, o, gate_up, down."""
+    return ((int4.qkv, layer.qkv_lora), (int4.o, layer.o_lora), (int4.gate_up, layer.gate_up_lora),
+            (int4.down, layer.down_lora))
+
+
 def _native_linear(weight: Int4Linear, lora: _LoRA, held: list[torch.Tensor]) -> quant_kernels.Linear:
     """The C kernel's view of one fused linear: its int4 weight and its LoRA's factors (fp32, members stacked)."""
     rank = _native_lora_rank(lora)
@@ -199,8 +205,8 @@ class FastPass:
         config = self.model.base.config
         hidden, intermediate = int(config.hidden_size), int(config.intermediate_size)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        shapes = {"qkv": (q_size + 2 * kv_size, hidden), "o": (hidden, q_size),
-                  "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate)}
+        # (out, in) of qkv, o, gate_up, down: `_native_linears`' order
+        shapes = ((q_size + 2 * kv_size, hidden), (hidden, q_size), (2 * intermediate, hidden), (hidden, intermediate))
         return (
             self.model.int4 is not None
             and self.int4_head is not None
@@ -212,10 +218,10 @@ class FastPass:
             and intermediate % 16 == 0
             and all(
                 layer.int4 is not None
-                and all((getattr(layer.int4, name).out_features, getattr(layer.int4, name).in_features) == shape
-                        for name, shape in shapes.items())
-                and all(_native_lora_rank(getattr(layer, f"{name}_lora")) is not None for name in shapes)
-                and len({getattr(layer, f"{name}_lora").scale for name in shapes}) == 1
+                and all((linear.out_features, linear.in_features) == shape
+                        for (linear, _), shape in zip(_native_linears(layer, layer.int4), shapes, strict=True))
+                and all(_native_lora_rank(lora) is not None for _, lora in _native_linears(layer, layer.int4))
+                and len({lora.scale for _, lora in _native_linears(layer, layer.int4)}) == 1
                 for layer in self.layers
             )
             and quant_kernels.unavailable() is None
@@ -237,8 +243,7 @@ class FastPass:
             layers.append(quant_kernels.Layer(
                 int(config.hidden_size), self.heads, self.kv_heads, self.head_dim, int(config.intermediate_size),
                 self.eps, self.scaling, layer.qkv_lora.scale, norms[0].data_ptr(), norms[1].data_ptr(),
-                *(_native_linear(getattr(layer.int4, name), getattr(layer, f"{name}_lora"), self._held)
-                  for name in ("qkv", "o", "gate_up", "down")),
+                *(_native_linear(linear, lora, self._held) for linear, lora in _native_linears(layer, layer.int4)),
             ))
         return layers
 

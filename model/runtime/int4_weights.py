@@ -69,7 +69,9 @@ class Q4Blocks:
     @staticmethod
     def stack(parts: list[Q4Blocks]) -> Q4Blocks:
         """Weights of one input stacked along the output (q, k, v as one qkv)."""
-        return Q4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
+        return Q4Blocks(
+            torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), torch.cat([p.m for p in parts])
+        )
 
 
 def _tiles(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -297,8 +299,7 @@ def cached_int4_weights(gguf_path: Path, config: Any, cache_file: Path) -> Int4W
 def _flatten(weights: Int4Weights) -> dict[str, torch.Tensor]:
     flat = {}
     for index, layer in enumerate(weights.layers):
-        for name in ("qkv", "o", "gate_up", "down"):
-            linear: Int4Linear = getattr(layer, name)
+        for name, linear in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
             prefix = f"layers.{index}.{name}"
             flat.update({f"{prefix}.nibbles": linear.nibbles, f"{prefix}.d": linear.d, f"{prefix}.m": linear.m})
             flat[f"{prefix}.out_features"] = torch.tensor(linear.out_features)
@@ -321,7 +322,7 @@ def _unflatten(flat: dict[str, torch.Tensor]) -> Int4Weights:
 
 def quantize_q4_1(weight: torch.Tensor) -> Q4Blocks:
     """Round a float weight `[N, K]` to Q4_1 as llama.cpp does (per group of 32: `d = (max - min) / 15`, `m = min`,
-    both fp16): for checkpoints that come without a GGUF, and for tests on tiny models."""
+    both fp16): the weights `check_here` probes the kernel with, and tests' tiny models."""
     n, k = weight.shape
     if k % GROUP:
         raise ModelError(f"int4 weights need inputs in groups of {GROUP}, this layer has {k}")
@@ -332,28 +333,6 @@ def quantize_q4_1(weight: torch.Tensor) -> Q4Blocks:
     safe = torch.where(d == 0, torch.ones_like(d), d)
     q = torch.round((groups - m[..., None]) / safe[..., None]).clamp(0, 15).to(torch.int32)
     return Q4Blocks(q.view(n, k), d, m)
-
-
-def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Round a float weight `[N, K]` to Q8_0 as llama.cpp does (per group of 32: `d = max |w| / 127` in fp16)."""
-    n, k = weight.shape
-    groups = weight.detach().float().view(n, k // GROUP, GROUP)
-    d = (groups.abs().amax(-1) / 127).half().float()
-    safe = torch.where(d == 0, torch.ones_like(d), d)
-    q = torch.round(groups / safe[..., None]).clamp(-127, 127).to(torch.int8)
-    return q.view(n, k), d
-
-
-def int4_weights_of(causal_lm: Any) -> Int4Weights:
-    """Int4 weights rounded from a Llama's own (`quantize_q4_1`, `quantize_q8_0` for the head): for checkpoints
-    that come without a GGUF, and for tests on tiny models."""
-    layers = []
-    for layer in causal_lm.model.layers:
-        modules = {**{n: getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
-                   **{n: getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")}}
-        layers.append(_fused({n: quantize_q4_1(getattr(m, "base", m).weight) for n, m in modules.items()}))
-    head = Q8Head.from_q8_0(*quantize_q8_0(causal_lm.get_output_embeddings().weight))
-    return Int4Weights(layers, head)
 
 
 def available() -> str | None:

@@ -33,8 +33,10 @@ class _SchedulerCollector(Collector):
         yield GaugeMetricFamily("dlm_generations_running", "Generations decoding now (sharing each pass)",
                                 value=self.scheduler.running)
         outcomes = CounterMetricFamily("dlm_generations", "Generations by outcome", labels=["outcome"])
-        for outcome in ("completed", "cancelled", "refused", "failed", "rejected"):
-            outcomes.add_metric([outcome], getattr(stats, outcome))
+        counts = {"completed": stats.completed, "cancelled": stats.cancelled, "refused": stats.refused,
+                  "failed": stats.failed, "rejected": stats.rejected}
+        for outcome, count in counts.items():
+            outcomes.add_metric([outcome], count)
         yield outcomes
 
 

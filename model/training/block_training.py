@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from model.bundled.block_diffusion import BlockDiffusionLM, additive_mask
+from model.bundled.block_diffusion import BlockDiffusionLM
+from model.runtime.batching import additive_mask
 
 
 @dataclass(frozen=True, slots=True)

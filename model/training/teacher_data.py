@@ -124,12 +124,6 @@ def example_row(ex: TeacherExample) -> dict[str, object]:
     return row
 
 
-def save_examples(path: Path, examples: Sequence[TeacherExample]) -> None:
-    with path.open("w") as f:
-        for ex in examples:
-            f.write(json.dumps(example_row(ex)) + "\n")
-
-
 def load_examples(path: Path) -> list[TeacherExample]:
     examples = []
     with path.open() as f:

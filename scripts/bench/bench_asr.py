@@ -39,8 +39,8 @@ from report_lib.speech_samples import SpeechClip, card_clips, librivox_clips
 from report_lib.stats import percentile_or
 from report_lib.wer import word_error_rate
 
+from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.events import Event, SpeechEnd, Transcript
-from voice.io.audio import float32_to_pcm16, load_audio_16k
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.stage import ListenConfig, ListenStage
 from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file
@@ -139,7 +139,7 @@ def conversation_wer(repeats: int, folder: Path) -> dict:
     against offline decodes of the same files (0.3 s of leading silence each)."""
     from model.chat import GenerationOptions
     from voice.engines import load_engines
-    from voice.io.file_mode import run_files, write_wav
+    from voice.modes.files import run_files, write_wav
     from voice.turn.session import SessionConfig
 
     clips = [clip for pair in zip(librivox_clips(), card_clips(), strict=False) for clip in pair]

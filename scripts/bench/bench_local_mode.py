@@ -37,7 +37,7 @@ from report_lib.results import print_and_save
 from report_lib.speech_samples import librivox_clips
 from report_lib.stats import percentile
 
-from voice.io.audio import float32_to_pcm16, load_audio_16k
+from voice.audio import float32_to_pcm16, load_audio_16k
 
 TURN_TIMEOUT_S = 120.0
 QUIET_S = 1.0  # the speaker must be silent this long before the next question (the answer has finished)

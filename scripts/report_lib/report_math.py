@@ -36,7 +36,7 @@ STAT_FIELDS: tuple[str, ...] = (
     "prompt_tokens_encoded",
     "speculations",
     "speculations_dropped",
-    # local mode only (the speaker callback's flags; see voice/io/local_mode.py); None for socket and in-process runs
+    # local mode only (the speaker callback's flags; see voice/modes/local.py); None for socket and in-process runs
     "output_underflows",
     "audible_underflows",
     "input_overflows",

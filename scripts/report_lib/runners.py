@@ -22,9 +22,9 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from voice.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.engines import Engines
 from voice.events import ErrorEvent, SpeechStart, Transcript, TurnEnd
-from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.turn.machine import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 

@@ -21,8 +21,8 @@ import pytest
 import soundfile
 
 from tests.integration.ws_harness import SPEECH_WORDS, load_test_engines, running_server
+from voice.audio import load_audio_16k, resample
 from voice.engines import Engines
-from voice.io.audio import load_audio_16k, resample
 from web.config import WebConfig
 from web.tls import self_signed_certificate
 

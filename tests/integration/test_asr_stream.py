@@ -17,9 +17,9 @@ from report_lib.speech_samples import librivox_clips
 from report_lib.wer import word_error_rate
 
 from model.fair_lock import FairLock
+from voice.audio import float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.errors import AudioFormatError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript
-from voice.io.audio import float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.stage import ListenStage
 from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file

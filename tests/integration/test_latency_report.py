@@ -14,7 +14,7 @@ import pytest
 import soundfile
 from report_lib.report_math import LATENCY_FIELDS, MARK_FIELDS, SEGMENTS, STAT_FIELDS, SUMMARY_FIELDS
 
-from voice.io.audio import load_audio_16k, resample
+from voice.audio import load_audio_16k, resample
 from voice.latency import STAGE_NAMES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -18,7 +18,7 @@ from report_lib.local_assistant import ROOT, LocalAssistant
 from report_lib.pulse_devices import PulseUnavailable, VirtualDevices, missing_parts
 from report_lib.speech_samples import LIBRIVOX_DIR
 
-from voice.io.audio import float32_to_pcm16, load_audio_16k
+from voice.audio import float32_to_pcm16, load_audio_16k
 
 pytestmark = pytest.mark.slow
 

@@ -12,6 +12,7 @@ import pytest
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
 from model.errors import ModelError
 from tests.integration.ws_harness import load_test_engines, speech_pcm16
+from voice.audio import stream_pcm16
 from voice.engines import Engines
 from voice.events import (
     AnswerDone,
@@ -24,8 +25,7 @@ from voice.events import (
     SpeechStart,
     TurnEnd,
 )
-from voice.io.audio import stream_pcm16
-from voice.io.file_mode import run_files, write_wav
+from voice.modes.files import run_files, write_wav
 from voice.speak.speculator import SpeculatorConfig
 from voice.turn.session import Session, SessionConfig
 

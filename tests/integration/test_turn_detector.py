@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from report_lib.speech_samples import LIBRIVOX_DIR, librivox_clips
 
+from voice.audio import load_audio_16k, resample
 from voice.end_of_turn import EndOfTurnRule, Signals
 from voice.errors import AudioFormatError
-from voice.io.audio import load_audio_16k, resample
 from voice.listen.turn_detector import SAMPLE_RATE, SmartTurn, find_smart_turn_model
 from voice.listen.vad import FRAME_SAMPLES, SileroVad
 from voice.listen.words import asks_a_question, trails_off

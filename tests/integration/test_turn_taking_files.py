@@ -13,9 +13,9 @@ from report_lib.wer import word_error_rate
 
 from model.chat import GenerationOptions
 from tests.integration.ws_harness import load_test_engines
+from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
-from voice.io.audio import float32_to_pcm16, load_audio_16k
-from voice.io.file_mode import run_files, write_wav
+from voice.modes.files import run_files, write_wav
 from voice.turn.session import SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -15,9 +15,9 @@ from model.chat.client import OpenAIChatModel
 from model.server import ServerConfig
 from tests.integration.api_harness import serve, tiny_chat_model
 from tests.integration.ws_harness import speech_pcm16
+from voice.audio import stream_pcm16
 from voice.engines import Engines
 from voice.events import AnswerDone, AudioOut, DraftUpdate, Event, Transcript, TurnEnd
-from voice.io.audio import stream_pcm16
 from voice.listen.asr_models import load_model
 from voice.speak.tts import load_synthesizer
 from voice.turn.session import Session, SessionConfig

@@ -11,8 +11,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from tests.integration.ws_harness import Received, collect, load_test_engines, running_server, speech_pcm16
+from voice.audio import stream_pcm16
 from voice.engines import Engines
-from voice.io.audio import stream_pcm16
 from web.config import WebConfig
 from web.metrics import histogram_buckets
 from web.server import VoiceServer

@@ -20,8 +20,8 @@ from tests.integration.ws_harness import (
     running_server,
     speech_pcm16,
 )
+from voice.audio import stream_pcm16
 from voice.engines import Engines
-from voice.io.audio import stream_pcm16
 from web.config import WebConfig
 from web.server import VoiceServer
 

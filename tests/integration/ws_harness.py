@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
-from voice.io.audio import float32_to_pcm16, load_audio_16k
 from voice.turn.session import SessionConfig
 from web.config import WebConfig
 from web.server import VoiceServer

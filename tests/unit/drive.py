@@ -10,7 +10,7 @@ import torch
 from report_lib.tiny_models import LLAMA_EOS
 
 from model.bundled.backend import BlockDiffusionBackend
-from model.bundled.block_diffusion import BlockDiffusionLM, reference_logits
+from model.bundled.block_diffusion import BlockDiffusionLM
 from model.chat.engine import DiffusionChatModel
 from model.decoding.block_passes import BlockPasses
 from model.decoding.options import PLAIN, GenerationOptions
@@ -19,7 +19,7 @@ from model.decoding.sampler import SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding
 from model.decoding.step import DecodingSequence
 from model.runtime.batch_runner import BatchRunner
-from model.runtime.batching import Feed, SlotCache, batched_pass, keep, prefill
+from model.runtime.batching import Feed, SlotCache, additive_mask, batched_pass, keep, pass_layout, prefill
 
 
 def sequence(
@@ -53,6 +53,16 @@ def speculative(
 ) -> SpeculativeDecoding:
     """One answer's self-speculative decoding (autoregressive with `masks` 0) on `model`."""
     return SpeculativeDecoding(prompt, length, masks, model.mask_id, frozenset({eos}), **options)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def reference_logits(model: BlockDiffusionLM, clean: Sequence[int], noisy: Sequence[int] = ()) -> torch.Tensor:
+    """Logits `[len(clean) + len(noisy), V]` of one forward through the modules without a cache: `clean` causal with
+    the gate off, `noisy` one block after it with the gate on. The exact reference that cached and fused passes are
+    tested against."""
+    layout = pass_layout([0], [Feed(tuple(clean), tuple(noisy))])
+    ids, positions, noisy_rows, allowed = (t.to(model.base.device) for t in layout)
+    return model(ids, positions, additive_mask(allowed), noisy_rows, None)[0]
 
 
 def one_pass(model: BlockDiffusionLM, context: list[int], feed: Feed) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from voice.errors import AudioFormatError
-from voice.io.audio import (
+from voice.audio import (
     StreamResampler,
     check_sample_rate,
     float32_to_pcm16,
@@ -23,6 +22,7 @@ from voice.io.audio import (
     to_mono,
     validate_pcm16,
 )
+from voice.errors import AudioFormatError
 
 
 def tone(frequency: float, rate: int, seconds: float = 1.0) -> np.ndarray:

@@ -15,7 +15,6 @@ from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
 from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import BlockDiffusionLM
-from model.bundled.block_diffusion import reference_logits as cache_free_logits
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.decoding.options import PLAIN
@@ -24,6 +23,7 @@ from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
 from model.runtime.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
 from model.runtime.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
+from tests.unit.drive import reference_logits as cache_free_logits
 from tests.unit.drive import sequence
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 

@@ -13,7 +13,6 @@ from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import (
     AdapterConfig,
     BlockDiffusionLM,
-    additive_mask,
     load_adapter,
     save_adapter,
 )
@@ -21,7 +20,7 @@ from model.chat.engine import DiffusionChatModel
 from model.decoding.options import GenerationOptions
 from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
-from model.runtime.batching import SlotCache
+from model.runtime.batching import SlotCache, additive_mask
 from model.training.block_training import batch_logits, block_diffusion_loss, make_batch
 from tests.unit.drive import BlockAnswer, uncached_block_logits
 

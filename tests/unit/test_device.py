@@ -17,12 +17,11 @@ import torch
 from report_lib.tiny_models import LLAMA_EOS
 
 from model.bundled.backend import BlockDiffusionBackend
-from model.bundled.block_diffusion import reference_logits
 from model.device import describe, resolve_device, synchronize, upload
 from model.errors import ModelError
 from model.runtime.batching import Feed, SlotCache, batched_pass, keep, pass_layout, prefill
 from model.runtime.fast_pass import FastPass
-from tests.unit.drive import sequence
+from tests.unit.drive import reference_logits, sequence
 from tests.unit.test_batching import MODES, alone, prompts, requests, stream
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 

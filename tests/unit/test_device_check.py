@@ -12,6 +12,7 @@ from device_check import (
     ROWS,
     Budget,
     Subject,
+    copy_slot,
     decoding_runs,
     pass_costs,
     random_model,
@@ -58,7 +59,7 @@ def test_copy_slot_gives_the_target_the_sources_cache() -> None:
     cache = SlotCache(3)
     prefill(model, cache, 0, [5, 6, 7, 8])
     prefill(model, cache, 2, [9, 10])
-    cache.copy_slot(0, 2)
+    copy_slot(cache, 0, 2)
     assert cache.slots[2].ids == [5, 6, 7, 8]
     for keys, values in zip(cache._keys, cache._values, strict=True):
         assert torch.equal(keys[2], keys[0]) and torch.equal(values[2], values[0])

@@ -1,5 +1,6 @@
-"""The end-of-turn decision (voice/end_of_turn.py) and its place in the turn-taking core: the detector's and the LM's
-probabilities combined into the wait before release, driven by event lists, no models."""
+"""The end-of-turn decision (voice/end_of_turn.py, fitted by scripts/train/end_of_turn_fit.py) and its place in the
+turn-taking core: the detector's and the LM's probabilities combined into the wait before release, driven by event
+lists, no models."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import itertools
 import math
 import random
 
-from voice.end_of_turn import EndOfTurnRule, Signals, fit_rule, tolerance_factor
+from train.end_of_turn_fit import fit_rule, tolerance_factor
+
+from voice.end_of_turn import EndOfTurnRule, Signals
 from voice.turn.machine import (
     LmTurnVerdict,
     ReleaseAnswer,

@@ -139,3 +139,15 @@ def test_at_most_eight_modules_flat_at_the_top_of_model_and_voice() -> None:
     for package in ("model", "voice"):
         flat = sorted(path.name for path in (ROOT / package).glob("*.py") if path.name != "__init__.py")
         assert len(flat) <= MAX_FLAT_MODULES, f"{package}/: {flat}"
+
+
+def test_no_part_of_voice_below_the_run_modes_imports_them() -> None:
+    """voice/modes/ drives a session from the command line: a stage or the session importing it points a layer up."""
+    wrong = [
+        f"{name} imports {target}"
+        for name, targets in import_graph().items()
+        if name.split(".")[0] == "voice" and name.split(".")[:2] != ["voice", "modes"]
+        for target in targets
+        if target.split(".")[:2] == ["voice", "modes"]
+    ]
+    assert wrong == []

@@ -4,11 +4,13 @@ independent, and self-speculative decoding still bit for bit equal to autoregres
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from model.bundled.block_diffusion import GatedLoRALinear
 from model.runtime import quant_kernels
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.runtime.fast_pass import AMX_PREFILL_ROWS
@@ -16,18 +18,41 @@ from model.runtime.int4_weights import (
     GROUP,
     LAYOUT,
     Int4Linear,
+    Int4Weights,
     Q4Blocks,
     Q8Head,
+    _fused,
     _read_q4_1,
     available,
     check_rows_independent,
-    int4_weights_of,
     quantize_q4_1,
-    quantize_q8_0,
     read_gguf_head,
     read_gguf_linears,
 )
 from tests.unit.test_self_speculative import assert_modes_agree, bf16_adapted, rows_whose_logits_differ
+
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round a float weight `[N, K]` to Q8_0 as llama.cpp does (per group of 32: `d = max |w| / 127` in fp16)."""
+    n, k = weight.shape
+    groups = weight.detach().float().view(n, k // GROUP, GROUP)
+    d = (groups.abs().amax(-1) / 127).half().float()
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    q = torch.round(groups / safe[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.view(n, k), d
+
+
+def int4_weights_of(causal_lm: Any) -> Int4Weights:
+    """Int4 weights rounded from a tiny Llama's own (`quantize_q4_1`, `quantize_q8_0` for the head; an adapted
+    linear's base weight): what a GGUF would give it."""
+    layers = []
+    for layer in causal_lm.model.layers:
+        modules = {**{n: getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
+                   **{n: getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")}}
+        linears = {n: m.base if isinstance(m, GatedLoRALinear) else m for n, m in modules.items()}
+        layers.append(_fused({n: quantize_q4_1(linear.weight) for n, linear in linears.items()}))
+    head = Q8Head.from_q8_0(*quantize_q8_0(causal_lm.get_output_embeddings().weight))
+    return Int4Weights(layers, head)
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 

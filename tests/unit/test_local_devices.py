@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from voice.errors import NoAudioDevice
-from voice.io.local_mode import (
+from voice.modes.local import (
     LocalAudioConfig,
     SpeakerBuffer,
     StreamCounters,
@@ -91,7 +91,7 @@ def status(**flags: bool) -> SimpleNamespace:
 
 
 def test_counters_report_each_turns_flags_and_longest_callback_gap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("voice.io.local_mode.boost_audio_thread", lambda: None)
+    monkeypatch.setattr("voice.modes.local.boost_audio_thread", lambda: None)
     counters = StreamCounters()
     counters.on_output(status(), 10.00, sounding=False)
     counters.on_output(status(out_under=True), 10.25, sounding=False)  # silence ran dry: nobody hears it
@@ -143,14 +143,14 @@ def test_alsa_messages_go_to_the_log_not_the_console(capfd: pytest.CaptureFixtur
     import ctypes
     import ctypes.util
 
-    from voice.io import local_mode
+    from voice.modes import local
 
-    if not local_mode.quiet_alsa():
+    if not local.quiet_alsa():
         pytest.skip("no ALSA library on this machine")
     alsa = ctypes.CDLL(ctypes.util.find_library("asound"))
-    before = local_mode.alsa_messages
+    before = local.alsa_messages
     handle = ctypes.c_void_p()
     # an unknown PCM name: ALSA reports "Unknown PCM no-such-device" through its error handler
     assert alsa.snd_pcm_open(ctypes.byref(handle), b"no-such-device", 0, 0) < 0
-    assert local_mode.alsa_messages > before
+    assert local.alsa_messages > before
     assert "ALSA lib" not in capfd.readouterr().err

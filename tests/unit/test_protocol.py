@@ -194,6 +194,16 @@ def test_audio_is_binary_and_internal_events_are_not_sent() -> None:
     assert p.encode_event(ev.PhraseCommitted(session="s", turn=1, phrase_id=0, text="Hi.")) is None
 
 
+def test_text_frame_is_the_json_of_events_that_have_one_and_refuses_the_rest() -> None:
+    clear = ev.Clear(session="s", turn=3, reason="barge_in")
+    assert p.text_frame(clear) == p.encode_event(clear)
+    assert json.loads(p.text_frame(ev.AudioEnd(session="s", turn=3))) == {"type": "audio_end", "turn": 3}
+    with pytest.raises(TypeError, match="AudioOut"):
+        p.text_frame(ev.AudioOut(session="s", turn=1, pcm=b"\x00\x00", sample_rate=22050, phrase_id=0))
+    with pytest.raises(TypeError, match="LmFirstPass"):
+        p.text_frame(ev.LmFirstPass(session="s", turn=1))
+
+
 def test_turn_end_carries_latencies_and_never_emits_invalid_json() -> None:
     end = ev.TurnEnd(
         session="s",

@@ -15,7 +15,9 @@ from web.access import (
     request_token,
     token_cookie_name,
 )
+from web.cli import build_parser
 from web.config import STATIC_DIR, WebConfig, WebConfigError
+from web.launch import web_config_from_args
 from web.static_files import CONTENT_TYPES, http_response, redirect_response, resolve_static
 
 TOKEN = "s3cret-token-0123456789"
@@ -41,7 +43,8 @@ def test_non_loopback_host_needs_allow_remote_and_a_token() -> None:
 
 def test_token_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VOICE_ASSISTANT_TOKEN", TOKEN)
-    assert WebConfig.from_env(host="0.0.0.0", allow_remote=True).token == TOKEN
+    args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--allow-remote"])
+    assert web_config_from_args(args).token == TOKEN
 
 
 def test_limits_must_be_positive() -> None:

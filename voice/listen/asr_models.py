@@ -142,7 +142,7 @@ def windowed_model_class() -> type:
     full window. Partials use a short window (fast, slightly less accurate); finals use the full one, which is what
     offline faster-whisper does.
     """
-    class WindowedWhisperModel(import_faster_whisper().WhisperModel):  # type: ignore[misc,name-defined]
+    class WindowedWhisperModel(import_faster_whisper().WhisperModel):  # type: ignore[misc]  # a base found at run time
         encoder_frames: int | None = None
 
         def encode(self, features):  # -> ctranslate2.StorageView
@@ -216,7 +216,7 @@ def place_on_gpu(resolved: ResolvedModel, local_only: bool) -> object | None:
         model = windowed_model_class()(
             resolved.source, device="cuda", compute_type="float16", local_files_only=local_only
         )
-        segments, _ = model.transcribe(np.zeros(16000, dtype=np.float32), beam_size=1)  # type: ignore[attr-defined]
+        segments, _ = model.transcribe(np.zeros(16000, dtype=np.float32), beam_size=1)
         list(segments)
     except (RuntimeError, ValueError, OSError) as err:
         log.warning("faster-whisper stays on the CPU: its CUDA libraries did not load (%s)", err)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from voice.io.audio import TARGET_RATE
+from voice.audio import TARGET_RATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +42,10 @@ class EndpointerConfig:
             raise ValueError(f"threshold must be in (0, 1), got {self.threshold}")
         if self.neg_threshold is not None and not 0.0 <= self.neg_threshold <= self.threshold:
             raise ValueError(f"neg_threshold must be in [0, threshold], got {self.neg_threshold}")
-        for name in ("min_speech_ms", "min_silence_ms", "speech_pad_ms"):
-            if getattr(self, name) < 0:
+        durations = {"min_speech_ms": self.min_speech_ms, "min_silence_ms": self.min_silence_ms,
+                     "speech_pad_ms": self.speech_pad_ms}
+        for name, value in durations.items():
+            if value < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.speech_pad_ms > self.min_silence_ms:
             raise ValueError("speech_pad_ms must not exceed min_silence_ms (the padded end must be in at speech_end)")

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
 from voice.errors import VoiceError
 from voice.events import Emit, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
-from voice.io.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.endpointer import EndpointDecision, Endpointer, EndpointerConfig
 from voice.listen.transcriber import Hypothesis, StreamingTranscriber, TranscriberConfig

@@ -20,8 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from voice.audio import TARGET_RATE, check_float32_mono, load_audio_16k
 from voice.errors import ASRError
-from voice.io.audio import TARGET_RATE, check_float32_mono, load_audio_16k
 from voice.listen.local_agreement import LocalAgreement, Word, join_words
 
 # Below a few seconds of encoder window, tiny.en starts to hallucinate; above, the encoder cost grows ~linearly.
@@ -189,11 +189,6 @@ class StreamingTranscriber:
         self._last_margin_s: float | None = None
         self._last_decode_start_s = 0.0
         self.decodes = 0
-
-    @property
-    def pending_s(self) -> float:
-        """Audio inserted but not yet decoded."""
-        return (self._total - self._decoded_to) / TARGET_RATE
 
     @property
     def audio_s(self) -> float:

@@ -22,13 +22,15 @@ one place, the turn-taking core (`voice.turn.machine.TurnTaking`), with the sess
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
+from voice.audio import check_float32_mono
 from voice.errors import AudioFormatError, VoiceError
-from voice.io.audio import check_float32_mono
 
 SAMPLE_RATE = 16_000
 MODEL_PACKAGE = "pipecat"  # from the wheel pipecat-ai==1.14.0
@@ -140,11 +142,17 @@ class TurnDetectorConfig:
             raise ValueError("threads must be at least 1")
 
 
+class OnnxSession(Protocol):
+    """What `SmartTurn` asks of an `onnxruntime.InferenceSession`: one run, its outputs in order."""
+
+    def run(self, output_names: list[str] | None, input_feed: dict[str, np.ndarray], /) -> Sequence[object]: ...
+
+
 class SmartTurn:
     """A loaded Smart Turn v3.2 model. Thread-safe: ONNX Runtime sessions may run concurrently, and no state is kept
     between calls (each call judges the audio it is given)."""
 
-    def __init__(self, session: object, config: TurnDetectorConfig) -> None:
+    def __init__(self, session: OnnxSession, config: TurnDetectorConfig) -> None:
         self._session = session
         self.config = config
 
@@ -186,7 +194,7 @@ class SmartTurn:
         audio up to now, trailing silence included). Raises `TurnDetectorError` for audio it cannot judge."""
         _check_audio(audio_16k)
         features = log_mel_features(model_window(audio_16k, self.config.max_seconds))[None]  # [1, 80, 800]
-        (logits,) = self._session.run(None, {"input_features": features})  # type: ignore[attr-defined]
+        (logits,) = self._session.run(None, {"input_features": features})
         return float(np.asarray(logits).reshape(-1)[0])
 
     def is_complete(self, audio_16k: np.ndarray) -> bool:

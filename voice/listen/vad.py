@@ -13,8 +13,8 @@ import os
 
 import numpy as np
 
+from voice.audio import TARGET_RATE
 from voice.errors import ASRError
-from voice.io.audio import TARGET_RATE
 from voice.listen.whisper_import import import_faster_whisper
 
 FRAME_SAMPLES = 512

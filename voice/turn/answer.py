@@ -170,7 +170,7 @@ class AnswerRunner:
         except TimeoutError:
             self._error(answer, "turn_timeout", f"the turn took longer than {self.config.max_turn_seconds} s")
         except (ModelError, VoiceError) as err:
-            self._error(answer, getattr(err, "code", "model_error"), str(err))
+            self._error(answer, err.code, str(err))
         except Exception as err:  # the turn boundary: a bug in one stage ends this turn, never the session
             log.exception("turn %s failed", answer.turn)
             self._error(answer, "internal_error", f"{type(err).__name__}: {err}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voice.io.audio import TARGET_RATE
+from voice.audio import TARGET_RATE
 from voice.turn.machine import TurnVerdict
 
 

@@ -279,9 +279,14 @@ class TurnTakingConfig:
     end_of_turn: EndOfTurnRule = field(default_factory=EndOfTurnRule)
 
     def __post_init__(self) -> None:
-        for name in ("silence_rule_ms", "complete_silence_ms", "incomplete_silence_ms", "question_silence_ms",
-                     "continuation_ms", "stalled_audio_ms", "resume_after_ms"):
-            if getattr(self, name) < 0:
+        durations = {
+            "silence_rule_ms": self.silence_rule_ms, "complete_silence_ms": self.complete_silence_ms,
+            "incomplete_silence_ms": self.incomplete_silence_ms, "question_silence_ms": self.question_silence_ms,
+            "continuation_ms": self.continuation_ms, "stalled_audio_ms": self.stalled_audio_ms,
+            "resume_after_ms": self.resume_after_ms,
+        }
+        for name, value in durations.items():
+            if value < 0:
                 raise ValueError(f"{name} must be >= 0")
 
 

@@ -33,10 +33,10 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from voice.audio import TARGET_RATE
 from voice.engines import Engines
 from voice.errors import AudioFormatError, NoAudioDevice
 from voice.events import AnswerDone, AudioOut, AudioStart, Clear, ErrorEvent, Pause, Resume, Transcript, TurnEnd
-from voice.io.audio import TARGET_RATE
 from voice.turn.session import Session, SessionConfig
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from voice.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.engines import Engines
 from voice.events import AudioOut, ErrorEvent, Event, TurnEnd, now_ns
-from voice.io.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.turn.session import Session, SessionConfig
 
 TRAILING_SILENCE_S = 1.2  # longer than the endpointer's minimum silence plus padding

@@ -1,1 +1,0 @@
-"""The ways in and out of the pipeline: audio conversions and paced streaming, the local microphone, WAV files."""
