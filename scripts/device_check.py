@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 from model.bundled.default_model import ADAPTER_DIR, BASE_NAME, DRAFT_MASKS, adapter_meta, load_default_chat_model
 from model.chat import ChatMessage
+from model.chat.spec import ModelSpec
 from model.decoding.block_passes import BlockPasses, DiffusionSequence
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding
@@ -105,9 +106,9 @@ def build(device: torch.device, force_random: bool, prompt_length: int) -> Subje
     """The bundled model answering a real question when its weights are here (so self-speculative decoding's
     acceptance is real), else the random stand-in continuing `prompt_length` random tokens."""
     if not force_random and bundled_weights_here():
-        chat = load_default_chat_model(device=device)
+        chat = load_default_chat_model(ModelSpec(device=str(device)))
         prompt = chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", QUESTION)])
-        return Subject(chat.backend.model, frozenset(chat.denoiser.eos_ids), prompt, "bundled")
+        return Subject(chat.backend.model, frozenset(chat.backend.eos_ids), prompt, "bundled")
     model = random_model(device)
     return Subject(model, RANDOM_EOS, random_ids(prompt_length + 1, model.vocab_size, seed=3), "random")
 

@@ -29,6 +29,7 @@ class DecodingSettings:
     block_length: int | None = None  # must be the block the model was trained with, where it has one
     steps_per_block: int | None = None  # diffusion: pass budget per block (default: the block length)
     draft_masks: int | None = None  # self-speculative: tokens drafted ahead per pass
+    draft_branches: bool | None = None  # self-speculative: a block of masks after every draft (or one after all)
     use_cache: bool = True  # False: re-encode the prompt every pass (diffusion only, for comparisons)
 
     @property
@@ -47,7 +48,7 @@ class DecodingSettings:
             steps = self.block_length
         changes = {
             "decoding": self.decoding, "threshold": self.threshold, "block_length": self.block_length,
-            "steps_per_block": steps, "draft_masks": self.draft_masks,
+            "steps_per_block": steps, "draft_masks": self.draft_masks, "draft_branches": self.draft_branches,
         }
         kept = {name: value for name, value in changes.items() if value is not None}
         return dataclasses.replace(base, **kept, use_cache=self.use_cache and base.use_cache)

@@ -132,13 +132,13 @@ async def run_level(base_url: str, model: str, clients: int, requests: int, max_
 
 
 def load_model(spec: str, decoding: str | None = None) -> ChatModel:
+    from model.chat.spec import DecodingSettings, ModelSpec
     from model.loading import load_chat_model
 
-    overrides = {"decoding": decoding} if decoding else {}
     if spec == "tiny":
         folder = tiny_bert(Path(tempfile.mkdtemp(prefix="bench-api-")) / "tiny-bert")
-        return load_chat_model(str(folder), block_length=8, steps_per_block=8)
-    return load_chat_model(None if spec == "default" else spec, **overrides)
+        return load_chat_model(ModelSpec(str(folder), decoding=DecodingSettings(block_length=8)))
+    return load_chat_model(ModelSpec(None if spec == "default" else spec, decoding=DecodingSettings(decoding=decoding)))
 
 
 def main() -> None:

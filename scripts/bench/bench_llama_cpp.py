@@ -94,8 +94,9 @@ def _runtime_worker(conn: Connection, weights: str, threads: int) -> None:
 
     from model.bundled.default_model import load_default_chat_model
     from model.chat import GenerationOptions
+    from model.chat.spec import ModelSpec
 
-    chat = load_default_chat_model(weights=weights)
+    chat = load_default_chat_model(ModelSpec(weights=weights))
     conn.send("ready")
     while (request := conn.recv()) is not None:
         prompt, max_tokens, decoding = request

@@ -11,9 +11,9 @@
 
 Policies: (a) one token per pass, (b) a fixed k tokens per pass, (c) confidence-threshold decoding (at least one per
 pass). Each runs over the prompt set with the cache on and off, through the chat model's own loop
-(`DiffusionChatModel.answer_refinements`: the batch runner for a block-diffusion model). Separately it times single
-passes for a 256-token prompt and a 32-token block, cached vs uncached (the cost the cache is meant to cut). Figures
-are printed, never asserted: they depend on the machine and on what else runs on it.
+(`report_lib.passes.answer_refinements`: the back end's, the batch runner for a block-diffusion model). Separately it
+times single passes for a 256-token prompt and a 32-token block, cached vs uncached (the cost the cache is meant to
+cut). Figures are printed, never asserted: they depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 from report_lib.passes import answer_refinements, stop_batching
 from report_lib.tiny_models import smollm2_shaped_llama
 
+from model.adapters.sampler_backend import SamplerBackend
+from model.bundled.backend import BlockDiffusionBackend
 from model.chat.engine import DiffusionChatModel
+from model.chat.spec import ModelSpec
 from model.decoding.denoiser import Denoiser
 from model.decoding.sampler import SamplerConfig
 from model.device import DEVICE_CHOICES, describe, resolve_device
 from model.errors import ModelError
-from model.runtime.batch_runner import Batching
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 
 PROMPTS = (
@@ -68,9 +70,8 @@ class ModeResult:
         return self.tokens / self.passes if self.passes else 0.0
 
 
-def tiny_block_diffusion(block_length: int, device: torch.device) -> tuple[Batching, int]:
+def tiny_block_diffusion(block_length: int, device: torch.device) -> tuple[BlockDiffusionBackend, int]:
     """Random LlamaForCausalLM of SmolLM2-135M's shape, wrapped by the block-diffusion adapter."""
-    from model.bundled.backend import BlockDiffusionBackend
     from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 
     base = smollm2_shaped_llama(device)
@@ -114,14 +115,16 @@ def build(
         # random weights: any ids do; prompt lengths like a short chat turn with its template
         prompts = [torch.randint(10, vocab, (40 + 8 * i,), generator=generator).tolist() for i in range(len(PROMPTS))]
         params = sum(p.numel() for p in denoiser.model.parameters())
-        chat = DiffusionChatModel(spec, None, denoiser, SamplerConfig(length, length))  # no tokenizer: ids only
+        config = SamplerConfig(length, length)
+        backend = denoiser if isinstance(denoiser, BlockDiffusionBackend) else SamplerBackend(spec, denoiser, config)
+        chat = DiffusionChatModel(spec, None, backend, config)  # no tokenizer: ids only
         return chat, prompts, length, f"{spec} (random weights, {params / 1e6:.0f}M parameters)"
     from model.chat import ChatMessage
     from model.loading import load_chat_model
     from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
-    chat = load_chat_model(spec, device=device)
-    if getattr(chat, "denoiser", None) is None:
+    chat = load_chat_model(ModelSpec(spec, device=str(device)))
+    if not isinstance(chat, DiffusionChatModel) or network(chat) is None:
         raise ModelError(f"{spec!r} is not a masked-diffusion model; this benchmark drives the masked sampler")
     prompts = [chat.prompt_ids([ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", text)])
                for text in PROMPTS]
@@ -139,14 +142,25 @@ def run_mode(chat: DiffusionChatModel, prompts: list[list[int]], max_new_tokens:
     return ModeResult(name, config.use_cache, tokens, passes, time.perf_counter() - started)
 
 
-def pass_cost(denoiser: Denoiser | Batching, use_cache: bool, prompt_tokens: int, block: int, repeats: int) -> float:
+def network(chat: DiffusionChatModel) -> Denoiser | BlockDiffusionBackend | None:
+    """What `pass_cost` times one pass of: the bundled back end's network, or an external checkpoint's denoiser
+    (None for a back end with its own loop, DiffusionGemma)."""
+    backend = chat.backend
+    if isinstance(backend, BlockDiffusionBackend):
+        return backend
+    return backend.denoiser if isinstance(backend, SamplerBackend) else None
+
+
+def pass_cost(
+    denoiser: Denoiser | BlockDiffusionBackend, use_cache: bool, prompt_tokens: int, block: int, repeats: int
+) -> float:
     """Median seconds of one pass over a fully masked `block` after a `prompt_tokens` prompt (prompt encoding and
     the first pass of a block, which refreshes an approximate cache, are excluded). A block-diffusion model's pass is
     the runner's (`batched_pass` on a one-slot cache): cached, the block after the encoded prompt (a block's second
     pass); uncached, the prompt and the block in one pass."""
     prompt = torch.randint(10, 1000, (prompt_tokens,), generator=torch.Generator().manual_seed(2)).tolist()
     masks = (denoiser.mask_id,) * block
-    if isinstance(denoiser, Batching):
+    if isinstance(denoiser, BlockDiffusionBackend):
         model, cache = denoiser.model, SlotCache(1)
         if use_cache:
             prefill(model, cache, 0, prompt)
@@ -212,7 +226,7 @@ def model_to_time(args: argparse.Namespace) -> Any:
     team runs them (the runner's thread keeps the team it calibrated with)."""
     from model.loading import load_chat_model
 
-    chat = load_chat_model(args.model, device=args.device, weights=args.weights)
+    chat = load_chat_model(ModelSpec(args.model, device=str(args.device), weights=args.weights))
     stop_batching(chat)
     return chat
 
@@ -337,7 +351,7 @@ def batch_agreement_main(args: argparse.Namespace) -> int:
     from model.loading import load_chat_model
     from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
-    chat = load_chat_model(args.model, device=args.device, **({"dtype": torch.float32} if args.fp32 else {}))
+    chat = load_chat_model(ModelSpec(args.model, device=str(args.device), precision="fp32" if args.fp32 else "bf16"))
     questions = [AGREEMENT_PROMPTS[i % len(AGREEMENT_PROMPTS)] for i in range(args.batch_agreement)]
     options = GenerationOptions(max_new_tokens=args.max_new_tokens, rules=SPOKEN_RULES)
 
@@ -419,8 +433,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         stop_batching(chat)  # the single passes are timed on this thread (see `model_to_time`)
         with torch.inference_mode():
-            cached = pass_cost(chat.denoiser, True, 256, 32, args.pass_repeats)
-            uncached = pass_cost(chat.denoiser, False, 256, 32, args.pass_repeats)
+            subject = network(chat)
+            if subject is None:
+                raise ModelError(f"{name} runs its own loop: no single pass to time")
+            cached = pass_cost(subject, True, 256, 32, args.pass_repeats)
+            uncached = pass_cost(subject, False, 256, 32, args.pass_repeats)
     except ModelError as error:
         print(f"bench_lm: {error}", file=sys.stderr)
         return 2

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 from report_lib.stats import percentile
 
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
+from model.chat.spec import ModelSpec
 from model.errors import ModelError
 from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult
 from voice.speak.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig
@@ -250,10 +251,10 @@ def load_model(args: argparse.Namespace) -> ChatModel:
     if args.adapter:
         from model.bundled.default_model import load_default_chat_model
 
-        return load_default_chat_model(adapter_dir=Path(args.adapter))
+        return load_default_chat_model(ModelSpec(str(args.adapter)))
     from model.loading import load_chat_model
 
-    return load_chat_model(args.model)
+    return load_chat_model(ModelSpec(args.model))
 
 
 async def bench_speculation(args: argparse.Namespace, prompts: list[str]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from report_lib.passes import answer_refinements
 from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
+from model.chat.spec import DecodingSettings, ModelSpec
 from model.runtime.fast_pass import FastPass
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
@@ -234,10 +235,9 @@ def main() -> None:
     modes = ["autoregressive", *[m for m in args.modes.split(",") if m and m != "autoregressive"]]
 
     prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
-    overrides: dict[str, object] = {} if args.draft_masks is None else {"draft_masks": args.draft_masks}
-    if args.no_draft_branches:
-        overrides["draft_branches"] = False
-    chat = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.bfloat16, weights=args.weights, **overrides)
+    settings = DecodingSettings(draft_masks=args.draft_masks, draft_branches=False if args.no_draft_branches else None)
+    spec = ModelSpec(str(args.adapter) if args.adapter else None, weights=args.weights, decoding=settings)
+    chat = load_default_chat_model(spec)
     eos_id = chat.tokenizer.eos_token_id
     layout = chat.sampler.draft_layout
     for prompt in WARMUP_PROMPTS:  # kernels, allocator, the guard's vocabulary scan, the system prompt's cache
@@ -254,9 +254,7 @@ def main() -> None:
     # parallel regions, and the timed runtime's passes took 2-2.7x as long (model/runtime/passing_thread.py says why)
     reference = None
     if args.teacher_weights:
-        reference = load_default_chat_model(
-            adapter_dir=args.adapter, dtype=torch.bfloat16, weights=args.teacher_weights, **overrides
-        )
+        reference = load_default_chat_model(dataclasses.replace(spec, weights=args.teacher_weights))
         for row in tqdm(rows, desc="the other teacher"):
             row["teacher"] = answer_of(reference, row["prompt"], "autoregressive", options, layout)
 
@@ -271,7 +269,7 @@ def main() -> None:
                 first = next((i for i, (x, y) in enumerate(zip(a, m, strict=False)) if x != y), min(len(a), len(m)))
                 gaps[(row["prompt"], mode)] = top2_gap(teacher_bf16, ids, a[:first])
     if args.verify_fp32 and gaps:
-        chat32 = load_default_chat_model(adapter_dir=args.adapter, dtype=torch.float32, **overrides)
+        chat32 = load_default_chat_model(dataclasses.replace(spec, precision="fp32"))
         for row in rows:
             for mode in modes[1:]:
                 if (row["prompt"], mode) in gaps:

@@ -19,9 +19,10 @@ def tiny_chat_model(folder: Path, block_length: int = 8) -> ChatModel:
     multi-pass (one token committed per pass), so streams have many drafts. Its words are random, not an answer."""
     from report_lib.tiny_models import tiny_bert
 
+    from model.chat.spec import DecodingSettings, ModelSpec
     from model.loading import load_chat_model
 
-    return load_chat_model(str(tiny_bert(folder)), block_length=block_length, steps_per_block=block_length)
+    return load_chat_model(ModelSpec(str(tiny_bert(folder)), decoding=DecodingSettings(block_length=block_length)))
 
 
 class PacedModel:

@@ -29,6 +29,7 @@ DEFAULT_ADAPTER = Path(__file__).resolve().parents[2] / "model" / "bundled" / "d
 def load_test_engines(tmp_folder: Path) -> Engines:
     """The real ASR and TTS; the bundled LM when it has been trained, else a tiny random BERT (real code, random
     words) so the pipeline and the socket can be tested before the bundled model exists."""
+    from model.chat.spec import DecodingSettings, ModelSpec
     from model.loading import load_chat_model
     from voice.listen.asr_models import load_model
     from voice.speak.tts import load_synthesizer
@@ -38,7 +39,7 @@ def load_test_engines(tmp_folder: Path) -> Engines:
     else:
         from report_lib.tiny_models import tiny_bert
 
-        lm = load_chat_model(str(tiny_bert(tmp_folder)), block_length=4, steps_per_block=4)
+        lm = load_chat_model(ModelSpec(str(tiny_bert(tmp_folder)), decoding=DecodingSettings(block_length=4)))
     return Engines(asr=load_model(None), tts=load_synthesizer(), lm=lm, load_seconds={})
 
 
