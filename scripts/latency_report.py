@@ -30,6 +30,7 @@ from report_lib.work_trace import WorkTrace, instrument, render_summary, work_su
 from tqdm import tqdm
 
 from voice.errors import AudioFormatError, VoiceError
+from voice.think.spoken import spoken_answer
 
 # (name, speculation, early LM start)
 DEFAULT_RUN = ("speculation + early LM", True, True)
@@ -109,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
 
 # --- in-process ------------------------------------------------------------------------------------------------------
 def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tuple[str, bool, bool]]) -> dict:
-    from model.chat import GenerationOptions
     from model.chat.spec import DecodingSettings, ModelSpec
     from model.errors import ModelError
     from voice.engines import EngineConfig, load_engines
@@ -123,13 +123,14 @@ def _run_in_process(args: argparse.Namespace, paths: list[Path], runs: list[tupl
         engines = load_engines(EngineConfig(lm=lm, turn_detector=not args.no_turn_detector))
     except ModelError as err:
         raise VoiceError(f"the language model could not be loaded: {err}") from err
-    base = SessionConfig(generation=GenerationOptions(max_new_tokens=args.max_new_tokens), wait_for_playback=False)
+    base = SessionConfig(generation=spoken_answer(max_new_tokens=args.max_new_tokens), wait_for_playback=False)
     report = _report_head(args, "in-process")
     report["models"] = _model_info(engines, base, args.adapter)
     if args.warmup:
         asyncio.run(_warm_up(engines, base, paths[0]))
     configs = [
-        replace(base, speculator=replace(base.speculator, enabled=speculation), early_lm=early_lm)
+        replace(base, speculator=replace(base.speculator, enabled=speculation),
+                turn_taking=replace(base.turn_taking, early_answer=early_lm))
         for _, speculation, early_lm in runs
     ]
     trace = WorkTrace()

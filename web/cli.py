@@ -23,7 +23,7 @@ from voice.listen.stage import ListenConfig
 from voice.modes.local import OUTPUT_LATENCY_S
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.tts import TTSConfig
-from voice.think.spoken import SPOKEN_ANSWER
+from voice.think.spoken import spoken_answer
 from voice.turn.machine import TurnTakingConfig
 from voice.turn.session import SessionConfig
 
@@ -138,8 +138,7 @@ def session_config(args: argparse.Namespace, full_duplex: bool) -> SessionConfig
     return SessionConfig(
         listen=ListenConfig(model=args.asr_model),
         speculator=replace(SpeculatorConfig(), enabled=not args.no_speculation),
-        generation=replace(SPOKEN_ANSWER, max_new_tokens=args.max_new_tokens,
-                           system_prompt=args.system_prompt or SPOKEN_ANSWER.system_prompt),
+        generation=spoken_answer(args.max_new_tokens, args.system_prompt),
         turn_taking=TurnTakingConfig(early_answer=not args.no_early_lm),
         full_duplex=full_duplex,
     )

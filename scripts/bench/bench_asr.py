@@ -45,6 +45,7 @@ from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.stage import ListenConfig, ListenStage
 from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig, transcribe_file
 from voice.listen.vad import SileroVad
+from voice.think.spoken import spoken_answer
 
 CHUNK_MS = 20
 LEAD_S = 0.5
@@ -137,7 +138,6 @@ LEADING_SILENCE_S = 0.3
 def conversation_wer(repeats: int, folder: Path) -> dict:
     """Every clip, `repeats` times, as the turns of one conversation with the assistant answering; streaming finals
     against offline decodes of the same files (0.3 s of leading silence each)."""
-    from model.chat import GenerationOptions
     from voice.engines import load_engines
     from voice.modes.files import run_files, write_wav
     from voice.turn.session import SessionConfig
@@ -150,7 +150,7 @@ def conversation_wer(repeats: int, folder: Path) -> dict:
         paths.append(folder / f"{clip.clip_id}.wav")
         write_wav(paths[-1], [float32_to_pcm16(audio)], 16000)
     engines = load_engines()
-    config = SessionConfig(generation=GenerationOptions(max_new_tokens=16))
+    config = SessionConfig(generation=spoken_answer(max_new_tokens=16))
     result = asyncio.run(run_files(engines, paths * repeats, config, realtime=True))
     streaming = [turn.transcript for turn in result.turns]
     offline = [transcribe_file(path, engines.asr.model) for path in paths]

@@ -20,6 +20,7 @@ import pytest
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from tests.e2e.test_browser import CHROMIUM
 from voice.engines import Engines
+from voice.think.spoken import spoken_answer
 from voice.turn.session import Session, SessionConfig
 from web.config import WebConfig
 from web.server import VoiceServer
@@ -78,7 +79,7 @@ def test_an_interrupted_answer_keeps_what_the_page_reports_as_played() -> None:
     sessions: list[Session] = []
 
     def new_session() -> Session:
-        sessions.append(Session(engines, SessionConfig(generation=GenerationOptions(max_new_tokens=64))))
+        sessions.append(Session(engines, SessionConfig(generation=spoken_answer(max_new_tokens=64))))
         return sessions[-1]
 
     first_samples = len(FIRST.split()) * int(RATE * WORD_S)

@@ -15,12 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from model.chat import GenerationOptions
 from model.chat.client import OpenAIChatModel
 from voice.engines import Engines
 from voice.events import AnswerDone, DraftUpdate, ErrorEvent, Event, TurnEnd
 from voice.listen.asr_models import load_model
 from voice.speak.tts import load_synthesizer
+from voice.think.spoken import spoken_answer
+from voice.turn.machine import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -71,7 +72,8 @@ def test_lm_service_killed_mid_answer_fails_the_turn_and_the_session_recovers_wh
     service = start_lm_service(port)
     remote = OpenAIChatModel(f"http://127.0.0.1:{port}/v1", SERVED)
     engines = Engines(asr=load_model(None), tts=load_synthesizer(), lm=remote, load_seconds={})
-    config = SessionConfig(early_lm=False, wait_for_playback=False, generation=GenerationOptions(max_new_tokens=48))
+    config = SessionConfig(turn_taking=TurnTakingConfig(early_answer=False), wait_for_playback=False,
+                           generation=spoken_answer(max_new_tokens=48))
 
     async def scenario() -> tuple[list[Event], list[Event], float, list[Event]]:
         nonlocal service

@@ -27,6 +27,8 @@ from voice.events import (
 )
 from voice.modes.files import run_files, write_wav
 from voice.speak.speculator import SpeculatorConfig
+from voice.think.spoken import spoken_answer
+from voice.turn.machine import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -91,7 +93,8 @@ def test_two_turn_conversation_from_files_carries_the_history(engines: Engines, 
     first = synthesise(engines, "My name is Alice.", tmp_path / "one.wav")
     second = synthesise(engines, "What is my name?", tmp_path / "two.wav")
     lm = RecordingModel(engines.lm)
-    config = SessionConfig(generation=GenerationOptions(max_new_tokens=32), early_lm=False)
+    config = SessionConfig(generation=spoken_answer(max_new_tokens=32),
+                           turn_taking=TurnTakingConfig(early_answer=False))
     result = asyncio.run(run_files(with_lm(engines, lm), [first, second], config))
 
     assert [len(turn.errors) for turn in result.turns] == [0, 0]
@@ -115,9 +118,9 @@ def test_two_turn_conversation_from_files_carries_the_history(engines: Engines, 
 
 def test_barge_in_keeps_only_the_phrases_that_were_played(engines: Engines) -> None:
     config = SessionConfig(
-        generation=GenerationOptions(max_new_tokens=48),
+        generation=spoken_answer(max_new_tokens=48),
         speculator=SpeculatorConfig(first_phrase_words=3),
-        early_lm=False,
+        turn_taking=TurnTakingConfig(early_answer=False),
     )
 
     async def scenario() -> tuple[list[Event], Session, set[asyncio.Task]]:
@@ -154,7 +157,7 @@ def test_barge_in_keeps_only_the_phrases_that_were_played(engines: Engines) -> N
 
 def test_cancelling_a_turn_leaves_no_task_and_the_next_turn_works(engines: Engines) -> None:
     async def scenario() -> tuple[list[Event], set[asyncio.Task]]:
-        session = Session(engines, SessionConfig(generation=GenerationOptions(max_new_tokens=32)))
+        session = Session(engines, SessionConfig(generation=spoken_answer(max_new_tokens=32)))
         await session.start()
         events: list[Event] = []
         collector = asyncio.create_task(collect(session, events))
@@ -179,7 +182,7 @@ def test_a_failing_stage_ends_its_turn_with_an_error_and_the_next_turn_works(eng
     lm = FailsOnce(engines.lm)
 
     async def scenario() -> list[Event]:
-        session = Session(with_lm(engines, lm), SessionConfig(generation=GenerationOptions(max_new_tokens=16)))
+        session = Session(with_lm(engines, lm), SessionConfig(generation=spoken_answer(max_new_tokens=16)))
         await session.start()
         events: list[Event] = []
         collector = asyncio.create_task(collect(session, events))

@@ -11,11 +11,11 @@ import pytest
 from report_lib.speech_samples import LIBRIVOX_DIR
 from report_lib.wer import word_error_rate
 
-from model.chat import GenerationOptions
 from tests.integration.ws_harness import load_test_engines
 from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
 from voice.modes.files import run_files, write_wav
+from voice.think.spoken import spoken_answer
 from voice.turn.session import SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -51,7 +51,7 @@ def test_two_clips_joined_by_a_pause_are_one_answered_turn_and_transcripts_stay_
     two = save(tmp_path / "two.wav", clip(870), pause, clip(880))
     third = save(tmp_path / "c.wav", clip(890))
     fourth = save(tmp_path / "d.wav", clip(920))
-    config = SessionConfig(generation=GenerationOptions(max_new_tokens=24))
+    config = SessionConfig(generation=spoken_answer(max_new_tokens=24))
     result = asyncio.run(run_files(engines, [two, third, fourth], config, realtime=True))
 
     assert [turn.source for turn in result.turns] == [str(two), str(third), str(fourth)]
@@ -71,7 +71,7 @@ def test_a_turn_that_follows_another_keeps_its_first_words(engines: Engines, tmp
     lead = np.zeros(int(0.3 * 16000), dtype=np.float32)
     first = save(tmp_path / "first.wav", lead, clip(880))
     second = save(tmp_path / "second.wav", lead, clip(890))
-    config = SessionConfig(generation=GenerationOptions(max_new_tokens=8))
+    config = SessionConfig(generation=spoken_answer(max_new_tokens=8))
     result = asyncio.run(run_files(engines, [first, second], config, realtime=True))
 
     words = [turn.transcript.lower().replace("-", " ").split() for turn in result.turns]

@@ -20,6 +20,7 @@ from voice.engines import Engines
 from voice.events import AnswerDone, AudioOut, DraftUpdate, Event, Transcript, TurnEnd
 from voice.listen.asr_models import load_model
 from voice.speak.tts import load_synthesizer
+from voice.turn.machine import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -32,7 +33,8 @@ def test_spoken_turn_answered_by_dlm_serve_through_the_openai_client(tmp_path: P
         engines = Engines(asr=load_model(None), tts=load_synthesizer(), lm=remote, load_seconds={})
 
         async def scenario() -> list[Event]:
-            session = Session(engines, SessionConfig(early_lm=False, wait_for_playback=False))
+            config = SessionConfig(turn_taking=TurnTakingConfig(early_answer=False), wait_for_playback=False)
+            session = Session(engines, config)
             await session.start()
             events: list[Event] = []
             turn_over = asyncio.Event()

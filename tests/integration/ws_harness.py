@@ -15,6 +15,7 @@ import numpy as np
 
 from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
+from voice.think.spoken import spoken_answer
 from voice.turn.session import SessionConfig
 from web.config import WebConfig
 from web.server import VoiceServer
@@ -51,9 +52,8 @@ def speech_pcm16(silence_s: float = 1.5, path: Path = SPEECH_CLIP) -> bytes:
 
 
 def session_config() -> SessionConfig:
-    from model.chat import GenerationOptions
 
-    return SessionConfig(generation=GenerationOptions(max_new_tokens=16))
+    return SessionConfig(generation=spoken_answer(max_new_tokens=16))
 
 
 @dataclass

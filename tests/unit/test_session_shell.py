@@ -29,6 +29,7 @@ from voice.events import (
     now_ns,
 )
 from voice.think.lm_run import LmRun
+from voice.think.spoken import spoken_answer
 from voice.turn.machine import State
 from voice.turn.session import Session, SessionConfig
 
@@ -141,7 +142,7 @@ def make_session(monkeypatch: pytest.MonkeyPatch):
         engines = Engines(asr=None, tts=FakeTTS(), lm=lm or FakeLM(), load_seconds={},  # type: ignore[arg-type]
                           turn_detector=detector)  # type: ignore[arg-type]
         config.setdefault("wait_for_playback", False)
-        return Session(engines, SessionConfig(generation=GenerationOptions(max_new_tokens=32), **config))
+        return Session(engines, SessionConfig(generation=spoken_answer(max_new_tokens=32), **config))
 
     return make
 

@@ -18,5 +18,10 @@ SPOKEN_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one
 # first 2 tokens ("A: ..." five times in a row), and an end at the first sentence end after 24 tokens.
 SPOKEN_RULES = AnswerRules(no_repeat_ngram=3, end_after=24, no_copy_ngram=6, no_copy_opening=2)
 
-# A spoken answer's options: the prompt and the rules above, 64 tokens at most (`--max-new-tokens`).
-SPOKEN_ANSWER = GenerationOptions(max_new_tokens=64, system_prompt=SPOKEN_SYSTEM_PROMPT, rules=SPOKEN_RULES)
+
+
+def spoken_answer(max_new_tokens: int = 64, system_prompt: str | None = None) -> GenerationOptions:
+    """A spoken answer's options: the prompt (`system_prompt` in its place when given: `--system-prompt`) and the
+    rules above, `max_new_tokens` at most (`--max-new-tokens`)."""
+    return GenerationOptions(max_new_tokens=max_new_tokens, system_prompt=system_prompt or SPOKEN_SYSTEM_PROMPT,
+                             rules=SPOKEN_RULES)

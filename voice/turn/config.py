@@ -11,7 +11,7 @@ from model.chat import GenerationOptions
 from voice.listen.stage import ListenConfig
 from voice.speak.speculator import SpeculatorConfig
 from voice.think.dialogue import DialogueConfig
-from voice.think.spoken import SPOKEN_ANSWER
+from voice.think.spoken import spoken_answer
 from voice.turn.machine import TurnTakingConfig
 
 
@@ -22,7 +22,7 @@ class SessionConfig:
     dialogue: DialogueConfig = field(default_factory=DialogueConfig)
     # Every answer's options, sent with every request whatever model answers it: a spoken answer's policy
     # (voice/think/spoken.py) by default, the system prompt (`--system-prompt`) and the logit rules.
-    generation: GenerationOptions = SPOKEN_ANSWER
+    generation: GenerationOptions = field(default_factory=spoken_answer)
     # `early_answer`: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure
     turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
     full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks
