@@ -22,6 +22,7 @@ def relay_drafts(
     open_drafts: Callable[[], Iterator[Draft]],
     hand: Callable[[int, Draft], None],
     cancel: threading.Event,
+    *,
     executor: Executor | None = None,
     observe: Callable[[Draft], None] | None = None,
 ) -> asyncio.Future[None]:

@@ -172,8 +172,8 @@ class Scheduler:
     async def _run_job(self, job: Job, slots: asyncio.Semaphore) -> None:
         try:
             await relay_drafts(
-                lambda: self._open(job), lambda _, draft: self._hand(job, draft), job.cancel, self._threads,
-                self._on_draft,
+                lambda: self._open(job), lambda _, draft: self._hand(job, draft), job.cancel,
+                executor=self._threads, observe=self._on_draft,
             )
         except ModelError as error:
             job.error = error

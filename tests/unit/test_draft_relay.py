@@ -57,7 +57,8 @@ def relayed(drafts: Drafts, cancel: threading.Event | None = None, cancel_after:
     async def scenario() -> tuple[list[tuple[int, Draft]], BaseException | None]:
         handed: list[tuple[int, Draft]] = []
         with ThreadPoolExecutor(1, thread_name_prefix="relay-test") as threads:
-            future = relay_drafts(drafts, lambda t_ns, item: handed.append((t_ns, item)), cancel, threads, observe)
+            future = relay_drafts(drafts, lambda t_ns, item: handed.append((t_ns, item)), cancel, executor=threads,
+                                  observe=observe)
             error = None
             try:
                 await future
@@ -130,7 +131,7 @@ def test_a_loop_that_closed_under_the_thread_cancels_the_drafts() -> None:
     loop = asyncio.new_event_loop()
 
     async def start() -> None:
-        relay_drafts(waiting, lambda t_ns, item: None, cancel, threads)
+        relay_drafts(waiting, lambda t_ns, item: None, cancel, executor=threads)
 
     loop.run_until_complete(start())
     loop.close()
