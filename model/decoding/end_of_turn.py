@@ -62,7 +62,8 @@ def end_probability(logits: torch.Tensor, end_ids: Sequence[int]) -> float:
 class EndOfTurnProbe:
     """A decoding sequence (`model.decoding.step.DecodingSequence`) whose first pass also reports the
     probability that the message ends after the user's last word (prompt index `row`): that of any of `end_ids`,
-    the end-of-message token and the sentence-ending marks."""
+    the end-of-message token and the sentence-ending marks. It reads that row (`model.decoding.step.ReadsPromptRow`)
+    from the first pass's folded rows, or from the prefill that stops right after it."""
 
     def __init__(self, inner: object, prompt: Sequence[int], row: int, end_ids: Sequence[int]) -> None:
         self.inner = inner
@@ -82,13 +83,9 @@ class EndOfTurnProbe:
         self._lead = len(tokens)
         self.inner.fold_prompt(tokens)  # type: ignore[attr-defined]
 
-    def prefill_split(self) -> int:
-        """Where the runner's prefill should stop when nothing is folded: right after the user's last word, so its
-        output row is the probe's (`prefilled`)."""
-        return self.row + 1
-
     def prefilled(self, logits: torch.Tensor) -> None:
-        """The prefill up to the user's last word predicted `logits` `[V]` for the token after it."""
+        """The prefill up to the user's last word (the runner stops it there when nothing is folded) predicted
+        `logits` `[V]` for the token after it."""
         self.probability = end_probability(logits, self.end_ids)
 
     def feed(self, crowd: int = 1) -> Feed:

@@ -12,7 +12,9 @@ cache). The loop (`BatchRunner`, model/runtime/batch_runner.py) is the same for 
         the cache keeps the first `kept` clean rows; the rest is overwritten by the next pass
     until refinement.done
 
-A policy knows nothing of caches, batches or threads, and the loop nothing of drafts, blocks or commit rules.
+A policy knows nothing of caches, batches or threads, and the loop nothing of drafts, blocks or commit rules. What
+else a sequence may ask of the loop it declares as a capability: `FoldsPrompt` (its first pass can encode the
+prompt's uncached tail) and `ReadsPromptRow` (it reads the prediction after one prompt token, computed afresh).
 """
 
 from __future__ import annotations
@@ -79,7 +81,22 @@ class DecodingSequence(Protocol):
 @runtime_checkable
 class FoldsPrompt(Protocol):
     """A sequence whose first pass can also encode the prompt's uncached tokens before its last one (as many as the
-    runner's `FOLD_LIMIT`) instead of a prefill of their own. Every decoding sequence can; a prompt encoded ahead of
-    its answer (the runner's `PromptOnly`), with no pass, not."""
+    runner's `FOLD_LIMIT`) instead of a prefill of their own. Every decoding policy's sequence can."""
 
     def fold_prompt(self, tokens: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class ReadsPromptRow(Protocol):
+    """A sequence that reads the model's prediction right after prompt token `row` (the end-of-turn probe,
+    model/decoding/end_of_turn.py: after the user's last word), so the loop computes that token afresh even when an
+    earlier prompt left it in the cache. A prompt folded into the first pass (`FoldsPrompt`) starts at `row` at the
+    latest, so the row's logits are among the pass's clean ones, which `consume` reads. Otherwise an interactive
+    answer's prefill stops right after `row` and hands its prediction to `prefilled`; a bulk answer's does not
+    (nobody waits on its end of turn)."""
+
+    row: int
+
+    def prefilled(self, logits: torch.Tensor) -> None:
+        """The prefill up to and including prompt token `row` predicted `logits` `[V]` for the token after it."""
+        ...

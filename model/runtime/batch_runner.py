@@ -33,9 +33,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from model.decoding.end_of_turn import EndOfTurnProbe
 from model.decoding.refinement import Refinement
-from model.decoding.step import DecodingSequence, FoldsPrompt
+from model.decoding.step import DecodingSequence, FoldsPrompt, ReadsPromptRow
 from model.errors import GenerationCancelled, ModelError
 from model.runtime.batching import SlotCache, batched_pass, common_prefix, keep, prefill
 
@@ -67,21 +66,18 @@ class Batching(Protocol):
     def batch_runner(self, max_batch: int | None = None) -> BatchRunner: ...
 
 
-@dataclass(frozen=True)
-class PromptOnly:
-    """A prompt to encode ahead of its answer, with no passes: the part of a conversation's next prompt that is known
-    before the user's next words (the history and the user header). Encoded while the runner is idle, it leaves a
-    slot holding it, so the answer's prefill, on the voice turn's critical path, encodes only the new words."""
-
-    cached_prompt: list[int]
-
-
 @dataclass(eq=False)
 class Run:
     """One submitted answer: iterate it for its Refinements (the last has done=True). Closing the iterator early
-    (the caller went away) frees its slot after the pass in flight."""
+    (the caller went away) frees its slot after the pass in flight.
 
-    sequence: DecodingSequence
+    A run without a sequence is a prompt encoded ahead of its answer (`BatchRunner.prepare`): the part of a
+    conversation's next prompt known before the user's next words (the history and the user header). Encoded while
+    the runner is idle, it leaves a slot holding it, so the answer's prefill, on the voice turn's critical path,
+    encodes only the new words; it has no passes and no Refinements."""
+
+    prompt: list[int]  # what its slot must hold before its first pass (the sequence's `cached_prompt`)
+    sequence: DecodingSequence | None  # its passes; None: a prompt encoded ahead
     interactive: bool
     cancel: threading.Event | None
     arrived: float = field(default_factory=time.perf_counter)
@@ -109,12 +105,12 @@ class Run:
 def admission(waiting: list[Run], free: int, busy: bool = False) -> list[Run]:
     """Which waiting runs to start now, given `free` slots and whether any answer is `busy` decoding: every
     interactive one that fits, in arrival order; when there is none, the oldest bulk run alone (each admission costs
-    a prefill that the whole batch waits for); prompts encoded ahead (`PromptOnly`) only when nothing else waits and
-    no answer is decoding, so they never delay one."""
+    a prefill that the whole batch waits for); prompts encoded ahead (runs without a sequence) only when nothing else
+    waits and no answer is decoding, so they never delay one."""
     interactive = sorted((run for run in waiting if run.interactive), key=lambda run: run.arrived)
     if interactive:
         return interactive[:free]
-    answers = [run for run in waiting if not isinstance(run.sequence, PromptOnly)]
+    answers = [run for run in waiting if run.sequence is not None]
     candidates = answers if answers or busy else waiting
     return sorted(candidates, key=lambda run: run.arrived)[:1] if free else []
 
@@ -133,7 +129,8 @@ class BatchRunner:
         self.passes_run = 0
         self._condition = threading.Condition()
         self._waiting: list[Run] = []
-        self._active: list[Run] = []  # admitted, prompt encoded, in a slot
+        # admitted, prompt encoded, in a slot: each with its sequence (prompts encoded ahead are never active)
+        self._active: dict[Run, DecodingSequence] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
         self._slot_used = [0] * max_batch  # when each slot was last given to a run (admission count): ties go LRU
@@ -153,7 +150,15 @@ class BatchRunner:
     def submit(self, sequence: DecodingSequence, interactive: bool = False, cancel: threading.Event | None = None,
                owner: str | None = None) -> Run:
         """Queue `sequence`; `owner` names the conversation it continues (its cache slot is kept for it)."""
-        run = Run(sequence, interactive, cancel, owner=owner)
+        return self._queue(Run(sequence.cached_prompt, sequence, interactive, cancel, owner=owner))
+
+    def prepare(self, tokens: list[int], cancel: threading.Event | None = None, owner: str | None = None) -> Run:
+        """Encode `tokens` into a slot when the runner is idle, without an answer (a run without a sequence), for
+        conversation `owner`; `cancel` drops it while it waits (its answer came first). Iterating the returned run
+        waits until it is encoded."""
+        return self._queue(Run(list(tokens), None, False, cancel, owner=owner))
+
+    def _queue(self, run: Run) -> Run:
         with self._condition:
             if self._closed:
                 raise ModelError("the model is shutting down")
@@ -164,13 +169,6 @@ class BatchRunner:
             self._condition.notify()
         return run
 
-    def prepare(self, tokens: list[int], cancel: threading.Event | None = None, owner: str | None = None) -> Run:
-        """Encode `tokens` into a slot when the runner is idle, without an answer (`PromptOnly`), for conversation
-        `owner`; `cancel` drops it while it waits (its answer came first). Iterating the returned run waits until it
-        is encoded."""
-        return self.submit(PromptOnly(list(tokens)), interactive=False, cancel=cancel,  # type: ignore[arg-type]
-                           owner=owner)
-
     # --- the loop (runner thread only) --------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
@@ -178,14 +176,11 @@ class BatchRunner:
                 while not self._waiting and not self._active and not self._closed:
                     self._condition.wait()
                 if self._closed:
-                    for run in self._waiting + self._active:
+                    for run in [*self._waiting, *self._active]:
                         self._end(run, ModelError("the model is shutting down"))
                     return
                 arrivals = self._admit()
             fresh = [run for run in arrivals if self._encode(run)]
-            for run in [run for run in fresh if isinstance(run.sequence, PromptOnly)]:
-                fresh.remove(run)
-                self._end(run, None)  # encoded: the slot keeps the prompt for the answer that will share it
             urgent = [run for run in fresh if run.interactive]
             self._pass(urgent or list(self._active))
 
@@ -214,26 +209,28 @@ class BatchRunner:
         owner = self._slot_owner[slot]
         mine = run.owner is not None and owner == run.owner
         others = owner is not None and not mine
-        shared = 0 if others else common_prefix(self.cache.slots[slot].ids, run.sequence.cached_prompt)
+        shared = 0 if others else common_prefix(self.cache.slots[slot].ids, run.prompt)
         return mine, shared, -self._slot_used[slot], -slot
 
     def _encode(self, run: Run) -> bool:
-        """Prefill `run`'s prompt into its slot; on failure end the run with the error. True when it is active.
+        """Prefill `run`'s prompt into its slot; on failure end the run with the error, and a prompt encoded ahead
+        once it is in. True when the run goes on to its passes (it is active).
 
         A short uncached part goes into the run's first pass instead (`FOLD_LIMIT`), when that pass runs alone: an
         interactive run's does, and so does any run's when nothing else is decoding (otherwise every answer in the
         pass would be padded to the folded rows)."""
         assert run.slot is not None
-        if self._fold(run):
+        sequence = run.sequence
+        if sequence is not None and self._fold(run, sequence):
             with self._condition:
-                self._active.append(run)
+                self._active[run] = sequence
             return True
         try:
-            prompt = run.sequence.cached_prompt
-            probe = run.sequence if isinstance(run.sequence, EndOfTurnProbe) and run.interactive else None
-            if probe is not None:  # stop after the user's last word: that row's prediction is the probe's
-                del self.cache.slots[run.slot].ids[probe.row :]  # even when an earlier prompt cached that word
-                run.reused_tokens, logits = prefill(self.model, self.cache, run.slot, prompt[: probe.prefill_split()],
+            prompt = run.prompt
+            probe = sequence if isinstance(sequence, ReadsPromptRow) and run.interactive else None
+            if probe is not None:  # stop right after the probe's row: the prefill's output there is what it reads
+                del self.cache.slots[run.slot].ids[probe.row :]  # even when an earlier prompt cached that token
+                run.reused_tokens, logits = prefill(self.model, self.cache, run.slot, prompt[: probe.row + 1],
                                                     self.reuse_prompt_cache, run.cancel)
                 if logits is not None:
                     probe.prefilled(logits)
@@ -246,19 +243,21 @@ class BatchRunner:
             self.cache.slots[run.slot].ids.clear()  # a partial prefill is never reused
             self._end(run, error)
             return False
+        if sequence is None:  # encoded ahead: the slot keeps the prompt for the answer that will share it
+            self._end(run, None)
+            return False
         with self._condition:
-            self._active.append(run)
+            self._active[run] = sequence
         return True
 
-    def _fold(self, run: Run) -> bool:
-        sequence = run.sequence
+    def _fold(self, run: Run, sequence: DecodingSequence) -> bool:
         if not isinstance(sequence, FoldsPrompt) or not (run.interactive or not self._active):
             return False
         held = self.cache.slots[run.slot].ids
-        prompt = run.sequence.cached_prompt
+        prompt = run.prompt
         start = common_prefix(held, prompt) if self.reuse_prompt_cache else 0
-        if isinstance(run.sequence, EndOfTurnProbe):  # the user's last word is a row of the pass, even if cached
-            start = min(start, run.sequence.row)
+        if isinstance(sequence, ReadsPromptRow):  # the probe's row is a row of the pass, even if cached
+            start = min(start, sequence.row)
         if not 0 < len(prompt) - start <= FOLD_LIMIT:
             return False
         del held[start:]
@@ -271,9 +270,10 @@ class BatchRunner:
         if not runs:
             return
         runs = sorted(runs, key=lambda run: run.slot)  # ascending slots: the cache returns views when contiguous
+        sequences = [self._active[run] for run in runs]
         started = time.perf_counter()
         try:
-            feeds = [run.sequence.feed(len(runs)) for run in runs]
+            feeds = [sequence.feed(len(runs)) for sequence in sequences]
             logits = batched_pass(self.model, self.cache, [run.slot for run in runs], feeds)
         except Exception as error:  # a failed forward ends the answers in it, never the runner
             log.exception("batched pass failed")
@@ -282,9 +282,9 @@ class BatchRunner:
             return
         elapsed = time.perf_counter() - started
         ended: list[tuple[Run, BaseException | None]] = []  # ended after every keep: `_end` may shrink the cache
-        for run, feed, (clean, noisy) in zip(runs, feeds, logits, strict=True):
+        for run, sequence, feed, (clean, noisy) in zip(runs, sequences, feeds, logits, strict=True):
             try:
-                refinement, kept = run.sequence.consume(clean, noisy, elapsed, run.cancelled())
+                refinement, kept = sequence.consume(clean, noisy, elapsed, run.cancelled())
             except Exception as error:  # one answer's decoding failed: the others in the pass go on
                 log.exception("decoding step failed")
                 ended.append((run, error))
@@ -303,8 +303,7 @@ class BatchRunner:
 
     def _end(self, run: Run, error: BaseException | None) -> None:
         with self._condition:
-            if run in self._active:
-                self._active.remove(run)
+            self._active.pop(run, None)
         # It had a slot (finished, failed, or its prefill failed). Runner thread, between passes, after every keep of
         # the last one: the other slots' lengths are final, so shrinking the buffers keeps all they hold.
         if run.slot is not None:

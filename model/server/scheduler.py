@@ -3,8 +3,8 @@
 A worker task takes jobs from a FIFO queue and runs each job's whole `stream_chat` iteration in a worker thread of
 the scheduler's own pool, so the event loop never blocks. Up to `model.max_batch` jobs run at once (a model that
 batches concurrent answers into one forward, model/runtime/batch_runner.py; 1 for any other model, which then answers
-one job
-at a time, in order). Drafts cross back to the loop with `call_soon_threadsafe`. A request that goes away sets its
+one job at a time, in order). Drafts cross back to the loop through `relay_drafts` (model/chat/draft_relay.py), the
+voice session's way too. A request that goes away sets its
 job's cancel flag: a queued job is skipped, a running one stops within one refinement pass because the model checks
 the same `threading.Event` between passes. Nothing here awaits on behalf of a dead client, so a client that disconnects
 can never stall the queue.
@@ -16,11 +16,12 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from model.chat import BatchesAnswers, ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
+from model.chat.draft_relay import relay_drafts
 from model.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -170,8 +171,16 @@ class Scheduler:
 
     async def _run_job(self, job: Job, slots: asyncio.Semaphore) -> None:
         try:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._threads, self._generate, job, loop)
+            await relay_drafts(
+                lambda: self._open(job), lambda _, draft: self._hand(job, draft), job.cancel,
+                executor=self._threads, observe=self._on_draft,
+            )
+        except ModelError as error:
+            job.error = error
+        except Exception as error:
+            # The model's own bugs must end this request with a clear message, never the worker (and the server).
+            log.exception("generation failed")
+            job.error = GenerationCrashed(f"generation failed: {type(error).__name__}: {error}")
         finally:
             self._running.discard(job)
             slots.release()
@@ -191,33 +200,14 @@ class Scheduler:
             self.stats.cancelled += 1
         job.drafts.put_nowait(None)
 
-    def _generate(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
-        """Worker thread: iterate the model, hand each draft to the loop, stop at once when cancelled."""
-        drafts: Iterator[Draft] | None = None
-        try:
-            if job.prompt is not None and isinstance(self.model, TokenizingChatModel):
-                drafts = self.model.stream_prompt(job.prompt, job.options, job.cancel)
-            else:
-                drafts = self.model.stream_chat(job.messages, job.options, job.cancel)
-            for draft in drafts:
-                if self._on_draft is not None:
-                    self._on_draft(draft)
-                try:
-                    loop.call_soon_threadsafe(job.drafts.put_nowait, draft)
-                except RuntimeError:  # the event loop closed under us (shutdown): nobody is listening any more
-                    job.cancel.set()
-                    break
-                if draft.done:
-                    job.finished = draft.finish_reason != "cancelled"
-                    break
-                if job.cancel.is_set():
-                    break
-        except ModelError as error:
-            job.error = error
-        except Exception as error:
-            # The model's own bugs must end this request with a clear message, never the worker (and the server).
-            log.exception("generation failed")
-            job.error = GenerationCrashed(f"generation failed: {type(error).__name__}: {error}")
-        finally:
-            if isinstance(drafts, Generator):  # closing frees the model's lock or batch slot now if we stopped early
-                drafts.close()
+    def _open(self, job: Job) -> Iterator[Draft]:
+        """Worker thread: start the job's drafts, from its prompt when the request handler already tokenized it."""
+        if job.prompt is not None and isinstance(self.model, TokenizingChatModel):
+            return self.model.stream_prompt(job.prompt, job.options, job.cancel)
+        return self.model.stream_chat(job.messages, job.options, job.cancel)
+
+    @staticmethod
+    def _hand(job: Job, draft: Draft) -> None:
+        job.drafts.put_nowait(draft)
+        if draft.done:
+            job.finished = draft.finish_reason != "cancelled"

@@ -21,7 +21,7 @@ from model.decoding.options import PLAIN
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
-from model.runtime.batch_runner import FOLD_LIMIT, BatchRunner, PromptOnly, Run, admission
+from model.runtime.batch_runner import FOLD_LIMIT, BatchRunner, Run, admission
 from model.runtime.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
 from tests.unit.drive import reference_logits as cache_free_logits
 from tests.unit.drive import sequence
@@ -201,10 +201,14 @@ def test_a_run_cancelled_mid_batch_leaves_the_others_unchanged() -> None:
     assert stream(iter(again)) == alone(prompt, config, length, options)
 
 
-def test_interactive_runs_are_admitted_first_and_bulk_ones_one_at_a_time() -> None:
-    def run(interactive: bool, arrived: float) -> Run:
-        return Run(sequence=None, interactive=interactive, cancel=None, arrived=arrived)  # type: ignore[arg-type]
+def waiting_answer(interactive: bool, arrived: float) -> Run:
+    """A submitted answer as admission sees it (admission runs no pass)."""
+    sequence = engine().sequence([5, 6, 7], 8, MODES["self-speculative"])
+    return Run(sequence.cached_prompt, sequence, interactive=interactive, cancel=None, arrived=arrived)
 
+
+def test_interactive_runs_are_admitted_first_and_bulk_ones_one_at_a_time() -> None:
+    run = waiting_answer
     bulk_a, bulk_b, voice_a, voice_b = run(False, 1.0), run(False, 2.0), run(True, 3.0), run(True, 4.0)
     assert admission([bulk_a, bulk_b, voice_b, voice_a], free=8) == [voice_a, voice_b]
     assert admission([bulk_a, bulk_b, voice_b, voice_a], free=1) == [voice_a]
@@ -475,10 +479,8 @@ def test_a_prompt_prepared_ahead_is_reused_by_the_answer_that_follows() -> None:
 
 
 def test_a_prompt_prepared_ahead_waits_until_no_answer_is_decoding() -> None:
-    def run(sequence: object, interactive: bool, arrived: float) -> Run:
-        return Run(sequence=sequence, interactive=interactive, cancel=None, arrived=arrived)  # type: ignore[arg-type]
-
-    ahead, bulk, voice = run(PromptOnly([1, 2]), False, 1.0), run(None, False, 2.0), run(None, True, 3.0)
+    ahead = Run([1, 2], None, interactive=False, cancel=None, arrived=1.0)  # what `BatchRunner.prepare` queues
+    bulk, voice = waiting_answer(False, 2.0), waiting_answer(True, 3.0)
     assert admission([ahead, bulk, voice], free=8) == [voice]
     assert admission([ahead, bulk], free=8) == [bulk]  # an answer before any prompt encoded ahead
     assert admission([ahead], free=8, busy=True) == []  # never delays the passes of answers in flight

@@ -7,12 +7,12 @@ between denoising passes, so a cancelled answer stops within one pass and releas
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
 
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
+from model.chat.draft_relay import relay_drafts
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.events import now_ns
@@ -23,44 +23,41 @@ log = logging.getLogger(__name__)
 class LmRun:
     """One answer being generated in a worker thread; drafts arrive on `queue` as `(t_ns, Draft)`.
 
-    The thread pulls the model's draft iterator to the end (or until `cancel` is set, checked by the sampler between
-    passes) and closes it itself, so the model's lock is always released by the thread that holds the iterator.
+    The thread (`model.chat.draft_relay`) pulls the model's draft iterator to the end (or until `cancel` is set,
+    checked by the sampler between passes) and closes it itself, so the model's lock is always released by the thread
+    that holds the iterator.
     """
 
     def __init__(self, lm: ChatModel, messages: list[ChatMessage], options: GenerationOptions, name: str) -> None:
         self.started_ns = now_ns()
         self.cancel = threading.Event()
         self.queue: asyncio.Queue[tuple[int, Draft] | BaseException | None] = asyncio.Queue()
-        self._loop = asyncio.get_running_loop()
-        self._future = self._loop.run_in_executor(None, self._drive, lm, messages, options)
+        self._future = relay_drafts(lambda: lm.stream_chat(messages, options, self.cancel), self._hand, self.cancel)
+        self._future.add_done_callback(self._ended)
         self.task = asyncio.create_task(self._watch(), name=name)
 
-    def _drive(self, lm: ChatModel, messages: list[ChatMessage], options: GenerationOptions) -> None:
-        put = self.queue.put_nowait
-        try:
-            drafts = lm.stream_chat(messages, options, self.cancel)
-            try:
-                for draft in drafts:
-                    self._loop.call_soon_threadsafe(put, (now_ns(), draft))
-                    if draft.done or self.cancel.is_set():
-                        break
-            finally:
-                drafts.close()  # type: ignore[attr-defined]
-        except ModelError as err:
-            self._loop.call_soon_threadsafe(put, err)
-        except Exception as err:  # a model bug must end this turn with a clear error, not hang it
-            log.exception("language model failed")
-            self._loop.call_soon_threadsafe(put, ModelError(f"the language model failed: {err}"))
-        finally:
-            self._loop.call_soon_threadsafe(put, None)
+    def _hand(self, t_ns: int, draft: Draft) -> None:
+        self.queue.put_nowait((t_ns, draft))
+
+    def _ended(self, future: asyncio.Future[None]) -> None:
+        """The thread has let go of the model: its error, if any, then the end of the drafts, whoever still reads."""
+        error = None if future.cancelled() else future.exception()
+        if isinstance(error, ModelError):
+            self.queue.put_nowait(error)
+        elif isinstance(error, Exception):  # a model bug must end this turn with a clear error, not hang it
+            log.error("language model failed", exc_info=error)
+            self.queue.put_nowait(ModelError(f"the language model failed: {error}"))
+        self.queue.put_nowait(None)
 
     async def _watch(self) -> None:
+        """The run's task: done once the thread let go of the model. `asyncio.wait` neither raises the thread's
+        error (`_ended` queues it for the reader) nor cancels the thread's future; cancelling the task stops the
+        generation and waits (bounded) for the thread."""
         try:
-            await asyncio.shield(self._future)
+            await asyncio.wait({self._future})
         except asyncio.CancelledError:
             self.stop()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._future), timeout=10)
+            await asyncio.wait({self._future}, timeout=10)
             raise
 
     def stop(self) -> None:
