@@ -18,7 +18,7 @@ from model.decoding.end_of_turn import EndOfTurnProbe
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig, validate_request
 from model.decoding.speculative import SpeculativeDecoding
-from model.decoding.step import DecodingSequence
+from model.decoding.step import DecodingSequence, FoldingSequence
 from model.errors import ModelError
 from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, Run
 
@@ -97,7 +97,7 @@ class BlockDiffusionBackend:
         """This answer's decoding as a step object for the runner. Without the cache (`use_cache` False, for
         comparisons) diffusion passes re-encode the prompt every time; the other modes refuse."""
         config, options = plan.config, plan.options
-        sequence: DecodingSequence
+        sequence: FoldingSequence
         if config.decoding == "diffusion":
             validate_request(self, plan.prompt, plan.length, config)
             decoding = DiffusionDecoding(self.mask_id, self.eos_ids, plan.length, config, options, plan.guard)

@@ -29,7 +29,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from model.decoding.refinement import Refinement
-from model.decoding.step import Feed
+from model.decoding.step import Feed, FoldingSequence
 
 
 def message_tail(with_words: Sequence[int], words: Sequence[int]) -> tuple[int, ...] | None:
@@ -65,7 +65,7 @@ class EndOfTurnProbe:
     the end-of-message token and the sentence-ending marks. It reads that row (`model.decoding.step.ReadsPromptRow`)
     from the first pass's folded rows, or from the prefill that stops right after it."""
 
-    def __init__(self, inner: object, prompt: Sequence[int], row: int, end_ids: Sequence[int]) -> None:
+    def __init__(self, inner: FoldingSequence, prompt: Sequence[int], row: int, end_ids: Sequence[int]) -> None:
         self.inner = inner
         self.row = row
         self.end_ids = tuple(end_ids)
@@ -76,12 +76,12 @@ class EndOfTurnProbe:
 
     @property
     def cached_prompt(self) -> list[int]:
-        return self.inner.cached_prompt  # type: ignore[attr-defined]
+        return self.inner.cached_prompt
 
     def fold_prompt(self, tokens: Sequence[int]) -> None:
         """The first pass encodes `tokens` ahead of the prompt's last token; the probe's row may be one of them."""
         self._lead = len(tokens)
-        self.inner.fold_prompt(tokens)  # type: ignore[attr-defined]
+        self.inner.fold_prompt(tokens)
 
     def prefilled(self, logits: torch.Tensor) -> None:
         """The prefill up to the user's last word (the runner stops it there when nothing is folded) predicted
@@ -89,7 +89,7 @@ class EndOfTurnProbe:
         self.probability = end_probability(logits, self.end_ids)
 
     def feed(self, crowd: int = 1) -> Feed:
-        return self.inner.feed(crowd)  # type: ignore[attr-defined]
+        return self.inner.feed(crowd)
 
     def consume(
         self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
@@ -99,8 +99,7 @@ class EndOfTurnProbe:
             index = self.row - (self._prompt_length - 1 - self._lead)
             if 0 <= index < self._lead:
                 self.probability = end_probability(clean_logits[index], self.end_ids)
-        consume = self.inner.consume  # type: ignore[attr-defined]
-        refinement, kept = consume(clean_logits, noisy_logits, elapsed_s, cancelled)
+        refinement, kept = self.inner.consume(clean_logits, noisy_logits, elapsed_s, cancelled)
         if not self._stamped:
             self._stamped = True
             if self.probability is not None:

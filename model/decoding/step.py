@@ -86,6 +86,11 @@ class FoldsPrompt(Protocol):
     def fold_prompt(self, tokens: Sequence[int]) -> None: ...
 
 
+class FoldingSequence(DecodingSequence, FoldsPrompt, Protocol):
+    """A decoding sequence that folds (every decoding policy's): what a wrapper around one, such as the end-of-turn
+    probe, may forward to."""
+
+
 @runtime_checkable
 class ReadsPromptRow(Protocol):
     """A sequence that reads the model's prediction right after prompt token `row` (the end-of-turn probe,

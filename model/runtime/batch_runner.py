@@ -29,7 +29,6 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -50,20 +49,13 @@ def _stop_runners() -> None:
     for runner in list(_RUNNERS):
         runner.close()
 
+
 DEFAULT_MAX_BATCH = 8
 # A prompt whose uncached part is at most this long is encoded by its answer's first pass instead of a prefill of its
 # own (a voice turn's new words: one forward less on the critical path). Rows of a pass stay within 32 (24 + the
 # last token + drafting masks), where a bf16 row comes out the same whatever shares its pass
 # (model/runtime/batching.py).
 FOLD_LIMIT = 24
-
-
-@runtime_checkable
-class Batching(Protocol):
-    """A denoiser whose answers can share batched passes: it makes a `BatchRunner` over its network (the bundled
-    block-diffusion model)."""
-
-    def batch_runner(self, max_batch: int | None = None) -> BatchRunner: ...
 
 
 @dataclass(eq=False)

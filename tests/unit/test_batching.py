@@ -203,8 +203,8 @@ def test_a_run_cancelled_mid_batch_leaves_the_others_unchanged() -> None:
 
 def waiting_answer(interactive: bool, arrived: float) -> Run:
     """A submitted answer as admission sees it (admission runs no pass)."""
-    sequence = engine().sequence([5, 6, 7], 8, MODES["self-speculative"])
-    return Run(sequence.cached_prompt, sequence, interactive=interactive, cancel=None, arrived=arrived)
+    answer = sequence(engine(), [5, 6, 7], 8, MODES["self-speculative"])
+    return Run(answer.cached_prompt, answer, interactive=interactive, cancel=None, arrived=arrived)
 
 
 def test_interactive_runs_are_admitted_first_and_bulk_ones_one_at_a_time() -> None:

@@ -1,0 +1,104 @@
+"""The path of one decoding pass, file by file, as it runs: from the voice session to the C kernel's call.
+
+One spoken turn runs in file mode on the real models (a LibriVox sentence of pocketsphinx-testdata). The call stacks
+are read where the answer crosses a thread and where the pass reaches C: on the event loop when the answer's LM run
+starts, on the thread that hands the answer to the batch runner, and on the runner's thread at the first
+`decode_layer` call. Every project file on those stacks is a file a reader follows to get from the session to the
+kernel. Prints them in order and their count; `--json` writes them.
+
+    python scripts/pass_path.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # report_lib
+sys.path.insert(0, str(ROOT))
+
+from report_lib.inputs import recorded_speech  # noqa: E402
+
+from model.runtime import batch_runner, quant_kernels  # noqa: E402
+from voice.engines import EngineConfig, load_engines  # noqa: E402
+from voice.modes.files import run_files  # noqa: E402
+from voice.think import lm_run  # noqa: E402
+from voice.turn.config import SessionConfig  # noqa: E402
+
+PACKAGES = ("model", "voice", "web")
+
+
+def project_files(stack: list[traceback.FrameSummary]) -> list[str]:
+    """The project's files on `stack`, outermost first, each once."""
+    seen: list[str] = []
+    for frame in stack:
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
+            name = str(path.relative_to(ROOT))
+            if name not in seen:
+                seen.append(name)
+    return seen
+
+
+class _RecordingLibrary:
+    """The kernel library with `decode_layer` recording the stack of its first call."""
+
+    def __init__(self, library: Any, stacks: dict[str, list[str]]) -> None:
+        self._library = library
+        self._stacks = stacks
+
+    def __getattr__(self, name: str) -> Any:
+        function = getattr(self._library, name)
+        if name != "decode_layer":
+            return function
+
+        def recorded(*args: Any) -> Any:
+            self._stacks.setdefault("runner thread: the pass reaches C", project_files(traceback.extract_stack()))
+            return function(*args)
+
+        return recorded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    clips = recorded_speech()
+    if not clips:
+        print("pass_path: needs Debian's pocketsphinx-testdata (make install installs it)", file=sys.stderr)
+        return 2
+    stacks: dict[str, list[str]] = {}
+    run_init, submit, library = lm_run.LmRun.__init__, batch_runner.BatchRunner.submit, quant_kernels.library
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        stacks.setdefault("event loop: the answer's LM run starts", project_files(traceback.extract_stack()))
+        run_init(self, *args, **kwargs)
+
+    def recording_submit(self: Any, sequence: Any, *args: Any, **kwargs: Any) -> Any:
+        if sequence is not None:  # an answer, not a prompt encoded ahead
+            stacks.setdefault("worker thread: the answer reaches the runner", project_files(traceback.extract_stack()))
+        return submit(self, sequence, *args, **kwargs)
+
+    engines = load_engines(EngineConfig())  # its draft calibration's passes are not the session's: hooked after
+    lm_run.LmRun.__init__ = recording_init  # type: ignore[method-assign]
+    batch_runner.BatchRunner.submit = recording_submit  # type: ignore[method-assign]
+    quant_kernels.library = lambda: _RecordingLibrary(library(), stacks)
+    asyncio.run(run_files(engines, clips[:1], SessionConfig()))
+    files: list[str] = []
+    for where, found in stacks.items():
+        print(f"{where}:\n  " + "\n  ".join(found))
+        files.extend(name for name in found if name not in files)
+    print(f"{len(files)} files from the session to the C call")
+    if args.json:
+        args.json.write_text(json.dumps({"stacks": stacks, "files": files}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
