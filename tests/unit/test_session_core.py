@@ -29,10 +29,10 @@ from voice.turn.session_core import (
     LikelyFinalDecoding,
     MarkTurn,
     PartialTranscript,
-    SegmentEnded,
     SessionClosed,
     SessionCore,
     TextTyped,
+    UserSpeechEnded,
 )
 
 
@@ -57,7 +57,7 @@ def test_the_early_verdict_judges_the_pause_and_releases_the_answer_without_aski
     assert drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(segment)) == [AskDetector(1, segment)]
     assert drive(core, PartialTranscript("Is it raining?", likely_final=True, t_ns=5_000)) == [
         StartAnswer(1, 1, "Is it raining?", held=True)]
-    assert drive(core, SegmentEnded(1000.0, t_ns=4_000, detected_ns=6_000)) == []
+    assert drive(core, UserSpeechEnded(1000.0, t_ns=4_000, detected_ns=6_000)) == []
     # the pause takes the verdict already asked for on this very audio: no second call
     assert drive(core, FinalTranscript("Is it raining?", t_ns=7_000, segment=segment.copy())) == [
         MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}, 6_000), AwaitVerdict(1, 1)]
@@ -67,7 +67,7 @@ def test_the_early_verdict_judges_the_pause_and_releases_the_answer_without_aski
 
 def test_speech_drops_the_pauses_verdicts_before_the_machine_hears_it() -> None:
     core = with_detector()
-    drive(core, UserSpeechStarted(0.0), SegmentEnded(1000.0, t_ns=1, detected_ns=2))
+    drive(core, UserSpeechStarted(0.0), UserSpeechEnded(1000.0, t_ns=1, detected_ns=2))
     actions = drive(core, FinalTranscript("Tell me about", t_ns=3, segment=audio(1.0)))
     assert actions == [MarkTurn(1, {"speech_end": 1, "asr_final": 3}, 2), StartAnswer(1, 1, "Tell me about", held=True),
                        AskDetector(1, audio(1.0)), AwaitVerdict(1, 1)]
@@ -80,11 +80,11 @@ def test_speech_drops_the_pauses_verdicts_before_the_machine_hears_it() -> None:
 
 def test_the_detector_is_asked_only_for_a_pause() -> None:
     confirmed = with_detector()  # the caller said the turn ends here: no pause to judge
-    drive(confirmed, UserSpeechStarted(0.0), UserDone(), SegmentEnded(900.0, t_ns=10, detected_ns=20))
+    drive(confirmed, UserSpeechStarted(0.0), UserDone(), UserSpeechEnded(900.0, t_ns=10, detected_ns=20))
     assert drive(confirmed, FinalTranscript("Hello", t_ns=30, segment=audio(1.0))) == [
         MarkTurn(1, {"speech_end": 10, "asr_final": 30}, 20), StartAnswer(1, 1, "Hello", held=False)]
     noise = with_detector()  # no words, no turn, nothing to judge or time
-    drive(noise, UserSpeechStarted(0.0), SegmentEnded(300.0, t_ns=1, detected_ns=2))
+    drive(noise, UserSpeechStarted(0.0), UserSpeechEnded(300.0, t_ns=1, detected_ns=2))
     assert drive(noise, FinalTranscript("", t_ns=3, segment=audio(0.3))) == []
     assert noise.state is State.LISTENING
 
@@ -92,7 +92,7 @@ def test_the_detector_is_asked_only_for_a_pause() -> None:
 def test_without_a_detector_the_silence_rule_alone_ends_the_pause() -> None:
     core = SessionCore(TurnTakingConfig(silence_rule_ms=600))
     assert drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(audio(1.0))) == []
-    drive(core, SegmentEnded(1000.0, t_ns=1, detected_ns=2))
+    drive(core, UserSpeechEnded(1000.0, t_ns=1, detected_ns=2))
     assert drive(core, FinalTranscript("Done.", t_ns=3, segment=audio(1.0))) == [
         MarkTurn(1, {"speech_end": 1, "asr_final": 3}, 2), StartAnswer(1, 1, "Done.", held=True)]
     assert drive(core, Silence(599.0)) == []
@@ -109,7 +109,7 @@ def test_the_likely_final_is_judged_for_the_turn_its_words_will_open() -> None:
     assert drive(core, LikelyFinalDecoding(segment)) == [AskDetector(1, segment)]
     assert drive(core, PartialTranscript("Stop", likely_final=True, t_ns=10)) == [
         CancelAnswer(1, 1, "barge_in", clear=True, ends_turn=True), StartAnswer(2, 2, "Stop", held=True)]
-    drive(core, SegmentEnded(9500.0, t_ns=20, detected_ns=30))
+    drive(core, UserSpeechEnded(9500.0, t_ns=20, detected_ns=30))
     assert drive(core, FinalTranscript("Stop", t_ns=40, segment=segment.copy())) == [
         MarkTurn(2, {"speech_end": 20, "asr_final": 10}, 30), AwaitVerdict(1, 2)]
 
@@ -117,15 +117,15 @@ def test_the_likely_final_is_judged_for_the_turn_its_words_will_open() -> None:
 def test_a_turn_is_timed_by_its_last_segment_and_the_transcript_its_answer_started_from() -> None:
     replaced = SessionCore()  # the final's words differ from the likely final's: the final's answer and time count
     drive(replaced, UserSpeechStarted(0.0), PartialTranscript("Play some", likely_final=True, t_ns=100))
-    drive(replaced, SegmentEnded(900.0, t_ns=50, detected_ns=150))
+    drive(replaced, UserSpeechEnded(900.0, t_ns=50, detected_ns=150))
     actions = drive(replaced, FinalTranscript("Play some music", t_ns=200, segment=audio(1.0)))
     assert actions[0] == MarkTurn(1, {"speech_end": 50, "asr_final": 200}, 150)
     assert [type(action) for action in actions] == [MarkTurn, CancelAnswer, StartAnswer]
 
     continued = SessionCore()  # two segments, one turn: the second one times it
-    drive(continued, UserSpeechStarted(0.0), SegmentEnded(800.0, t_ns=10, detected_ns=20))
+    drive(continued, UserSpeechStarted(0.0), UserSpeechEnded(800.0, t_ns=10, detected_ns=20))
     drive(continued, FinalTranscript("I was wondering", t_ns=30, segment=audio(1.0)), UserSpeechStarted(1200.0))
-    drive(continued, SegmentEnded(2000.0, t_ns=40, detected_ns=50))
+    drive(continued, UserSpeechEnded(2000.0, t_ns=40, detected_ns=50))
     actions = drive(continued, FinalTranscript("about the weather.", t_ns=60, segment=audio(1.0)))
     assert actions[0] == MarkTurn(1, {"speech_end": 40, "asr_final": 60}, 50)
 
@@ -138,7 +138,8 @@ def test_silence_counts_only_in_a_pause() -> None:
     """The shell reports every chunk's silence without asking the state: only a pause's silence ends a turn."""
     core = SessionCore(TurnTakingConfig(silence_rule_ms=600))
     assert drive(core, UserSpeechStarted(0.0), Silence(5000.0)) == []
-    drive(core, SegmentEnded(1000.0, t_ns=1, detected_ns=2), FinalTranscript("Hi there.", t_ns=3, segment=audio(1.0)))
+    ended = UserSpeechEnded(1000.0, t_ns=1, detected_ns=2)
+    drive(core, ended, FinalTranscript("Hi there.", t_ns=3, segment=audio(1.0)))
     assert core.state is State.USER_PAUSED  # the silence reported while speaking ended nothing
     assert drive(core, Silence(599.0)) == []
     assert drive(core, Silence(600.0)) == [ReleaseAnswer(1)]
@@ -175,13 +176,13 @@ def test_the_session_is_idle_only_when_nobody_holds_the_floor_and_no_answer_runs
     idle = [core.idle]
     drive(core, UserSpeechStarted(0.0))
     idle.append(core.idle)
-    drive(core, SegmentEnded(1000.0, t_ns=1, detected_ns=2), FinalTranscript("Hello.", t_ns=3, segment=audio(1.0)))
+    drive(core, UserSpeechEnded(1000.0, t_ns=1, detected_ns=2), FinalTranscript("Hello.", t_ns=3, segment=audio(1.0)))
     idle.append(core.idle)  # paused, the answer held
     drive(core, Silence(400.0), AnswerAudio(1))
     idle.append(core.idle)  # speaking
     drive(core, AnswerFinished(1))
     idle.append(core.idle)
-    drive(core, UserSpeechStarted(5000.0), SegmentEnded(5300.0, t_ns=4, detected_ns=5))
+    drive(core, UserSpeechStarted(5000.0), UserSpeechEnded(5300.0, t_ns=4, detected_ns=5))
     drive(core, FinalTranscript("", t_ns=6, segment=audio(0.3)))
     idle.append(core.idle)  # a noise opened no turn
     drive(core, TextTyped("Hi", t_ns=7))

@@ -70,9 +70,13 @@ class UserSpeechStarted:
 
 @dataclass(frozen=True, slots=True)
 class UserSpeechEnded:
-    """The current speech segment ended; `at_ms`: its last voiced sample on the stream's clock."""
+    """The current speech segment ended; `at_ms`: its last voiced sample on the stream's clock. The session core
+    also reads when that sample arrived (`t_ns`) and when the endpointer decided the segment had ended
+    (`detected_ns`), for the turn's timing marks; the machine needs neither."""
 
     at_ms: float
+    t_ns: int = 0
+    detected_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

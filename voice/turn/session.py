@@ -69,12 +69,12 @@ from voice.turn.session_core import (
     LikelyFinalDecoding,
     MarkTurn,
     PartialTranscript,
-    SegmentEnded,
     SessionAction,
     SessionClosed,
     SessionCore,
     SessionEvent,
     TextTyped,
+    UserSpeechEnded,
 )
 
 
@@ -205,7 +205,7 @@ class Session:
                 await self._dispatch(UserSpeechStarted(listen.speech_start_ms))
                 self._emit(replace(event, turn=core.user_turn))
             case SpeechEnd(t_ns=t_ns, detected_ns=detected_ns):
-                await self._dispatch(SegmentEnded(listen.speech_end_ms, t_ns, detected_ns))
+                await self._dispatch(UserSpeechEnded(listen.speech_end_ms, t_ns, detected_ns))
                 self._emit(replace(event, turn=core.user_turn))
             case VoiceResumed():
                 self._emit(replace(event, turn=core.user_turn))

@@ -70,16 +70,6 @@ PLAYING_STATES = (State.SPEAKING, State.BARGE_IN_PENDING)
 # --- events (into the core; the machine's own UserSpeechStarted, UserResumed, Silence, UserDone, ClockTick,
 # ClientInterrupt, AnswerAudio, AnswerFinished and LmTurnVerdict pass through to it) ----------------------------------
 @dataclass(frozen=True, slots=True)
-class SegmentEnded:
-    """The listener ended a speech segment: `at_ms` is its last voiced sample on the stream's clock, `t_ns` when that
-    sample arrived, `detected_ns` when the endpointer decided the segment had ended."""
-
-    at_ms: float
-    t_ns: int
-    detected_ns: int
-
-
-@dataclass(frozen=True, slots=True)
 class PartialTranscript:
     """A transcript of the open segment, made at `t_ns`. `likely_final`: decoded whole after a moment of silence, the
     segment's words if the user stays silent."""
@@ -119,7 +109,7 @@ class SessionClosed:
     """The session closes: every detector request still out is dropped."""
 
 
-SessionEvent = (UserSpeechStarted | SegmentEnded | UserResumed | PartialTranscript | FinalTranscript
+SessionEvent = (UserSpeechStarted | UserSpeechEnded | UserResumed | PartialTranscript | FinalTranscript
                 | LikelyFinalDecoding | DetectorAnswered | TextTyped | SessionClosed | Silence | UserDone | ClockTick
                 | ClientInterrupt | AnswerAudio | AnswerFinished | LmTurnVerdict)
 
@@ -183,9 +173,9 @@ class SessionCore:
         match event:
             case UserSpeechStarted():
                 return [*self._schedule(UserSpoke()), *machine.handle(event)]  # that pause's verdicts are moot
-            case SegmentEnded(at_ms=at_ms, t_ns=t_ns, detected_ns=detected_ns):
+            case UserSpeechEnded(t_ns=t_ns, detected_ns=detected_ns):
                 self._segment_end = (t_ns, detected_ns)
-                return list(machine.handle(UserSpeechEnded(at_ms)))
+                return list(machine.handle(event))
             case UserResumed():
                 self._likely_final_ns = None
                 return list(machine.handle(event))
