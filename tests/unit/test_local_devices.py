@@ -13,8 +13,8 @@ from voice.modes.local import (
     SpeakerBuffer,
     StreamCounters,
     check_devices,
+    find_audio_device,
     heard_samples,
-    resolve_device,
     supported_rates,
 )
 
@@ -50,23 +50,23 @@ class FakeSoundDevice:
 
 def test_devices_are_chosen_by_index_exact_name_or_unique_part() -> None:
     sd = FakeSoundDevice()
-    assert resolve_device(sd, None, "input") is None
-    assert resolve_device(sd, 1, "input") == 1
-    assert resolve_device(sd, "pulse", "input") == 1
-    assert resolve_device(sd, "DEFAULT", "output") == 2
-    assert resolve_device(sd, "usb", "input") == 0
+    assert find_audio_device(sd, None, "input") is None
+    assert find_audio_device(sd, 1, "input") == 1
+    assert find_audio_device(sd, "pulse", "input") == 1
+    assert find_audio_device(sd, "DEFAULT", "output") == 2
+    assert find_audio_device(sd, "usb", "input") == 0
 
 
 def test_an_unknown_or_ambiguous_name_lists_the_choices() -> None:
     sd = FakeSoundDevice()
     with pytest.raises(NoAudioDevice, match=r"no input device named 'headset'; .*0 'USB Mic.*1 'pulse', 2 'default'"):
-        resolve_device(sd, "headset", "input")
+        find_audio_device(sd, "headset", "input")
     with pytest.raises(NoAudioDevice, match=r"no output device named 'usb'; output devices here: 1 'pulse'"):
-        resolve_device(sd, "usb", "output")  # the USB device has no output channels
+        find_audio_device(sd, "usb", "output")  # the USB device has no output channels
     with pytest.raises(NoAudioDevice, match="names several input devices"):
-        resolve_device(sd, "u", "input")
+        find_audio_device(sd, "u", "input")
     with pytest.raises(NoAudioDevice, match="no output device with index 0"):
-        resolve_device(sd, 0, "output")
+        find_audio_device(sd, 0, "output")
 
 
 def test_a_device_that_cannot_open_at_16_khz_says_which_rates_it_offers() -> None:

@@ -126,7 +126,7 @@ def list_devices() -> str:
     return "\n".join(lines)
 
 
-def resolve_device(sd: Any, spec: int | str | None, kind: str) -> int | None:
+def find_audio_device(sd: Any, spec: int | str | None, kind: str) -> int | None:
     """The index of the device `spec` names (an index, an exact name, or a unique part of a name), or None for the
     default. Raises `NoAudioDevice` with the devices of that kind when nothing or more than one device matches."""
     if spec is None:
@@ -192,8 +192,8 @@ def check_devices(sd: Any, config: LocalAudioConfig, output_rate: int | None = N
             "no audio devices found. Use `voice-assistant serve` and talk in a browser, or "
             "`voice-assistant file IN.wav --out OUT.wav`."
         )
-    devices = OpenDevices(resolve_device(sd, config.input_device, "input"),
-                          resolve_device(sd, config.output_device, "output"))  # fmt: skip
+    devices = OpenDevices(find_audio_device(sd, config.input_device, "input"),
+                          find_audio_device(sd, config.output_device, "output"))  # fmt: skip
     _check_rate(sd, devices.input, "input", TARGET_RATE)
     if output_rate is not None:
         _check_rate(sd, devices.output, "output", output_rate)

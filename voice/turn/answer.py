@@ -1,6 +1,6 @@
 """One answer: the LM's drafts spoken by the SpeakStage, its events gated, its playback position kept.
 
-`Answer` is one answer's state: whether its events are held (a speculative answer before the end of turn is
+`Answer` is one answer's state: whether its events are held (an early answer before the end of turn is
 confirmed) or dropped (cancelled), its latency marks, and how much of its audio has played, pauses excluded.
 `AnswerRunner` runs it: LmRun (the diffusion LM in a worker thread) -> drafts -> SpeakStage -> audio, every event
 through one gate, and then waits until the audio has had time to play; it pauses, resumes and cancels the outputs

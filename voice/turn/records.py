@@ -38,7 +38,7 @@ class TurnRecords:
             record.endpoint_detected_ns = endpoint_detected_ns
 
     def renumber(self, record: TurnRecord, turn: int) -> None:
-        """The record's turn goes on as `turn` (a dropped speculative answer: the user kept speaking)."""
+        """The record's turn goes on as `turn` (a dropped early answer: the user kept speaking)."""
         record = self._records.pop(record.turn, record)
         record.turn = turn
         self._records[record.turn] = record

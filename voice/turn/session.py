@@ -9,7 +9,7 @@ actions the core returns. It decides nothing itself.
     AskDetector -> Smart Turn in a thread -> DetectorAnswered -> SessionCore.handle -> actions
     every stage's events -> the session's event queue -> `events()` (the WebSocket server, the speaker, file mode)
 
-An answer starts at a pause, before the end of turn is sure (speculative end of turn); its events, audio included,
+An answer starts at a pause, before the end of turn is sure (an early answer); its events, audio included,
 are held back until the core releases it, and vanish if the user goes on speaking. A cancelled answer's events are
 dropped from the moment of the decision, so no audio ever follows its `Clear`. A sound during playback pauses the
 outputs (`Pause`, then `Resume` or `Clear`); the answer's turn ends only once its audio has played, pauses excluded.
