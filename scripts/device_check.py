@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from report_lib.passes import PassLog
 from report_lib.tiny_models import smollm2_shaped_llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -184,10 +185,6 @@ def decode(runner: BatchRunner, subject: Subject, mode: str, budget: Budget) -> 
     length = -(-budget.new_tokens // block) * block
     first_draft: list[float] = []
     tokens: list[int] = []
-    batched_before = runner.passes_run
-    started = time.perf_counter()
-    runs = [runner.submit(sequence(mode, model, subject.eos, subject.prompt, length), interactive=True)
-            for _ in range(runner.max_batch)]
 
     def read(run: Run) -> None:
         for index, refinement in enumerate(run):
@@ -196,18 +193,23 @@ def decode(runner: BatchRunner, subject: Subject, mode: str, budget: Budget) -> 
             if refinement.done:
                 tokens.append(refinement.answer_length)
 
-    readers = [threading.Thread(target=read, args=(run,)) for run in runs]
-    for reader in readers:
-        reader.start()
-    for reader in readers:
-        reader.join()
-    seconds = time.perf_counter() - started
+    with PassLog() as log:
+        started = time.perf_counter()
+        runs = [runner.submit(sequence(mode, model, subject.eos, subject.prompt, length), interactive=True)
+                for _ in range(runner.max_batch)]
+        readers = [threading.Thread(target=read, args=(run,)) for run in runs]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        seconds = time.perf_counter() - started
+
     passes = sum(run.passes for run in runs)
     return {
         "answers": runner.max_batch, "tokens": sum(tokens), "seconds": round(seconds, 4),
         "tokens_per_s": round(sum(tokens) / seconds, 2),
         "tokens_per_pass": round(sum(tokens) / passes, 3) if passes else 0.0,  # per answer
-        "batched_passes": runner.passes_run - batched_before,
+        "batched_passes": len(log.sizes),
         "first_draft_ms_median": round(statistics.median(first_draft) * 1e3, 2),
     }
 

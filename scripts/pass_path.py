@@ -28,10 +28,10 @@ from report_lib.inputs import recorded_speech  # noqa: E402
 from model.runtime import batch_runner, quant_kernels  # noqa: E402
 from voice.engines import EngineConfig, load_engines  # noqa: E402
 from voice.modes.files import run_files  # noqa: E402
-from voice.think import lm_run  # noqa: E402
 from voice.turn.config import SessionConfig  # noqa: E402
 
 PACKAGES = ("model", "voice", "web")
+LM_RUN = "voice/think/lm_run.py"
 
 
 def project_files(stack: list[traceback.FrameSummary]) -> list[str]:
@@ -74,19 +74,22 @@ def main(argv: list[str] | None = None) -> int:
         print("pass_path: needs Debian's pocketsphinx-testdata (make install installs it)", file=sys.stderr)
         return 2
     stacks: dict[str, list[str]] = {}
-    run_init, submit, library = lm_run.LmRun.__init__, batch_runner.BatchRunner.submit, quant_kernels.library
+    to_thread = asyncio.BaseEventLoop.run_in_executor
+    submit, library = batch_runner.BatchRunner.submit, quant_kernels.library
 
-    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        stacks.setdefault("event loop: the answer's LM run starts", project_files(traceback.extract_stack()))
-        run_init(self, *args, **kwargs)
+    def recording_to_thread(self: Any, *args: Any) -> Any:
+        found = project_files(traceback.extract_stack())
+        if LM_RUN in found:  # the answer's thread, not a Whisper decode's or a Piper render's
+            stacks.setdefault("event loop: the answer's thread starts", found)
+        return to_thread(self, *args)
 
     def recording_submit(self: Any, sequence: Any, *args: Any, **kwargs: Any) -> Any:
-        if sequence is not None:  # an answer, not a prompt encoded ahead
+        if sequence is not None and type(sequence).__name__ != "PromptOnly":  # an answer, not a prompt encoded ahead
             stacks.setdefault("worker thread: the answer reaches the runner", project_files(traceback.extract_stack()))
         return submit(self, sequence, *args, **kwargs)
 
     engines = load_engines(EngineConfig())  # its draft calibration's passes are not the session's: hooked after
-    lm_run.LmRun.__init__ = recording_init  # type: ignore[method-assign]
+    asyncio.BaseEventLoop.run_in_executor = recording_to_thread  # type: ignore[method-assign]
     batch_runner.BatchRunner.submit = recording_submit  # type: ignore[method-assign]
     quant_kernels.library = lambda: _RecordingLibrary(library(), stacks)
     asyncio.run(run_files(engines, clips[:1], SessionConfig()))

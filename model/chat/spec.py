@@ -35,10 +35,8 @@ class DecodingSettings:
     @property
     def changed(self) -> tuple[str, ...]:
         """The names of the settings this changes."""
-        return tuple(
-            item.name for item in dataclasses.fields(self)
-            if getattr(self, item.name) != item.default
-        )
+        defaults = dataclasses.asdict(DecodingSettings())
+        return tuple(name for name, value in dataclasses.asdict(self).items() if value != defaults[name])
 
     def apply(self, base: SamplerConfig) -> SamplerConfig:
         """`base` with these changes (validated by `SamplerConfig`). A new block length without a pass budget gets

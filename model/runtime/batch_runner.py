@@ -77,7 +77,6 @@ class Run:
     reused_tokens: int = 0  # prompt tokens found already in the slot's cache
     slot: int | None = None
     passes: int = 0
-    first_pass: int | None = None  # the runner's pass counter at this run's first pass (to check priority)
     _out: queue.SimpleQueue[Refinement | BaseException | None] = field(default_factory=queue.SimpleQueue)
     _abandoned: threading.Event = field(default_factory=threading.Event)
 
@@ -117,8 +116,6 @@ class BatchRunner:
         self.max_batch = max_batch
         self.reuse_prompt_cache = reuse_prompt_cache
         self.cache = SlotCache(max_batch)
-        self.batch_sizes: list[int] = []  # sequences in each pass, for tests and benchmarks (the last 1000)
-        self.passes_run = 0
         self._condition = threading.Condition()
         self._waiting: list[Run] = []
         # admitted, prompt encoded, in a slot: each with its sequence (prompts encoded ahead are never active)
@@ -283,15 +280,11 @@ class BatchRunner:
                 continue
             keep(self.cache, run.slot, feed, kept)
             run.passes += 1
-            if run.first_pass is None:
-                run.first_pass = self.passes_run
             run._out.put(refinement)
             if refinement.done:
                 ended.append((run, None))
         for run, error in ended:
             self._end(run, error)
-        self.batch_sizes = [*self.batch_sizes[-999:], len(runs)]
-        self.passes_run += 1
 
     def _end(self, run: Run, error: BaseException | None) -> None:
         with self._condition:

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
-from report_lib.passes import answer_refinements, stop_batching
+from report_lib.passes import PassLog, answer_refinements, stop_batching
 from report_lib.tiny_models import smollm2_shaped_llama
 
 from model.adapters.sampler_backend import SamplerBackend
@@ -363,12 +363,12 @@ def batch_agreement_main(args: argparse.Namespace) -> int:
     together: dict[int, str] = {}
     threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, answer(questions[i])))
                for i in range(len(questions))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    runner = getattr(chat, "_runner", None)
-    widest = max(runner.batch_sizes) if runner is not None and runner.batch_sizes else 1
+    with PassLog() as log:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    widest = max(log.sizes, default=1)
     same = sum(alone[i] == together[i] for i in range(len(questions)))
     print(f"{same}/{len(questions)} answers identical alone and in shared passes (up to {widest} answers a pass)")
     for i in range(len(questions)):

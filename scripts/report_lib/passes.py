@@ -4,13 +4,16 @@ they measure the loop that runs (the back end's), not a copy of it."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from model.bundled.backend import BlockDiffusionBackend
 from model.chat.engine import DiffusionChatModel
 from model.decoding.options import PLAIN, GenerationOptions
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
+from model.runtime import batch_runner
 
 
 def answer_refinements(
@@ -33,3 +36,37 @@ def stop_batching(chat: DiffusionChatModel) -> None:
     2-3x (model/runtime/passing_thread.py). Other back ends keep no thread."""
     if isinstance(chat.backend, BlockDiffusionBackend):
         chat.backend.runner.close()
+
+
+class PassLog:
+    """The batch runner's passes as they run: the slots of every pass, in order (`with PassLog() as log:`). It wraps
+    the runner's one call of `batched_pass`, so it sees the passes the runner really makes, of every runner alive."""
+
+    def __init__(self) -> None:
+        self.slots: list[tuple[int, ...]] = []  # the slots each pass carried (one answer a slot)
+        self._lock = threading.Lock()
+        self._original: Callable[..., Any] | None = None
+
+    @property
+    def sizes(self) -> list[int]:
+        """Answers in each pass."""
+        return [len(slots) for slots in self.slots]
+
+    def first_pass_of(self, slot: int) -> int | None:
+        """The index of the first pass that carried `slot` (None: none did)."""
+        return next((index for index, slots in enumerate(self.slots) if slot in slots), None)
+
+    def __enter__(self) -> PassLog:
+        original = self._original = batch_runner.batched_pass
+
+        def recorded(model: Any, cache: Any, slots: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.slots.append(tuple(slots))
+            return original(model, cache, slots, *args, **kwargs)
+
+        batch_runner.batched_pass = recorded
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._original is not None:
+            batch_runner.batched_pass = self._original

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from report_lib.passes import answer_refinements, stop_batching
+from report_lib.passes import PassLog, answer_refinements, stop_batching
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
 from model.bundled.backend import BlockDiffusionBackend
@@ -93,6 +93,13 @@ def test_mask_blocks_after_each_clean_prefix_see_only_that_prefix() -> None:
         Feed(clean, (mask,) * 2, (2, 1))
 
 
+@pytest.fixture
+def passes() -> Iterator[PassLog]:
+    """Every pass the runners make during the test, with the slots it carried."""
+    with PassLog() as log:
+        yield log
+
+
 def stream(refinements: Iterator[Refinement]) -> list[tuple[object, ...]]:
     """What a caller sees of an answer, pass by pass (timings aside)."""
     return [(r.tokens, r.committed, r.done, r.finish_reason) for r in refinements]
@@ -141,27 +148,27 @@ def drain_together(runs: list[Run]) -> list[list[Refinement]]:
     return results
 
 
-def test_answers_in_a_batch_equal_their_answers_alone_in_every_mode() -> None:
+def test_answers_in_a_batch_equal_their_answers_alone_in_every_mode(passes: PassLog) -> None:
     chat = engine()
     runner: BatchRunner = chat.backend.runner
     cases = requests(9)
     runs = [runner.submit(sequence(chat, prompt, length, config, options)) for prompt, config, length, options in cases]
     results = drain_together(runs)
-    assert max(runner.batch_sizes) >= 4  # the answers really shared passes
+    assert max(passes.sizes) >= 4  # the answers really shared passes
     for i, (prompt, config, length, options) in enumerate(cases):
         assert stream(iter(results[i])) == alone(prompt, config, length, options), (i, config.decoding)
         assert results[i][-1].done
 
 
-def test_a_bare_answer_runs_through_the_runner_and_equals_its_answer_alone() -> None:
+def test_a_bare_answer_runs_through_the_runner_and_equals_its_answer_alone(passes: PassLog) -> None:
     # what the benchmarks time (eval_default_model, bench_llama_cpp): the loop every answer runs, on the runner's
     # thread, not a second loop on the caller's (whose OpenMP team would slow the runner's passes)
     chat = engine()
     runner: BatchRunner = chat.backend.runner
     for prompt, config, length, options in requests(3):
-        before = len(runner.batch_sizes)
+        before = len(passes.sizes)
         got = stream(answer_refinements(chat, prompt, length, config, options))
-        assert len(runner.batch_sizes) - before == len(got)  # every pass of it the runner's
+        assert len(passes.sizes) - before == len(got)  # every pass of it the runner's
         assert got == alone(prompt, config, length, options), config.decoding
     assert runner._thread is not None and runner._thread is not threading.current_thread()
 
@@ -234,7 +241,7 @@ def test_the_engine_streams_concurrent_answers_through_one_runner() -> None:
         assert texts[i] == list(chat.stream_prompt(prompt, options))[-1].text
 
 
-def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes() -> None:
+def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes(passes: PassLog) -> None:
     import asyncio
 
     from report_lib.tiny_models import word_tokenizer
@@ -257,7 +264,7 @@ def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes() -> None:
 
     assert chat.max_batch > 1
     texts = asyncio.run(serve_all())
-    assert max(chat.backend.runner.batch_sizes) >= 2  # the jobs ran at the same time, in shared passes
+    assert max(passes.sizes) >= 2  # the jobs ran at the same time, in shared passes
     assert texts == [list(chat.stream_chat([ChatMessage("user", q)], options))[-1].text for q in questions]
 
 
@@ -291,7 +298,7 @@ def test_a_voice_turn_asks_the_model_for_priority() -> None:
     assert asked == [True]
 
 
-def test_an_interactive_answer_runs_its_first_pass_ahead_of_waiting_bulk_ones() -> None:
+def test_an_interactive_answer_runs_its_first_pass_ahead_of_waiting_bulk_ones(passes: PassLog) -> None:
     chat = engine()
     runner: BatchRunner = chat.backend.runner
     config = MODES["self-speculative"]
@@ -300,8 +307,8 @@ def test_an_interactive_answer_runs_its_first_pass_ahead_of_waiting_bulk_ones() 
         voice = runner.submit(sequence(chat, prompts(1, seed=12)[0], 12, config), interactive=True)
     for run in [*bulk, voice]:
         drain(run)
-    assert voice.first_pass == 0 and runner.batch_sizes[0] == 1  # alone, before any bulk pass
-    assert all(run.first_pass > 0 for run in bulk)
+    assert passes.first_pass_of(voice.slot) == 0 and passes.sizes[0] == 1  # alone, before any bulk pass
+    assert all(passes.first_pass_of(run.slot) > 0 for run in bulk)
 
 
 class FailingSequence:
@@ -379,7 +386,7 @@ def test_a_short_prompt_stays_cached_for_the_next_turn() -> None:
     assert prefill(model, cache, 0, list(range(3, 45)))[0] == 37
 
 
-def test_max_batch_bounds_the_answers_in_a_pass() -> None:
+def test_max_batch_bounds_the_answers_in_a_pass(passes: PassLog) -> None:
     chat = DiffusionChatModel("tiny", byte_tokenizer(), BlockDiffusionBackend(adapted(), [EOS], max_batch=2),
                               MODES["diffusion"])
     assert chat.max_batch == 2
@@ -387,7 +394,7 @@ def test_max_batch_bounds_the_answers_in_a_pass() -> None:
     runs = [chat.backend.runner.submit(sequence(chat, prompt, length, config, options))
             for prompt, config, length, options in cases]
     results = drain_together(runs)
-    assert max(chat.backend.runner.batch_sizes) == 2
+    assert max(passes.sizes) == 2
     for i, (prompt, config, length, options) in enumerate(cases):
         assert stream(iter(results[i])) == alone(prompt, config, length, options), i
     with pytest.raises(ModelError, match="max_batch"):
@@ -432,7 +439,7 @@ def test_a_long_answer_ending_in_a_pass_keeps_what_the_others_in_that_pass_just_
                                        rtol=1e-5)
 
 
-def test_a_lone_answer_drafts_after_every_draft_and_a_batched_one_after_all() -> None:
+def test_a_lone_answer_drafts_after_every_draft_and_a_batched_one_after_all(passes: PassLog) -> None:
     """Blocks after every draft pay off only when an answer has the pass to itself; in a batch each answer drafts one
     block. Either way the answer is the same tokens as alone (drafts only change the speed)."""
     config = SamplerConfig(block_length=4, steps_per_block=4, decoding="self-speculative", draft_masks=3)
@@ -445,7 +452,7 @@ def test_a_lone_answer_drafts_after_every_draft_and_a_batched_one_after_all() ->
     cases = [(prompt, config, 20) for prompt in prompts(4, seed=8)]
     runs = [chat.backend.runner.submit(sequence(chat, prompt, length, c)) for prompt, c, length in cases]
     results = drain_together(runs)
-    assert max(chat.backend.runner.batch_sizes) >= 2
+    assert max(passes.sizes) >= 2
     for i, (prompt, c, length) in enumerate(cases):
         final = results[i][-1]
         assert final.done and list(final.tokens) == final_tokens_alone(prompt, c, length), i
