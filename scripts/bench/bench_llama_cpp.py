@@ -93,19 +93,17 @@ def _runtime_worker(conn: Connection, weights: str, threads: int) -> None:
     torch.set_num_threads(threads)  # before the load: the batch runner's thread keeps the count it starts with
 
     from model.bundled.default_model import load_default_chat_model
-    from model.chat import GenerationOptions
     from model.chat.spec import ModelSpec
 
     chat = load_default_chat_model(ModelSpec(weights=weights))
     conn.send("ready")
     while (request := conn.recv()) is not None:
         prompt, max_tokens, decoding = request
-        chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding)
-        config, length = chat.sampler_for(GenerationOptions(max_new_tokens=max_tokens))
+        config = dataclasses.replace(chat.sampler, decoding=decoding)
         started = time.perf_counter()
         first = None
         final = None
-        for refinement in answer_refinements(chat, prompt, length, config):  # the loop every answer runs
+        for refinement in answer_refinements(chat, prompt, max_tokens, config):  # the loop every answer runs
             if first is None and refinement.committed_prefix > 0:
                 first = time.perf_counter() - started
             final = refinement

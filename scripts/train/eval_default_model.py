@@ -71,12 +71,12 @@ def answer_of(chat: DiffusionChatModel, prompt: str, mode: str, options: Generat
     decoding mode, for self-speculative decoding optionally with its draft layout ("self-speculative:fixed");
     `layout` is the layout a mode without one uses."""
     decoding, _, own_layout = mode.partition(":")
-    chat.sampler = dataclasses.replace(chat.sampler, decoding=decoding, draft_layout=own_layout or layout)
+    config = dataclasses.replace(chat.sampler, decoding=decoding, draft_layout=own_layout or layout)
     messages = [ChatMessage("system", SPOKEN_SYSTEM_PROMPT), ChatMessage("user", prompt)]
     prompt_ids = chat.prompt_ids(messages)
-    config, length = chat.sampler_for(options)
     started = time.perf_counter()
-    refinements = list(answer_refinements(chat, prompt_ids, length, config))  # the loop every answer runs
+    # the loop every answer runs
+    refinements = list(answer_refinements(chat, prompt_ids, options.max_new_tokens, config, options))
     wall = time.perf_counter() - started
     final = refinements[-1]
     n = final.answer_length
