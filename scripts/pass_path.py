@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return to_thread(self, *args)
 
     def recording_submit(self: Any, sequence: Any, *args: Any, **kwargs: Any) -> Any:
-        if sequence is not None and type(sequence).__name__ != "PromptOnly":  # an answer, not a prompt encoded ahead
+        if sequence is not None:  # an answer, not a prompt encoded ahead
             stacks.setdefault("worker thread: the answer reaches the runner", project_files(traceback.extract_stack()))
         return submit(self, sequence, *args, **kwargs)
 
