@@ -33,7 +33,8 @@ class GrammarError(ModelError):
 
 
 def response_format(kind: str, schema: Any = None, name: str = "") -> ResponseFormat:
-    """A `ResponseFormat` with its schema as canonical JSON text (a dict from a request, or JSON text)."""
+    """A `ResponseFormat` with its schema as compact JSON text (a dict from a request, or JSON text). Keys keep their
+    order: the grammar writes an object's properties in the schema's order."""
     if kind == "json_object":
         return ResponseFormat("json_object", name=name)
     if isinstance(schema, str):
@@ -43,7 +44,7 @@ def response_format(kind: str, schema: Any = None, name: str = "") -> ResponseFo
             raise GrammarError(f"the JSON schema is not valid JSON: {error}") from error
     if not isinstance(schema, dict):
         raise GrammarError("the JSON schema must be a JSON object")
-    return ResponseFormat("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")), name)
+    return ResponseFormat("json_schema", json.dumps(schema, separators=(",", ":")), name)
 
 
 def compile_format(fmt: ResponseFormat) -> str:

@@ -41,12 +41,12 @@ class AnswerRules:
 class ResponseFormat:
     """The structure a caller demands of its answer, enforced by constrained decoding (model/decoding/grammar.py).
 
-    `json_object`: any JSON object; `json_schema`: JSON matching `schema`, kept as canonical JSON text (sorted keys, no
-    spaces) so the options stay hashable and two equal schemas are one string.
+    `json_object`: any JSON object; `json_schema`: JSON matching `schema`, kept as compact JSON text (no spaces, keys in
+    the caller's order, which is the order the answer writes properties in) so the options stay frozen and hashable.
     """
 
     kind: Literal["json_object", "json_schema"]
-    schema: str | None = None  # canonical JSON of the schema; only for json_schema
+    schema: str | None = None  # compact JSON of the schema; only for json_schema
     name: str = ""  # the schema's name, as the caller gave it (for messages)
 
     def __post_init__(self) -> None:

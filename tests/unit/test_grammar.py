@@ -137,7 +137,13 @@ def test_a_schema_the_engine_cannot_enforce_is_a_typed_error_naming_it(schema: s
         compile_format(response_format("json_schema", schema))
 
 
-def test_equal_schemas_are_one_canonical_string() -> None:
+def test_a_schema_is_kept_compact_with_its_keys_in_order() -> None:
+    """Order matters: the grammar writes properties in the schema's order (a pydantic model's field order)."""
     one = response_format("json_schema", {"type": "object", "required": ["a"]})
-    other = response_format("json_schema", '{ "required": ["a"],  "type": "object" }')
-    assert one == other and one.schema == '{"required":["a"],"type":"object"}'
+    other = response_format("json_schema", '{ "type": "object",  "required": ["a"] }')
+    assert one == other and one.schema == '{"type":"object","required":["a"]}'
+    state = grammar()
+    state.advance(VOCABULARY(b'{"ok":true,"n":7,'))
+    logits = torch.zeros(LLAMA_VOCAB + 1)
+    state.mask(logits)
+    assert logits[VOCABULARY.tokens.index(b'"tag"')] == 0 and logits[VOCABULARY.tokens.index(b'"n"')] == -torch.inf
