@@ -19,7 +19,7 @@ from model.chat.backend import AnswerPlan, Backend, EndOfTurnRow
 from model.chat.stop_strings import end_at_stop
 from model.chat.text import Vocabulary, draft_from_refinement
 from model.decoding.end_of_turn import message_tail, probe_row
-from model.decoding.grammar import Grammar, compile_format, grammar_tokenizer
+from model.decoding.grammar import Grammar, GrammarError, compile_format, grammar_tokenizer
 from model.decoding.options import whole_blocks
 from model.decoding.sampler import SamplerConfig
 from model.decoding.speech_guard import SpeechGuard
@@ -165,7 +165,8 @@ class DiffusionChatModel:
         if options.response_format is None:
             return None
         if config.decoding not in ("autoregressive", "self-speculative"):
-            raise ModelError(f"response_format needs autoregressive or self-speculative decoding, not {config.decoding}")
+            raise GrammarError(f"response_format needs autoregressive or self-speculative decoding, not "
+                               f"{config.decoding} (start the server with --decoding self-speculative)")
         grammar = compile_format(options.response_format)
         with self._guards_lock:
             if self._grammar_tokenizer is None:
