@@ -138,3 +138,16 @@ def constrain_rows(logits: torch.Tensor, raw: torch.Tensor, drafts: Sequence[int
             break
         consumed += 1
     grammar.rollback(consumed)
+
+
+def constrain_drafts(logits: torch.Tensor, grammar: Grammar) -> None:
+    """Mask the rows of the next pass's drafts in place, each with the state after the drafts before it (their
+    argmax): drafts then spell valid JSON ("{", a quote, a colon, an end after the closing brace), which the teacher
+    accepts more often. Only drafts change, never the answer. logits: [m, V] float."""
+    consumed = 0
+    for i in range(logits.shape[0]):
+        grammar.mask(logits[i])
+        if not grammar.accepts(int(logits[i].argmax())):  # past the end: nothing but the end-of-answer token
+            break
+        consumed += 1
+    grammar.rollback(consumed)

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import torch
 
 from model.decoding.draft_policy import DraftPolicy
-from model.decoding.grammar import Grammar, constrain_rows
+from model.decoding.grammar import Grammar, constrain_drafts, constrain_rows
 from model.decoding.refinement import Refinement
 from model.decoding.speech_guard import SpeechGuard, guarded
 from model.decoding.step import Feed
@@ -201,7 +201,11 @@ class SpeculativeDecoding:
         self._consumed_at, self._alone = now, True
         block = accepted if self._branched else 0
         if masks and (self._branched or accepted == len(drafts)) and stop is None:
-            mask_probs = torch.softmax(mask_logits[block * masks : (block + 1) * masks].float(), dim=-1)
+            block_logits = mask_logits[block * masks : (block + 1) * masks].float()
+            if self.grammar is not None:  # drafts the grammar allows, after the answer as committed
+                block_logits = block_logits.clone()
+                constrain_drafts(block_logits, self.grammar)
+            mask_probs = torch.softmax(block_logits, dim=-1)
             best = mask_probs.max(dim=-1)  # [m]
             self.drafts, self.draft_conf = best.indices.tolist(), best.values.tolist()
         else:

@@ -13,7 +13,10 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from model.chat import ChatMessage, GenerationOptions
+from model.chat.client import OpenAIChatModel
 from model.chat.engine import DiffusionChatModel
+from model.decoding.grammar import response_format
 from model.loading import load_chat_model
 from model.server.config import ServerConfig
 from tests.integration.api_harness import RunningServer, serve
@@ -64,6 +67,16 @@ def test_parse_returns_the_pydantic_object(server: RunningServer) -> None:
         choice = completion.choices[0]
         assert choice.finish_reason == "stop", choice.message.content
         assert isinstance(choice.message.parsed, Reply), choice.message.content
+
+
+def test_the_remote_client_passes_the_response_format_on(server: RunningServer) -> None:
+    """`--llm-url`: a voice worker's `OpenAIChatModel` asks the remote server for the same structure."""
+    remote = OpenAIChatModel(server.api_url, NAME)
+    options = GenerationOptions(max_new_tokens=64, response_format=response_format(
+        "json_schema", Reply.model_json_schema(), "Reply"))
+    drafts = list(remote.stream_chat([ChatMessage("user", PROMPTS[0])], options))
+    assert drafts[-1].finish_reason == "stop"
+    Reply.model_validate_json(drafts[-1].text)
 
 
 def test_json_object_is_a_json_object(server: RunningServer) -> None:

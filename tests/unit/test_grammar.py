@@ -12,7 +12,7 @@ import pytest
 import torch
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB
 
-from model.decoding.grammar import Grammar, GrammarError, compile_format, response_format
+from model.decoding.grammar import Grammar, GrammarError, compile_format, constrain_drafts, response_format
 from model.decoding.speech_guard import SpeechGuard
 from tests.unit.drive import decode_alone, speculative
 from tests.unit.test_self_speculative import OracleDrafts, adapted, final_tokens, prompts
@@ -123,6 +123,23 @@ def test_the_mask_refuses_what_the_grammar_refuses_and_the_extra_column() -> Non
     logits = torch.zeros(LLAMA_VOCAB + 1)
     state.mask(logits)
     assert [i for i in range(len(logits)) if logits[i] == 0] == [LLAMA_EOS]
+
+
+def test_drafts_are_masked_along_their_own_path_and_the_state_is_restored() -> None:
+    state = grammar()
+    state.advance(VOCABULARY(b'{"ok":'))
+    logits = torch.randn(6, LLAMA_VOCAB + 1, generator=torch.Generator().manual_seed(0))
+    constrain_drafts(logits, state)
+    drafts = logits.argmax(dim=-1).tolist()
+    assert VOCABULARY.tokens[drafts[0]] in (b"t", b"f", b"true", b"false")
+    for token in drafts:  # every draft is one the grammar allows after the ones before it
+        assert state.accepts(token) or state.complete, drafts
+    fresh = grammar()
+    fresh.advance(VOCABULARY(b'{"ok":'))
+    restored = grammar()
+    restored.advance(VOCABULARY(b'{"ok":'))
+    constrain_drafts(torch.randn(6, LLAMA_VOCAB + 1), restored)
+    assert torch.equal(restored.allowed(), fresh.allowed())
 
 
 @pytest.mark.parametrize(("schema", "words"), [
