@@ -124,16 +124,16 @@ class Grammar:
             self._check()
 
 
-def constrain_rows(logits: torch.Tensor, raw: torch.Tensor, drafts: Sequence[int], grammar: Grammar) -> None:
+def constrain_rows(logits: torch.Tensor, raw: torch.Tensor | None, drafts: Sequence[int], grammar: Grammar) -> None:
     """Mask verification rows in place: row i follows the grammar's committed tokens + `drafts[:i]`.
 
-    logits: [k + 1, V] (already edited by other rules), raw: the same rows unedited (`Grammar.mask`'s fallback). The
-    drafts are consumed tentatively and rolled back; the first draft the grammar refuses cannot be accepted, so the
-    rows after it are never read and stay unmasked.
+    logits: [k + 1, V]; raw: the same rows before other rules edited them (`Grammar.mask`'s fallback; None when no
+    rule did). The drafts are consumed tentatively and rolled back; the first draft the grammar refuses cannot be
+    accepted, so the rows after it are never read and stay unmasked.
     """
     consumed = 0
     for i in range(logits.shape[0]):
-        grammar.mask(logits[i], raw[i].float())
+        grammar.mask(logits[i], raw[i].float() if raw is not None else None)
         if i == len(drafts) or not grammar.accepts(drafts[i]):
             break
         consumed += 1

@@ -171,7 +171,7 @@ class SpeculativeDecoding:
         lead, self.lead = len(self.lead), ()
         logits = guarded(clean_logits[lead:], answer, drafts, self.guard)
         if self.grammar is not None:
-            constrain_rows(logits, clean_logits[lead:], drafts, self.grammar)
+            constrain_rows(logits, clean_logits[lead:] if self.guard is not None else None, drafts, self.grammar)
         draft_ids = torch.tensor(drafts, dtype=torch.long)  # [k]
         if self.temperature == 0:
             accepted, bonus = accept_greedy(draft_ids, logits)
