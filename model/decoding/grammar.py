@@ -27,6 +27,23 @@ from model.errors import ModelError
 _JSON_DEFAULTS: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
 _ANY_OBJECT = '{"type":"object"}'
 
+# JSON Schema's keywords (2020-12, draft-7's, OpenAPI's "discriminator" hint) by what their value holds, so
+# `unknown_keyword` can walk a schema: a keyword outside them is refused (a typo such as "maxLenght" would otherwise
+# be ignored, as the standard ignores unknown keywords, and the answer left unconstrained where the caller meant a
+# rule). Standard keywords llguidance cannot enforce ("uniqueItems", "not", ...) are refused by llguidance itself.
+_ONE_SCHEMA = frozenset({"additionalProperties", "not", "contains", "propertyNames", "additionalItems", "if", "then",
+                         "else", "unevaluatedItems", "unevaluatedProperties", "contentSchema", "items"})
+_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_VALUES = frozenset({
+    "type", "enum", "const", "default", "examples", "required", "format", "pattern", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength", "minItems", "maxItems",
+    "uniqueItems", "minContains", "maxContains", "minProperties", "maxProperties", "dependentRequired",
+    "dependencies", "$schema", "$id", "id", "$anchor", "$comment", "$ref", "$dynamicRef", "$dynamicAnchor",
+    "$recursiveRef", "$recursiveAnchor", "$vocabulary", "title", "description", "deprecated", "readOnly",
+    "writeOnly", "contentEncoding", "contentMediaType", "discriminator", "x-guidance",
+})
+
 
 class GrammarError(ModelError):
     """A response format the grammar engine refuses: malformed JSON, an unknown type, a keyword it cannot enforce."""
@@ -47,9 +64,38 @@ def response_format(kind: str, schema: Any = None, name: str = "") -> ResponseFo
     return ResponseFormat("json_schema", json.dumps(schema, separators=(",", ":")), name)
 
 
+def unknown_keyword(schema: Any, where: str = "#") -> str | None:
+    """The first keyword of `schema` (or of a schema inside it) that is not JSON Schema's, as "name at path"."""
+    if not isinstance(schema, dict):
+        return None
+    for key, value in schema.items():
+        path = f"{where}/{key}"
+        if key.startswith("x-"):
+            continue
+        if key not in _ONE_SCHEMA | _SCHEMA_LISTS | _SCHEMA_MAPS | _VALUES:
+            return f"{key!r} at {where}"
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and isinstance(value, bool):
+            return f"{key!r} at {where} as a boolean (draft 4; since draft 6 it is the bound itself)"
+        inner: list[tuple[Any, str]] = []
+        if key in _ONE_SCHEMA and isinstance(value, dict):
+            inner = [(value, path)]
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            inner = [(item, f"{path}/{i}") for i, item in enumerate(value)]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            inner = [(item, f"{path}/{name}") for name, item in value.items()]
+        for item, item_path in inner:
+            found = unknown_keyword(item, item_path)
+            if found:
+                return found
+    return None
+
+
 def compile_format(fmt: ResponseFormat) -> str:
     """The llguidance grammar of `fmt`, validated (`GrammarError` naming what the engine refused). Needs no
     tokenizer, so a server checks a request's format before it queues the answer."""
+    unknown = unknown_keyword(json.loads(fmt.schema)) if fmt.schema else None
+    if unknown:
+        raise GrammarError(f"the JSON schema uses a keyword the engine does not know: {unknown}")
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(fmt.schema or _ANY_OBJECT, defaults=_JSON_DEFAULTS)
     except ValueError as error:

@@ -95,6 +95,7 @@ def test_json_object_is_a_json_object(server: RunningServer) -> None:
 @pytest.mark.parametrize(("schema", "words"), [
     ({"type": "object", "properties": {"a": {"type": "strin"}}}, "strin"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLenght": 3}}}, "maxLenght"),
 ])
 def test_a_schema_the_engine_cannot_enforce_is_a_400_naming_it(server: RunningServer, schema: dict,
                                                               words: str) -> None:

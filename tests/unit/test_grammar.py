@@ -147,11 +147,23 @@ def test_drafts_are_masked_along_their_own_path_and_the_state_is_restored() -> N
     ('{"type": "array", "uniqueItems": true}', "uniqueItems"),
     ('{"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}', "missing"),
     ('{"type": "object",', "not valid JSON"),
+    ('{"type": "object", "properties": {"a": {"type": "string", "maxLenght": 3}}}', "'maxLenght' at #/properties/a"),
+    ('{"type": "number", "maximum": 3, "exclusiveMaximum": true}', "'exclusiveMaximum' at # as a boolean"),
+    ('{"anyOf": [{"type": "string"}, {"type": "array", "items": {"typo": 1}}]}', "'typo' at #/anyOf/1/items"),
     ("[1, 2]", "must be a JSON object"),
 ])
 def test_a_schema_the_engine_cannot_enforce_is_a_typed_error_naming_it(schema: str, words: str) -> None:
     with pytest.raises(GrammarError, match=words):
         compile_format(response_format("json_schema", schema))
+
+
+def test_a_pydantic_schema_with_annotations_and_definitions_compiles() -> None:
+    schema = {"$defs": {"Pet": {"properties": {"name": {"title": "Name", "type": "string", "description": "its name"}},
+                                "required": ["name"], "title": "Pet", "type": "object", "x-note": 1}},
+              "properties": {"pets": {"items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array",
+                                      "default": [{"typo": 1}]}},
+              "required": ["pets"], "title": "Owner", "type": "object", "additionalProperties": False}
+    assert compile_format(response_format("json_schema", schema))
 
 
 def test_a_schema_is_kept_compact_with_its_keys_in_order() -> None:
