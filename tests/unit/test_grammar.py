@@ -10,11 +10,14 @@ from collections.abc import Iterator
 import llguidance
 import pytest
 import torch
+from report_lib.passes import PassLog
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB
 
 from model.decoding.grammar import Grammar, GrammarError, compile_format, constrain_drafts, response_format
 from model.decoding.speech_guard import SpeechGuard
+from model.runtime.batch_runner import BatchRunner
 from tests.unit.drive import decode_alone, speculative
+from tests.unit.test_batching import drain_together
 from tests.unit.test_self_speculative import OracleDrafts, adapted, final_tokens, prompts
 
 SCHEMA = {
@@ -101,6 +104,24 @@ def test_drafts_the_grammar_refuses_are_not_accepted_and_the_answer_is_unchanged
             refinements = decode_alone(model, oracle)
             assert final_tokens(refinements) == reference, (index, rules)
             assert len(refinements) < len(reference), index  # drafts were accepted, not only bonus tokens
+
+
+def test_constrained_answers_sharing_passes_equal_their_answers_alone() -> None:
+    """In a batched pass each answer's rows are masked with its own grammar (and drafts of one block, no branches)."""
+    model = adapted(seed=5)
+    cases = [(prompt, 3 if i % 2 else 0) for i, prompt in enumerate(prompts(4, seed=5))]
+    alone = [final_tokens(decode_alone(model, speculative(model, prompt, 40, masks=0, grammar=grammar())))
+             for prompt, _ in cases]
+    runner = BatchRunner(model, max_batch=4)
+    try:
+        with PassLog() as passes:
+            runs = [runner.submit(speculative(model, prompt, 40, masks=masks, grammar=grammar()))
+                    for prompt, masks in cases]
+            together = [final_tokens(refinements) for refinements in drain_together(runs)]
+    finally:
+        runner.close()
+    assert max(passes.sizes) >= 2  # the answers really shared passes
+    assert together == alone
 
 
 def test_sampled_constrained_answers_are_valid_json() -> None:
