@@ -109,7 +109,7 @@ class BlockDiffusionBackend:
             masks = config.draft_masks if config.decoding == "self-speculative" else 0
             sequence = SpeculativeDecoding(
                 plan.prompt, plan.length, masks, self.mask_id, self.eos_ids, options.temperature, options.seed,
-                plan.guard, config.draft_branches, self.draft_policy(config),
+                plan.guard, config.draft_branches, self.draft_policy(config), plan.grammar,
             )
         if plan.probe is None:
             return sequence

@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from model.decoding.grammar import Grammar
 from model.decoding.options import GenerationOptions
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
@@ -46,6 +47,8 @@ class AnswerPlan:
     options: GenerationOptions  # the caller's: temperature, seed, priority, conversation
     guard: SpeechGuard | None  # the caller's `AnswerRules` for this prompt (None: every rule off)
     probe: EndOfTurnRow | None  # None: the prompt does not end with a user message of the chat template
+    # The caller's `response_format` as this answer's parser state (None: free text); the step object advances it
+    grammar: Grammar | None = None
 
 
 class AnswerPasses(Protocol):

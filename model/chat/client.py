@@ -20,6 +20,7 @@ unknown fields, so other servers get the plain request and their own sampling.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ import httpx2
 import openai
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
+from model.decoding.options import ResponseFormat
 from model.errors import LmUnavailable, ModelError
 
 _CANCEL_POLL_S = 0.05
@@ -117,6 +119,8 @@ class OpenAIChatModel:
             request["seed"] = options.seed
         if options.stop:
             request["stop"] = list(options.stop)
+        if options.response_format is not None:
+            request["response_format"] = _wire_format(options.response_format)
         extra: dict[str, Any] = {"diffusing": True} if diffusing else {}
         if options.rules.active and self.extensions.get("answer_rules"):
             extra["answer_rules"] = dataclasses.asdict(options.rules)
@@ -197,6 +201,14 @@ def _pieces(text: str, committed_chars: int) -> tuple[DraftPiece, ...]:
     if committed_chars < len(text):
         pieces.append(DraftPiece(text[committed_chars:], committed=False, confidence=0.0))
     return tuple(pieces)
+
+
+def _wire_format(fmt: ResponseFormat) -> dict[str, Any]:
+    """A response format as OpenAI's `response_format` (strict: the remote must enforce it, as this runtime does)."""
+    if fmt.schema is None:
+        return {"type": "json_object"}
+    schema = {"name": fmt.name or "response", "schema": json.loads(fmt.schema), "strict": True}
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def _wire_messages(messages: Sequence[ChatMessage], system_prompt: str | None) -> list[dict[str, str]]:

@@ -19,6 +19,7 @@ from model.chat.backend import AnswerPlan, Backend, EndOfTurnRow
 from model.chat.stop_strings import end_at_stop
 from model.chat.text import Vocabulary, draft_from_refinement
 from model.decoding.end_of_turn import message_tail, probe_row
+from model.decoding.grammar import Grammar, GrammarError, compile_format, grammar_tokenizer
 from model.decoding.options import whole_blocks
 from model.decoding.sampler import SamplerConfig
 from model.decoding.speech_guard import SpeechGuard
@@ -60,6 +61,7 @@ class DiffusionChatModel:
         self._vocabulary: Vocabulary | None = None
         self._message_tail: tuple[int, ...] | None = None  # built on first use (`message_tail`)
         self._guards_lock = threading.Lock()
+        self._grammar_tokenizer: Any = None  # llguidance's view of the tokenizer, built on the first constrained answer
 
     @property
     def max_batch(self) -> int:
@@ -155,7 +157,21 @@ class DiffusionChatModel:
         probe = EndOfTurnRow(row, self.message_end_ids()) if row is not None else None
         guard = self.speech_guard(options, prompt)
         return AnswerPlan(prompt, whole_blocks(options.max_new_tokens, config.block_length), config, options, guard,
-                          probe)
+                          probe, self.grammar(options, config))
+
+    def grammar(self, options: GenerationOptions, config: SamplerConfig) -> Grammar | None:
+        """The parser state of the caller's `response_format` (None for free text). Constrained decoding runs in the
+        modes whose tokens are committed left to right by the teacher; diffusion commits anywhere in a block."""
+        if options.response_format is None:
+            return None
+        if config.decoding not in ("autoregressive", "self-speculative"):
+            raise GrammarError(f"response_format needs autoregressive or self-speculative decoding, not "
+                               f"{config.decoding} (start the server with --decoding self-speculative)")
+        grammar = compile_format(options.response_format)
+        with self._guards_lock:
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, {self.tokenizer.eos_token_id})
+        return Grammar(self._grammar_tokenizer, grammar)
 
     def _drafts(self, plan: AnswerPlan, cancel: threading.Event | None) -> Iterator[Draft]:
         options, prompt_tokens = plan.options, len(plan.prompt)

@@ -9,6 +9,7 @@ model's own, in `SamplerConfig`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from model.errors import ModelError
 
@@ -37,6 +38,23 @@ class AnswerRules:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """The structure a caller demands of its answer, enforced by constrained decoding (model/decoding/grammar.py).
+
+    `json_object`: any JSON object; `json_schema`: JSON matching `schema`, kept as compact JSON text (no spaces, keys in
+    the caller's order, which is the order the answer writes properties in) so the options stay frozen and hashable.
+    """
+
+    kind: Literal["json_object", "json_schema"]
+    schema: str | None = None  # compact JSON of the schema; only for json_schema
+    name: str = ""  # the schema's name, as the caller gave it (for messages)
+
+    def __post_init__(self) -> None:
+        if (self.kind == "json_schema") != (self.schema is not None):
+            raise ModelError("a json_schema response format needs a schema, and only it takes one")
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationOptions:
     """What a caller may ask of one answer. Sampler details (block length, threshold) belong to the model's config."""
 
@@ -53,6 +71,8 @@ class GenerationOptions:
     system_prompt: str | None = None
     # Logit rules of this caller (all off by default: an API client gets the model's plain answer).
     rules: AnswerRules = AnswerRules()
+    # The structure the answer must have (None: free text).
+    response_format: ResponseFormat | None = None
 
     def check(self) -> None:
         """Refuse (`ModelError`) what no decoding can do; called when an answer is asked for, so a server maps it to

@@ -26,7 +26,9 @@ output then follows the teacher's distribution exactly.
 
 The speech guard (model/decoding/speech_guard.py) edits the teacher's logits as a pure function of the prompt and the
 answer so far. It is applied to every verification row with that row's own prefix (`guarded`), so autoregressive and
-self-speculative decoding stay token-for-token equal with it on.
+self-speculative decoding stay token-for-token equal with it on. A response format's grammar (model/decoding/grammar.py)
+masks the same rows the same way (`constrain_rows`), after the guard: a draft it refuses is not accepted, and once the
+JSON is closed only an end-of-answer token is left.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from collections.abc import Sequence
 import torch
 
 from model.decoding.draft_policy import DraftPolicy
+from model.decoding.grammar import Grammar, constrain_drafts, constrain_rows
 from model.decoding.refinement import Refinement
 from model.decoding.speech_guard import SpeechGuard, guarded
 from model.decoding.step import Feed
@@ -96,6 +99,7 @@ class SpeculativeDecoding:
         guard: SpeechGuard | None = None,
         branches: bool = True,
         policy: DraftPolicy | None = None,
+        grammar: Grammar | None = None,
     ) -> None:
         if not prompt_ids:
             raise ModelError("the prompt is empty: nothing to condition the answer on")
@@ -110,6 +114,7 @@ class SpeculativeDecoding:
         self.eos_ids = frozenset(eos_ids)
         self.temperature = temperature
         self.guard = guard
+        self.grammar = grammar  # the answer's response format: its state follows `answer`
         self.branches = branches  # a block of masks after every draft (see the module docstring), when alone
         self.policy = policy  # None: `masks` every pass; else the policy's choice (up to `masks`) for lone passes
         self._branched = False  # whether the last feed() drafted a block after every draft
@@ -165,6 +170,8 @@ class SpeculativeDecoding:
         drafts, answer = self.drafts, self.answer
         lead, self.lead = len(self.lead), ()
         logits = guarded(clean_logits[lead:], answer, drafts, self.guard)
+        if self.grammar is not None:
+            constrain_rows(logits, clean_logits[lead:] if self.guard is not None else None, drafts, self.grammar)
         draft_ids = torch.tensor(drafts, dtype=torch.long)  # [k]
         if self.temperature == 0:
             accepted, bonus = accept_greedy(draft_ids, logits)
@@ -179,6 +186,8 @@ class SpeculativeDecoding:
             new, new_conf = new[: stop + 1], new_conf[: stop + 1]
         answer += new
         self.confidence += new_conf
+        if self.grammar is not None:
+            self.grammar.advance(new)
         self.last = answer[-1]
 
         # Drafts from the masks drafted after the right tokens: the block after the accepted prefix (without
@@ -192,7 +201,11 @@ class SpeculativeDecoding:
         self._consumed_at, self._alone = now, True
         block = accepted if self._branched else 0
         if masks and (self._branched or accepted == len(drafts)) and stop is None:
-            mask_probs = torch.softmax(mask_logits[block * masks : (block + 1) * masks].float(), dim=-1)
+            block_logits = mask_logits[block * masks : (block + 1) * masks].float()
+            if self.grammar is not None:  # drafts the grammar allows, after the answer as committed
+                block_logits = block_logits.clone()
+                constrain_drafts(block_logits, self.grammar)
+            mask_probs = torch.softmax(block_logits, dim=-1)
             best = mask_probs.max(dim=-1)  # [m]
             self.drafts, self.draft_conf = best.indices.tolist(), best.values.tolist()
         else:

@@ -37,6 +37,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model.chat import AnswerRules, ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
+from model.decoding.grammar import GrammarError, compile_format, response_format
+from model.decoding.options import ResponseFormat
 from model.errors import ContextLengthExceeded, ModelError
 from model.server.answer import view_of
 from model.server.config import ServerConfig
@@ -170,8 +172,27 @@ def _options_of(request: ChatCompletionRequest, config: ServerConfig) -> Generat
     temperature = request.temperature if request.temperature is not None else GenerationOptions().temperature
     rules = AnswerRules(**request.answer_rules.model_dump()) if request.answer_rules is not None else AnswerRules()
     return GenerationOptions(
-        max_new_tokens=max_tokens, temperature=temperature, seed=request.seed, stop=stops, rules=rules
+        max_new_tokens=max_tokens, temperature=temperature, seed=request.seed, stop=stops, rules=rules,
+        response_format=_format_of(request),
     )
+
+
+def _format_of(request: ChatCompletionRequest) -> ResponseFormat | None:
+    """The request's `response_format`, its schema checked by the grammar engine now (a 400 naming what it refuses)."""
+    body = request.response_format
+    if body is None or body.type == "text":
+        return None
+    if body.type == "json_schema" and body.json_schema is None:
+        raise ApiError(400, "response_format of type json_schema needs a json_schema object",
+                       param="response_format.json_schema")
+    try:
+        fmt = (response_format(body.type) if body.json_schema is None or body.type == "json_object"
+               else response_format(body.type, body.json_schema.schema_, body.json_schema.name))
+        compile_format(fmt)
+    except GrammarError as error:
+        raise ApiError(400, f"Invalid response_format: {error}", param="response_format.json_schema.schema",
+                       code="invalid_response_format") from error
+    return fmt
 
 
 async def _collect(job: Job, stops: tuple[str, ...]) -> tuple[str, str, Draft | None]:
@@ -219,6 +240,8 @@ def _api_error(error: ModelError) -> ApiError:
         return ApiError(500, str(error), "server_error", code="generation_failed")
     if isinstance(error, ContextLengthExceeded):
         return ApiError(400, str(error), param="messages", code="context_length_exceeded")
+    if isinstance(error, GrammarError):
+        return ApiError(400, str(error), param="response_format", code="invalid_response_format")
     return ApiError(400, str(error), code="generation_failed")
 
 

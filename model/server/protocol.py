@@ -51,6 +51,24 @@ class AnswerRulesBody(BaseModel):
     no_copy_opening: Annotated[int, Field(ge=0, le=64)] = 0
 
 
+class JsonSchemaBody(BaseModel):
+    """`response_format.json_schema`: the schema the answer must match (enforced whatever `strict` says)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema", description="A JSON Schema; see API.md for the keywords enforced")
+    strict: bool | None = None
+
+
+class ResponseFormatBody(BaseModel):
+    """`response_format`: free text, any JSON object, or JSON matching a schema (model/server/API.md)."""
+
+    model_config = _REQUEST_CONFIG
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaBody | None = None
+
+
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. `diffusing` and `answer_rules` are the extensions described in model/server/API.md."""
 
@@ -73,6 +91,7 @@ class ChatCompletionRequest(BaseModel):
         default=None,
         description="Logit rules for this answer (no repeated n-grams, an end after a sentence). See API.md.",
     )
+    response_format: ResponseFormatBody | None = None
     user: str | None = None
 
 

@@ -1,0 +1,116 @@
+"""What a `response_format` costs the bundled model, and how often its answers are valid.
+
+    python scripts/bench/bench_structured.py --prompts 10 --max-tokens 64
+
+For each decoding mode (self-speculative, autoregressive), every held-out prompt is answered free and constrained by
+a small JSON schema, through the engine (`DiffusionChatModel.stream_chat`, the batch runner, one answer at a time).
+Printed per mode: tokens/s of each, the constrained answers' validity (JSON that the schema's pydantic model accepts),
+finish reasons, and the grammar's own work (masks and tentative advances of verification rows and drafts, timed
+where the step object calls it: the part of the constrained time that is not the network's). Figures are printed,
+never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/
+
+from model.chat import ChatMessage, GenerationOptions
+from model.chat.engine import DiffusionChatModel
+from model.decoding import speculative
+from model.decoding.grammar import compile_format, response_format
+from model.loading import load_chat_model
+
+PROMPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "heldout_prompts.txt"
+
+
+class Reply(BaseModel):
+    answer: str = Field(max_length=60)
+    happy: bool
+
+
+def answer(chat: DiffusionChatModel, prompt: str, options: GenerationOptions) -> tuple[list[int], str, str, float]:
+    """(tokens, text, finish reason, seconds) of one answer."""
+    start = time.perf_counter()
+    last = None
+    for draft in chat.stream_chat([ChatMessage("user", prompt)], options):
+        last = draft
+    seconds = time.perf_counter() - start
+    assert last is not None and last.refinement is not None
+    eos = last.refinement.eos_ids
+    tokens = [token for token in last.refinement.tokens[: last.completion_tokens] if token not in eos]
+    return tokens, last.text, last.finish_reason or "", seconds
+
+
+class GrammarClock:
+    """Time spent in the step object's grammar calls (verification rows and drafts), by wrapping them where
+    model/decoding/speculative.py calls them: the part of a constrained answer that is not the network's."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        for name in ("constrain_rows", "constrain_drafts"):
+            setattr(speculative, name, self._timed(getattr(speculative, name)))
+
+    def _timed(self, function: Callable[..., None]) -> Callable[..., None]:
+        def timed(*args: object) -> None:
+            start = time.perf_counter()
+            function(*args)
+            self.seconds += time.perf_counter() - start
+
+        return timed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    prompts = PROMPTS.read_text(encoding="utf-8").splitlines()[: args.prompts]
+    bundled = load_chat_model(None)
+    assert isinstance(bundled, DiffusionChatModel)
+    fmt = response_format("json_schema", Reply.model_json_schema(), "Reply")
+    compile_format(fmt)
+    clock = GrammarClock()
+    for decoding in ("self-speculative", "autoregressive"):
+        sampler = dataclasses.replace(bundled.sampler, decoding=decoding)
+        chat = DiffusionChatModel(bundled.name, bundled.tokenizer, bundled.backend, sampler, bundled.system_prompt,
+                                  bundled.context_length)
+        free = GenerationOptions(max_new_tokens=args.max_tokens)
+        constrained = dataclasses.replace(free, response_format=fmt)
+        answer(chat, prompts[0], constrained)  # warm: the grammar tokenizer is built on the first constrained answer
+        totals = {"free": [0, 0.0], "constrained": [0, 0.0]}
+        valid, finishes = 0, []
+        clock.seconds = 0.0
+        for prompt in prompts:
+            for label, options in (("free", free), ("constrained", constrained)):
+                tokens, text, finish, seconds = answer(chat, prompt, options)
+                totals[label][0] += len(tokens)
+                totals[label][1] += seconds
+                if label == "constrained":
+                    finishes.append(finish)
+                    try:
+                        Reply.model_validate(json.loads(text))
+                        valid += 1
+                    except (json.JSONDecodeError, ValidationError):
+                        print(f"  invalid ({finish}): {text!r}")
+        rates = {label: count / seconds for label, (count, seconds) in totals.items()}
+        print(f"{decoding}: free {rates['free']:.1f} tokens/s ({totals['free'][0]} tokens), constrained "
+              f"{rates['constrained']:.1f} tokens/s ({totals['constrained'][0]} tokens), "
+              f"ratio {rates['constrained'] / rates['free']:.2f}; valid {valid}/{len(prompts)}; finishes "
+              f"{ {reason: finishes.count(reason) for reason in set(finishes)} }; grammar "
+              f"{100 * clock.seconds / totals['constrained'][1]:.1f} % of the constrained time "
+              f"({1e3 * clock.seconds / max(totals['constrained'][0], 1):.2f} of "
+              f"{1e3 * totals['constrained'][1] / max(totals['constrained'][0], 1):.1f} ms a token)")
+
+
+if __name__ == "__main__":
+    main()
