@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 QUESTION = LIBRIVOX_DIR / "sense_and_sensibility_01_austen_64kb-0880.wav"  # "he was not an ill disposed young man"
 BARGE_IN = LIBRIVOX_DIR / "sense_and_sensibility_01_austen_64kb-0930.wav"  # "he might even have been made amiable..."
 TURN_TIMEOUT_S = 90.0
+STREAMS_OPEN_S = 5.0  # how long a just-started assistant may take before PulseAudio lists both its streams
 EXIT_WITHIN_S = 1.0
 # Barge-in: the endpointer needs ~0.25 s of speech to call it speech, the session cancels and clears, and what is
 # already queued in the device (the output latency, 150 ms) still plays out.
@@ -66,7 +67,12 @@ def start(devices: VirtualDevices, started: list[LocalAssistant], *args: str) ->
     assistant = LocalAssistant(devices, ["--max-new-tokens", "24", *args])
     started.append(assistant)
     assistant.wait_ready()
-    assert devices.streams()["sink-inputs"] and devices.streams()["source-outputs"]  # both devices are open
+    # both devices are open: PulseAudio lists a stream once its server has set it up, which on a loaded machine can
+    # come a moment after the assistant's own "ready"
+    deadline = time.monotonic() + STREAMS_OPEN_S
+    while not ((streams := devices.streams())["sink-inputs"] and streams["source-outputs"]):
+        assert time.monotonic() < deadline, f"the assistant's devices are not open: {streams}"
+        time.sleep(0.1)
     return assistant
 
 
