@@ -37,20 +37,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model.chat import AnswerRules, ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
-from model.decoding.grammar import GrammarError, compile_format, response_format
-from model.decoding.options import ResponseFormat
+from model.chat.tools import Function, call_text, new_call_id, opens_calls, read_calls, response_text, tools_text
+from model.decoding.grammar import GrammarError, compile_format, compile_tools, response_format
+from model.decoding.options import ResponseFormat, ToolConstraint
 from model.errors import ContextLengthExceeded, ModelError
-from model.server.answer import view_of
+from model.server.answer import ToolCallDeltas, view_of
 from model.server.config import ServerConfig
 from model.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from model.server.metrics import ApiMetrics
 from model.server.protocol import (
     ERROR_RESPONSES,
     ChatCompletionRequest,
+    NamedToolChoice,
     chunk_object,
     completion_object,
     error_object,
     new_completion_id,
+    tool_call_object,
     usage_of,
 )
 from model.server.scheduler import GenerationCrashed, Job, QueueFull, Scheduler, ShuttingDown
@@ -127,7 +130,8 @@ class BodyLimitMiddleware:
         await error.response()(scope, receive, send)
 
 
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart", "StreamOptions"})
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart", "StreamOptions",
+                        "NamedToolChoice"})
 
 
 def _validation_message(error: dict[str, Any]) -> tuple[str, str | None]:
@@ -145,19 +149,95 @@ def _validation_message(error: dict[str, Any]) -> tuple[str, str | None]:
     return f"Invalid value for {where}: {error.get('msg', 'invalid')}", param
 
 
-def _messages_of(request: ChatCompletionRequest, config: ServerConfig) -> tuple[ChatMessage, ...]:
+def _messages_of(
+    request: ChatCompletionRequest, config: ServerConfig, offered: tuple[Function, ...]
+) -> tuple[ChatMessage, ...]:
+    """The chat as the model reads it: tool calls, tool results and the `offered` functions written in the generic
+    text format (model/chat/tools.py); the functions join the first system message, or open the chat in one."""
     if len(request.messages) > config.max_messages:
         raise ApiError(400, f"At most {config.max_messages} messages are allowed", param="messages")
-    messages = tuple(
-        ChatMessage(role="system" if message.role == "developer" else message.role, content=message.text())
-        for message in request.messages
-    )
+    messages: list[ChatMessage] = []
+    call_ids: set[str] = set()
+    for i, message in enumerate(request.messages):
+        if message.content is None and not (message.role == "assistant" and message.tool_calls):
+            raise ApiError(400, "Only an assistant message with tool_calls may have null content",
+                           param=f"messages.{i}.content")
+        text = message.text()
+        if message.role == "tool":
+            if message.tool_call_id is None or message.tool_call_id not in call_ids:
+                raise ApiError(400, f"The tool message answers no earlier assistant tool call: "
+                               f"tool_call_id {message.tool_call_id!r}", param=f"messages.{i}.tool_call_id")
+            messages.append(ChatMessage("user", response_text(text)))
+            continue
+        if message.role == "assistant" and message.tool_calls:
+            for j, call in enumerate(message.tool_calls):
+                try:
+                    text += call_text(call.function.name, call.function.arguments)
+                except json.JSONDecodeError as error:
+                    raise ApiError(400, f"The tool call's arguments are not JSON: {error}",
+                                   param=f"messages.{i}.tool_calls.{j}.function.arguments") from error
+                call_ids.add(call.id)
+        messages.append(ChatMessage("system" if message.role == "developer" else message.role, text))
+    if offered:
+        system = next((i for i, message in enumerate(messages) if message.role == "system"), None)
+        if system is None:
+            messages.insert(0, ChatMessage("system", tools_text(offered)))
+        else:
+            messages[system] = ChatMessage("system", f"{messages[system].content}\n\n{tools_text(offered)}")
     if sum(len(message.content) for message in messages) > config.max_prompt_chars:
         raise ApiError(400, f"Messages exceed {config.max_prompt_chars} characters in total", param="messages")
-    return messages
+    return tuple(messages)
 
 
-def _options_of(request: ChatCompletionRequest, config: ServerConfig) -> GenerationOptions:
+def _tools_of(request: ChatCompletionRequest) -> tuple[tuple[Function, ...], ToolConstraint | None]:
+    """The functions the prompt offers and the constraint on the answer (none for `tool_choice: "none"` or no
+    tools), every schema checked by the grammar engine now: a 400 naming the field it refuses."""
+    choice = request.tool_choice
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        raise ApiError(400, f"tool_choice must be 'none', 'auto', 'required' or a named function, not {choice!r}",
+                       param="tool_choice")
+    tools = request.tools or []
+    if not tools:
+        if choice is not None and choice != "none":
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        return (), None
+    functions: list[Function] = []
+    for i, tool in enumerate(tools):
+        function = tool.function
+        if any(function.name == known.name for known in functions):
+            raise ApiError(400, f"Two tools are named {function.name!r}", param=f"tools.{i}.function.name")
+        try:
+            fmt = response_format("json_schema", function.parameters, function.name)
+            compile_format(fmt)
+        except GrammarError as error:
+            raise ApiError(400, f"Invalid parameters of function {function.name!r}: {error}",
+                           param=f"tools.{i}.function.parameters", code="invalid_function_parameters") from error
+        functions.append(Function(function.name, function.description, fmt.schema or ""))
+    if choice == "none":
+        return (), None
+    allowed = functions
+    if isinstance(choice, NamedToolChoice):
+        allowed = [function for function in functions if function.name == choice.function.name]
+        if not allowed:
+            raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools",
+                           param="tool_choice.function.name")
+    constraint = ToolConstraint(tuple((function.name, function.parameters) for function in allowed),
+                                required=choice is not None and choice != "auto", parallel=request.parallel_tool_calls)
+    try:
+        compile_tools(constraint)
+    except GrammarError as error:
+        raise ApiError(400, f"Invalid tools: {error}", param="tools", code="invalid_function_parameters") from error
+    if request.response_format is not None and request.response_format.type != "text":
+        raise ApiError(400, "response_format cannot be combined with tools (unless tool_choice is 'none')",
+                       param="response_format")
+    if request.diffusing:
+        raise ApiError(400, "diffusing streams do not carry tool calls", param="diffusing")
+    return tuple(functions), constraint
+
+
+def _options_of(
+    request: ChatCompletionRequest, config: ServerConfig, tools: ToolConstraint | None
+) -> GenerationOptions:
     if request.n not in (None, 1):
         raise ApiError(400, "Only n=1 is supported", param="n")
     if request.stream_options is not None and not request.stream:
@@ -173,7 +253,7 @@ def _options_of(request: ChatCompletionRequest, config: ServerConfig) -> Generat
     rules = AnswerRules(**request.answer_rules.model_dump()) if request.answer_rules is not None else AnswerRules()
     return GenerationOptions(
         max_new_tokens=max_tokens, temperature=temperature, seed=request.seed, stop=stops, rules=rules,
-        response_format=_format_of(request),
+        response_format=_format_of(request), tools=tools,
     )
 
 
@@ -305,6 +385,7 @@ async def _stream_events(
     sent_committed = 0  # diffusing mode: the last committed_chars sent
     last: Draft | None = None
     finish: str | None = None
+    calls = ToolCallDeltas() if options.tools is not None else None  # an answer that may be tool calls
     try:
         async with contextlib.aclosing(drafts), contextlib.aclosing(every_draft()) as stream:
             async for draft in stream:
@@ -318,10 +399,17 @@ async def _stream_events(
                 elif len(view.committed) > len(sent):
                     if not view.committed.startswith(sent):
                         raise GenerationCrashed("the model changed text it had committed")
-                    yield chunk({"content": view.committed[len(sent):]})
+                    if calls is not None and opens_calls(view.committed):
+                        fragments = calls.feed(view.committed)
+                        if fragments:
+                            yield chunk({"tool_calls": fragments})
+                    else:
+                        yield chunk({"content": view.committed[len(sent):]})
                     sent = view.committed
                 if view.stopped or draft.done:
                     finish = "stop" if view.stopped else _finish_reason(draft)
+                    if calls is not None and finish == "stop" and any(c.closed for c in read_calls(sent)):
+                        finish = "tool_calls"
                     break
         if finish is None:
             raise ShuttingDown("the generation ended without a final draft (the server is shutting down)")
@@ -441,8 +529,9 @@ def create_app(model: ChatModel, config: ServerConfig) -> FastAPI:
         if body.model not in names:
             raise ApiError(404, f"The model '{body.model}' does not exist; this server serves {list(names)}",
                            param="model", code="model_not_found")
-        messages = _messages_of(body, config)
-        options = _options_of(body, config)
+        offered, tools = _tools_of(body)
+        messages = _messages_of(body, config, offered)
+        options = _options_of(body, config, tools)
         prompt = await _prompt_of(model, messages, options, config)
         try:
             job = scheduler.submit(messages, options, prompt)  # room check and queueing in one step
@@ -462,6 +551,11 @@ def create_app(model: ChatModel, config: ServerConfig) -> FastAPI:
             text, finish, last = await _first_of(_collect(job, options.stop), raw, config.disconnect_poll_s)
         except ModelError as error:
             raise _api_error(error) from error
+        if options.tools is not None and opens_calls(text):
+            calls = [call for call in read_calls(text) if call.closed]
+            finish = "tool_calls" if calls and finish == "stop" else finish
+            return completion_object(new_completion_id(), body.model, None, finish, last,
+                                     [tool_call_object(new_call_id(), c.name, c.arguments) for c in calls])
         return completion_object(new_completion_id(), body.model, text, finish, last)
 
     app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)
