@@ -6,7 +6,9 @@ SmolLM2's chat template has no tool format, so one plain-text format serves ever
   (`{"name":...,"description":...,"parameters":{...}}`);
 - a call is `<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>` (compact JSON, name first;
   parallel calls follow each other with nothing between);
-- a result is a user message `<tool_response>...</tool_response>` (a template that knows no "tool" role still takes it).
+- a result is a message of role "tool" holding the result as the caller sent it (ChatML, SmolLM2's template, writes
+  any role: `<|im_start|>tool\n...<|im_end|>`; the bundled model answers it with text, where a user message
+  `<tool_response>...</tool_response>` made it repeat the result).
 
 The grammar (model/decoding/grammar.py `compile_tools`) makes the model write calls in exactly this shape, so reading
 them back (`read_calls`) is a prefix match that works on a growing committed text as well as on a finished answer.
@@ -27,7 +29,7 @@ _ARGUMENTS_END = "}" + CALL_CLOSE  # the call object's closing brace, then the c
 INSTRUCTION = (
     "You can call functions. To call one, answer with only "
     '<tool_call>{"name":<function name>,"arguments":<its arguments as JSON>}</tool_call>. '
-    "A function's result comes back as <tool_response>...</tool_response>; then answer the user with it. "
+    "A function's result comes back in a message of role tool; then answer the user with it. "
     "The functions:"
 )
 
@@ -62,11 +64,6 @@ def call_text(name: str, arguments: str) -> str:
     """An assistant's call as the model writes it. `arguments`: JSON text (re-written compact)."""
     compact = json.dumps(json.loads(arguments), separators=(",", ":"))
     return f'{CALL_OPEN}{{"name":{json.dumps(name)},"arguments":{compact}}}{CALL_CLOSE}'
-
-
-def response_text(content: str) -> str:
-    """A tool's result as the user-side message that carries it back."""
-    return f"<tool_response>{content}</tool_response>"
 
 
 def new_call_id() -> str:

@@ -9,7 +9,7 @@ import json
 import llguidance
 import pytest
 
-from model.chat.tools import Function, ToolCall, call_text, opens_calls, read_calls, response_text, tools_text
+from model.chat.tools import Function, ToolCall, call_text, opens_calls, read_calls, tools_text
 from model.decoding.grammar import GrammarError, compile_tools
 from model.decoding.options import ToolConstraint
 from model.server.answer import ToolCallDeltas
@@ -47,16 +47,15 @@ def matches(constraint: ToolConstraint, text: str) -> bool:
 def test_the_prompt_lists_the_functions_as_compact_json() -> None:
     text = tools_text([Function("get_weather", "The weather in a city", WEATHER)])
     first, second = text.split("\n")
-    assert "<tool_call>" in first and "<tool_response>" in first
+    assert "<tool_call>" in first and "role tool" in first
     assert json.loads(second) == {"name": "get_weather", "description": "The weather in a city",
                                   "parameters": json.loads(WEATHER)}
     assert " " not in second.replace("The weather in a city", "")
 
 
-def test_calls_and_results_are_written_in_the_generic_format() -> None:
+def test_calls_are_written_in_the_generic_format() -> None:
     assert call_text("get_weather", '{"city": "Paris"}') == (
         '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>')
-    assert response_text("18 C") == "<tool_response>18 C</tool_response>"
 
 
 def test_calls_are_read_back_and_a_growing_call_only_grows() -> None:
