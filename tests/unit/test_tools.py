@@ -9,10 +9,14 @@ import json
 import llguidance
 import pytest
 
+from model.chat import ChatMessage
 from model.chat.tools import Function, ToolCall, call_text, opens_calls, read_calls, tools_text
 from model.decoding.grammar import GrammarError, compile_tools
 from model.decoding.options import ToolConstraint
 from model.server.answer import ToolCallDeltas
+from model.server.config import ServerConfig
+from model.server.inputs import ApiError, chat_messages, tools_of
+from model.server.protocol import ChatCompletionRequest
 
 WEATHER = json.dumps({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
                       "required": ["city"], "additionalProperties": False}, separators=(",", ":"))
@@ -128,3 +132,39 @@ def test_a_malformed_parameters_schema_names_the_function() -> None:
     bad = ToolConstraint((("get_weather", '{"type":"object","properties":{"city":{"type":"strin"}}}'),), True)
     with pytest.raises(GrammarError, match="get_weather"):
         compile_tools(bad)
+
+
+def request(**fields: object) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", **fields})
+
+
+def test_a_conversation_with_tools_is_written_in_the_generic_format() -> None:
+    body = request(
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "call_1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}],
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": json.loads(WEATHER)}}])
+    offered, constraint = tools_of(body)
+    assert constraint == ToolConstraint((("get_weather", WEATHER),), required=False, parallel=True)
+    messages = chat_messages(body, ServerConfig(), offered)
+    assert messages == (ChatMessage("system", "Be brief.\n\n" + tools_text(offered)),
+                        ChatMessage("user", "Weather in Paris?"),
+                        ChatMessage("assistant", call_text("get_weather", '{"city":"Paris"}')),
+                        ChatMessage("tool", "18 C"))
+
+
+def test_tool_choice_none_offers_nothing_and_a_name_narrows_the_grammar() -> None:
+    tools = [{"type": "function", "function": {"name": name, "parameters": json.loads(TIME)}}
+             for name in ("get_time", "get_date")]
+    messages = [{"role": "user", "content": "Hi"}]
+    assert tools_of(request(messages=messages, tools=tools, tool_choice="none")) == ((), None)
+    _, named = tools_of(request(messages=messages, tools=tools, parallel_tool_calls=False,
+                                tool_choice={"type": "function", "function": {"name": "get_date"}}))
+    assert named is not None and [name for name, _ in named.tools] == ["get_date"]
+    assert named.required and not named.parallel
+    with pytest.raises(ApiError) as caught:
+        chat_messages(request(messages=[*messages, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]),
+                      ServerConfig(), ())
+    assert caught.value.param == "messages.1.tool_call_id"
