@@ -48,9 +48,6 @@ def chat_messages(
     messages: list[ChatMessage] = []
     call_ids: set[str] = set()
     for i, message in enumerate(request.messages):
-        if message.content is None and not (message.role == "assistant" and message.tool_calls):
-            raise ApiError(400, "Only an assistant message with tool_calls may have null content",
-                           param=f"messages.{i}.content")
         text = message.text()
         if message.role == "tool":
             if message.tool_call_id is None or message.tool_call_id not in call_ids:

@@ -41,7 +41,8 @@ class ToolCallBody(BaseModel):
 
 class Message(BaseModel):
     """A chat message. `developer` is OpenAI's newer name for `system` and is treated as one. An assistant message
-    may carry `tool_calls` (its content then may be null); a `tool` message answers one by `tool_call_id`."""
+    may carry `tool_calls`; a `tool` message answers one by `tool_call_id`. A null or absent content reads as empty
+    (an assistant message of tool calls has none; a chat with no words at all is refused as empty)."""
 
     model_config = _REQUEST_CONFIG
     role: Literal["system", "developer", "user", "assistant", "tool"]
