@@ -185,3 +185,15 @@ def test_the_remote_client_refuses_tool_calls(server: RunningServer) -> None:
     options = GenerationOptions(max_new_tokens=8, tools=ToolConstraint((("get_time", "{}"),), required=True))
     with pytest.raises(ModelError, match="remote"):
         list(remote.stream_chat([ChatMessage("user", "Hi")], options))
+
+
+def test_the_official_stream_helper_assembles_the_call(server: RunningServer) -> None:
+    whole = ask(server, PROMPTS[2], tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0]
+    with client_of(server).chat.completions.stream(
+        model=NAME, messages=[{"role": "user", "content": PROMPTS[2]}], tools=TOOLS, max_tokens=64,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0.0,
+    ) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == whole.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
