@@ -20,7 +20,7 @@ __all__ = [
     "PreparesPrompts", "TokenizingChatModel",
 ]
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # "tool": a function's result (model/chat/tools.py)
 
 
 @dataclass(frozen=True, slots=True)

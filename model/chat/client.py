@@ -105,7 +105,12 @@ class OpenAIChatModel:
         options: GenerationOptions,
         cancel: threading.Event | None = None,
     ) -> Iterator[Draft]:
-        """Yield a Draft per chunk that changes the text; the last has `done=True`. `cancel` closes the stream."""
+        """Yield a Draft per chunk that changes the text; the last has `done=True`. `cancel` closes the stream.
+        Tool calls are refused: the chat arrives already written in this runtime's text format (model/chat/tools.py),
+        so the remote could neither enforce the calls nor take the results as OpenAI tool messages."""
+        if options.tools is not None:
+            raise ModelError(f"tool calls are not passed on to a remote model ({self.base_url}); "
+                             "serve the model locally, or send tool_choice 'none'")
         diffusing = self.diffusing
         request: dict[str, Any] = {
             "model": self.name,

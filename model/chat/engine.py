@@ -19,7 +19,7 @@ from model.chat.backend import AnswerPlan, Backend, EndOfTurnRow
 from model.chat.stop_strings import end_at_stop
 from model.chat.text import Vocabulary, draft_from_refinement
 from model.decoding.end_of_turn import message_tail, probe_row
-from model.decoding.grammar import Grammar, GrammarError, compile_format, grammar_tokenizer
+from model.decoding.grammar import Grammar, GrammarError, compile_format, compile_tools, grammar_tokenizer
 from model.decoding.options import whole_blocks
 from model.decoding.sampler import SamplerConfig
 from model.decoding.speech_guard import SpeechGuard
@@ -160,14 +160,17 @@ class DiffusionChatModel:
                           probe, self.grammar(options, config))
 
     def grammar(self, options: GenerationOptions, config: SamplerConfig) -> Grammar | None:
-        """The parser state of the caller's `response_format` (None for free text). Constrained decoding runs in the
-        modes whose tokens are committed left to right by the teacher; diffusion commits anywhere in a block."""
-        if options.response_format is None:
+        """The parser state of the caller's `response_format` or tool calls (None for free text). Constrained decoding
+        runs in the modes whose tokens are committed left to right by the teacher; diffusion commits anywhere in a
+        block."""
+        if options.response_format is None and options.tools is None:
             return None
+        what = "tool calls need" if options.tools is not None else "response_format needs"
         if config.decoding not in ("autoregressive", "self-speculative"):
-            raise GrammarError(f"response_format needs autoregressive or self-speculative decoding, not "
+            raise GrammarError(f"{what} autoregressive or self-speculative decoding, not "
                                f"{config.decoding} (start the server with --decoding self-speculative)")
-        grammar = compile_format(options.response_format)
+        grammar = (compile_tools(options.tools) if options.tools is not None
+                   else compile_format(options.response_format))
         with self._guards_lock:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, {self.tokenizer.eos_token_id})

@@ -20,7 +20,7 @@ import llguidance
 import llguidance.hf
 import torch
 
-from model.decoding.options import ResponseFormat
+from model.decoding.options import ResponseFormat, ToolConstraint
 from model.errors import ModelError
 
 # Compiler options under the schema's own "x-guidance" (a caller may still ask for flexible whitespace there).
@@ -103,6 +103,33 @@ def compile_format(fmt: ResponseFormat) -> str:
     message = llguidance.LLMatcher.validate_grammar(grammar)
     if message:
         raise GrammarError(f"the JSON schema cannot be enforced: {message}")
+    return grammar
+
+
+def compile_tools(constraint: ToolConstraint) -> str:
+    """The llguidance (Lark) grammar of `constraint`'s tool calls, validated like `compile_format` (each function's
+    parameters schema first, so an error names the function). "auto" adds free text as the other alternative; free
+    text may not start with "<", so an answer that opens a tool call must complete one."""
+    alternatives = []
+    for i, (name, parameters) in enumerate(constraint.tools):
+        try:
+            compile_format(ResponseFormat("json_schema", parameters, name))
+        except GrammarError as error:
+            raise GrammarError(f"function {name!r}: {error}") from error
+        call = {"type": "object", "properties": {"name": {"const": name}, "arguments": json.loads(parameters)},
+                "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": _JSON_DEFAULTS}
+        alternatives.append(f"call_{i}: %json {json.dumps(call, separators=(',', ':'))}")
+    calls = "call+" if constraint.parallel else "call"
+    start = "calls" if constraint.required else "calls | TEXT"
+    lines = [f"start: {start}", f"calls: {calls}",
+             'call: "<tool_call>" (' + " | ".join(f"call_{i}" for i in range(len(alternatives))) + ') "</tool_call>"',
+             *alternatives]
+    if not constraint.required:
+        lines.append(r"TEXT: /[^<](.|\n)*/")
+    grammar = llguidance.grammar_from("lark", "\n".join(lines) + "\n")
+    message = llguidance.LLMatcher.validate_grammar(grammar)
+    if message:
+        raise GrammarError(f"the tool call grammar cannot be enforced: {message}")
     return grammar
 
 

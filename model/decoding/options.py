@@ -55,6 +55,25 @@ class ResponseFormat:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolConstraint:
+    """The tool calls a caller demands (or allows) as its answer, enforced by constrained decoding like a
+    `ResponseFormat`: each call is `<tool_call>{"name":...,"arguments":...}</tool_call>` (model/chat/tools.py) naming
+    one of `tools`, its arguments matching that function's parameters schema.
+
+    `required`: the answer is one call (or, with `parallel`, one or more); otherwise ("auto") it is either free text
+    or such calls. Schemas are compact JSON text, so the options stay frozen and hashable.
+    """
+
+    tools: tuple[tuple[str, str], ...]  # (function name, compact JSON of its parameters schema)
+    required: bool
+    parallel: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.tools:
+            raise ModelError("a tool constraint needs at least one function")
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationOptions:
     """What a caller may ask of one answer. Sampler details (block length, threshold) belong to the model's config."""
 
@@ -73,6 +92,8 @@ class GenerationOptions:
     rules: AnswerRules = AnswerRules()
     # The structure the answer must have (None: free text).
     response_format: ResponseFormat | None = None
+    # The tool calls the answer must (or may) be (None: no tools). Exclusive with `response_format`.
+    tools: ToolConstraint | None = None
 
     def check(self) -> None:
         """Refuse (`ModelError`) what no decoding can do; called when an answer is asked for, so a server maps it to
@@ -81,6 +102,8 @@ class GenerationOptions:
             raise ModelError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ModelError(f"temperature must be >= 0, got {self.temperature}")
+        if self.tools is not None and self.response_format is not None:
+            raise ModelError("an answer takes tool calls or a response_format, not both")
 
 
 # The options of a caller that asks for nothing: the model's plain greedy answer.

@@ -15,9 +15,11 @@ request: model/chat/client.py.)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from model.chat import Draft
 from model.chat.stop_strings import cut_at_stop, stable_length
+from model.chat.tools import new_call_id, read_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +43,28 @@ def view_of(draft: Draft, stops: tuple[str, ...]) -> AnswerView:
     if not text.startswith(committed):  # a stop string in the guess cut into the committed part
         text = committed
     return AnswerView(text=text, committed=committed, stopped=False)
+
+
+class ToolCallDeltas:
+    """The `delta.tool_calls` fragments of a stream whose answer is tool calls, from its committed text as it grows:
+    a call's `index`, `id`, `type` and `function.name` once its name is committed, then `function.arguments` pieces
+    that a client appends (the official client's stream assembles them). Pure: the server sends what `feed` returns.
+    """
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self._sent: list[int] = []  # characters of each call's arguments already sent
+
+    def feed(self, committed: str) -> list[dict[str, Any]]:
+        """The fragments that `committed` (the answer's committed text so far) adds to what was sent."""
+        fragments: list[dict[str, Any]] = []
+        for index, call in enumerate(read_calls(committed)):
+            if index == len(self.ids):
+                self.ids.append(new_call_id())
+                self._sent.append(0)
+                fragments.append({"index": index, "id": self.ids[index], "type": "function",
+                                  "function": {"name": call.name, "arguments": ""}})
+            if len(call.arguments) > self._sent[index]:
+                fragments.append({"index": index, "function": {"arguments": call.arguments[self._sent[index]:]}})
+                self._sent[index] = len(call.arguments)
+        return fragments

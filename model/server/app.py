@@ -36,12 +36,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model.chat import AnswerRules, ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
-from model.decoding.grammar import GrammarError, compile_format, response_format
-from model.decoding.options import ResponseFormat
+from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
+from model.chat.tools import new_call_id, opens_calls, read_calls
+from model.decoding.grammar import GrammarError
 from model.errors import ContextLengthExceeded, ModelError
-from model.server.answer import view_of
+from model.server.answer import ToolCallDeltas, view_of
 from model.server.config import ServerConfig
+from model.server.inputs import ApiError, chat_messages, options_of, tools_of
 from model.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from model.server.metrics import ApiMetrics
 from model.server.protocol import (
@@ -51,32 +52,12 @@ from model.server.protocol import (
     completion_object,
     error_object,
     new_completion_id,
+    tool_call_object,
     usage_of,
 )
 from model.server.scheduler import GenerationCrashed, Job, QueueFull, Scheduler, ShuttingDown
 
 log = logging.getLogger(__name__)
-
-
-class ApiError(Exception):
-    """An error answered to the client as an OpenAI error object with an HTTP status."""
-
-    def __init__(
-        self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": "1"} if self.status == 503 else None
-        return JSONResponse(
-            error_object(self.message, self.type, self.param, self.code), status_code=self.status, headers=headers
-        )
 
 
 class BodyLimitMiddleware:
@@ -127,7 +108,8 @@ class BodyLimitMiddleware:
         await error.response()(scope, receive, send)
 
 
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart", "StreamOptions"})
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart", "StreamOptions",
+                        "NamedToolChoice"})
 
 
 def _validation_message(error: dict[str, Any]) -> tuple[str, str | None]:
@@ -143,56 +125,6 @@ def _validation_message(error: dict[str, Any]) -> tuple[str, str | None]:
         return "Request body is required (JSON with 'model' and 'messages')", None
     where = f"'{param}'" if param else "the request body"
     return f"Invalid value for {where}: {error.get('msg', 'invalid')}", param
-
-
-def _messages_of(request: ChatCompletionRequest, config: ServerConfig) -> tuple[ChatMessage, ...]:
-    if len(request.messages) > config.max_messages:
-        raise ApiError(400, f"At most {config.max_messages} messages are allowed", param="messages")
-    messages = tuple(
-        ChatMessage(role="system" if message.role == "developer" else message.role, content=message.text())
-        for message in request.messages
-    )
-    if sum(len(message.content) for message in messages) > config.max_prompt_chars:
-        raise ApiError(400, f"Messages exceed {config.max_prompt_chars} characters in total", param="messages")
-    return messages
-
-
-def _options_of(request: ChatCompletionRequest, config: ServerConfig) -> GenerationOptions:
-    if request.n not in (None, 1):
-        raise ApiError(400, "Only n=1 is supported", param="n")
-    if request.stream_options is not None and not request.stream:
-        raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
-    max_tokens = request.max_completion_tokens or request.max_tokens or config.default_max_tokens
-    if max_tokens > config.max_tokens_limit:
-        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-        raise ApiError(400, f"{param} must be at most {config.max_tokens_limit}", param=param)
-    stops = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
-    if len(stops) > config.max_stop_sequences or any(not stop for stop in stops):
-        raise ApiError(400, f"stop takes 1..{config.max_stop_sequences} non-empty strings", param="stop")
-    temperature = request.temperature if request.temperature is not None else GenerationOptions().temperature
-    rules = AnswerRules(**request.answer_rules.model_dump()) if request.answer_rules is not None else AnswerRules()
-    return GenerationOptions(
-        max_new_tokens=max_tokens, temperature=temperature, seed=request.seed, stop=stops, rules=rules,
-        response_format=_format_of(request),
-    )
-
-
-def _format_of(request: ChatCompletionRequest) -> ResponseFormat | None:
-    """The request's `response_format`, its schema checked by the grammar engine now (a 400 naming what it refuses)."""
-    body = request.response_format
-    if body is None or body.type == "text":
-        return None
-    if body.type == "json_schema" and body.json_schema is None:
-        raise ApiError(400, "response_format of type json_schema needs a json_schema object",
-                       param="response_format.json_schema")
-    try:
-        fmt = (response_format(body.type) if body.json_schema is None or body.type == "json_object"
-               else response_format(body.type, body.json_schema.schema_, body.json_schema.name))
-        compile_format(fmt)
-    except GrammarError as error:
-        raise ApiError(400, f"Invalid response_format: {error}", param="response_format.json_schema.schema",
-                       code="invalid_response_format") from error
-    return fmt
 
 
 async def _collect(job: Job, stops: tuple[str, ...]) -> tuple[str, str, Draft | None]:
@@ -230,7 +162,7 @@ async def _first_of(work: Awaitable[Any], request: Request, poll_s: float) -> An
         task.cancel()
 
 
-def _api_error(error: ModelError) -> ApiError:
+def _api_error(error: ModelError, options: GenerationOptions) -> ApiError:
     """The HTTP error for a model-side failure: a refusal is the request's fault, a crash or a shutdown the server's."""
     if isinstance(error, QueueFull):
         return ApiError(503, str(error), "server_error", code="server_overloaded")
@@ -240,7 +172,9 @@ def _api_error(error: ModelError) -> ApiError:
         return ApiError(500, str(error), "server_error", code="generation_failed")
     if isinstance(error, ContextLengthExceeded):
         return ApiError(400, str(error), param="messages", code="context_length_exceeded")
-    if isinstance(error, GrammarError):
+    if isinstance(error, GrammarError):  # the grammar of the answer's tool calls, or of its response_format
+        if options.tools is not None:
+            return ApiError(400, str(error), param="tools", code="invalid_tools")
         return ApiError(400, str(error), param="response_format", code="invalid_response_format")
     return ApiError(400, str(error), code="generation_failed")
 
@@ -256,7 +190,7 @@ async def _prompt_of(
         prompt = await asyncio.to_thread(model.prompt_ids, messages)
         model.check_context(len(prompt), options.max_new_tokens, config.max_context_tokens)
     except ModelError as error:
-        raise _api_error(error) from error
+        raise _api_error(error, options) from error
     return prompt
 
 
@@ -305,6 +239,7 @@ async def _stream_events(
     sent_committed = 0  # diffusing mode: the last committed_chars sent
     last: Draft | None = None
     finish: str | None = None
+    calls = ToolCallDeltas() if options.tools is not None else None  # an answer that may be tool calls
     try:
         async with contextlib.aclosing(drafts), contextlib.aclosing(every_draft()) as stream:
             async for draft in stream:
@@ -318,15 +253,22 @@ async def _stream_events(
                 elif len(view.committed) > len(sent):
                     if not view.committed.startswith(sent):
                         raise GenerationCrashed("the model changed text it had committed")
-                    yield chunk({"content": view.committed[len(sent):]})
+                    if calls is not None and opens_calls(view.committed):
+                        fragments = calls.feed(view.committed)
+                        if fragments:
+                            yield chunk({"tool_calls": fragments})
+                    else:
+                        yield chunk({"content": view.committed[len(sent):]})
                     sent = view.committed
                 if view.stopped or draft.done:
                     finish = "stop" if view.stopped else _finish_reason(draft)
+                    if calls is not None and finish == "stop" and any(c.closed for c in read_calls(sent)):
+                        finish = "tool_calls"
                     break
         if finish is None:
             raise ShuttingDown("the generation ended without a final draft (the server is shutting down)")
     except ModelError as error:
-        error_ = _api_error(error)
+        error_ = _api_error(error, options)
         yield _sse(error_object(error_.message, error_.type, error_.param, error_.code))
         yield _sse("[DONE]")
         return
@@ -441,27 +383,33 @@ def create_app(model: ChatModel, config: ServerConfig) -> FastAPI:
         if body.model not in names:
             raise ApiError(404, f"The model '{body.model}' does not exist; this server serves {list(names)}",
                            param="model", code="model_not_found")
-        messages = _messages_of(body, config)
-        options = _options_of(body, config)
+        offered, tools = tools_of(body)
+        messages = chat_messages(body, config, offered)
+        options = options_of(body, config, tools)
         prompt = await _prompt_of(model, messages, options, config)
         try:
             job = scheduler.submit(messages, options, prompt)  # room check and queueing in one step
         except QueueFull as error:
-            raise _api_error(error) from error
+            raise _api_error(error, options) from error
         if body.stream:
             # Wait for the first pass before answering 200, so that whatever the model refuses is an HTTP error.
             drafts = job.stream()
             try:
                 first = await _first_of(anext(drafts, None), raw, config.disconnect_poll_s)
             except ModelError as error:
-                raise _api_error(error) from error
+                raise _api_error(error, options) from error
             if first is None:
-                raise _api_error(ShuttingDown("the generation was cancelled (the server is shutting down)"))
+                raise _api_error(ShuttingDown("the generation was cancelled (the server is shutting down)"), options)
             return _JobStream(job, _stream_events(drafts, first, options, body))
         try:
             text, finish, last = await _first_of(_collect(job, options.stop), raw, config.disconnect_poll_s)
         except ModelError as error:
-            raise _api_error(error) from error
+            raise _api_error(error, options) from error
+        if options.tools is not None and opens_calls(text):
+            calls = [call for call in read_calls(text) if call.closed]
+            finish = "tool_calls" if calls and finish == "stop" else finish
+            return completion_object(new_completion_id(), body.model, None, finish, last,
+                                     [tool_call_object(new_call_id(), c.name, c.arguments) for c in calls])
         return completion_object(new_completion_id(), body.model, text, finish, last)
 
     app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)

@@ -24,16 +24,66 @@ class TextPart(BaseModel):
     text: str
 
 
-class Message(BaseModel):
-    """A chat message. `developer` is OpenAI's newer name for `system` and is treated as one."""
+class FunctionCallBody(BaseModel):
+    model_config = _REQUEST_CONFIG
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallBody(BaseModel):
+    """An assistant message's earlier tool call, sent back with the conversation."""
 
     model_config = _REQUEST_CONFIG
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    id: str
+    type: Literal["function"]
+    function: FunctionCallBody
+
+
+class Message(BaseModel):
+    """A chat message. `developer` is OpenAI's newer name for `system` and is treated as one. An assistant message
+    may carry `tool_calls`; a `tool` message answers one by `tool_call_id`. A null or absent content reads as empty
+    (an assistant message of tool calls has none; a chat with no words at all is refused as empty)."""
+
+    model_config = _REQUEST_CONFIG
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallBody] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class FunctionBody(BaseModel):
+    """`tools[i].function`: a function the model may call; `parameters` is a JSON Schema of its arguments."""
+
+    model_config = _REQUEST_CONFIG
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class ToolBody(BaseModel):
+    model_config = _REQUEST_CONFIG
+    type: Literal["function"]
+    function: FunctionBody
+
+
+class NamedFunction(BaseModel):
+    model_config = _REQUEST_CONFIG
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`: the answer must call that function."""
+
+    model_config = _REQUEST_CONFIG
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -92,6 +142,10 @@ class ChatCompletionRequest(BaseModel):
         description="Logit rules for this answer (no repeated n-grams, an end after a sentence). See API.md.",
     )
     response_format: ResponseFormatBody | None = None
+    tools: list[ToolBody] | None = None
+    tool_choice: str | NamedToolChoice | None = Field(
+        default=None, description='"none", "auto" (the default with tools), "required", or a named function')
+    parallel_tool_calls: bool = True
     user: str | None = None
 
 
@@ -118,6 +172,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def tool_call_object(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """One of a message's `tool_calls`."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def error_object(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -133,9 +192,13 @@ def usage_of(draft: Draft | None) -> dict[str, int]:
 
 
 def completion_object(
-    completion_id: str, model: str, text: str, finish_reason: str, last: Draft | None
+    completion_id: str, model: str, text: str | None, finish_reason: str, last: Draft | None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A non-streaming `chat.completion`."""
+    """A non-streaming `chat.completion` (with `tool_calls`, its message's content is null)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -144,7 +207,7 @@ def completion_object(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "finish_reason": finish_reason,
                 "logprobs": None,
             }
@@ -157,7 +220,7 @@ def chunk_object(
     completion_id: str,
     model: str,
     created: int,
-    delta: dict[str, str] | None,
+    delta: dict[str, Any] | None,
     finish_reason: str | None = None,
     diffusion: dict[str, int] | None = None,
     usage: dict[str, int] | None = None,

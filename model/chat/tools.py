@@ -1,0 +1,104 @@
+"""Tool calls as text: the generic format this runtime writes tools, calls and results in, and reads calls back from.
+
+SmolLM2's chat template has no tool format, so one plain-text format serves every model (model/server/API.md):
+
+- the functions go in the system message: an instruction, then one compact JSON line per function
+  (`{"name":...,"description":...,"parameters":{...}}`);
+- a call is `<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>` (compact JSON, name first;
+  parallel calls follow each other with nothing between);
+- a result is a message of role "tool" holding the result as the caller sent it (ChatML, SmolLM2's template, writes
+  any role: `<|im_start|>tool\n...<|im_end|>`; the bundled model answers it with text, where a user message
+  `<tool_response>...</tool_response>` made it repeat the result).
+
+The grammar (model/decoding/grammar.py `compile_tools`) makes the model write calls in exactly this shape, so reading
+them back (`read_calls`) is a prefix match that works on a growing committed text as well as on a finished answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","arguments":')
+_ARGUMENTS_END = "}" + CALL_CLOSE  # the call object's closing brace, then the closing tag
+
+INSTRUCTION = (
+    "You can call functions. To call one, answer with only "
+    '<tool_call>{"name":<function name>,"arguments":<its arguments as JSON>}</tool_call>. '
+    "A function's result comes back in a message of role tool; then answer the user with it. "
+    "The functions:"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Function:
+    """A function the model may call: its parameters schema is compact JSON text."""
+
+    name: str
+    description: str
+    parameters: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call read from an answer. `arguments` is the JSON text as the model wrote it; `closed`: its closing tag is
+    there (a call still being written, or cut by the token budget, is not)."""
+
+    name: str
+    arguments: str
+    closed: bool
+
+
+def tools_text(functions: Sequence[Function]) -> str:
+    """The system message's part that offers `functions`."""
+    lines = [json.dumps({"name": f.name, "description": f.description, "parameters": json.loads(f.parameters)},
+                        separators=(",", ":")) for f in functions]
+    return "\n".join([INSTRUCTION, *lines])
+
+
+def call_text(name: str, arguments: str) -> str:
+    """An assistant's call as the model writes it. `arguments`: JSON text (re-written compact)."""
+    compact = json.dumps(json.loads(arguments), separators=(",", ":"))
+    return f'{CALL_OPEN}{{"name":{json.dumps(name)},"arguments":{compact}}}{CALL_CLOSE}'
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def opens_calls(text: str) -> bool:
+    """Whether an answer is (or, while short, may become) tool calls rather than free text: the grammar's free text
+    never starts with "<"."""
+    return text.startswith("<")
+
+
+def read_calls(text: str) -> list[ToolCall]:
+    """The calls of an answer's committed text, the last one possibly still open: its arguments then stop before
+    anything that may be the start of its closing `}</tool_call>`, so they only ever grow as the text does."""
+    calls: list[ToolCall] = []
+    rest = text
+    while rest.startswith(CALL_OPEN):
+        head = _CALL_HEAD.match(rest, len(CALL_OPEN))
+        if head is None:  # the name is still being written
+            break
+        name = json.loads(f'"{head.group(1)}"')
+        body = rest[head.end():]
+        end = body.find(_ARGUMENTS_END)
+        if end < 0:
+            calls.append(ToolCall(name, body[: _held_back(body)], closed=False))
+            break
+        calls.append(ToolCall(name, body[:end], closed=True))
+        rest = body[end + len(_ARGUMENTS_END):]
+    return calls
+
+
+def _held_back(body: str) -> int:
+    """Where the end of `body` that may begin `}</tool_call>` starts (len(body) when none does)."""
+    for start in range(max(0, len(body) - len(_ARGUMENTS_END)), len(body)):
+        if _ARGUMENTS_END.startswith(body[start:]):
+            return start
+    return len(body)
