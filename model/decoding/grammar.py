@@ -12,6 +12,7 @@ its whole budget on them, and compact JSON is what a program parses anyway.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -90,6 +91,13 @@ def unknown_keyword(schema: Any, where: str = "#") -> str | None:
     return None
 
 
+# A format is compiled where the server checks a request and again where the engine plans its answer, and a tool's
+# schema once alone (to name the function it refuses) and once inside the tool grammar: one compile serves them all.
+# Options are frozen and hashable; a refused format raises, and exceptions are not cached.
+COMPILED_KEPT = 256
+
+
+@functools.lru_cache(maxsize=COMPILED_KEPT)
 def compile_format(fmt: ResponseFormat) -> str:
     """The llguidance grammar of `fmt`, validated (`GrammarError` naming what the engine refused). Needs no
     tokenizer, so a server checks a request's format before it queues the answer."""
@@ -106,6 +114,7 @@ def compile_format(fmt: ResponseFormat) -> str:
     return grammar
 
 
+@functools.lru_cache(maxsize=COMPILED_KEPT)
 def compile_tools(constraint: ToolConstraint) -> str:
     """The llguidance (Lark) grammar of `constraint`'s tool calls, validated like `compile_format` (each function's
     parameters schema first, so an error names the function). "auto" adds free text as the other alternative; free

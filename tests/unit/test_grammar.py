@@ -5,7 +5,6 @@ autoregressive decoding token for token, with and without the speech guard."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import llguidance
 import pytest
@@ -18,7 +17,13 @@ from model.decoding.speech_guard import SpeechGuard
 from model.runtime.batch_runner import BatchRunner
 from tests.unit.drive import decode_alone, speculative
 from tests.unit.test_batching import drain_together
-from tests.unit.test_self_speculative import OracleDrafts, adapted, final_tokens, prompts
+from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse, tiny tensors on 1 thread)
+    OracleDrafts,
+    adapted,
+    final_tokens,
+    one_thread,
+    prompts,
+)
 
 SCHEMA = {
     "type": "object",
@@ -61,14 +66,6 @@ class TinyVocabulary:
 
 VOCABULARY = TinyVocabulary()
 TOKENIZER = llguidance.LLTokenizer(llguidance.TokenizerWrapper(VOCABULARY))
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def grammar(schema: dict | None = SCHEMA) -> Grammar:
