@@ -55,7 +55,6 @@ class BlockDiffusionBackend:
         # The mask id sits just past the tokenizer's vocabulary; logits get one extra column for it, always -inf.
         self.vocab_size = model.vocab_size + 1
         self.eos_ids = frozenset(int(i) for i in eos_ids)
-        self.block_length = model.config.block_length
         self.runner = BatchRunner(model, max_batch or DEFAULT_MAX_BATCH)
         # One policy per mask count: what it learns about pass costs and acceptance holds for every answer
         self._draft_policies: dict[int, DraftPolicy] = {}
@@ -68,15 +67,6 @@ class BlockDiffusionBackend:
     @property
     def max_batch(self) -> int:
         return self.runner.max_batch
-
-    @property
-    def reuse_prompt_cache(self) -> bool:
-        """False: encode every prompt from scratch (for comparisons)."""
-        return self.runner.reuse_prompt_cache
-
-    @reuse_prompt_cache.setter
-    def reuse_prompt_cache(self, value: bool) -> None:
-        self.runner.reuse_prompt_cache = value
 
     def check(self, config: SamplerConfig) -> None:
         # classifier-free guidance needs a second state over the same weights; the runner keeps one state per answer,

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     conversation(lm, prompts[:2], args.max_new_tokens)  # warm-up
     for _ in range(args.rounds):
         for setting in ("dropped", "kept"):
-            lm.backend.reuse_prompt_cache = setting == "kept"
+            lm.backend.runner.reuse_prompt_cache = setting == "kept"
             runs[setting].append(conversation(lm, prompts, args.max_new_tokens))
     print("| turn | prompt tokens | first draft, cache dropped (ms) | first draft, cache kept (ms) | tokens reused |")
     print("|---|---|---|---|---|")
