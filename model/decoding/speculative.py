@@ -158,9 +158,9 @@ class SpeculativeDecoding:
         clean = (*self.lead, self.last, *self.drafts)
         self._branched = self.branches and masks > 0 and crowd <= 1
         if not self._branched:
-            return Feed(clean=clean, noisy=(self.mask_id,) * masks)
+            return Feed(clean=clean, noisy=(self.mask_id,) * masks, drafts=True)
         after = tuple(g for g in range(len(self.lead) + 1, len(clean) + 1) for _ in range(masks))
-        return Feed(clean=clean, noisy=(self.mask_id,) * len(after), after=after)
+        return Feed(clean=clean, noisy=(self.mask_id,) * len(after), after=after, drafts=True)
 
     def consume(
         self, clean_logits: torch.Tensor, mask_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False

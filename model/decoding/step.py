@@ -42,6 +42,9 @@ class Feed:
     clean: tuple[int, ...]
     noisy: tuple[int, ...] = ()
     after: tuple[int, ...] = ()
+    # The noisy rows only propose drafts that the next pass's clean rows verify (self-speculative mask rows): the
+    # answer never depends on their logits, so the pass may compute them coarser (model/runtime/kernels/).
+    drafts: bool = False
 
     def __post_init__(self) -> None:
         after = self.after

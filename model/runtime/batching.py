@@ -187,6 +187,67 @@ def pass_layout(lengths: Sequence[int], feeds: Sequence[Feed], key_multiple: int
     return ids, positions, noisy, allowed
 
 
+@dataclass(frozen=True, slots=True)
+class PassRows:
+    """The rows of one pass as the decode kernel takes them (model/runtime/kernels/decode_layer.c), every answer's in
+    one list and no padding: each answer's clean rows first, then the noisy rows whose logits decide tokens (a block's
+    canvas), then the drafting mask rows (`Feed.drafts`). Row r is answer `slots[r]`'s, written at `writes[r]` of its
+    slot, and attends its slot's first K keys as `bias[r]` allows (the same rows, positions and mask as `pass_layout`
+    gives them)."""
+
+    ids: torch.Tensor  # [R]
+    positions: torch.Tensor  # [R] rotary positions
+    slots: torch.Tensor  # [R] int64
+    writes: torch.Tensor  # [R] int64
+    bias: torch.Tensor  # [R, K] additive fp32
+    start: int  # the first noisy row (the LoRA's)
+    coarse: int  # the first drafting row
+    answers: tuple[tuple[slice, slice], ...]  # per feed: its clean rows, its noisy rows
+
+    @staticmethod
+    def of(slots: Sequence[int], lengths: Sequence[int], feeds: Sequence[Feed], key_multiple: int) -> PassRows:
+        ids, positions, _, allowed = pass_layout(lengths, feeds, key_multiple)
+        s = ids.shape[1]
+        order: list[tuple[int, int]] = []  # (feed, column) of each row
+        spans: list[list[slice]] = [[] for _ in feeds]
+        for section in ("clean", "decides", "drafts"):
+            for i, feed in enumerate(feeds):
+                if section == "clean":
+                    columns = range(len(feed.clean))
+                elif (section == "drafts") == feed.drafts:
+                    columns = range(s - len(feed.noisy), s)
+                else:
+                    continue
+                spans[i].append(slice(len(order), len(order) + len(columns)))
+                order += [(i, c) for c in columns]
+            if section == "clean":
+                start = len(order)
+            elif section == "decides":
+                coarse = len(order)
+        feed_of = torch.tensor([i for i, _ in order], dtype=torch.long)
+        column = torch.tensor([c for _, c in order], dtype=torch.long)
+        return PassRows(
+            ids[feed_of, column],
+            positions[feed_of, column],
+            torch.tensor(slots, dtype=torch.long)[feed_of],
+            torch.tensor(lengths, dtype=torch.long)[feed_of] + column,
+            additive_mask(allowed[feed_of, 0, column]),
+            start,
+            coarse,
+            tuple((clean, noisy) for clean, noisy in spans),
+        )
+
+
+@runtime_checkable
+class PassesRows(Protocol):
+    """A model pass that takes `PassRows`: every answer of a pass in the same kernel calls (model/runtime/fast_pass.py
+    on a CPU with the decode kernel)."""
+
+    def takes_rows(self) -> bool: ...
+
+    def rows_pass(self, rows: PassRows, cache: SlotCache, keep: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 def _forward(
     model: torch.nn.Module,
     cache: SlotCache,
@@ -217,8 +278,13 @@ def batched_pass(
     """One forward over every sequence's feed; returns each one's (clean logits `[len(clean), V]`, noisy logits
     `[len(noisy), V]`), float32. The new keys are written after each slot's cached tokens but not kept: call `keep`."""
     lengths = [len(cache.slots[slot].ids) for slot in slots]
-    ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
     cache.bind(slots, lengths)
+    fast = model.inference_pass()
+    if isinstance(fast, PassesRows) and fast.takes_rows():
+        rows = PassRows.of(slots, lengths, feeds, KEY_MULTIPLE)
+        flat = fast.rows_pass(rows, cache)  # [R, V] fp32
+        return [(flat[clean], flat[noisy]) for clean, noisy in rows.answers]
+    ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
     # one copy back per pass, of every sequence's logits: the decoding decisions are made on the host
     logits = _forward(model, cache, (ids, positions, noisy, allowed)).float().cpu()  # [B, S, V]
     s = ids.shape[1]

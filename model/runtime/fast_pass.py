@@ -13,10 +13,11 @@ output column's sum as the separate ones did. Tests hold it to the modules' forw
 also under other CPUs' kernels (tests/unit/test_fast_pass.py, tests/unit/test_other_cpus.py), and the bf16 exactness
 tests of self-speculative decoding run through it.
 
-With the GGUF's int4 weights (`BlockDiffusionLM.int4`), a decoding pass of one answer is computed by the C decode
-layer instead (`_native_pass`, model/runtime/kernels/decode_layer.c): the same network, one call a layer, with a
-fp32 residual stream and llama.cpp's quantized matmuls; its rows are exact by construction. Prefills and batched
-passes stay in torch.
+With the GGUF's int4 weights (`BlockDiffusionLM.int4`), every decoding pass, of one answer or of several, is
+computed by the C decode layer instead (`rows_pass`, model/runtime/kernels/decode_layer.c): the same network, one
+call a layer for all the pass's rows, with a fp32 residual stream and llama.cpp's quantized matmuls; each row is
+computed as if alone, so an answer is the same bits whoever else is in its pass. A prefill of one answer goes
+through it too unless AMX makes bf16 matmuls cheaper (`int4_prefill`).
 
 The fused weights share storage with the modules (the modules' weights become views into them), so nothing is held
 twice, and training, which needs autograd through the modules, keeps using them.
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.runtime import quant_kernels, row_exact
+from model.runtime.batching import PassRows
 from model.runtime.int4_weights import Int4Layer, Int4Linear, Int4Weights, Q8Head
 from model.runtime.noisy_rows import Suffix, noisy_suffix
 
@@ -92,8 +94,8 @@ class _Layer:
     int4: Int4Layer | None  # the same linears as the GGUF's int4 blocks, for decoding (model.runtime.int4_weights)
 
 
-# Rows of a batched pass (several answers) up to which the int4 kernels (with the torch glue a batch needs) beat bf16
-# (scripts/bench/bench_lm.py --batch-costs)
+# Rows of a batched pass (several answers) in torch, where the decode kernel does not take the model (an fp32 one),
+# up to which the int4 kernels with the torch glue a batch needs beat bf16 (scripts/bench/bench_lm.py --batch-costs)
 INT4_BATCH_ROWS = 8
 # Rows of a prefill beyond which AMX's bf16 matmuls encode a prompt cheaper than the decode kernel's int8 dot products
 # (each extra row costs the kernel ~2.5 ms a thread on the AMX Xeon, a bf16 pass ~85 ms whatever the rows up to ~64).
@@ -146,12 +148,14 @@ def _native_linears(layer: _Layer, int4: Int4Layer) -> tuple[tuple[Int4Linear, _
 
 
 def _native_linear(weight: Int4Linear, lora: _LoRA, held: list[torch.Tensor]) -> quant_kernels.Linear:
-    """The C kernel's view of one fused linear: its int4 weight and its LoRA's factors (fp32, members stacked)."""
+    """The C kernel's view of one fused linear: its int4 weight and its LoRA's factors (bf16, members stacked)."""
     rank = _native_lora_rank(lora)
     if rank is None:
         raise ValueError("the decode kernel needs one LoRA rank, at most 4 fused members and 256 LoRA columns")
-    a = torch.cat([a for a, _ in lora.factors]).float().contiguous()
-    b = torch.cat([b for _, b in lora.factors]).float().t().contiguous()  # [rank, out]
+    # bf16: the factors are read once a pass (decode_layer.c); they only act on noisy rows, which never reach the
+    # clean rows' logits
+    a = torch.cat([a for a, _ in lora.factors]).bfloat16().contiguous()
+    b = torch.cat([b for _, b in lora.factors]).bfloat16().t().contiguous()  # [rank, out]
     held += [a, b]  # the kernel reads them through raw pointers: the pass holds them
     ends = torch.tensor([member_b.shape[0] for _, member_b in lora.factors]).cumsum(0).tolist()
     return quant_kernels.Linear(
@@ -355,6 +359,44 @@ class FastPass:
             return self.int4_head(h)
         return row_exact.linear(h, self.lm_head)
 
+    def takes_rows(self) -> bool:
+        """Whether `rows_pass` runs here (the decode kernel takes this model): then every decoding pass, of one answer
+        or several, goes through it (model/runtime/batching.py `batched_pass`)."""
+        return self.native is not None
+
+    def rows_pass(self, rows: PassRows, cache: SlotCache, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits `[R, V]` fp32 of a pass's rows (of the rows `keep` selects) through `decode_layer`, one call a
+        layer for every answer in the pass: the residual stream in fp32, each row computed as if alone
+        (model/runtime/kernels/decode_layer.c), drafting rows on coarse matmuls."""
+        lib = quant_kernels.library()
+        assert self.native is not None and self.int4_head is not None
+        r = rows.ids.shape[0]
+        h = self.model.embed(rows.ids[None]).float()[0].contiguous()  # [R, hidden]
+        cos, sin = (t[0].contiguous() for t in self._rotary_fp32(rows.positions[None]))  # [R, head_dim]
+        bias = rows.bias.float().contiguous()
+        slots, writes = rows.slots.contiguous(), rows.writes.contiguous()
+        key_len = bias.shape[-1]
+        like = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=torch.bfloat16)
+        threads = torch.get_num_threads()
+        for index, layer in enumerate(self.native):
+            keys, values = cache.buffers(index, key_len, like)
+            if keys.dtype != torch.bfloat16 or not keys.is_contiguous() or not values.is_contiguous():
+                raise ValueError("the decode kernel needs a contiguous bf16 cache")
+            status = lib.decode_layer(
+                ctypes.byref(layer), h.data_ptr(), r, rows.start, rows.coarse, cos.data_ptr(), sin.data_ptr(),
+                keys.data_ptr(), values.data_ptr(), keys.shape[2], slots.data_ptr(), writes.data_ptr(), key_len,
+                bias.data_ptr(), threads,
+            )
+            if status == 1:
+                raise MemoryError(f"decode_layer could not allocate its buffers (layer {index})")
+            if status:
+                raise ValueError(f"decode_layer refused layer {index}'s shapes ({status})")
+        if keep is not None:
+            h, coarse = h[keep], None
+        else:
+            coarse = rows.coarse
+        return self.int4_head(self._rms_norm(h, self.norm), coarse)
+
     def _native_pass(
         self,
         input_ids: torch.Tensor,
@@ -364,29 +406,16 @@ class FastPass:
         cache: SlotCache,
         logits_to_keep: int | torch.Tensor,
     ) -> torch.Tensor:
-        """A pass of one answer through `decode_layer`, one call a layer: the residual stream in fp32, every row
-        computed as if alone (model/runtime/kernels/decode_layer.c)."""
-        lib = quant_kernels.library()
+        """A pass of one answer in `__call__`'s layout (a prefill's) through `rows_pass`: its rows are the one
+        answer's, in order, none of them drafting."""
         s = input_ids.shape[1]
-        h = self.model.embed(input_ids).float().contiguous()  # [1, S, hidden]
-        cos, sin = (t[0].contiguous() for t in self._rotary_fp32(position_ids))  # [S, head_dim]
-        bias = attention_bias[0, 0].float().contiguous()  # [S, K]
-        key_len = bias.shape[-1]
-        row, offset = cache.rows[0], cache.offsets[0]
-        like = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=torch.bfloat16)
-        threads = torch.get_num_threads()
-        for index, layer in enumerate(self.native):
-            keys, values = cache.buffers(index, key_len, like)
-            if keys.dtype != torch.bfloat16 or not keys.is_contiguous() or not values.is_contiguous():
-                raise ValueError("the decode kernel needs a contiguous bf16 cache")
-            status = lib.decode_layer(
-                ctypes.byref(layer), h.data_ptr(), s, start, cos.data_ptr(), sin.data_ptr(),
-                keys[row].data_ptr(), values[row].data_ptr(), keys.shape[2], offset, key_len, bias.data_ptr(),
-                threads,
-            )
-            if status == 1:
-                raise MemoryError(f"decode_layer could not allocate its buffers (layer {index})")
-            if status:
-                raise ValueError(f"decode_layer refused layer {index}'s shapes ({status})")
-        assert self.int4_head is not None
-        return self.int4_head(self._kept_rows(h, logits_to_keep))
+        columns = torch.arange(s)
+        rows = PassRows(
+            input_ids[0], position_ids[0], torch.full((s,), cache.rows[0], dtype=torch.long),
+            cache.offsets[0] + columns, attention_bias[0, 0], start, s, ((slice(0, start), slice(start, s)),),
+        )
+        if isinstance(logits_to_keep, torch.Tensor):
+            keep = logits_to_keep
+        else:
+            keep = columns[-logits_to_keep:] if logits_to_keep else None
+        return self.rows_pass(rows, cache, keep)[None]

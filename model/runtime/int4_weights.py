@@ -16,8 +16,8 @@ weights.
 What it costs: a lone row reads ~100 MB instead of 270 MB, and each extra row of a pass costs a few integer
 instructions per 64 weights, so drafting passes stay cheap (scripts/bench/bench_lm.py --pass-costs). A prefill of one
 answer goes through the same kernels, except a prompt of more than `AMX_PREFILL_ROWS` tokens on a CPU with AMX, whose
-bf16 matmuls encode it cheaper; a batched pass of several answers past `INT4_BATCH_ROWS` rows keeps the bf16 weights
-(`model.runtime.fast_pass`).
+bf16 matmuls encode it cheaper; a batched pass of several answers goes through them as well, all answers' rows in the
+same calls (`model.runtime.fast_pass`).
 
 The blocks are read from the GGUF once (~10 s: the reader parses the tokenizer too) and kept packed in the cache
 (`cached_int4_weights`), stamped with the layout's name and the file's size and time.
@@ -124,7 +124,7 @@ class Int4Linear:
         flat = _kernel_input(x, self.in_features)
         out = flat.new_empty(flat.shape[0], self.out_features)
         status = quant_kernels.library().q4_1_matmul(
-            flat.data_ptr(), flat.dtype == torch.bfloat16, flat.shape[0], ctypes.byref(self.struct),
+            flat.data_ptr(), flat.dtype == torch.bfloat16, flat.shape[0], flat.shape[0], ctypes.byref(self.struct),
             out.data_ptr(), out.dtype == torch.bfloat16, torch.get_num_threads(),
         )
         _check(status)
@@ -132,7 +132,8 @@ class Int4Linear:
 
 
 class Q8Head:
-    """`x @ w.T` for a Q8_0 weight (the tied LM head) with the C kernel; fp32 logits."""
+    """`x @ w.T` for a Q8_0 weight (the tied LM head) with the C kernel; fp32 logits. Rows from `coarse` on (of
+    `x` flattened to rows) skip the activations' remainder (drafting mask rows: quant_matmul.c)."""
 
     def __init__(self, q: torch.Tensor, d: torch.Tensor, out_features: int) -> None:
         if not (q.dtype == torch.int8 and d.dtype == torch.float16
@@ -149,11 +150,13 @@ class Q8Head:
         tiled = _tiles(q, n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
         return cls(tiled, _per_tile(d, n), n)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, coarse: int | None = None) -> torch.Tensor:
         flat = _kernel_input(x, self.in_features)
         out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)
+        rows = flat.shape[0]
         status = quant_kernels.library().q8_0_matmul(
-            flat.data_ptr(), flat.dtype == torch.bfloat16, flat.shape[0], self.in_features, self.out_features,
+            flat.data_ptr(), flat.dtype == torch.bfloat16, rows, rows if coarse is None else coarse,
+            self.in_features, self.out_features,
             self.q.data_ptr(), self.d.data_ptr(), out.data_ptr(), torch.get_num_threads(),
         )
         _check(status)

@@ -133,10 +133,12 @@ def build(target: str) -> ctypes.CDLL:
     except subprocess.SubprocessError as error:
         raise OSError(str(error)) from error
     lib = ctypes.CDLL(str(path))
-    lib.q4_1_matmul.argtypes = [_P, ctypes.c_int, _I64, ctypes.POINTER(Q4Weight), _P, ctypes.c_int, ctypes.c_int]
-    lib.q8_0_matmul.argtypes = [_P, ctypes.c_int, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
+    lib.q4_1_matmul.argtypes = [
+        _P, ctypes.c_int, _I64, _I64, ctypes.POINTER(Q4Weight), _P, ctypes.c_int, ctypes.c_int,
+    ]
+    lib.q8_0_matmul.argtypes = [_P, ctypes.c_int, _I64, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
     lib.decode_layer.argtypes = [
-        ctypes.POINTER(Layer), _P, _I64, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _P, ctypes.c_int,
+        ctypes.POINTER(Layer), _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, ctypes.c_int,
     ]
     for function in (lib.q4_1_matmul, lib.q8_0_matmul, lib.decode_layer):
         function.restype = ctypes.c_int

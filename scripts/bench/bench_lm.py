@@ -184,12 +184,12 @@ def pass_cost(
 
 
 def verify_pass_costs(model: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, list[float]]:
-    """Median seconds of one self-speculative pass after `cache_length` cached tokens, for each input size n: the
-    autoregressive form (n clean tokens, gate off) and the drafting form (1 clean token + n - 1 masks, gate on for
-    the masks), each through the fused pass (model/runtime/fast_pass.py, what decoding runs: on the int4 weights when
-    the model has them, and on the bf16 ones) and through transformers' modules (bf16, the same logits as the bf16
-    fused pass). Each is the runner's pass (`batched_pass`) on a one-slot cache; nothing is kept, so the cache length
-    stays fixed."""
+    """Median seconds of one pass after `cache_length` cached tokens, for each size n: the autoregressive form (n
+    clean tokens, gate off), the drafting form (1 clean token + n - 1 drafting masks, gate on for the masks) and n
+    answers' autoregressive steps in one pass (1 clean token each, every answer its own slot), each through the fused
+    pass (model/runtime/fast_pass.py, what decoding runs: on the int4 weights when the model has them, and on the
+    bf16 ones) and through transformers' modules (bf16, the same logits as the bf16 fused pass). Each is the runner's
+    pass (`batched_pass`); nothing is kept, so the cache lengths stay fixed."""
     from model.runtime.fast_pass import FastPass
 
     fused = model.inference_pass()
@@ -200,24 +200,31 @@ def verify_pass_costs(model: Any, cache_length: int, sizes: list[int], repeats: 
         model.int4 = int4
         variants = {"fused pass, int4": lambda: fused, "fused pass, bf16": lambda: bf16, "modules": lambda: model}
     prompt = torch.randint(10, 1000, (cache_length + 1,), generator=torch.Generator().manual_seed(2)).tolist()
-    cache = SlotCache(1)
-    prefill(model, cache, 0, prompt[:-1])
-    shapes = [(n, 0) for n in sizes] + [(1, n - 1) for n in sizes]
-    times: dict[tuple[str, int, int], list[float]] = {(v, *shape): [] for v in variants for shape in shapes}
+    cache = SlotCache(max(sizes))
+    for slot in range(max(sizes)):
+        prefill(model, cache, slot, prompt[:-1])
+    last = tuple(prompt[-1:])
+    forms = {
+        "clean": lambda n: ([0], [Feed(last * n)]),
+        "1 + masks": lambda n: ([0], [Feed(last, (model.mask_id,) * (n - 1), drafts=True)]),
+        "answers": lambda n: (list(range(n)), [Feed(last)] * n),
+    }
+    times: dict[tuple[str, str, int], list[float]] = {(v, f, n): [] for v in variants for f in forms for n in sizes}
     try:
         for round_ in range(repeats + 1):  # round-robin over everything, so a busy moment of the machine hits all
-            for variant, clean, masks in times:
+            for variant, form, n in times:
                 model.inference_pass = variants[variant]
+                slots, feeds = forms[form](n)
                 started = time.perf_counter()
-                batched_pass(model, cache, [0], [Feed(tuple(prompt[-1:] * clean), (model.mask_id,) * masks)])
+                batched_pass(model, cache, slots, feeds)
                 if round_:  # the first round builds each shape's kernels: not timed
-                    times[(variant, clean, masks)].append(time.perf_counter() - started)
+                    times[(variant, form, n)].append(time.perf_counter() - started)
     finally:
         del model.inference_pass  # the class's own method again
     return {
-        f"{form}, {variant}": [statistics.median(times[(variant, *shape)]) for shape in forms]
+        f"{form}, {variant}": [statistics.median(times[(variant, form, n)]) for n in sizes]
         for variant in variants
-        for form, forms in (("clean", shapes[: len(sizes)]), ("1 + masks", shapes[len(sizes) :]))
+        for form in forms
     }
 
 
@@ -239,9 +246,10 @@ def pass_cost_main(args: argparse.Namespace) -> int:
         costs = verify_pass_costs(chat.backend.model, args.cache_length, sizes, args.pass_repeats)
     print(f"one cached pass after {args.cache_length} tokens, {torch.get_num_threads()} threads, median of "
           f"{args.pass_repeats} (ms)")
-    print("tokens | " + " | ".join(costs))
+    print("n (tokens or answers) | " + " | ".join(costs))
     for i, n in enumerate(sizes):
-        print(f"{n:>6} | " + " | ".join(f"{column[i] * 1e3:.1f}" for column in costs.values()))
+        cells = [f"{column[i] * 1e3:.1f} ({column[i] / column[0]:.2f}x)" for column in costs.values()]
+        print(f"{n:>6} | " + " | ".join(cells))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {"cache_length": args.cache_length, "sizes": sizes, "threads": torch.get_num_threads(), **costs}

@@ -328,3 +328,68 @@ def test_the_probe_passes_here_and_catches_a_kernel_that_rounds_by_the_rows(monk
 
     monkeypatch.setattr(Int4Linear, "__call__", by_rows)
     assert "rounds a row by the rows beside it" in int4_weights.check_here.__wrapped__(1)
+
+
+def test_answers_in_one_pass_get_the_logits_each_gets_alone_bit_for_bit() -> None:
+    """Several answers' rows in one decode-kernel pass (each attending its own slot, clean rows of all answers first,
+    drafting rows last): every answer's clean and noisy logits are those of its pass alone, and nothing of a pass of
+    several answers falls back to torch."""
+    model = int4_model()
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 512, (n,), generator=generator).tolist() for n in (9, 40, 23)]
+    mask = model.mask_id
+    feeds = [
+        Feed(clean=(5,), noisy=(mask,) * 3, drafts=True),  # a drafting pass: coarse mask rows
+        Feed(clean=(6, 7, 8)),  # an autoregressive or verifying one
+        Feed(clean=(9, 10), noisy=(11, mask, mask, mask)),  # a diffusion block: its noisy rows decide
+    ]
+
+    def cache_with(slots: list[int]) -> SlotCache:
+        cache = SlotCache(3)
+        for slot in slots:
+            prefill(model, cache, slot, prompts[slot])
+        return cache
+
+    alone = [batched_pass(model, cache_with([i]), [i], [feeds[i]])[0] for i in range(3)]
+    together = batched_pass(model, cache_with([0, 1, 2]), [0, 1, 2], feeds)
+    for (clean, noisy), (clean_alone, noisy_alone) in zip(together, alone, strict=True):
+        assert torch.equal(clean, clean_alone) and torch.equal(noisy, noisy_alone)
+    assert together[1][0].shape[0] == 3 and together[2][1].shape[0] == 4
+
+
+def test_drafting_rows_are_coarse_and_close_to_fine_ones() -> None:
+    """A drafting pass's mask rows skip the activations' remainder: their logits differ from the same rows computed
+    fine but stay close to them (they only propose drafts), and the clean rows are the same bits either way."""
+    model = int4_model()
+    tokens = list(range(3, 40))
+
+    def pass_logits(drafts: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = SlotCache(1)
+        prefill(model, cache, 0, tokens[:-4])
+        feed = Feed(clean=tuple(tokens[-4:]), noisy=(model.mask_id,) * 3, drafts=drafts)
+        [(clean, noisy)] = batched_pass(model, cache, [0], [feed])
+        return clean, noisy
+
+    (fine_clean, fine_noisy), (coarse_clean, coarse_noisy) = pass_logits(False), pass_logits(True)
+    assert torch.equal(fine_clean, coarse_clean)
+    assert not torch.equal(fine_noisy, coarse_noisy)
+    assert torch.nn.functional.cosine_similarity(fine_noisy, coarse_noisy, dim=-1).min() > 0.99
+
+
+def test_coarse_rows_of_the_kernels_are_the_eight_bit_rounding_alone() -> None:
+    """Rows from `coarse` on are computed from each group's 8-bit rounding alone (llama.cpp's), the rows before it
+    from the rounding and its remainder; each row's result is the same whichever rows share the call."""
+    generator = torch.Generator().manual_seed(6)
+    weight = torch.randn(48, 256, generator=generator) * 0.1
+    q, d = quantize_q8_0(weight)
+    head = Q8Head.from_q8_0(q, d)
+    x = torch.randn(4, 256, generator=generator)
+    fine, coarse = head(x), head(x, coarse=2)
+    assert torch.equal(fine[:2], coarse[:2]) and torch.equal(head(x[2:], coarse=0), coarse[2:])
+    groups = x.view(4, -1, GROUP)
+    step = groups.abs().amax(-1, keepdim=True) / 127
+    rounded = (torch.round(groups / step) * step).view(4, 256)  # the 8-bit part alone
+    exact = (q.float().view(48, -1, GROUP) * d[..., None]).view(48, 256)
+    reference = rounded[2:].double() @ exact.double().t()
+    assert (coarse[2:].double() - reference).abs().max() / reference.abs().max() < 1e-5
+    assert (fine[2:].double() - reference).abs().max() / reference.abs().max() > 1e-4

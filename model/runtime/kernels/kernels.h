@@ -12,7 +12,8 @@ typedef struct {
     int64_t n, k;
 } Q4Weight;
 
-/* y [rows, n] = x [rows, k] @ w.T, fp32 in and out, `threads` OpenMP threads; 0 on success, 1 out of memory. */
-int q4_1_rows(const float *x, int64_t rows, const Q4Weight *w, float *y, int threads);
+/* y [rows, n] = x [rows, k] @ w.T, fp32 in and out, rows from `coarse` on without the activations' remainder,
+ * `threads` OpenMP threads; 0 on success, 1 out of memory. */
+int q4_1_rows(const float *x, int64_t rows, int64_t coarse, const Q4Weight *w, float *y, int threads);
 
 #endif

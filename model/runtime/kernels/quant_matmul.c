@@ -3,12 +3,18 @@
  * Each row's activations are split, per group of 32, into two 8-bit parts: x ~ scale * (254 * hi + lo), hi the
  * group rounded to 8 bits (scale * 254 = max |x| / 127, as llama.cpp rounds activations) and lo the remainder
  * rounded to 8 bits again. A group's dot product with the 4-bit (Q4_1) or 8-bit (Q8_0) weights is then two exact
- * integer sums (VNNI `vpdpbusd`, or the same sums from `pmaddubsw` on CPUs without it), joined exactly in int32:
+ * integer sums (VNNI `vpdpbusd`, or the same sums from `pmaddubsw` on CPUs without it), joined in one rounding
+ * (a fused multiply-add of the two sums as floats, each exact below 2^24: the same bits as joining them in int32,
+ * without the integer multiply that competes with the dot products for their port):
  * Q4_1: y += d * scale * (254 * sum_hi + sum_lo) + m * sum(x), with sum(x) the group's fp32 sum; Q8_0: y += d *
  * scale * (...). The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's
  * rounding) an activation is off by up to 1/254 of its group's largest, which on CPUs that prefill through these
  * kernels made the greedy answers' perplexity 1.05x the bf16 teacher's; with the remainder it is off by 1/64516.
  * The second sum costs the integer units, not memory: the weights are read once for both, and for all rows.
+ *
+ * Coarse rows: rows from `coarse` on skip the remainder (hi alone, llama.cpp's rounding), half the integer work.
+ * They are a drafting pass's mask rows, whose logits only propose drafts that the clean rows then verify
+ * (model/decoding/speculative.py): the answer never depends on them, and a row's rounding is still its own.
  *
  * Exactness: a row's output never depends on the other rows, the row count or the thread count. Every output
  * element is computed by one thread, in one fixed order (exact integer sums, then fp32 over the groups in
@@ -54,8 +60,8 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *o
             const float *xg = x + r * k + g * GROUP;
             const vec16 x0 = v_load(xg), x1 = v_load(xg + TILE);
             const float top = v_hmax(v_max(v_abs(x0), v_abs(x1)));
-            const float coarse = top / 127.0f;
-            const vec16 inv = v_set1(top > 0.0f ? 127.0f / top : 0.0f), step = v_set1(coarse);
+            const float unit = top / 127.0f;
+            const vec16 inv = v_set1(top > 0.0f ? 127.0f / top : 0.0f), step = v_set1(unit);
             const vec16 fine = v_set1((float)RESIDUAL), bound = v_set1(127.0f), minus = v_set1(-127.0f);
             int8_t *q = (int8_t *)(out->quads + (r * groups + g) * 16);  /* hi, then lo */
             const vec16 xs[2] = {x0, x1};
@@ -65,7 +71,7 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *o
                 v_store_int8(q + h * TILE, hi);
                 v_store_int8(q + GROUP + h * TILE, v_min(v_max(lo, minus), bound));
             }
-            out->scale[r * groups + g] = coarse / (float)RESIDUAL;
+            out->scale[r * groups + g] = unit / (float)RESIDUAL;
             out->sum[r * groups + g] = v_sum(v_add(x0, x1));
         }
     return 0;
@@ -80,7 +86,7 @@ static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, 
     }
 }
 
-int q4_1_rows(const float *x, int64_t rows, const Q4Weight *w, float *y, int threads) {
+int q4_1_rows(const float *x, int64_t rows, int64_t coarse, const Q4Weight *w, float *y, int threads) {
     const int64_t k = w->k, n = w->n, groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
     if (rows <= 0) return 0;
     Activations a;
@@ -99,15 +105,27 @@ int q4_1_rows(const float *x, int64_t rows, const Q4Weight *w, float *y, int thr
                 for (int64_t r = 0; r < count; r++) {
                     const int64_t at = (first + r) * groups + g;
                     const int32_t *quads = a.quads + at * 16;
-                    /* four chains (hi and lo, low and high nibbles): a quarter of the latency */
-                    ivec16 hi_low = iv_zero(), hi_high = iv_zero(), lo_low = iv_zero(), lo_high = iv_zero();
-                    for (int i = 0; i < 4; i++) {
-                        hi_low = iv_dot4(hi_low, low[i], quads[i]);
-                        hi_high = iv_dot4(hi_high, high[i], quads[i + 4]);
-                        lo_low = iv_dot4(lo_low, low[i], quads[i + 8]);
-                        lo_high = iv_dot4(lo_high, high[i], quads[i + 12]);
+                    /* four chains (hi and lo, or the two halves of hi; low and high nibbles): a quarter of the
+                     * latency. Integer sums are exact, so how they are split does not change them. */
+                    ivec16 c0 = iv_zero(), c1 = iv_zero(), c2 = iv_zero(), c3 = iv_zero(), lo;
+                    if (first + r < coarse) {
+                        for (int i = 0; i < 4; i++) {
+                            c0 = iv_dot4(c0, low[i], quads[i]);
+                            c1 = iv_dot4(c1, high[i], quads[i + 4]);
+                            c2 = iv_dot4(c2, low[i], quads[i + 8]);
+                            c3 = iv_dot4(c3, high[i], quads[i + 12]);
+                        }
+                        lo = iv_add(c2, c3);
+                    } else {
+                        for (int i = 0; i < 2; i++) {
+                            c0 = iv_dot4(c0, low[i], quads[i]);
+                            c1 = iv_dot4(c1, high[i], quads[i + 4]);
+                            c2 = iv_dot4(c2, low[i + 2], quads[i + 2]);
+                            c3 = iv_dot4(c3, high[i + 2], quads[i + 6]);
+                        }
+                        c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
                     }
-                    const vec16 dot = iv_float(iv_madd(iv_add(hi_low, hi_high), RESIDUAL, iv_add(lo_low, lo_high)));
+                    const vec16 dot = v_fma(iv_float(iv_add(c0, c1)), v_set1((float)RESIDUAL), iv_float(lo));
                     acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[at])), acc[r]);
                     acc[r] = v_fma(vm, v_set1(a.sum[at]), acc[r]);
                 }
@@ -118,8 +136,8 @@ int q4_1_rows(const float *x, int64_t rows, const Q4Weight *w, float *y, int thr
     return 0;
 }
 
-static int q8_0_rows(const float *x, int64_t rows, int64_t k, int64_t n, const int8_t *q, const uint16_t *d,
-                     float *y, int threads) {
+static int q8_0_rows(const float *x, int64_t rows, int64_t coarse, int64_t k, int64_t n, const int8_t *q,
+                     const uint16_t *d, float *y, int threads) {
     const int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
     if (rows <= 0) return 0;
     Activations a;
@@ -138,14 +156,25 @@ static int q8_0_rows(const float *x, int64_t rows, int64_t k, int64_t n, const i
                 for (int64_t r = 0; r < count; r++) {
                     const int64_t at = (first + r) * groups + g;
                     const int32_t *quads = a.quads + at * 16;
-                    ivec16 hi_low = iv_zero(), hi_high = iv_zero(), lo_low = iv_zero(), lo_high = iv_zero();
-                    for (int i = 0; i < 4; i++) {
-                        hi_low = s8_dot4(hi_low, wq[i], quads[i]);
-                        hi_high = s8_dot4(hi_high, wq[i + 4], quads[i + 4]);
-                        lo_low = s8_dot4(lo_low, wq[i], quads[i + 8]);
-                        lo_high = s8_dot4(lo_high, wq[i + 4], quads[i + 12]);
+                    ivec16 c0 = iv_zero(), c1 = iv_zero(), c2 = iv_zero(), c3 = iv_zero(), lo;
+                    if (first + r < coarse) {
+                        for (int i = 0; i < 4; i++) {
+                            c0 = s8_dot4(c0, wq[i], quads[i]);
+                            c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
+                            c2 = s8_dot4(c2, wq[i], quads[i + 8]);
+                            c3 = s8_dot4(c3, wq[i + 4], quads[i + 12]);
+                        }
+                        lo = iv_add(c2, c3);
+                    } else {  /* hi alone: see the header */
+                        for (int i = 0; i < 2; i++) {
+                            c0 = s8_dot4(c0, wq[i], quads[i]);
+                            c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
+                            c2 = s8_dot4(c2, wq[i + 2], quads[i + 2]);
+                            c3 = s8_dot4(c3, wq[i + 6], quads[i + 6]);
+                        }
+                        c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
                     }
-                    const vec16 dot = iv_float(iv_madd(iv_add(hi_low, hi_high), RESIDUAL, iv_add(lo_low, lo_high)));
+                    const vec16 dot = v_fma(iv_float(iv_add(c0, c1)), v_set1((float)RESIDUAL), iv_float(lo));
                     acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[at])), acc[r]);
                 }
             }
@@ -173,24 +202,26 @@ static void store_rows(const float *yf, int64_t count, void *y, int y_bf16) {
     }
 }
 
-/* The Python entry points: x [rows, k] and y [rows, n] in bf16 or fp32. 0 on success. */
-int q4_1_matmul(const void *x, int x_bf16, int64_t rows, const Q4Weight *w, void *y, int y_bf16, int threads) {
+/* The Python entry points: x [rows, k] and y [rows, n] in bf16 or fp32; rows from `coarse` on from hi alone.
+ * 0 on success. */
+int q4_1_matmul(const void *x, int x_bf16, int64_t rows, int64_t coarse, const Q4Weight *w, void *y, int y_bf16,
+                int threads) {
     if (rows <= 0) return 0;
     float *xf = fp32_rows(x, x_bf16, rows * w->k, rows * w->n);
     if (!xf) return 1;
     float *yf = xf + rows * w->k;
-    const int status = q4_1_rows(xf, rows, w, yf, threads);
+    const int status = q4_1_rows(xf, rows, coarse, w, yf, threads);
     store_rows(yf, rows * w->n, y, y_bf16);
     free(xf);
     return status;
 }
 
-int q8_0_matmul(const void *x, int x_bf16, int64_t rows, int64_t k, int64_t n, const int8_t *q, const uint16_t *d,
-                float *y, int threads) {
+int q8_0_matmul(const void *x, int x_bf16, int64_t rows, int64_t coarse, int64_t k, int64_t n, const int8_t *q,
+                const uint16_t *d, float *y, int threads) {
     if (rows <= 0) return 0;
     float *xf = fp32_rows(x, x_bf16, rows * k, 0);
     if (!xf) return 1;
-    const int status = q8_0_rows(xf, rows, k, n, q, d, y, threads);
+    const int status = q8_0_rows(xf, rows, coarse, k, n, q, d, y, threads);
     free(xf);
     return status;
 }

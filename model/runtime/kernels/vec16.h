@@ -99,10 +99,6 @@ static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
 }
 static inline vec16 iv_float(ivec16 a) { return (vec16){_mm512_cvtepi32_ps(a.v)}; }
 static inline ivec16 iv_add(ivec16 a, ivec16 b) { return (ivec16){_mm512_add_epi32(a.v, b.v)}; }
-/* a * k + b, lane by lane, in int32 */
-static inline ivec16 iv_madd(ivec16 a, int32_t k, ivec16 b) {
-    return (ivec16){_mm512_add_epi32(_mm512_mullo_epi32(a.v, _mm512_set1_epi32(k)), b.v)};
-}
 /* 64 signed weight bytes (in [-127, 127]) as |w| and the sign, so that a signed x signed dot product is an
  * unsigned x signed one, |w| . (x * sign(w)), whose pair sums stay within 16 bits */
 typedef struct { __m512i abs; __mmask64 negative; } s8vec;
@@ -218,11 +214,6 @@ static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
 static inline vec16 iv_float(ivec16 a) { return (vec16){_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
 static inline ivec16 iv_add(ivec16 a, ivec16 b) {
     return (ivec16){_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
-}
-static inline ivec16 iv_madd(ivec16 a, int32_t k, ivec16 b) {
-    const __m256i vk = _mm256_set1_epi32(k);
-    return (ivec16){_mm256_add_epi32(_mm256_mullo_epi32(a.lo, vk), b.lo),
-                    _mm256_add_epi32(_mm256_mullo_epi32(a.hi, vk), b.hi)};
 }
 typedef struct { __m256i abs_lo, abs_hi, w_lo, w_hi; } s8vec;
 static inline s8vec s8_load(const int8_t *p) {
