@@ -147,11 +147,16 @@ class SpeculativeDecoding:
         """`[last committed token | k drafts]` clean, then m masks: one block after the drafts, or with `branches`
         one after each of the k + 1 prefixes the pass may accept. Only when the answer has the pass to itself
         (`crowd` 1): in a batched pass the extra mask rows of every answer cost more than they gain (bench_api, 4
-        clients: 26.2 tokens/s with one block, 21.8 with a block after every draft). A folded prompt's tokens
-        (`fold_prompt`) come first in the first pass."""
+        clients: 26.2 tokens/s with one block, 21.8 with a block after every draft). With the adaptive policy a
+        batched pass drafts nothing: on a CPU a pass of several answers is bound by the integer units, not by reading
+        the weights, so every row costs about the same (bench_lm --pass-costs: 16 rows of one answer and 16 answers'
+        rows cost alike), and a clean row of another answer yields a token where a draft and its mask yield half of
+        one. A folded prompt's tokens (`fold_prompt`) come first in the first pass."""
         masks = self.masks
         self._alone = self._alone and crowd <= 1
-        if self.policy is not None and crowd <= 1 and masks:
+        if self.policy is not None and crowd > 1:
+            masks = 0
+        elif self.policy is not None and masks:
             masks = min(masks, self.policy.choose())
         self._fed_masks = masks
         self.drafts = self.drafts[: min(masks, self.max_new_tokens - len(self.answer) - 1)]  # k + 1 new at most

@@ -16,8 +16,8 @@ tests of self-speculative decoding run through it.
 With the GGUF's int4 weights (`BlockDiffusionLM.int4`), every decoding pass, of one answer or of several, is
 computed by the C decode layer instead (`rows_pass`, model/runtime/kernels/decode_layer.c): the same network, one
 call a layer for all the pass's rows, with a fp32 residual stream and llama.cpp's quantized matmuls; each row is
-computed as if alone, so an answer is the same bits whoever else is in its pass. A prefill of one answer goes
-through it too unless AMX makes bf16 matmuls cheaper (`int4_prefill`).
+computed as if alone, so an answer is the same bits whoever else is in its pass. Prefills go through it too
+(`int4_prefill`).
 
 The fused weights share storage with the modules (the modules' weights become views into them), so nothing is held
 twice, and training, which needs autograd through the modules, keeps using them.
@@ -97,11 +97,6 @@ class _Layer:
 # Rows of a batched pass (several answers) in torch, where the decode kernel does not take the model (an fp32 one),
 # up to which the int4 kernels with the torch glue a batch needs beat bf16 (scripts/bench/bench_lm.py --batch-costs)
 INT4_BATCH_ROWS = 8
-# Rows of a prefill beyond which AMX's bf16 matmuls encode a prompt cheaper than the decode kernel's int8 dot products
-# (each extra row costs the kernel ~2.5 ms a thread on the AMX Xeon, a bf16 pass ~85 ms whatever the rows up to ~64).
-# Without AMX, bf16 matmuls cost far more (a 32-token bf16 prefill took 1.7 s on a 2-core AVX2 EPYC), so every prefill
-# of one answer goes through the kernel there.
-AMX_PREFILL_ROWS = 32
 
 
 def supports(model: AdaptedModel) -> bool:
@@ -168,9 +163,8 @@ class FastPass:
     """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.runtime.batching`). Built
     from the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does).
 
-    With the model's int4 weights (`BlockDiffusionLM.int4`), decoding passes multiply by them, and so do prefills of
-    one answer except long ones where AMX makes bf16 matmuls cheaper (`int4_prefill`); without, every pass is
-    bf16."""
+    With the model's int4 weights (`BlockDiffusionLM.int4`), decoding passes and prefills multiply by them
+    (`int4_prefill`); without, every pass is bf16."""
 
     def __init__(self, model: AdaptedModel) -> None:
         base = model.base
@@ -233,8 +227,12 @@ class FastPass:
 
     def int4_prefill(self, rows: int) -> bool:
         """Whether a prefill of `rows` prompt tokens reads the int4 weights (through the decode kernel when it takes
-        the model) rather than the bf16 ones."""
-        return self.model.int4 is not None and (rows <= AMX_PREFILL_ROWS or not quant_kernels.bf16_matmuls_fast())
+        the model) rather than the bf16 ones: always, when the model has them. A prompt token's keys are then the
+        same bits however the prompt was split between the cache and the prefill, so an answer does not depend on
+        what its slot held before (which other client's prompt, on a server). AMX's bf16 matmuls would encode a
+        prompt of a few hundred tokens about twice as fast (scripts/bench/bench_lm.py --prefill-costs), and on
+        another arithmetic: a prompt cached in part then gave other answers than the same prompt encoded whole."""
+        return self.model.int4 is not None
 
     def _native_layers(self) -> list[quant_kernels.Layer]:
         """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it (`_can_go_native` checked)."""

@@ -14,10 +14,9 @@ tests/unit/test_int4_weights.py, also for other CPUs' builds), so self-speculati
 weights.
 
 What it costs: a lone row reads ~100 MB instead of 270 MB, and each extra row of a pass costs a few integer
-instructions per 64 weights, so drafting passes stay cheap (scripts/bench/bench_lm.py --pass-costs). A prefill of one
-answer goes through the same kernels, except a prompt of more than `AMX_PREFILL_ROWS` tokens on a CPU with AMX, whose
-bf16 matmuls encode it cheaper; a batched pass of several answers goes through them as well, all answers' rows in the
-same calls (`model.runtime.fast_pass`).
+instructions per 64 weights, so drafting passes stay cheap (scripts/bench/bench_lm.py --pass-costs). Prefills and
+batched passes of several answers go through the same kernels, all answers' rows in the same calls
+(`model.runtime.fast_pass`).
 
 The blocks are read from the GGUF once (~10 s: the reader parses the tokenizer too) and kept packed in the cache
 (`cached_int4_weights`), stamped with the layout's name and the file's size and time.

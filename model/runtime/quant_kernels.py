@@ -167,13 +167,6 @@ def runs_here(cpu: str) -> bool:
     return all(flag in flags for flag in TARGET_FLAGS[cpu])
 
 
-@functools.cache
-def bf16_matmuls_fast() -> bool:
-    """Whether torch's bf16 matmuls run on AMX tiles here (and oneDNN is not capped below them)."""
-    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    return " amx_bf16" in f" {_cpu_flags()} " and (not capped or "AMX" in capped or capped == "ALL")
-
-
 def fingerprint() -> str:
     """Names the kernels in use (their sources, flags and CPU), or "none": what a pass's cost depends on."""
     lib, _ = _load()

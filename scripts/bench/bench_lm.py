@@ -259,13 +259,13 @@ def pass_cost_main(args: argparse.Namespace) -> int:
 
 def prefill_costs(model: Any, sizes: list[int], repeats: int) -> dict[str, list[float]]:
     """Median seconds of a prefill of n prompt tokens on an empty cache (model/runtime/batching.py `prefill`), the
-    way this CPU runs it (int4 through the decode kernel, or bf16 for long prompts on AMX) and forced to bf16
+    way this CPU runs it (int4 through the decode kernel) and forced to bf16
     (`FastPass.int4_prefill`), interleaved."""
     from model.runtime.fast_pass import FastPass
 
     tokens = torch.randint(10, 1000, (max(sizes),), generator=torch.Generator().manual_seed(3)).tolist()
     chosen = FastPass.int4_prefill
-    ways = {"as run here": chosen, "bf16": lambda self, rows: False}
+    ways = {"int4 kernel": chosen, "bf16": lambda self, rows: False}
     times: dict[tuple[str, int], list[float]] = {(way, n): [] for way in ways for n in sizes}
     try:
         for round_ in range(repeats + 1):
@@ -304,8 +304,8 @@ def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats:
     mask = model.mask_id
     forms = {
         "autoregressive 1": Feed((11,)),
-        "self-spec 1+4": Feed((11,), (mask,) * 4),
-        "self-spec 5+4": Feed((11, 12, 13, 14, 15), (mask,) * 4),
+        "self-spec 1+4": Feed((11,), (mask,) * 4, drafts=True),
+        "self-spec 5+4": Feed((11, 12, 13, 14, 15), (mask,) * 4, drafts=True),
         "diffusion 4+4": Feed((11, 12, 13, 14), (15, mask, mask, mask)),
     }
     cache = SlotCache(max(batches))

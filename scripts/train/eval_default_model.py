@@ -224,8 +224,7 @@ def main() -> None:
                         help="also decode autoregressively with these weights and compare the teachers")
     parser.add_argument("--prefills", choices=("auto", "bf16"), default="auto",
                         help="how this runtime encodes prompts: as it runs on this CPU (int4 through the decode "
-                        "kernel, or bf16 for long prompts on AMX), or always with the bf16 weights (their cost to "
-                        "quality)")
+                        "kernel), or always with the bf16 weights (their cost to quality)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.prefills == "bf16":

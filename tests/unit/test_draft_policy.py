@@ -220,3 +220,20 @@ def test_calibration_at_load_is_measured_once_per_machine_and_seeds_the_next_pro
     store.write_text("not json")
     # a broken file: measured again
     assert calibrate_drafts(*with_backend(chat_model()), store, "this machine", prompts) is not None
+
+
+def test_with_the_adaptive_policy_a_batched_pass_drafts_nothing_and_a_fixed_layout_keeps_its_masks() -> None:
+    """On a CPU a pass of several answers is bound by its rows' integer work: another answer's clean row yields a
+    token where a draft and its mask yield half of one, so the adaptive policy decodes a crowd autoregressively
+    (drafts it made alone are dropped, not verified); a fixed layout is the caller's choice and keeps its masks."""
+    from model.decoding.speculative import SpeculativeDecoding
+
+    def sequence(policy: DraftPolicy | None) -> SpeculativeDecoding:
+        return SpeculativeDecoding([5, 6, 7], 16, 3, mask_id=2, eos_ids=(1,), policy=policy)
+
+    adaptive, fixed = sequence(DraftPolicy(3)), sequence(None)
+    adaptive.drafts = [8, 9]
+    crowded = adaptive.feed(crowd=4)
+    assert crowded.noisy == () and crowded.clean == (7,)
+    assert len(fixed.feed(crowd=4).noisy) == 3 and fixed.feed(crowd=4).drafts
+    assert adaptive.feed(crowd=1).drafts  # alone, it drafts as the policy chooses (its noisy rows are drafts)
