@@ -41,20 +41,23 @@
 #define RESIDUAL 254
 
 /* Each row's groups of 32 activations as two sets of 8-bit values (four to an int32, in input order: the 8 quads
- * of hi, then the 8 of lo), their scales, and their fp32 sums. */
+ * of hi, then the 8 of lo), their scales, their fp32 sums, and the integer sums of hi and of lo (what S8_BIAS
+ * adds to a Q8_0 dot product: vec16.h). */
 typedef struct {
     int32_t *quads;  /* [rows, groups, 16] */
     float *scale;    /* [rows, groups] */
     float *sum;      /* [rows, groups] */
+    int32_t *parts;  /* [rows, groups, 2]: sum(hi), sum(lo) */
 } Activations;
 
 static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *out) {
     const int64_t groups = k / GROUP;
-    void *buffer = malloc((size_t)(rows * groups) * (16 * sizeof(int32_t) + 2 * sizeof(float)));
+    void *buffer = malloc((size_t)(rows * groups) * (18 * sizeof(int32_t) + 2 * sizeof(float)));
     if (!buffer) return 1;
     out->quads = buffer;
     out->scale = (float *)(out->quads + rows * groups * 16);
     out->sum = out->scale + rows * groups;
+    out->parts = (int32_t *)(out->sum + rows * groups);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < groups; g++) {
             const float *xg = x + r * k + g * GROUP;
@@ -73,6 +76,11 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *o
             }
             out->scale[r * groups + g] = unit / (float)RESIDUAL;
             out->sum[r * groups + g] = v_sum(v_add(x0, x1));
+            for (int part = 0; part < 2; part++) {
+                int32_t total = 0;
+                for (int i = 0; i < GROUP; i++) total += q[part * GROUP + i];
+                out->parts[(r * groups + g) * 2 + part] = total;
+            }
         }
     return 0;
 }
@@ -164,7 +172,7 @@ static int q8_0_rows(const float *x, int64_t rows, int64_t coarse, int64_t k, in
                             c2 = s8_dot4(c2, wq[i], quads[i + 8]);
                             c3 = s8_dot4(c3, wq[i + 4], quads[i + 12]);
                         }
-                        lo = iv_add(c2, c3);
+                        lo = iv_minus(iv_add(c2, c3), S8_BIAS * a.parts[at * 2 + 1]);  /* see below */
                     } else {  /* hi alone: see the header */
                         for (int i = 0; i < 2; i++) {
                             c0 = s8_dot4(c0, wq[i], quads[i]);
@@ -174,7 +182,9 @@ static int q8_0_rows(const float *x, int64_t rows, int64_t coarse, int64_t k, in
                         }
                         c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
                     }
-                    const vec16 dot = v_fma(iv_float(iv_add(c0, c1)), v_set1((float)RESIDUAL), iv_float(lo));
+                    /* the biased weights' extra term off, exactly (S8_BIAS 0: nothing to take off) */
+                    const ivec16 hi = iv_minus(iv_add(c0, c1), S8_BIAS * a.parts[at * 2]);
+                    const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
                     acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[at])), acc[r]);
                 }
             }

@@ -99,8 +99,24 @@ static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
 }
 static inline vec16 iv_float(ivec16 a) { return (vec16){_mm512_cvtepi32_ps(a.v)}; }
 static inline ivec16 iv_add(ivec16 a, ivec16 b) { return (ivec16){_mm512_add_epi32(a.v, b.v)}; }
+/* a - k * b, lane by lane, for a scalar k * b */
+static inline ivec16 iv_minus(ivec16 a, int32_t kb) { return (ivec16){_mm512_sub_epi32(a.v, _mm512_set1_epi32(kb))}; }
+#if defined(__AVX512VNNI__)
+/* 64 signed weight bytes (in [-127, 127]) plus S8_BIAS, as unsigned bytes: VNNI's u8 x s8 products then sum without
+ * saturating to w . x + S8_BIAS * sum(x), and the caller takes the second term off, exactly (one instruction a dot
+ * product instead of three) */
+#define S8_BIAS 128
+typedef struct { __m512i biased; } s8vec;
+static inline s8vec s8_load(const int8_t *p) {
+    return (s8vec){_mm512_xor_si512(_mm512_loadu_si512((const void *)p), _mm512_set1_epi8((char)0x80))};
+}
+static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
+    return (ivec16){_mm512_dpbusd_epi32(acc.v, w.biased, _mm512_set1_epi32(four_bytes))};
+}
+#else
 /* 64 signed weight bytes (in [-127, 127]) as |w| and the sign, so that a signed x signed dot product is an
  * unsigned x signed one, |w| . (x * sign(w)), whose pair sums stay within 16 bits */
+#define S8_BIAS 0
 typedef struct { __m512i abs; __mmask64 negative; } s8vec;
 static inline s8vec s8_load(const int8_t *p) {
     const __m512i w = _mm512_loadu_si512((const void *)p);
@@ -109,13 +125,10 @@ static inline s8vec s8_load(const int8_t *p) {
 static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
     const __m512i x = _mm512_set1_epi32(four_bytes);
     const __m512i signed_x = _mm512_mask_sub_epi8(x, w.negative, _mm512_setzero_si512(), x);
-#if defined(__AVX512VNNI__)
-    return (ivec16){_mm512_dpbusd_epi32(acc.v, w.abs, signed_x)};
-#else
     const __m512i pairs = _mm512_maddubs_epi16(w.abs, signed_x);
     return (ivec16){_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
-#endif
 }
+#endif
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 typedef struct { __m256 lo, hi; } vec16;
 static inline vec16 v_set1(float a) { return (vec16){_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
@@ -215,6 +228,11 @@ static inline vec16 iv_float(ivec16 a) { return (vec16){_mm256_cvtepi32_ps(a.lo)
 static inline ivec16 iv_add(ivec16 a, ivec16 b) {
     return (ivec16){_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
 }
+static inline ivec16 iv_minus(ivec16 a, int32_t kb) {
+    const __m256i v = _mm256_set1_epi32(kb);
+    return (ivec16){_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)};
+}
+#define S8_BIAS 0 /* the sign trick: see the AVX-512 build without VNNI */
 typedef struct { __m256i abs_lo, abs_hi, w_lo, w_hi; } s8vec;
 static inline s8vec s8_load(const int8_t *p) {
     const __m256i a = _mm256_loadu_si256((const __m256i *)p), b = _mm256_loadu_si256((const __m256i *)(p + 32));
