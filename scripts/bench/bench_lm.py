@@ -246,9 +246,12 @@ def pass_cost_main(args: argparse.Namespace) -> int:
         costs = verify_pass_costs(chat.backend.model, args.cache_length, sizes, args.pass_repeats)
     print(f"one cached pass after {args.cache_length} tokens, {torch.get_num_threads()} threads, median of "
           f"{args.pass_repeats} (ms)")
-    print("n (tokens or answers) | " + " | ".join(costs))
+    print("n (tokens or answers) | " + " | ".join(costs) + " (in brackets: against one row, each variant's own)")
+    # one row: the median of a variant's three forms at n = 1 (the same pass: a lone clean row)
+    lone = {name: statistics.median(c[0] for k, c in costs.items() if k.endswith(name.split(", ", 1)[1]))
+            for name in costs} if sizes[0] == 1 else {name: column[0] for name, column in costs.items()}
     for i, n in enumerate(sizes):
-        cells = [f"{column[i] * 1e3:.1f} ({column[i] / column[0]:.2f}x)" for column in costs.values()]
+        cells = [f"{column[i] * 1e3:.1f} ({column[i] / lone[name]:.2f}x)" for name, column in costs.items()]
         print(f"{n:>6} | " + " | ".join(cells))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
