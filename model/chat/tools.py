@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from model.decoding.options import ToolConstraint
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","arguments":')
 _ARGUMENTS_END = "}" + CALL_CLOSE  # the call object's closing brace, then the closing tag
@@ -58,6 +60,18 @@ def tools_text(functions: Sequence[Function]) -> str:
     lines = [json.dumps({"name": f.name, "description": f.description, "parameters": json.loads(f.parameters)},
                         separators=(",", ":")) for f in functions]
     return "\n".join([INSTRUCTION, *lines])
+
+
+def system_with_tools(system: str | None, functions: Sequence[Function]) -> str:
+    """The system message of a chat that offers `functions`: the caller's own system text, then the offer (the one
+    place that decides where the functions go, for the API and the voice session alike)."""
+    offer = tools_text(functions)
+    return f"{system}\n\n{offer}" if system else offer
+
+
+def constraint(functions: Sequence[Function], required: bool, parallel: bool = True) -> ToolConstraint:
+    """The constrained decoding of an answer that must (`required`) or may call one of `functions`."""
+    return ToolConstraint(tuple((f.name, f.parameters) for f in functions), required=required, parallel=parallel)
 
 
 def call_text(name: str, arguments: str) -> str:
