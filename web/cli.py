@@ -141,13 +141,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def tools_config(args: argparse.Namespace) -> ToolsConfig | None:
-    """The session's tools: the built-ins unless `--no-tools`, and each `--mcp` server. None with `--llm-url`: the
-    chat reaches a remote model in this runtime's text format, which cannot carry constrained tool calls
-    (model/chat/client.py refuses them), so `--mcp` there is an error rather than tools that never work."""
-    if args.llm_url:
-        if args.mcp:
-            raise SystemExit("voice-assistant: --mcp needs the local model (tool calls are not passed to --llm-url)")
-        return None
+    """The session's tools: the built-ins unless `--no-tools`, and each `--mcp` server (a session offers them only
+    to a model that can constrain its answers to calls). `--mcp` with `--llm-url` is an error rather than tools that
+    never work: the remote client does not pass tool calls on (model/chat/client.py)."""
+    if args.llm_url and args.mcp:
+        raise SystemExit("voice-assistant: --mcp needs the local model (tool calls are not passed to --llm-url)")
     config = ToolsConfig(builtins=not args.no_tools, mcp=tuple(args.mcp))
     return config if config.any else None
 

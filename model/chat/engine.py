@@ -36,6 +36,9 @@ def context_length_of(config: Any) -> int | None:
     return None
 
 
+# The decoding modes that commit an answer's tokens left to right, where a grammar can mask each next token
+CONSTRAINED_MODES = ("autoregressive", "self-speculative")
+
 class DiffusionChatModel:
     """A local diffusion LM as a `ChatModel`. Thread-safe: concurrent answers share batched passes when the back end
     batches (the bundled model); otherwise one answer at a time, callers queue."""
@@ -159,6 +162,11 @@ class DiffusionChatModel:
         return AnswerPlan(prompt, whole_blocks(options.max_new_tokens, config.block_length), config, options, guard,
                           probe, self.grammar(options, config))
 
+    @property
+    def constrains_answers(self) -> bool:
+        """Whether this model's decoding mode enforces a response format or tool calls (`grammar`)."""
+        return self.sampler.decoding in CONSTRAINED_MODES
+
     def grammar(self, options: GenerationOptions, config: SamplerConfig) -> Grammar | None:
         """The parser state of the caller's `response_format` or tool calls (None for free text). Constrained decoding
         runs in the modes whose tokens are committed left to right by the teacher; diffusion commits anywhere in a
@@ -166,7 +174,7 @@ class DiffusionChatModel:
         if options.response_format is None and options.tools is None:
             return None
         what = "tool calls need" if options.tools is not None else "response_format needs"
-        if config.decoding not in ("autoregressive", "self-speculative"):
+        if config.decoding not in CONSTRAINED_MODES:
             raise GrammarError(f"{what} autoregressive or self-speculative decoding, not "
                                f"{config.decoding} (start the server with --decoding self-speculative)")
         grammar = (compile_tools(options.tools) if options.tools is not None

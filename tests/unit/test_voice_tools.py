@@ -19,7 +19,17 @@ from model.chat.tools import ToolCall, call_text
 from tests.unit.test_session_shell import FakeListen, FakeTTS, started, until
 from voice.engines import Engines
 from voice.errors import ToolError
-from voice.events import AnswerDone, DraftUpdate, Event, ToolCalled, TurnEnd
+from voice.events import (
+    AnswerDone,
+    DraftUpdate,
+    Event,
+    SpeechStart,
+    ToolCalled,
+    Transcript,
+    TurnEnd,
+    VoiceResumed,
+    now_ns,
+)
 from voice.think.spoken import spoken_answer
 from voice.tools.builtin import BUILTIN_FUNCTIONS, BuiltinTools
 from voice.tools.calculator import calculate, convert, spoken_number
@@ -165,6 +175,7 @@ class ScriptedLM:
     result, "Done: <result>". Words are committed one a pass."""
 
     name = "scripted"
+    constrains_answers = True  # it writes calls only where the options allow them, as a grammar would
 
     def __init__(self, calls: Callable[[str], str | None]) -> None:
         self.calls = calls
@@ -222,6 +233,8 @@ def tool_session(monkeypatch: pytest.MonkeyPatch):
 
 
 def _calls(user: str) -> str | None:
+    if "long timer" in user:
+        return call_text("set_timer", '{"minutes":10}')
     if "timer" in user:
         return call_text("set_timer", '{"seconds":0.3}')
     if "time" in user:
@@ -302,3 +315,63 @@ def test_a_timer_set_by_a_turn_is_said_between_turns(tool_session) -> None:
     assert announced.answer.startswith("Your timer for") and announced.answer.endswith("is done.")
     assert any(isinstance(e, AnswerDone) and e.text == announced.answer for e in events)
     assert history[-1] == ChatMessage("assistant", announced.answer)
+
+
+def test_a_timer_survives_the_barge_in_that_cancels_its_answer(tool_session) -> None:
+    async def scenario() -> tuple[TurnEnd, TurnEnd]:
+        session = tool_session(ScriptedLM(_calls), SlowToolbox(delay_s=0.0))
+        _, events, collector = await started(session)
+        await session.send_text("set a timer")
+        await until(lambda: any(isinstance(e, ToolCalled) for e in events))
+        await session.interrupt()  # the answer that set it is cut off
+        await until(lambda: sum(isinstance(e, TurnEnd) for e in events) == 2)
+        interrupted, announced = [e for e in events if isinstance(e, TurnEnd)]
+        await session.close()
+        await collector
+        return interrupted, announced
+
+    interrupted, announced = asyncio.run(scenario())
+    assert interrupted.interrupted
+    assert announced.stats["announcement"] == 1 and announced.answer.endswith("is done.")
+
+
+def test_a_model_that_cannot_constrain_its_answers_is_offered_no_tools(tool_session) -> None:
+    from tests.unit.test_session_shell import FakeLM
+
+    session = tool_session(FakeLM())  # type: ignore[arg-type]
+    assert session.toolbox is None
+    assert tool_session(ScriptedLM(_calls)).toolbox is not None
+
+
+def test_an_early_answer_dropped_by_more_speech_never_runs_its_tool(tool_session) -> None:
+    async def scenario() -> tuple[list[Event], Session]:
+        session = tool_session(ScriptedLM(_calls))
+        listen, events, collector = await started(session)
+        start = now_ns()
+        await listen.emit(SpeechStart(session="s", turn=0, t_ns=start))
+        await listen.emit(Transcript(session="s", turn=0, text="set a long timer", committed="", final=False,
+                                     likely_final=True))  # the answer starts here, held
+        await asyncio.sleep(0.3)  # its call is written long before
+        await listen.emit(VoiceResumed(session="s", turn=0))  # the user goes on: the held answer is dropped
+        await asyncio.sleep(0.1)
+        await session.close()
+        await collector
+        return events, session
+
+    events, session = asyncio.run(scenario())
+    assert session.toolbox is not None and session.toolbox.timers.pending() == []
+    assert not any(isinstance(e, ToolCalled) for e in events)
+
+
+def test_the_tool_flags_build_the_sessions_tools_config() -> None:
+    from web.cli import build_parser, session_config
+
+    def tools(*argv: str) -> ToolsConfig | None:
+        return session_config(build_parser().parse_args(list(argv)), full_duplex=True).tools
+
+    assert tools("serve") == ToolsConfig()
+    assert tools("serve", "--mcp", "python a.py", "--mcp", "b --x") == ToolsConfig(mcp=("python a.py", "b --x"))
+    assert tools("--no-tools", "serve") is None
+    assert tools("serve", "--no-tools", "--mcp", "python a.py") == ToolsConfig(builtins=False, mcp=("python a.py",))
+    with pytest.raises(SystemExit, match="--mcp needs the local model"):
+        tools("serve", "--llm-url", "http://x/v1", "--mcp", "python a.py")

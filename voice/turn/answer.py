@@ -352,10 +352,12 @@ class AnswerRunner:
     async def _run_tools(self, answer: Answer, calls: Sequence[ToolCall],
                          drafts: asyncio.Queue[Draft | None]) -> list[str | ToolError]:
         """Run a round's calls one after the other; a filler is said once the round takes longer than
-        `filler_after_s` (said once a turn)."""
+        `filler_after_s` (said once a turn). An early answer's calls wait for its end of turn: a tool acts (a timer
+        is set), and an answer the user talks over is dropped, so it must not have acted."""
         toolbox = self.toolbox
         if toolbox is None:
             raise RuntimeError("an answer offered no tools made tool calls")
+        await answer.released.wait()
         task = asyncio.create_task(self._call_all(toolbox, answer, calls),
                                    name=f"tools-{self.session_id}-{answer.turn}")
         try:

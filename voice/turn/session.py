@@ -26,6 +26,7 @@ record and ends it into the history. This module wires them to the core.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -33,14 +34,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.chat import ChatMessage
+from model.chat import ChatMessage, ChatModel, ConstrainsAnswers
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
 from voice.events import AudioOut, ErrorEvent, Event, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
 from voice.listen.stage import ListenStage
 from voice.think.dialogue import Dialogue
-from voice.tools.toolbox import Toolbox
+from voice.tools.toolbox import Toolbox, ToolsConfig
 from voice.turn.answer import Answer, AnswerRunner
 from voice.turn.clock import TurnClock
 from voice.turn.config import SessionConfig
@@ -79,6 +80,8 @@ from voice.turn.session_core import (
     UserSpeechEnded,
 )
 
+log = logging.getLogger(__name__)
+
 # How often the timer watch looks for a timer set since it last slept (a timer is due at most this late).
 TIMER_POLL_S = 0.25
 
@@ -102,8 +105,7 @@ class Session:
         self._listen: ListenStage | None = None
         self._listen_lock = asyncio.Lock()  # the stage takes one call at a time: audio, flush (watchdog), close
         self._records = TurnRecords(self.id, self.dialogue)
-        tools = config.tools
-        self.toolbox = Toolbox(tools) if tools is not None and tools.any else None
+        self.toolbox = self._toolbox(config.tools, engines.lm)
         self._announcements: deque[str] = deque()  # due timers' words, said once nobody holds the floor
         self._timer_watch: asyncio.Task[None] | None = None
         self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio, self.toolbox)
@@ -114,6 +116,17 @@ class Session:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
+
+    @staticmethod
+    def _toolbox(tools: ToolsConfig | None, lm: ChatModel) -> Toolbox | None:
+        """The session's tools, when it has any and its model can be held to calls of them (`ConstrainsAnswers`)."""
+        if tools is None or not tools.any:
+            return None
+        if not (isinstance(lm, ConstrainsAnswers) and lm.constrains_answers):
+            log.info("no tools: %s cannot constrain its answers to tool calls (a remote or diffusion-mode model)",
+                     lm.name)
+            return None
+        return Toolbox(tools)
 
     # --- public API ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
