@@ -21,7 +21,9 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from model.decoding.grammar import compile_format, response_format
 from model.decoding.options import ToolConstraint
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -53,6 +55,14 @@ class ToolCall:
     name: str
     arguments: str
     closed: bool
+
+
+def checked_function(name: str, description: str, parameters: Any) -> Function:
+    """A function to offer, its parameters schema (a dict or JSON text) checked by the grammar engine now, so a
+    schema it cannot enforce is refused here (`GrammarError`) rather than failing every answer that offers it."""
+    fmt = response_format("json_schema", parameters, name)
+    compile_format(fmt)
+    return Function(name, description, fmt.schema or "")
 
 
 def tools_text(functions: Sequence[Function]) -> str:

@@ -10,7 +10,7 @@ import json
 from fastapi.responses import JSONResponse
 
 from model.chat import AnswerRules, ChatMessage, GenerationOptions
-from model.chat.tools import Function, call_text, constraint, system_with_tools
+from model.chat.tools import Function, call_text, checked_function, constraint, system_with_tools
 from model.decoding.grammar import GrammarError, compile_format, compile_tools, response_format
 from model.decoding.options import ResponseFormat, ToolConstraint
 from model.server.config import ServerConfig
@@ -93,12 +93,10 @@ def tools_of(request: ChatCompletionRequest) -> tuple[tuple[Function, ...], Tool
         if any(function.name == known.name for known in functions):
             raise ApiError(400, f"Two tools are named {function.name!r}", param=f"tools.{i}.function.name")
         try:
-            fmt = response_format("json_schema", function.parameters, function.name)
-            compile_format(fmt)
+            functions.append(checked_function(function.name, function.description, function.parameters))
         except GrammarError as error:
             raise ApiError(400, f"Invalid parameters of function {function.name!r}: {error}",
                            param=f"tools.{i}.function.parameters", code="invalid_function_parameters") from error
-        functions.append(Function(function.name, function.description, fmt.schema or ""))
     if choice == "none":
         return (), None
     allowed = functions

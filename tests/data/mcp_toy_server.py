@@ -3,7 +3,8 @@
     python tests/data/mcp_toy_server.py STARTS_FILE
 
 Each start appends a line to STARTS_FILE (so a test can see a restart). Tools: `shout` (the text in capitals),
-`slow_shout` (the same after 0.6 s: a tool long enough for the filler), `crash` (the process exits mid-call).
+`slow_shout` (the same after 0.6 s: a tool long enough for the filler), `tag` (a schema the grammar engine refuses,
+so the session must leave it out), `crash` (the process exits mid-call).
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def slow_shout(text: str) -> str:
     """Say the text loudly, after a while."""
     time.sleep(0.6)
     return text.upper() + "!"
+
+
+@server.tool()
+def tag(labels: set[str]) -> str:
+    """Tag with labels (a set: its schema's "uniqueItems" is a keyword the grammar engine cannot enforce)."""
+    return ", ".join(sorted(labels))
 
 
 @server.tool()

@@ -20,11 +20,22 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from model.chat.tools import Function
+from model.chat.tools import Function, checked_function
+from model.decoding.grammar import GrammarError
 from voice.cancellation import cancel_and_wait
 from voice.errors import ToolError
 
 log = logging.getLogger(__name__)
+
+
+def _offerable(name: str, description: str, schema: dict[str, Any]) -> Function | None:
+    """The tool as a function the model can be held to, or None (logged) when the grammar engine cannot enforce its
+    schema: one such tool must not fail every answer that offers the others."""
+    try:
+        return checked_function(name, description, schema)
+    except GrammarError as error:
+        log.warning("MCP tool %s is left out: %s", name, error)
+        return None
 
 
 class McpServer:
@@ -67,10 +78,8 @@ class McpServer:
         try:
             async with Client(self._params, read_timeout_seconds=self.call_timeout_s) as client:
                 listing = await client.list_tools()
-                self.functions = tuple(
-                    Function(tool.name, tool.description or "", json.dumps(tool.input_schema, separators=(",", ":")))
-                    for tool in listing.tools
-                )
+                offered = (_offerable(tool.name, tool.description or "", tool.input_schema) for tool in listing.tools)
+                self.functions = tuple(function for function in offered if function is not None)
                 self._client = client
                 ready.set_result(None)
                 await self._stop.wait()
