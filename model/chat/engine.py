@@ -60,7 +60,7 @@ class DiffusionChatModel:
         self.system_prompt = system_prompt
         self.context_length = context_length  # positions the network was built for; None: not known, not checked
         # Guards by their rules, built on first use; the vocabulary scan they need is done once for all
-        self._guards: dict[tuple[int, int, int, int], SpeechGuard] = {}
+        self._guards: dict[tuple[int, int, int, int, bool], SpeechGuard] = {}
         self._vocabulary: Vocabulary | None = None
         self._message_tail: tuple[int, ...] | None = None  # built on first use (`message_tail`)
         self._guards_lock = threading.Lock()
@@ -228,9 +228,11 @@ class DiffusionChatModel:
 
     def speech_guard(self, options: GenerationOptions, prompt: list[int] | None = None) -> SpeechGuard | None:
         """The anti-loop rules the caller asks for (`options.rules`), with this tokenizer's word classes and
-        sentence-end tokens, for `prompt` (None when every rule is off)."""
+        sentence-end tokens, for `prompt` (None when every rule is off). With tools offered, an answer that opens a
+        tool call is exempt: the rules are for speech."""
         rules = options.rules
-        key = (rules.no_repeat_ngram, rules.end_after, rules.no_copy_ngram, rules.no_copy_opening)
+        calls = options.tools is not None
+        key = (rules.no_repeat_ngram, rules.end_after, rules.no_copy_ngram, rules.no_copy_opening, calls)
         if not rules.active:
             return None
         with self._guards_lock:
@@ -246,5 +248,6 @@ class DiffusionChatModel:
                     words=vocabulary.words if rules.no_repeat_ngram or copying else None,
                     no_copy_ngram=rules.no_copy_ngram,
                     no_copy_opening=rules.no_copy_opening,
+                    call_openers=vocabulary.call_openers if calls else frozenset(),
                 )
         return guard if prompt is None else guard.for_prompt(prompt)
