@@ -375,3 +375,25 @@ def test_the_tool_flags_build_the_sessions_tools_config() -> None:
     assert tools("serve", "--no-tools", "--mcp", "python a.py") == ToolsConfig(builtins=False, mcp=("python a.py",))
     with pytest.raises(SystemExit, match="--mcp needs the local model"):
         tools("serve", "--llm-url", "http://x/v1", "--mcp", "python a.py")
+
+
+def test_a_timer_due_while_the_user_speaks_waits_for_the_floor(tool_session) -> None:
+    async def scenario() -> list[Event]:
+        session = tool_session(ScriptedLM(_calls))
+        listen, events, collector = await started(session)
+        await _turn(session, events, "set a timer")  # 0.3 s
+        await listen.emit(SpeechStart(session="s", turn=0, t_ns=now_ns()))  # the user takes the floor ...
+        await asyncio.sleep(0.6)  # ... and holds it past the timer's moment
+        held_back = not any(isinstance(e, TurnEnd) and e.stats.get("announcement") for e in events)
+        await listen.emit(Transcript(session="s", turn=0, text="hello", committed="hello", final=True))
+        await session.user_done()
+        await until(lambda: sum(isinstance(e, TurnEnd) for e in events) == 3)
+        await session.close()
+        await collector
+        assert held_back
+        return events
+
+    events = asyncio.run(scenario())
+    ends = [e for e in events if isinstance(e, TurnEnd)]
+    assert [end.user_text for end in ends] == ["set a timer", "hello", ""]  # said after the user's turn, not over it
+    assert ends[2].stats["announcement"] == 1

@@ -53,6 +53,7 @@ class McpServer:
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._connecting = asyncio.Lock()  # the session's start and its first turn may both ask
 
     @property
     def up(self) -> bool:
@@ -61,8 +62,11 @@ class McpServer:
     async def connect(self) -> None:
         """Start the server (again, when it died) and list its tools; a server that cannot start logs why and
         offers no tools this turn."""
-        if self.up:
-            return
+        async with self._connecting:
+            if not self.up:
+                await self._start()
+
+    async def _start(self) -> None:
         await self.close()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
@@ -70,7 +74,7 @@ class McpServer:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 await asyncio.shield(ready)
-        except (TimeoutError, OSError, MCPError, ValueError) as error:
+        except Exception as error:  # an outside program failed to start or to answer: no tools from it this turn
             log.warning("MCP server %r did not start: %s", self.command, error or type(error).__name__)
             await self.close()
 

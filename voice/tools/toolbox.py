@@ -51,21 +51,22 @@ class Toolbox:
 
     async def functions(self) -> tuple[Function, ...]:
         """What the model is offered this turn; a name offered twice keeps its first owner (built-ins first)."""
-        offered: list[Function] = []
-        self._owner = {}
         sources: list[tuple[BuiltinTools | McpServer, tuple[Function, ...]]] = []
         if self._builtins is not None:
             sources.append((self._builtins, self._builtins.functions))
         for server in self._servers:
             await server.connect()
             sources.append((server, server.functions if server.up else ()))
-        for owner, functions in sources:
+        owner: dict[str, BuiltinTools | McpServer] = {}  # built whole, then swapped: the calls of a turn may overlap
+        offered: list[Function] = []
+        for source, functions in sources:
             for function in functions:
-                if function.name in self._owner:
+                if function.name in owner:
                     log.warning("tool %s is offered twice; the second is left out", function.name)
                     continue
-                self._owner[function.name] = owner
+                owner[function.name] = source
                 offered.append(function)
+        self._owner = owner
         self.offered = tuple(offered)
         return self.offered
 

@@ -108,6 +108,7 @@ class Session:
         self.toolbox = self._toolbox(config.tools, engines.lm)
         self._announcements: deque[str] = deque()  # due timers' words, said once nobody holds the floor
         self._timer_watch: asyncio.Task[None] | None = None
+        self._tools_warm: asyncio.Task[object] | None = None
         self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio, self.toolbox)
         self._answers.on_end_of_turn = self._on_lm_end_of_turn
         self._answer: Answer | None = None
@@ -134,6 +135,7 @@ class Session:
             self._listen = ListenStage(self.id, self._on_listen, self.config.listen, model=self.engines.asr)
             self._listen.on_likely_final = self._on_likely_final
             self._prepare_next_prompt()
+        self._start_tools()
 
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None:
         """Microphone audio (PCM16 LE mono). Raises `AudioFormatError` for a bad frame; the session goes on."""
@@ -210,13 +212,22 @@ class Session:
             await self._answers.cancel(answer)
         await self._dispatch(SessionClosed())
         waits = self._detector.waits() if self._detector is not None else []
-        await cancel_and_wait(*self._answers_running, *waits, self._clock.task, self._timer_watch)
+        await cancel_and_wait(*self._answers_running, *waits, self._clock.task, self._timer_watch, self._tools_warm)
         if self.toolbox is not None:
             await self.toolbox.close()
         async with self._listen_lock:
             if self._listen is not None:
                 await self._listen.aclose()
         self._out.put_nowait(None)
+
+    # --- tools -----------------------------------------------------------------------------------------------------
+    def _start_tools(self) -> None:
+        """Once: start the MCP servers while the user speaks (their start is not paid by the first answer), and the
+        timer watch."""
+        if self.toolbox is None or self._timer_watch is not None:
+            return
+        self._timer_watch = asyncio.create_task(self._watch_timers(), name=f"timers-{self.id}")
+        self._tools_warm = asyncio.create_task(self.toolbox.functions(), name=f"tools-start-{self.id}")
 
     # --- timers ----------------------------------------------------------------------------------------------------
     async def _watch_timers(self) -> None:
@@ -346,8 +357,7 @@ class Session:
 
     def _start_answer(self, action: StartAnswer) -> None:
         self._answers.drop_prepared()
-        if self.toolbox is not None and self._timer_watch is None:  # from the first answer on, one may set a timer
-            self._timer_watch = asyncio.create_task(self._watch_timers(), name=f"timers-{self.id}")
+        self._start_tools()  # a typed turn may come before `start`
         record = self._records.get(action.turn)
         record.user_text = "" if action.announcement else action.text
         answer = Answer(action.answer_id, record, held=action.held, early=action.held,
