@@ -19,6 +19,7 @@ from typing import Any
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from mcp.types import TextContent
 
 from model.chat.tools import Function, checked_function
 from model.decoding.grammar import GrammarError
@@ -107,7 +108,7 @@ class McpServer:
             log.warning("MCP tool %s of %r failed: %s", name, self.command, error or type(error).__name__)
             self._client = None  # down: the next turn restarts the server
             raise ToolError(f"the {name} tool stopped working") from error
-        text = "\n".join(getattr(part, "text", "") for part in result.content).strip()
+        text = "\n".join(part.text for part in result.content if isinstance(part, TextContent)).strip()
         if result.is_error:
             raise ToolError(f"the {name} tool failed: {text or 'no reason given'}")
         if not text and result.structured_content is not None:
