@@ -34,3 +34,10 @@ class ProtocolError(VoiceError):
 
 class NoAudioDevice(VoiceError):
     code = "no_audio_device"
+
+
+class ToolError(VoiceError):
+    """A tool the session runs (voice/tools/) could not do what the model asked. The message is said to the user
+    ("Sorry, <message>."), so it is written as speech: short, no code, no traceback."""
+
+    code = "tool_error"

@@ -100,6 +100,18 @@ class AnswerDone(Event):
     finish_reason: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCalled(Event):
+    """The session ran a tool the answer called (voice/tools/); `t_ns` is when it returned. `error`: the reason said
+    to the user when it failed ("" when it worked). Internal: a tool call is never spoken nor sent to a client."""
+
+    name: str
+    arguments: str
+    result: str
+    error: str
+    seconds: float
+
+
 # --- speaking --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PhraseCommitted(Event):
@@ -199,6 +211,7 @@ EVENT_TYPES: dict[type[Event], str] = {
     DraftUpdate: "draft",
     LmFirstPass: "lm_first_pass",
     AnswerDone: "answer",
+    ToolCalled: "tool_called",
     PhraseCommitted: "phrase_committed",
     SpeculationResult: "speculation",
     TtsFirstChunk: "tts_first_chunk",

@@ -24,6 +24,7 @@ from voice.modes.local import OUTPUT_LATENCY_S
 from voice.speak.speculator import SpeculatorConfig
 from voice.speak.tts import TTSConfig
 from voice.think.spoken import spoken_answer
+from voice.tools.toolbox import ToolsConfig
 from voice.turn.machine import TurnTakingConfig
 from voice.turn.session import SessionConfig
 
@@ -34,6 +35,7 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     overwrote every option given before the command)."""
     lm = parser.add_argument_group("language model")
     speech = parser.add_argument_group("speech")
+    tools = parser.add_argument_group("tools (run by the session; the local model only)")
     added = [
         lm.add_argument("--model",
                         help="local diffusion LM: a checkpoint folder or hub id (default: the bundled model)"),
@@ -62,6 +64,10 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
         speech.add_argument("--no-turn-detector", action="store_true",
                             help="end turns by silence alone, without Smart Turn"),
         speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)"),
+        tools.add_argument("--no-tools", action="store_true",
+                           help="offer the model no built-in tools (time, timers, arithmetic, unit conversion)"),
+        tools.add_argument("--mcp", action="append", default=[], metavar='"COMMAND ARGS"',
+                           help="offer the tools of this stdio MCP server (repeatable; each session starts its own)"),
         parser.add_argument("-v", "--verbose", action="store_true"),
     ]
     if repeated:
@@ -134,11 +140,22 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def tools_config(args: argparse.Namespace) -> ToolsConfig | None:
+    """The session's tools: the built-ins unless `--no-tools`, and each `--mcp` server (a session offers them only
+    to a model that can constrain its answers to calls). `--mcp` with `--llm-url` is an error rather than tools that
+    never work: the remote client does not pass tool calls on (model/chat/client.py)."""
+    if args.llm_url and args.mcp:
+        raise SystemExit("voice-assistant: --mcp needs the local model (tool calls are not passed to --llm-url)")
+    config = ToolsConfig(builtins=not args.no_tools, mcp=tuple(args.mcp))
+    return config if config.any else None
+
+
 def session_config(args: argparse.Namespace, full_duplex: bool) -> SessionConfig:
     return SessionConfig(
         listen=ListenConfig(model=args.asr_model),
         speculator=replace(SpeculatorConfig(), enabled=not args.no_speculation),
         generation=spoken_answer(args.max_new_tokens, args.system_prompt),
+        tools=tools_config(args),
         turn_taking=TurnTakingConfig(early_answer=not args.no_early_lm),
         full_duplex=full_duplex,
     )

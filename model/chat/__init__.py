@@ -16,8 +16,8 @@ from model.decoding.options import AnswerRules, GenerationOptions
 from model.decoding.refinement import Refinement
 
 __all__ = [
-    "ROLES", "AnswerRules", "BatchesAnswers", "ChatMessage", "ChatModel", "Draft", "DraftPiece", "GenerationOptions",
-    "PreparesPrompts", "TokenizingChatModel",
+    "ROLES", "AnswerRules", "BatchesAnswers", "ChatMessage", "ChatModel", "ConstrainsAnswers", "Draft", "DraftPiece",
+    "GenerationOptions", "PreparesPrompts", "TokenizingChatModel",
 ]
 
 ROLES = ("system", "user", "assistant", "tool")  # "tool": a function's result (model/chat/tools.py)
@@ -122,6 +122,16 @@ class BatchesAnswers(Protocol):
 
     @property
     def max_batch(self) -> int: ...
+
+
+@runtime_checkable
+class ConstrainsAnswers(Protocol):
+    """A model that can enforce tool calls and response formats by constrained decoding (`DiffusionChatModel` in the
+    autoregressive and self-speculative modes says True). The voice session offers its tools only to such a model:
+    a remote endpoint gets the chat as text, and a diffusion mode commits tokens anywhere in a block."""
+
+    @property
+    def constrains_answers(self) -> bool: ...
 
 
 @runtime_checkable

@@ -36,6 +36,9 @@ def context_length_of(config: Any) -> int | None:
     return None
 
 
+# The decoding modes that commit an answer's tokens left to right, where a grammar can mask each next token
+CONSTRAINED_MODES = ("autoregressive", "self-speculative")
+
 class DiffusionChatModel:
     """A local diffusion LM as a `ChatModel`. Thread-safe: concurrent answers share batched passes when the back end
     batches (the bundled model); otherwise one answer at a time, callers queue."""
@@ -57,7 +60,7 @@ class DiffusionChatModel:
         self.system_prompt = system_prompt
         self.context_length = context_length  # positions the network was built for; None: not known, not checked
         # Guards by their rules, built on first use; the vocabulary scan they need is done once for all
-        self._guards: dict[tuple[int, int, int, int], SpeechGuard] = {}
+        self._guards: dict[tuple[int, int, int, int, bool], SpeechGuard] = {}
         self._vocabulary: Vocabulary | None = None
         self._message_tail: tuple[int, ...] | None = None  # built on first use (`message_tail`)
         self._guards_lock = threading.Lock()
@@ -159,6 +162,11 @@ class DiffusionChatModel:
         return AnswerPlan(prompt, whole_blocks(options.max_new_tokens, config.block_length), config, options, guard,
                           probe, self.grammar(options, config))
 
+    @property
+    def constrains_answers(self) -> bool:
+        """Whether this model's decoding mode enforces a response format or tool calls (`grammar`)."""
+        return self.sampler.decoding in CONSTRAINED_MODES
+
     def grammar(self, options: GenerationOptions, config: SamplerConfig) -> Grammar | None:
         """The parser state of the caller's `response_format` or tool calls (None for free text). Constrained decoding
         runs in the modes whose tokens are committed left to right by the teacher; diffusion commits anywhere in a
@@ -166,7 +174,7 @@ class DiffusionChatModel:
         if options.response_format is None and options.tools is None:
             return None
         what = "tool calls need" if options.tools is not None else "response_format needs"
-        if config.decoding not in ("autoregressive", "self-speculative"):
+        if config.decoding not in CONSTRAINED_MODES:
             raise GrammarError(f"{what} autoregressive or self-speculative decoding, not "
                                f"{config.decoding} (start the server with --decoding self-speculative)")
         grammar = (compile_tools(options.tools) if options.tools is not None
@@ -220,9 +228,11 @@ class DiffusionChatModel:
 
     def speech_guard(self, options: GenerationOptions, prompt: list[int] | None = None) -> SpeechGuard | None:
         """The anti-loop rules the caller asks for (`options.rules`), with this tokenizer's word classes and
-        sentence-end tokens, for `prompt` (None when every rule is off)."""
+        sentence-end tokens, for `prompt` (None when every rule is off). With tools offered, an answer that opens a
+        tool call is exempt: the rules are for speech."""
         rules = options.rules
-        key = (rules.no_repeat_ngram, rules.end_after, rules.no_copy_ngram, rules.no_copy_opening)
+        calls = options.tools is not None
+        key = (rules.no_repeat_ngram, rules.end_after, rules.no_copy_ngram, rules.no_copy_opening, calls)
         if not rules.active:
             return None
         with self._guards_lock:
@@ -238,5 +248,6 @@ class DiffusionChatModel:
                     words=vocabulary.words if rules.no_repeat_ngram or copying else None,
                     no_copy_ngram=rules.no_copy_ngram,
                     no_copy_opening=rules.no_copy_opening,
+                    call_openers=vocabulary.call_openers if calls else frozenset(),
                 )
         return guard if prompt is None else guard.for_prompt(prompt)

@@ -66,12 +66,14 @@ class Vocabulary:
     punctuation: frozenset[int]
     sentence_marks: frozenset[int]  # punctuation alone that ends a sentence: "." "?" "!" "?!"...
     words: WordClasses
+    call_openers: frozenset[int]  # tokens whose text starts with "<": the first token of a tool call
 
     @classmethod
     def scan(cls, tokenizer: Any) -> Vocabulary:
         texts = token_texts_of_vocabulary(tokenizer)
         ends, punctuation = sentence_end_ids(tokenizer, texts), punctuation_ids(texts)
-        return cls(ends, punctuation, ends & punctuation, WordClasses.from_texts(texts))
+        openers = frozenset(i for i, text in enumerate(texts) if text.lstrip().startswith("<"))
+        return cls(ends, punctuation, ends & punctuation, WordClasses.from_texts(texts), openers)
 
 
 def draft_from_refinement(

@@ -21,6 +21,10 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from model.decoding.grammar import compile_format, response_format
+from model.decoding.options import ToolConstraint
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","arguments":')
@@ -53,11 +57,31 @@ class ToolCall:
     closed: bool
 
 
+def checked_function(name: str, description: str, parameters: Any) -> Function:
+    """A function to offer, its parameters schema (a dict or JSON text) checked by the grammar engine now, so a
+    schema it cannot enforce is refused here (`GrammarError`) rather than failing every answer that offers it."""
+    fmt = response_format("json_schema", parameters, name)
+    compile_format(fmt)
+    return Function(name, description, fmt.schema or "")
+
+
 def tools_text(functions: Sequence[Function]) -> str:
     """The system message's part that offers `functions`."""
     lines = [json.dumps({"name": f.name, "description": f.description, "parameters": json.loads(f.parameters)},
                         separators=(",", ":")) for f in functions]
     return "\n".join([INSTRUCTION, *lines])
+
+
+def system_with_tools(system: str | None, functions: Sequence[Function]) -> str:
+    """The system message of a chat that offers `functions`: the caller's own system text, then the offer (the one
+    place that decides where the functions go, for the API and the voice session alike)."""
+    offer = tools_text(functions)
+    return f"{system}\n\n{offer}" if system else offer
+
+
+def constraint(functions: Sequence[Function], required: bool, parallel: bool = True) -> ToolConstraint:
+    """The constrained decoding of an answer that must (`required`) or may call one of `functions`."""
+    return ToolConstraint(tuple((f.name, f.parameters) for f in functions), required=required, parallel=parallel)
 
 
 def call_text(name: str, arguments: str) -> str:

@@ -10,7 +10,7 @@ import json
 from fastapi.responses import JSONResponse
 
 from model.chat import AnswerRules, ChatMessage, GenerationOptions
-from model.chat.tools import Function, call_text, tools_text
+from model.chat.tools import Function, call_text, checked_function, constraint, system_with_tools
 from model.decoding.grammar import GrammarError, compile_format, compile_tools, response_format
 from model.decoding.options import ResponseFormat, ToolConstraint
 from model.server.config import ServerConfig
@@ -67,9 +67,9 @@ def chat_messages(
     if offered:
         system = next((i for i, message in enumerate(messages) if message.role == "system"), None)
         if system is None:
-            messages.insert(0, ChatMessage("system", tools_text(offered)))
+            messages.insert(0, ChatMessage("system", system_with_tools(None, offered)))
         else:
-            messages[system] = ChatMessage("system", f"{messages[system].content}\n\n{tools_text(offered)}")
+            messages[system] = ChatMessage("system", system_with_tools(messages[system].content, offered))
     if sum(len(message.content) for message in messages) > config.max_prompt_chars:
         raise ApiError(400, f"Messages exceed {config.max_prompt_chars} characters in total", param="messages")
     return tuple(messages)
@@ -93,12 +93,10 @@ def tools_of(request: ChatCompletionRequest) -> tuple[tuple[Function, ...], Tool
         if any(function.name == known.name for known in functions):
             raise ApiError(400, f"Two tools are named {function.name!r}", param=f"tools.{i}.function.name")
         try:
-            fmt = response_format("json_schema", function.parameters, function.name)
-            compile_format(fmt)
+            functions.append(checked_function(function.name, function.description, function.parameters))
         except GrammarError as error:
             raise ApiError(400, f"Invalid parameters of function {function.name!r}: {error}",
                            param=f"tools.{i}.function.parameters", code="invalid_function_parameters") from error
-        functions.append(Function(function.name, function.description, fmt.schema or ""))
     if choice == "none":
         return (), None
     allowed = functions
@@ -107,10 +105,9 @@ def tools_of(request: ChatCompletionRequest) -> tuple[tuple[Function, ...], Tool
         if not allowed:
             raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools",
                            param="tool_choice.function.name")
-    constraint = ToolConstraint(tuple((function.name, function.parameters) for function in allowed),
-                                required=choice is not None and choice != "auto", parallel=request.parallel_tool_calls)
+    wanted = constraint(allowed, required=choice is not None and choice != "auto", parallel=request.parallel_tool_calls)
     try:
-        compile_tools(constraint)
+        compile_tools(wanted)
     except GrammarError as error:
         raise ApiError(400, f"Invalid tools: {error}", param="tools", code="invalid_function_parameters") from error
     if request.response_format is not None and request.response_format.type != "text":
@@ -118,7 +115,7 @@ def tools_of(request: ChatCompletionRequest) -> tuple[tuple[Function, ...], Tool
                        param="response_format")
     if request.diffusing:
         raise ApiError(400, "diffusing streams do not carry tool calls", param="diffusing")
-    return tuple(functions), constraint
+    return tuple(functions), wanted
 
 
 def options_of(

@@ -225,6 +225,18 @@ def test_the_guard_breaks_a_copy_of_the_prompt_punctuation_included() -> None:
     assert not torch.isinf(logits).any()
 
 
+def test_the_guard_leaves_a_tool_call_alone() -> None:
+    """A call copies the offer and the user's words by design: an answer opening with a call opener is exempt."""
+    texts = ["<", "call", " hello", " there", " you", "."]
+    guard = SpeechGuard(no_copy_ngram=3, words=WordClasses.from_texts(texts), call_openers=frozenset({0}))
+    prompt = [2, 3, 4, 5]  # ' hello there you.'
+    logits = torch.zeros(len(texts))
+    guard.for_prompt(prompt).apply(logits, [0, 1, 2, 3])  # '<call hello there' goes on to copy ' you'
+    assert not torch.isinf(logits).any()
+    guard.for_prompt(prompt).apply(logits, [2, 3])  # words copying ' hello there you' are still stopped
+    assert {i for i in range(len(texts)) if logits[i] == -torch.inf} == {4}
+
+
 def test_the_guard_keeps_an_answer_from_opening_as_an_earlier_answer_did() -> None:
     """The prompt's last 3 tokens are the assistant header; after each earlier header sits an earlier answer."""
     texts = ["<h>", "assistant", "\n", "A", ":", " thanks", " joke", " Sure", " a"]

@@ -45,9 +45,9 @@ class DialogueConfig:
 class Dialogue:
     """The running conversation. `messages()` is what the model sees for the next answer."""
 
-    def __init__(self, config: DialogueConfig | None = None) -> None:
+    def __init__(self, config: DialogueConfig | None = None, history: tuple[ChatMessage, ...] = ()) -> None:
         self.config = config or DialogueConfig()
-        self._turns: list[ChatMessage] = []
+        self._turns: list[ChatMessage] = list(history)
 
     @property
     def history(self) -> tuple[ChatMessage, ...]:
@@ -61,6 +61,11 @@ class Dialogue:
             self._turns[-1] = ChatMessage("user", text)
         else:
             self._turns.append(ChatMessage("user", text))
+
+    def add_tool_messages(self, messages: list[ChatMessage]) -> None:
+        """Record a turn's tool calls (assistant messages in model/chat/tools.py's text format) and their results
+        (role "tool"), between the user's words and the spoken answer, as the chat template wants them."""
+        self._turns.extend(message for message in messages if message.role in ("assistant", "tool"))
 
     def add_assistant(self, text: str) -> None:
         """Record what the assistant said; an empty answer (interrupted before any audio) leaves no message."""
@@ -82,7 +87,7 @@ def window_start(turns: list[ChatMessage], budget: int, keep_after_drop: float) 
 
     Replays the conversation: whenever the window outgrows `budget` characters, its oldest messages are dropped until
     at most `keep_after_drop * budget` remain (never the newest message), and a window never opens with the
-    assistant. Between drops the window only grows, so each prompt starts with the previous one.
+    assistant or a tool result. Between drops the window only grows, so each prompt starts with the previous one.
     """
     low = int(budget * keep_after_drop)
     start, used = 0, 0
@@ -90,7 +95,7 @@ def window_start(turns: list[ChatMessage], budget: int, keep_after_drop: float) 
         used += len(message.content)
         if used <= budget:
             continue
-        while start < newest and (used > low or turns[start].role == "assistant"):
+        while start < newest and (used > low or turns[start].role in ("assistant", "tool")):
             used -= len(turns[start].content)
             start += 1
     return start

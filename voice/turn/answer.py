@@ -16,14 +16,15 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from model.chat import ChatMessage, Draft, GenerationOptions, PreparesPrompts
+from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions, PreparesPrompts
+from model.chat.tools import ToolCall, opens_calls
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
-from voice.errors import VoiceError
+from voice.errors import ToolError, VoiceError
 from voice.events import (
     AnswerDone,
     AudioOut,
@@ -37,12 +38,15 @@ from voice.events import (
     Pause,
     PhraseCommitted,
     Resume,
+    ToolCalled,
     TtsFirstChunk,
     now_ns,
 )
 from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.stage import SpeakStage
 from voice.think.lm_run import LmRun
+from voice.tools.loop import Apologise, RunTools, ToolLoop, offered_options
+from voice.tools.toolbox import Toolbox
 from voice.turn.config import SessionConfig
 from voice.turn.record import TurnRecord
 
@@ -74,6 +78,11 @@ class Answer:
     pauses: int = 0
     text: str = ""  # what it says so far: its committed text (or its draft, before any commit)
     stats: dict[str, float] = field(default_factory=dict)
+    announcement: str | None = None  # words to say instead of asking the model (a timer that is due)
+    said: tuple[DraftPiece, ...] = ()  # words said before the model's final round (the filler while a tool runs)
+    tool_messages: list[ChatMessage] = field(default_factory=list)  # the turn's tool calls and results
+    passes: int = 0  # the LM's passes, every round of the tool loop
+    lm_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self.unpaused.set()
@@ -133,7 +142,7 @@ class AnswerRunner:
     `resume` and `cancel` act on its outputs; `prepare_next` encodes the next prompt ahead.
 
     `emit` puts an event on the session's output; `on_first_audio` tells the session that an answer's first audio
-    went out (it is speaking now)."""
+    went out (it is speaking now); `toolbox`: the session's tools (None: the model is offered none)."""
 
     def __init__(
         self,
@@ -142,8 +151,10 @@ class AnswerRunner:
         session_id: str,
         emit: Callable[[Event], None],
         on_first_audio: Callable[[Answer], None],
+        toolbox: Toolbox | None = None,
     ) -> None:
         self.engines = engines
+        self.toolbox = toolbox
         self.config = config
         self.session_id = session_id
         self._emit = emit
@@ -157,14 +168,11 @@ class AnswerRunner:
     async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
         """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
         becomes the answer's `ErrorEvent`. Returns early only when cancelled."""
-        run = LmRun(self.engines.lm, messages, self.options, f"lm-{self.session_id}-{answer.turn}")
-        answer.run = run
         answer.stats["early_lm"] = 1.0 if answer.early else 0.0
-        started = LmStarted(session=self.session_id, turn=answer.turn, t_ns=run.started_ns, early=answer.early)
-        self.event(answer, started)
+        self.event(answer, LmStarted(session=self.session_id, turn=answer.turn, t_ns=now_ns(), early=answer.early))
         try:
             async with asyncio.timeout(self.config.max_turn_seconds):
-                await self._answer_body(answer, run)
+                await self._answer_body(answer, messages)
             await answer.released.wait()  # an answer ready before its end of turn was confirmed waits for it
             await self._until_played(answer)
         except TimeoutError:
@@ -175,7 +183,8 @@ class AnswerRunner:
             log.exception("turn %s failed", answer.turn)
             self._error(answer, "internal_error", f"{type(err).__name__}: {err}")
         finally:
-            await run.close()
+            if answer.run is not None:
+                await answer.run.close()
 
     async def cancel(self, answer: Answer, clear_reason: str | None = None) -> None:
         """Drop everything of `answer` from now on, so no audio follows its `Clear` (sent when `clear_reason` is
@@ -209,7 +218,9 @@ class AnswerRunner:
         self.drop_prepared()
         self._prepared = threading.Event()
         try:
-            lm.prepare(history, self._prepared, conversation=self.session_id, system_prompt=self.options.system_prompt)
+            offered = self.toolbox.offered if self.toolbox is not None else ()
+            lm.prepare(history, self._prepared, conversation=self.session_id,
+                       system_prompt=offered_options(self.options, offered).system_prompt)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
 
@@ -230,7 +241,7 @@ class AnswerRunner:
             if answer.pauses == pauses and answer.unpaused.is_set():
                 return
 
-    async def _answer_body(self, answer: Answer, run: LmRun) -> None:
+    async def _answer_body(self, answer: Answer, messages: list[ChatMessage]) -> None:
         drafts: asyncio.Queue[Draft | None] = asyncio.Queue(maxsize=256)
         speaker = SpeakStage(
             self.engines.tts,
@@ -243,7 +254,8 @@ class AnswerRunner:
         answer.sample_rate = speaker.sample_rate
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._pump(answer, run, drafts), name=f"lm-pump-{self.session_id}-{answer.turn}")
+                group.create_task(self._think(answer, messages, drafts),
+                                  name=f"lm-pump-{self.session_id}-{answer.turn}")
                 report = await speaker.run(drafts)
         except BaseExceptionGroup as failures:
             # One failing stage (the model, the voice) ends the turn with its own typed error, not a group.
@@ -260,62 +272,137 @@ class AnswerRunner:
             wasted_cpu_ms=report.wasted_cpu_ms,
         )
 
-    async def _pump(self, answer: Answer, run: LmRun, drafts: asyncio.Queue[Draft | None]) -> None:
-        session = self.session_id
-        first = True
-        passes = 0
-        lm_seconds = 0.0
+    async def _think(self, answer: Answer, messages: list[ChatMessage], drafts: asyncio.Queue[Draft | None]) -> None:
+        """The answer's words, through the tool loop (voice/tools/loop.py): each round is one LM answer; a round of
+        tool calls is run here and never spoken, and the model answers again with the results. What the speaker
+        hears is one growing answer: the filler said while a tool ran, then the final round's words."""
         try:
-            async for t_ns, draft in run.drafts():
-                passes += 1
-                lm_seconds += draft.elapsed_s
-                if first:
-                    first = False
-                    answer.marks["lm_first_pass"] = t_ns
-                    self.event(answer, LmFirstPass(session=session, turn=answer.turn, t_ns=t_ns))
-                    if draft.end_of_turn is not None and self.on_end_of_turn is not None:
-                        await self.on_end_of_turn(answer, draft.end_of_turn)
-                self.event(
-                    answer,
-                    DraftUpdate(
-                        session=session,
-                        turn=answer.turn,
-                        step=draft.step,
-                        committed=draft.committed_text,
-                        draft=draft.text,
-                        pieces=tuple((piece.text, piece.committed) for piece in draft.pieces),
-                    ),
-                )
-                await drafts.put(draft)
-                if draft.done:
-                    answer.text = draft.committed_text.strip() or draft.text.strip()
-                    tokens = draft.completion_tokens
-                    # the end-of-sequence token is generated work too (as in scripts/train/eval_default_model.py)
-                    generated = tokens + (1 if draft.finish_reason == "stop" else 0)
-                    answer.stats.update(
-                        tokens=tokens,
-                        passes=passes,
-                        tokens_per_pass=generated / passes if passes else 0.0,
-                        lm_seconds=lm_seconds,
-                        tokens_per_second=generated / lm_seconds if lm_seconds > 0 else 0.0,
-                        prompt_tokens=draft.prompt_tokens,
-                        prompt_tokens_encoded=draft.prompt_tokens - draft.cached_prompt_tokens,
-                    )
-                    self.event(
-                        answer,
-                        AnswerDone(
-                            session=session,
-                            turn=answer.turn,
-                            text=answer.text,
-                            tokens=tokens,
-                            passes=passes,
-                            lm_seconds=lm_seconds,
-                            finish_reason=draft.finish_reason or "stop",
-                        ),
-                    )
+            if answer.announcement is not None:  # a timer's words: no model involved
+                await self._say(answer, drafts, answer.announcement)
+                return
+            toolbox = self.toolbox
+            functions = await toolbox.functions() if toolbox is not None else ()
+            loop = ToolLoop(messages, functions, self.options, toolbox.config.max_rounds if toolbox else 0)
+            while True:
+                if answer.run is not None:
+                    await answer.run.close()
+                name = f"lm-{self.session_id}-{answer.turn}" + (f"-{loop.rounds}" if loop.rounds else "")
+                answer.run = LmRun(self.engines.lm, loop.messages, loop.options(), name)
+                decision = loop.answered(await self._pump(answer, answer.run, drafts))
+                if isinstance(decision, RunTools):
+                    decision = loop.results(decision.calls, await self._run_tools(answer, decision.calls, drafts))
+                    answer.tool_messages = list(loop.added)
+                    if decision is None:
+                        continue
+                if isinstance(decision, Apologise):
+                    await self._say(answer, drafts, decision.text)
+                return
         finally:
             with contextlib.suppress(asyncio.QueueFull):
                 drafts.put_nowait(None)
+
+    async def _pump(self, answer: Answer, run: LmRun, drafts: asyncio.Queue[Draft | None]) -> str:
+        """One round: the LM's drafts to the speaker and the client, unless they are tool calls; returns the
+        round's text once done (calls or words)."""
+        session = self.session_id
+        async for t_ns, draft in run.drafts():
+            answer.passes += 1
+            answer.lm_seconds += draft.elapsed_s
+            if "lm_first_pass" not in answer.marks:
+                answer.marks["lm_first_pass"] = t_ns
+                self.event(answer, LmFirstPass(session=session, turn=answer.turn, t_ns=t_ns))
+                if draft.end_of_turn is not None and self.on_end_of_turn is not None:
+                    await self.on_end_of_turn(answer, draft.end_of_turn)
+            if opens_calls(draft.text.lstrip()):  # a tool call is never spoken nor shown
+                if draft.done:
+                    return draft.text
+                continue
+            shown = dataclasses.replace(draft, pieces=answer.said + draft.pieces) if answer.said else draft
+            self.event(
+                answer,
+                DraftUpdate(
+                    session=session,
+                    turn=answer.turn,
+                    step=draft.step,
+                    committed=shown.committed_text,
+                    draft=shown.text,
+                    pieces=tuple((piece.text, piece.committed) for piece in shown.pieces),
+                ),
+            )
+            await drafts.put(shown)
+            if draft.done:
+                answer.text = draft.committed_text.strip() or draft.text.strip()
+                tokens = draft.completion_tokens
+                # the end-of-sequence token is generated work too (as in scripts/train/eval_default_model.py)
+                generated = tokens + (1 if draft.finish_reason == "stop" else 0)
+                passes, lm_seconds = answer.passes, answer.lm_seconds
+                answer.stats.update(
+                    tokens=tokens,
+                    passes=passes,
+                    tokens_per_pass=generated / passes if passes else 0.0,
+                    lm_seconds=lm_seconds,
+                    tokens_per_second=generated / lm_seconds if lm_seconds > 0 else 0.0,
+                    prompt_tokens=draft.prompt_tokens,
+                    prompt_tokens_encoded=draft.prompt_tokens - draft.cached_prompt_tokens,
+                )
+                self._answer_done(answer, tokens, draft.finish_reason or "stop")
+                return draft.text
+        return ""  # cancelled: the stream ended without a done draft
+
+    async def _run_tools(self, answer: Answer, calls: Sequence[ToolCall],
+                         drafts: asyncio.Queue[Draft | None]) -> list[str | ToolError]:
+        """Run a round's calls one after the other; a filler is said once the round takes longer than
+        `filler_after_s` (said once a turn). An early answer's calls wait for its end of turn: a tool acts (a timer
+        is set), and an answer the user talks over is dropped, so it must not have acted."""
+        toolbox = self.toolbox
+        if toolbox is None:
+            raise RuntimeError("an answer offered no tools made tool calls")
+        await answer.released.wait()
+        task = asyncio.create_task(self._call_all(toolbox, answer, calls),
+                                   name=f"tools-{self.session_id}-{answer.turn}")
+        try:
+            done, _ = await asyncio.wait({task}, timeout=toolbox.config.filler_after_s)
+            if not done and not answer.said:
+                answer.said = (DraftPiece(f"{toolbox.config.filler} ", committed=True),)
+                await drafts.put(Draft(step=0, pieces=answer.said))
+            return await task
+        finally:
+            await cancel_and_wait(task)
+
+    async def _call_all(self, toolbox: Toolbox, answer: Answer, calls: Sequence[ToolCall]) -> list[str | ToolError]:
+        outcomes: list[str | ToolError] = []
+        for call in calls:
+            started = now_ns()
+            try:
+                outcome: str | ToolError = await toolbox.call(call.name, call.arguments)
+            except ToolError as error:
+                outcome = error
+            except Exception:  # a tool's bug is that tool's failure: the turn apologises and goes on
+                log.exception("tool %s failed", call.name)
+                outcome = ToolError(f"the {call.name} tool failed")
+            outcomes.append(outcome)
+            answer.stats["tool_calls"] = answer.stats.get("tool_calls", 0.0) + 1
+            self.event(answer, ToolCalled(
+                session=self.session_id, turn=answer.turn, name=call.name, arguments=call.arguments,
+                result=outcome if isinstance(outcome, str) else "", error=str(outcome) if isinstance(
+                    outcome, ToolError) else "", seconds=(now_ns() - started) / 1e9,
+            ))
+        return outcomes
+
+    async def _say(self, answer: Answer, drafts: asyncio.Queue[Draft | None], text: str) -> None:
+        """Speak fixed words (an apology, an announcement) as the end of the answer."""
+        pieces = (*answer.said, DraftPiece(text, committed=True))
+        draft = Draft(step=0, pieces=pieces, done=True, finish_reason="stop")
+        self.event(answer, DraftUpdate(session=self.session_id, turn=answer.turn, step=0, committed=draft.text,
+                                       draft=draft.text, pieces=tuple((p.text, True) for p in pieces)))
+        await drafts.put(draft)
+        answer.text = text
+        self._answer_done(answer, 0, "stop")
+
+    def _answer_done(self, answer: Answer, tokens: int, finish_reason: str) -> None:
+        self.event(answer, AnswerDone(session=self.session_id, turn=answer.turn, text=answer.text, tokens=tokens,
+                                      passes=answer.passes, lm_seconds=answer.lm_seconds,
+                                      finish_reason=finish_reason))
 
     async def _on_speech(self, answer: Answer, event: Event) -> None:
         if isinstance(event, PhraseCommitted):

@@ -12,6 +12,7 @@ from voice.listen.stage import ListenConfig
 from voice.speak.speculator import SpeculatorConfig
 from voice.think.dialogue import DialogueConfig
 from voice.think.spoken import spoken_answer
+from voice.tools.toolbox import ToolsConfig
 from voice.turn.machine import TurnTakingConfig
 
 
@@ -23,6 +24,9 @@ class SessionConfig:
     # Every answer's options, sent with every request whatever model answers it: a spoken answer's policy
     # (voice/think/spoken.py) by default, the system prompt (`--system-prompt`) and the logit rules.
     generation: GenerationOptions = field(default_factory=spoken_answer)
+    # The tools the session runs for the model (voice/tools/): None, no tools (the commands turn the built-ins on
+    # unless `--no-tools`, and add `--mcp` servers)
+    tools: ToolsConfig | None = None
     # `early_answer`: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure
     turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
     full_duplex: bool = True  # False (half duplex): microphone audio is ignored while the assistant speaks

@@ -151,6 +151,15 @@ class TypedText:
 
 
 @dataclass(frozen=True, slots=True)
+class AssistantAnnounces:
+    """The assistant has something to say unprompted (a timer that is due). It is said only when nobody holds the
+    floor; otherwise the machine returns nothing and the shell asks again once the session is idle, so an
+    announcement never talks over the user or another answer."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClientInterrupt:
     """The client asked the assistant to stop talking."""
 
@@ -171,18 +180,20 @@ class AnswerFinished:
 
 TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserLikelyFinal | UserResumed | UserFinal | Silence
              | TurnVerdict | LmTurnVerdict | UserDone | ClockTick | TypedText | ClientInterrupt | AnswerAudio
-             | AnswerFinished)
+             | AnswerFinished | AssistantAnnounces)
 
 
 # --- actions (out of the machine) ------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class StartAnswer:
-    """Start answering `text` for `turn`. `held`: keep its audio (and its other events) until `ReleaseAnswer`."""
+    """Start answering `text` for `turn`. `held`: keep its audio (and its other events) until `ReleaseAnswer`.
+    `announcement`: `text` is the assistant's own words to say (`AssistantAnnounces`), not the user's to answer."""
 
     answer_id: int
     turn: int
     text: str
     held: bool
+    announcement: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +416,8 @@ class TurnTaking:
                 return []
             case AnswerFinished(answer_id=answer_id):
                 return self._answer_finished(answer_id)
+            case AssistantAnnounces(text=text):
+                return self._announce(text)
         raise TurnTakingError(f"unknown event {event!r}")
 
     # --- the user's side -------------------------------------------------------------------------------------------
@@ -563,6 +576,16 @@ class TurnTaking:
         self.state = State.ANSWERING
         actions.append(StartAnswer(answer.answer_id, self.turn_no, text, held=False))
         return actions
+
+    def _announce(self, text: str) -> list[TurnAction]:
+        """An announcement takes a turn of its own, like a typed one, but only from a free floor; the user's speech
+        barges in on it as on any answer."""
+        if self.state is not State.LISTENING or self._answer is not None:
+            return []
+        self.turn_no += 1
+        answer = self._new_answer(self.turn_no, held=False, spoken_turn=False)
+        self.state = State.ANSWERING
+        return [StartAnswer(answer.answer_id, self.turn_no, text, held=False, announcement=True)]
 
     def _interrupt(self) -> list[TurnAction]:
         user_was_speaking = self.state in (State.USER_SPEAKING, State.BARGE_IN_PENDING)

@@ -45,9 +45,7 @@ class TurnRecords:
 
     def messages_with(self, user_text: str) -> list[ChatMessage]:
         """The history plus this turn's words; the history itself changes only when the turn ends."""
-        probe = Dialogue(self.dialogue.config)
-        for message in self.dialogue.history:
-            (probe.add_user if message.role == "user" else probe.add_assistant)(message.content)
+        probe = Dialogue(self.dialogue.config, self.dialogue.history)
         probe.add_user(user_text)
         return probe.messages()
 
@@ -62,9 +60,16 @@ class TurnRecords:
             if interrupted:
                 answer.ledger.played_total(answer.played_estimate())
                 spoken = answer.ledger.spoken_text()
+                said = "".join(piece.text for piece in answer.said).strip()  # the filler is not part of the answer
+                spoken = spoken.removeprefix(said).strip() if said else spoken
             else:
                 spoken = answer.text
-        self.dialogue.add_user(record.user_text)
+        if answer is not None and answer.announcement is not None:
+            stats = {**stats, "announcement": 1.0}  # the assistant's own turn: no user words
+        else:
+            self.dialogue.add_user(record.user_text)
+            if answer is not None:
+                self.dialogue.add_tool_messages(answer.tool_messages)
         self.dialogue.add_assistant(spoken)
         return TurnEnd(
             session=self.session_id,

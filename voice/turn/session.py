@@ -26,6 +26,7 @@ record and ends it into the history. This module wires them to the core.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -33,13 +34,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.chat import ChatMessage
+from model.chat import ChatMessage, ChatModel, ConstrainsAnswers
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
 from voice.events import AudioOut, ErrorEvent, Event, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
 from voice.listen.stage import ListenStage
 from voice.think.dialogue import Dialogue
+from voice.tools.toolbox import Toolbox, ToolsConfig
 from voice.turn.answer import Answer, AnswerRunner
 from voice.turn.clock import TurnClock
 from voice.turn.config import SessionConfig
@@ -49,6 +51,7 @@ from voice.turn.machine import (
     AbandonTurn,
     AnswerAudio,
     AnswerFinished,
+    AssistantAnnounces,
     CancelAnswer,
     ClientInterrupt,
     EndSegment,
@@ -77,6 +80,11 @@ from voice.turn.session_core import (
     UserSpeechEnded,
 )
 
+log = logging.getLogger(__name__)
+
+# How often the timer watch looks for a timer set since it last slept (a timer is due at most this late).
+TIMER_POLL_S = 0.25
+
 
 class Session:
     """One conversation. Many sessions share one `Engines` in a process."""
@@ -97,7 +105,11 @@ class Session:
         self._listen: ListenStage | None = None
         self._listen_lock = asyncio.Lock()  # the stage takes one call at a time: audio, flush (watchdog), close
         self._records = TurnRecords(self.id, self.dialogue)
-        self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio)
+        self.toolbox = self._toolbox(config.tools, engines.lm)
+        self._announcements: deque[str] = deque()  # due timers' words, said once nobody holds the floor
+        self._timer_watch: asyncio.Task[None] | None = None
+        self._tools_warm: asyncio.Task[object] | None = None
+        self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio, self.toolbox)
         self._answers.on_end_of_turn = self._on_lm_end_of_turn
         self._answer: Answer | None = None
         self._answers_running: set[asyncio.Task[None]] = set()
@@ -106,12 +118,24 @@ class Session:
         self._idle.set()
         self._closed = False
 
+    @staticmethod
+    def _toolbox(tools: ToolsConfig | None, lm: ChatModel) -> Toolbox | None:
+        """The session's tools, when it has any and its model can be held to calls of them (`ConstrainsAnswers`)."""
+        if tools is None or not tools.any:
+            return None
+        if not (isinstance(lm, ConstrainsAnswers) and lm.constrains_answers):
+            log.info("no tools: %s cannot constrain its answers to tool calls (a remote or diffusion-mode model)",
+                     lm.name)
+            return None
+        return Toolbox(tools)
+
     # --- public API ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._listen is None:
             self._listen = ListenStage(self.id, self._on_listen, self.config.listen, model=self.engines.asr)
             self._listen.on_likely_final = self._on_likely_final
             self._prepare_next_prompt()
+        self._start_tools()
 
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None:
         """Microphone audio (PCM16 LE mono). Raises `AudioFormatError` for a bad frame; the session goes on."""
@@ -188,11 +212,45 @@ class Session:
             await self._answers.cancel(answer)
         await self._dispatch(SessionClosed())
         waits = self._detector.waits() if self._detector is not None else []
-        await cancel_and_wait(*self._answers_running, *waits, self._clock.task)
+        await cancel_and_wait(*self._answers_running, *waits, self._clock.task, self._timer_watch, self._tools_warm)
+        if self.toolbox is not None:
+            await self.toolbox.close()
         async with self._listen_lock:
             if self._listen is not None:
                 await self._listen.aclose()
         self._out.put_nowait(None)
+
+    # --- tools -----------------------------------------------------------------------------------------------------
+    def _start_tools(self) -> None:
+        """Once: start the MCP servers while the user speaks (their start is not paid by the first answer), and the
+        timer watch."""
+        if self.toolbox is None or self._timer_watch is not None:
+            return
+        self._timer_watch = asyncio.create_task(self._watch_timers(), name=f"timers-{self.id}")
+        self._tools_warm = asyncio.create_task(self.toolbox.functions(), name=f"tools-start-{self.id}")
+
+    # --- timers ----------------------------------------------------------------------------------------------------
+    async def _watch_timers(self) -> None:
+        """Wake when a timer is due (checking at least every `TIMER_POLL_S`: a turn may set one at any time) and
+        queue its announcement; it is said between turns (`_announce`)."""
+        if self.toolbox is None:
+            return
+        timers = self.toolbox.timers
+        while True:
+            wait = timers.next_due()
+            await asyncio.sleep(TIMER_POLL_S if wait is None else min(wait, TIMER_POLL_S))
+            for timer in timers.due():
+                self._announcements.append(timer.announcement())
+            self._announce()
+
+    def _announce(self) -> None:
+        """Say the next queued announcement if the floor is free; otherwise the core refuses it and it waits."""
+        if self._closed or not self._announcements:
+            return
+        actions = self.core.handle(AssistantAnnounces(self._announcements[0]))
+        if actions:
+            self._announcements.popleft()
+            self._execute_now(actions)
 
     # --- listening -------------------------------------------------------------------------------------------------
     async def _on_listen(self, event: Event) -> None:
@@ -299,13 +357,16 @@ class Session:
 
     def _start_answer(self, action: StartAnswer) -> None:
         self._answers.drop_prepared()
+        self._start_tools()  # a typed turn may come before `start`
         record = self._records.get(action.turn)
-        record.user_text = action.text
-        answer = Answer(action.answer_id, record, held=action.held, early=action.held)
+        record.user_text = "" if action.announcement else action.text
+        answer = Answer(action.answer_id, record, held=action.held, early=action.held,
+                        announcement=action.text if action.announcement else None)
         if not action.held:
             answer.released.set()
         self._answer = answer
-        answer.task = asyncio.create_task(self._run_answer(answer, self._records.messages_with(action.text)),
+        messages = [] if action.announcement else self._records.messages_with(action.text)
+        answer.task = asyncio.create_task(self._run_answer(answer, messages),
                                           name=f"answer-{self.id}-{action.turn}-{action.answer_id}")
         self._answers_running.add(answer.task)
         answer.task.add_done_callback(self._answers_running.discard)
@@ -359,6 +420,8 @@ class Session:
         """After every transition: whether the session is idle, and whether the core needs the clock."""
         if self.core.idle:
             self._idle.set()
+            if self._announcements:  # said from the loop, not from inside the transition that freed the floor
+                asyncio.get_running_loop().call_soon(self._announce)
         else:
             self._idle.clear()
         if not self._closed:

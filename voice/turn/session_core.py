@@ -43,6 +43,7 @@ from voice.turn.detector_schedule import (
 from voice.turn.machine import (
     AnswerAudio,
     AnswerFinished,
+    AssistantAnnounces,
     ClientInterrupt,
     ClockTick,
     LmTurnVerdict,
@@ -68,7 +69,7 @@ PLAYING_STATES = (State.SPEAKING, State.BARGE_IN_PENDING)
 
 
 # --- events (into the core; the machine's own UserSpeechStarted, UserResumed, Silence, UserDone, ClockTick,
-# ClientInterrupt, AnswerAudio, AnswerFinished and LmTurnVerdict pass through to it) ----------------------------------
+# ClientInterrupt, AnswerAudio, AnswerFinished, LmTurnVerdict and AssistantAnnounces pass through to it) --------------
 @dataclass(frozen=True, slots=True)
 class PartialTranscript:
     """A transcript of the open segment, made at `t_ns`. `likely_final`: decoded whole after a moment of silence, the
@@ -111,7 +112,7 @@ class SessionClosed:
 
 SessionEvent = (UserSpeechStarted | UserSpeechEnded | UserResumed | PartialTranscript | FinalTranscript
                 | LikelyFinalDecoding | DetectorAnswered | TextTyped | SessionClosed | Silence | UserDone | ClockTick
-                | ClientInterrupt | AnswerAudio | AnswerFinished | LmTurnVerdict)
+                | ClientInterrupt | AnswerAudio | AnswerFinished | LmTurnVerdict | AssistantAnnounces)
 
 
 # --- actions (out of the core: the machine's, the detector schedule's but DeliverVerdict, and MarkTurn) --------------
@@ -193,7 +194,7 @@ class SessionCore:
                 actions = machine.handle(TypedText(text))
                 return [MarkTurn(machine.turn_no, {"text_in": t_ns}), *actions]
             case (Silence() | UserDone() | ClockTick() | ClientInterrupt() | AnswerAudio() | AnswerFinished()
-                  | LmTurnVerdict()):
+                  | LmTurnVerdict() | AssistantAnnounces()):
                 return list(machine.handle(event))
         raise TurnTakingError(f"not a session event: {event!r}")
 

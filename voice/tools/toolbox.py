@@ -1,0 +1,90 @@
+"""A session's tools: the built-ins and its MCP servers' tools behind one `call`.
+
+The model only writes calls (model/chat/tools.py's text format); the session runs them here. A call the toolbox
+cannot run (an unknown name, arguments that are not JSON, a tool's own failure, a dead MCP server) is a `ToolError`,
+which the turn speaks as an apology instead of ending dead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from model.chat.tools import Function
+from voice.errors import ToolError
+from voice.tools.builtin import BuiltinTools
+from voice.tools.mcp import McpServer
+from voice.tools.timers import Timers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolsConfig:
+    """`--no-tools` turns the built-ins off; `--mcp "COMMAND ARGS"` (repeatable) adds each server's tools."""
+
+    builtins: bool = True
+    mcp: tuple[str, ...] = ()
+    filler_after_s: float = 0.3  # a tool still running after this long gets a spoken filler
+    filler: str = "One moment."
+    max_rounds: int = 2  # tool rounds in one turn before the model must answer in words
+
+    @property
+    def any(self) -> bool:
+        return self.builtins or bool(self.mcp)
+
+
+class Toolbox:
+    """The tools of one session. `functions` (re)connects the MCP servers, so a server that died is started again
+    at the next turn; `close` stops them."""
+
+    def __init__(self, config: ToolsConfig, timers: Timers | None = None) -> None:
+        self.config = config
+        self.timers = timers or Timers(time.monotonic)
+        self._builtins = BuiltinTools(self.timers) if config.builtins else None
+        self._servers = [McpServer(command) for command in config.mcp]
+        self._owner: dict[str, BuiltinTools | McpServer] = {}
+        # what the last turn offered (the built-ins before the first): the next prompt is encoded ahead with it
+        self.offered: tuple[Function, ...] = self._builtins.functions if self._builtins is not None else ()
+
+    async def functions(self) -> tuple[Function, ...]:
+        """What the model is offered this turn; a name offered twice keeps its first owner (built-ins first)."""
+        sources: list[tuple[BuiltinTools | McpServer, tuple[Function, ...]]] = []
+        if self._builtins is not None:
+            sources.append((self._builtins, self._builtins.functions))
+        for server in self._servers:
+            await server.connect()
+            sources.append((server, server.functions if server.up else ()))
+        owner: dict[str, BuiltinTools | McpServer] = {}  # built whole, then swapped: the calls of a turn may overlap
+        offered: list[Function] = []
+        for source, functions in sources:
+            for function in functions:
+                if function.name in owner:
+                    log.warning("tool %s is offered twice; the second is left out", function.name)
+                    continue
+                owner[function.name] = source
+                offered.append(function)
+        self._owner = owner
+        self.offered = tuple(offered)
+        return self.offered
+
+    async def call(self, name: str, arguments: str) -> str:
+        """Run one call the model wrote (`arguments`: its JSON text); the result text is what the model reads."""
+        owner = self._owner.get(name)
+        if owner is None:
+            raise ToolError(f"I have no tool called {name}")
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            raise ToolError(f"the {name} tool got arguments I could not read") from error
+        if not isinstance(parsed, dict):
+            raise ToolError(f"the {name} tool got arguments I could not read")
+        if isinstance(owner, McpServer):
+            return await owner.call(name, parsed)
+        return owner.call(name, parsed)
+
+    async def close(self) -> None:
+        for server in self._servers:
+            await server.close()
