@@ -64,8 +64,9 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
         speech.add_argument("--no-turn-detector", action="store_true",
                             help="end turns by silence alone, without Smart Turn"),
         speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)"),
-        tools.add_argument("--no-tools", action="store_true",
-                           help="offer the model no built-in tools (time, timers, arithmetic, unit conversion)"),
+        tools.add_argument("--tools", action="store_true",
+                           help="offer the model the built-in tools (time, timers, arithmetic, unit conversion); off "
+                           "by default: the bundled model never calls them and they add ~460 prompt tokens (README)"),
         tools.add_argument("--mcp", action="append", default=[], metavar='"COMMAND ARGS"',
                            help="offer the tools of this stdio MCP server (repeatable; each session starts its own)"),
         parser.add_argument("-v", "--verbose", action="store_true"),
@@ -141,12 +142,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def tools_config(args: argparse.Namespace) -> ToolsConfig | None:
-    """The session's tools: the built-ins unless `--no-tools`, and each `--mcp` server (a session offers them only
+    """The session's tools: the built-ins with `--tools`, and each `--mcp` server (a session offers them only
     to a model that can constrain its answers to calls). `--mcp` with `--llm-url` is an error rather than tools that
     never work: the remote client does not pass tool calls on (model/chat/client.py)."""
     if args.llm_url and args.mcp:
         raise SystemExit("voice-assistant: --mcp needs the local model (tool calls are not passed to --llm-url)")
-    config = ToolsConfig(builtins=not args.no_tools, mcp=tuple(args.mcp))
+    config = ToolsConfig(builtins=args.tools, mcp=tuple(args.mcp))
     return config if config.any else None
 
 

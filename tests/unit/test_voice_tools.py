@@ -369,10 +369,11 @@ def test_the_tool_flags_build_the_sessions_tools_config() -> None:
     def tools(*argv: str) -> ToolsConfig | None:
         return session_config(build_parser().parse_args(list(argv)), full_duplex=True).tools
 
-    assert tools("serve") == ToolsConfig()
-    assert tools("serve", "--mcp", "python a.py", "--mcp", "b --x") == ToolsConfig(mcp=("python a.py", "b --x"))
-    assert tools("--no-tools", "serve") is None
-    assert tools("serve", "--no-tools", "--mcp", "python a.py") == ToolsConfig(builtins=False, mcp=("python a.py",))
+    assert tools("--tools", "serve") == ToolsConfig()
+    both = ToolsConfig(mcp=("python a.py", "b --x"))
+    assert tools("serve", "--tools", "--mcp", "python a.py", "--mcp", "b --x") == both
+    assert tools("serve") is None
+    assert tools("serve", "--mcp", "python a.py") == ToolsConfig(builtins=False, mcp=("python a.py",))
     with pytest.raises(SystemExit, match="--mcp needs the local model"):
         tools("serve", "--llm-url", "http://x/v1", "--mcp", "python a.py")
 

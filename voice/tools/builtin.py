@@ -1,4 +1,4 @@
-"""The tools every voice session has unless `--no-tools`: the local time and date, timers and alarms, arithmetic and
+"""The tools a voice session has with `--tools`: the local time and date, timers and alarms, arithmetic and
 unit conversion. Each is a `Function` (model/chat/tools.py: what the model is offered) and a synchronous body that
 takes the parsed arguments and returns the result text the model reads back; none does I/O, so they run on the
 event loop. Descriptions are short: the bundled 135M model reads them in its system prompt on every turn.

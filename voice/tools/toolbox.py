@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ToolsConfig:
-    """`--no-tools` turns the built-ins off; `--mcp "COMMAND ARGS"` (repeatable) adds each server's tools."""
+    """`--tools` turns the built-ins on; `--mcp "COMMAND ARGS"` (repeatable) adds each server's tools."""
 
     builtins: bool = True
     mcp: tuple[str, ...] = ()

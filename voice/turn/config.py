@@ -25,7 +25,7 @@ class SessionConfig:
     # (voice/think/spoken.py) by default, the system prompt (`--system-prompt`) and the logit rules.
     generation: GenerationOptions = field(default_factory=spoken_answer)
     # The tools the session runs for the model (voice/tools/): None, no tools (the commands turn the built-ins on
-    # unless `--no-tools`, and add `--mcp` servers)
+    # with `--tools`, and add `--mcp` servers)
     tools: ToolsConfig | None = None
     # `early_answer`: start the answer (LM, first phrase's TTS) at the pause, before the end of turn is sure
     turn_taking: TurnTakingConfig = field(default_factory=TurnTakingConfig)
