@@ -17,7 +17,7 @@ from typing import Any
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.chat.backend import AnswerPlan, Backend, EndOfTurnRow
 from model.chat.stop_strings import end_at_stop
-from model.chat.text import Vocabulary, draft_from_refinement
+from model.chat.text import TokenTexts, Vocabulary, draft_from_refinement
 from model.decoding.end_of_turn import message_tail, probe_row
 from model.decoding.grammar import Grammar, GrammarError, compile_format, compile_tools, grammar_tokenizer
 from model.decoding.options import whole_blocks
@@ -188,9 +188,10 @@ class DiffusionChatModel:
         options, prompt_tokens = plan.options, len(plan.prompt)
         cancelled = Draft(step=0, pieces=(), done=True, finish_reason="cancelled", prompt_tokens=prompt_tokens)
         passes = self.backend.answer(plan, cancel)
+        texts = TokenTexts(self.tokenizer)
         try:
             for refinement in passes:
-                draft = draft_from_refinement(self.tokenizer, refinement, prompt_tokens, options.max_new_tokens)
+                draft = draft_from_refinement(texts, refinement, prompt_tokens, options.max_new_tokens)
                 # read after the first pass: the prompt is encoded when the answer starts
                 draft = dataclasses.replace(draft, cached_prompt_tokens=passes.reused_tokens)
                 stopped = end_at_stop(draft, options.stop) if options.stop else None

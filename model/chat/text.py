@@ -16,27 +16,52 @@ from model.decoding.speech_guard import WordClasses
 DECODE_CONTEXT = 4
 
 
-def token_texts(tokenizer: Any, tokens: Sequence[int], final: bool = False) -> list[str]:
-    """Text of each token, decoded incrementally so characters spanning several tokens come out whole.
+class TokenTexts:
+    """Text of each token of an answer, decoded incrementally so characters spanning several tokens come out whole.
 
     A token whose text ends inside an unfinished UTF-8 character gets "" and the character goes to the token that
     completes it (the streaming-detokenizer trick: decode a short window and take what it adds). The last token is
     held back the same way unless `final` (the answer ends there): its completing token may simply not be drafted yet
     (a block end, a `max_tokens` cut, an end-of-sequence guess), and text once shown must not turn from "\ufffd" into
-    a character later. A token's text depends only on the tokens up to it, so committed text never changes.
+    a character later. A token's text depends only on the tokens up to it, so committed text never changes, and one
+    object per answer decodes only what changed since its last call: a pass moves an answer a few tokens on, and
+    decoding its whole answer again every pass cost 4 concurrent answers a fifth of their wall time.
     """
-    texts: list[str] = []
-    emitted = 0  # first token whose text has not been emitted yet
-    for index in range(len(tokens)):
-        left = max(0, emitted - DECODE_CONTEXT)
-        before = tokenizer.decode(list(tokens[left:emitted]))
-        after = tokenizer.decode(list(tokens[left : index + 1]))
-        if after.endswith("\ufffd") and (index + 1 < len(tokens) or not final):
-            texts.append("")
-            continue
-        texts.append(after[len(before) :] if after.startswith(before) else after)
-        emitted = index + 1
-    return texts
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._tokens: list[int] = []
+        self._texts: list[str] = []
+        self._emitted: list[int] = []  # after each token: the first token whose text had not been emitted yet
+
+    def __call__(self, tokens: Sequence[int], final: bool = False) -> list[str]:
+        tokens = list(tokens)
+        # reuse what the tokens share with the last call's, but for its last token (decoded as the last one then)
+        keep = max(0, min(common_prefix_length(self._tokens, tokens), len(self._tokens) - 1))
+        texts, emitted_after = self._texts[:keep], self._emitted[:keep]
+        emitted = emitted_after[-1] if emitted_after else 0
+        for index in range(keep, len(tokens)):
+            left = max(0, emitted - DECODE_CONTEXT)
+            before = self.tokenizer.decode(tokens[left:emitted])
+            after = self.tokenizer.decode(tokens[left : index + 1])
+            if after.endswith("\ufffd") and (index + 1 < len(tokens) or not final):
+                texts.append("")
+            else:
+                texts.append(after[len(before) :] if after.startswith(before) else after)
+                emitted = index + 1
+            emitted_after.append(emitted)
+        self._tokens, self._texts, self._emitted = tokens, texts, emitted_after
+        return list(texts)
+
+
+def token_texts(tokenizer: Any, tokens: Sequence[int], final: bool = False) -> list[str]:
+    """`TokenTexts` for one call: each token's text (see there)."""
+    return TokenTexts(tokenizer)(tokens, final)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def token_texts_of_vocabulary(tokenizer: Any) -> list[str]:
@@ -77,10 +102,10 @@ class Vocabulary:
 
 
 def draft_from_refinement(
-    tokenizer: Any, refinement: Refinement, prompt_tokens: int, limit: int | None = None
+    tokenizer: Any | TokenTexts, refinement: Refinement, prompt_tokens: int, limit: int | None = None
 ) -> Draft:
     """Pieces up to the first end-of-sequence guess (and at most `limit` tokens); a piece is committed when every
-    token it holds is.
+    token it holds is. `tokenizer`: the answer's `TokenTexts` (or a tokenizer, decoding the answer whole).
 
     The draft is done when the pass is, or when the first `limit` tokens are all committed: the answer is then cut at
     `max_tokens`, and its finish reason is "length" unless it really ended there (a committed end-of-sequence right
@@ -97,7 +122,8 @@ def draft_from_refinement(
     pieces: list[DraftPiece] = []
     group_committed, group_tokens = True, 0
     ends_here = done and finish_reason != "cancelled"  # a cancelled answer was cut short, not ended: keep holding
-    for index, text in enumerate(token_texts(tokenizer, tokens, final=ends_here)):
+    texts = tokenizer if isinstance(tokenizer, TokenTexts) else TokenTexts(tokenizer)
+    for index, text in enumerate(texts(tokens, final=ends_here)):
         group_committed = group_committed and refinement.committed[index]
         group_tokens += 1
         if text == "" and index + 1 < len(tokens):

@@ -15,7 +15,7 @@ from model.adapters.sampler_backend import SamplerBackend
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.chat.stop_strings import end_at_stop
-from model.chat.text import draft_from_refinement, token_texts
+from model.chat.text import TokenTexts, draft_from_refinement, token_texts
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ContextLengthExceeded, ModelError
@@ -41,6 +41,26 @@ def test_multi_byte_characters_come_out_whole() -> None:
     assert len(tokens) == 13 and len(texts) == 13
     assert "".join(texts) == "héllo wörld"
     assert texts[1] == "" and texts[2] == "é"  # the first byte of "é" waits for the second
+
+
+def test_an_answers_texts_decoded_pass_by_pass_are_its_texts_decoded_whole() -> None:
+    """`TokenTexts` decodes only what changed since its last call: over passes that commit tokens, redraft the
+    guesses after them (multi-byte characters split across passes) and end, each call gives what decoding the
+    tokens whole gives."""
+    import random
+
+    tokenizer = byte_tokenizer()
+    answer = tokenizer.encode("héllo wörld, ça va? Ünïcode ñ")
+    rng = random.Random(5)
+    texts = TokenTexts(tokenizer)
+    committed = 0
+    while committed < len(answer):
+        committed = min(len(answer), committed + rng.randint(0, 3))
+        guesses = [rng.choice(answer) for _ in range(rng.randint(0, 4))]
+        tokens = answer[:committed] + guesses
+        final = committed == len(answer) and not guesses
+        assert texts(tokens, final) == token_texts(tokenizer, tokens, final), tokens
+    assert "".join(texts(answer, final=True)) == "héllo wörld, ça va? Ünïcode ñ"
 
 
 def test_draft_cuts_at_the_first_eos_guess_and_counts_committed_tokens() -> None:
