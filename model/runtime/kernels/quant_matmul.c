@@ -36,6 +36,8 @@
 
 /* Rows a tile's accumulators hold at once (on the stack of each thread); more rows are done in chunks. */
 #define ROW_CHUNK 64
+/* Rows of the Q4_1 kernel whose accumulators stay in registers: a block's rows share each unpacked weight group */
+#define ROW_BLOCK 4
 
 /* The weight of hi against lo: x ~ scale * (RESIDUAL * hi + lo) */
 #define RESIDUAL 254
@@ -94,52 +96,52 @@ static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, 
     }
 }
 
+/* One tile's outputs for rows [first, first + count), count <= ROW_BLOCK: the block's accumulators stay in
+ * registers over the groups, and each group's weights are unpacked once for all of them. Always inlined with a
+ * constant `count` (q4_1_block), so that the row loop unrolls and `acc` is kept out of memory. */
+static inline __attribute__((always_inline)) void q4_1_tile(const Q4Weight *w, const Activations *a, int64_t t,
+                                                            int64_t first, int count, int64_t coarse, float *y) {
+    const int64_t groups = w->k / GROUP;
+    vec16 acc[ROW_BLOCK];
+    for (int r = 0; r < count; r++) acc[r] = v_set1(0.0f);
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t block = t * groups + g;
+        ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
+        for (int i = 0; i < 4; i++) iv_nibbles(w->nibbles + (block * 4 + i) * 64, &low[i], &high[i]);
+        const vec16 vd = v_f16(w->d + block * TILE), vm = v_f16(w->m + block * TILE);
+        for (int r = 0; r < count; r++) {
+            const int64_t at = (first + r) * groups + g;
+            const int32_t *quads = a->quads + at * 16;
+            /* integer sums are exact, so how iv_group splits them does not change them */
+            const ivec16 hi = iv_group(low, high, quads);
+            const ivec16 lo = first + r < coarse ? iv_group(low, high, quads + 8) : iv_zero();
+            const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
+            acc[r] = v_fma(vd, v_mul(dot, v_set1(a->scale[at])), acc[r]);
+            acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
+        }
+    }
+    store_tile(acc, count, w->n, t, y + first * w->n);
+}
+
+static void q4_1_block(const Q4Weight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
+                       int64_t coarse, float *y) {
+    switch (count) {
+        case 1: q4_1_tile(w, a, t, first, 1, coarse, y); break;
+        case 2: q4_1_tile(w, a, t, first, 2, coarse, y); break;
+        case 3: q4_1_tile(w, a, t, first, 3, coarse, y); break;
+        default: q4_1_tile(w, a, t, first, ROW_BLOCK, coarse, y); break;
+    }
+}
+
 int q4_1_rows(const float *x, int64_t rows, int64_t coarse, const Q4Weight *w, float *y, int threads) {
-    const int64_t k = w->k, n = w->n, groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
+    const int64_t tiles = (w->n + TILE - 1) / TILE;
     if (rows <= 0) return 0;
     Activations a;
-    if (quantize_rows(x, rows, k, &a)) return 1;
+    if (quantize_rows(x, rows, w->k, &a)) return 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++)
-        for (int64_t first = 0; first < rows; first += ROW_CHUNK) {
-            const int64_t count = rows - first < ROW_CHUNK ? rows - first : ROW_CHUNK;
-            vec16 acc[ROW_CHUNK];
-            for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
-            for (int64_t g = 0; g < groups; g++) {
-                const int64_t block = t * groups + g;
-                ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
-                for (int i = 0; i < 4; i++) iv_nibbles(w->nibbles + (block * 4 + i) * 64, &low[i], &high[i]);
-                const vec16 vd = v_f16(w->d + block * TILE), vm = v_f16(w->m + block * TILE);
-                for (int64_t r = 0; r < count; r++) {
-                    const int64_t at = (first + r) * groups + g;
-                    const int32_t *quads = a.quads + at * 16;
-                    /* four chains (hi and lo, or the two halves of hi; low and high nibbles): a quarter of the
-                     * latency. Integer sums are exact, so how they are split does not change them. */
-                    ivec16 c0 = iv_zero(), c1 = iv_zero(), c2 = iv_zero(), c3 = iv_zero(), lo;
-                    if (first + r < coarse) {
-                        for (int i = 0; i < 4; i++) {
-                            c0 = iv_dot4(c0, low[i], quads[i]);
-                            c1 = iv_dot4(c1, high[i], quads[i + 4]);
-                            c2 = iv_dot4(c2, low[i], quads[i + 8]);
-                            c3 = iv_dot4(c3, high[i], quads[i + 12]);
-                        }
-                        lo = iv_add(c2, c3);
-                    } else {
-                        for (int i = 0; i < 2; i++) {
-                            c0 = iv_dot4(c0, low[i], quads[i]);
-                            c1 = iv_dot4(c1, high[i], quads[i + 4]);
-                            c2 = iv_dot4(c2, low[i + 2], quads[i + 2]);
-                            c3 = iv_dot4(c3, high[i + 2], quads[i + 6]);
-                        }
-                        c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
-                    }
-                    const vec16 dot = v_fma(iv_float(iv_add(c0, c1)), v_set1((float)RESIDUAL), iv_float(lo));
-                    acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[at])), acc[r]);
-                    acc[r] = v_fma(vm, v_set1(a.sum[at]), acc[r]);
-                }
-            }
-            store_tile(acc, count, n, t, y + first * n);
-        }
+        for (int64_t first = 0; first < rows; first += ROW_BLOCK)
+            q4_1_block(w, &a, t, first, rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK, coarse, y);
     free(a.quads);
     return 0;
 }

@@ -89,12 +89,24 @@ static inline void iv_nibbles(const uint8_t *p, ivec16 *low, ivec16 *high) {
     low->v = _mm512_and_si512(raw, mask);
     high->v = _mm512_and_si512(_mm512_srli_epi32(raw, 4), mask);
 }
-static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
+/* A Q4 group's dot products for 16 outputs: the exact sum of low[i] . quads[i] + high[i] . quads[4 + i] over i,
+ * each quad four activation bytes. Without VNNI the pair sums of maddubs are added in 16 bits before one widening:
+ * eight of them are at most 8 * 2 * 15 * 127 = 30480, so nothing saturates or wraps, and the sums are VNNI's. */
+static inline ivec16 iv_group(const ivec16 low[4], const ivec16 high[4], const int32_t *quads) {
 #if defined(__AVX512VNNI__)
-    return (ivec16){_mm512_dpbusd_epi32(acc.v, weights.v, _mm512_set1_epi32(four_bytes))};
+    __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+    for (int i = 0; i < 4; i++) {
+        a = _mm512_dpbusd_epi32(a, low[i].v, _mm512_set1_epi32(quads[i]));
+        b = _mm512_dpbusd_epi32(b, high[i].v, _mm512_set1_epi32(quads[i + 4]));
+    }
+    return (ivec16){_mm512_add_epi32(a, b)};
 #else
-    const __m512i pairs = _mm512_maddubs_epi16(weights.v, _mm512_set1_epi32(four_bytes));
-    return (ivec16){_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
+    __m512i pairs = _mm512_setzero_si512();
+    for (int i = 0; i < 4; i++) {
+        pairs = _mm512_add_epi16(pairs, _mm512_maddubs_epi16(low[i].v, _mm512_set1_epi32(quads[i])));
+        pairs = _mm512_add_epi16(pairs, _mm512_maddubs_epi16(high[i].v, _mm512_set1_epi32(quads[i + 4])));
+    }
+    return (ivec16){_mm512_madd_epi16(pairs, _mm512_set1_epi16(1))};
 #endif
 }
 static inline vec16 iv_float(ivec16 a) { return (vec16){_mm512_cvtepi32_ps(a.v)}; }
@@ -218,11 +230,18 @@ static inline void iv_nibbles(const uint8_t *p, ivec16 *low, ivec16 *high) {
     *low = (ivec16){_mm256_and_si256(a, mask), _mm256_and_si256(b, mask)};
     *high = (ivec16){_mm256_and_si256(_mm256_srli_epi32(a, 4), mask), _mm256_and_si256(_mm256_srli_epi32(b, 4), mask)};
 }
-/* products of at most 15 x 127, so maddubs' 16-bit pair sums never saturate: the same sums as VNNI */
-static inline ivec16 iv_dot4(ivec16 acc, ivec16 weights, int32_t four_bytes) {
-    const __m256i x = _mm256_set1_epi32(four_bytes), ones = _mm256_set1_epi16(1);
-    return (ivec16){_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(weights.lo, x), ones)),
-                    _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(weights.hi, x), ones))};
+/* products of at most 15 x 127: the pair sums of maddubs, added in 16 bits, stay exact (see the AVX-512 build) */
+static inline ivec16 iv_group(const ivec16 low[4], const ivec16 high[4], const int32_t *quads) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        const __m256i x = _mm256_set1_epi32(quads[i]), y = _mm256_set1_epi32(quads[i + 4]);
+        lo = _mm256_add_epi16(lo, _mm256_add_epi16(_mm256_maddubs_epi16(low[i].lo, x),
+                                                   _mm256_maddubs_epi16(high[i].lo, y)));
+        hi = _mm256_add_epi16(hi, _mm256_add_epi16(_mm256_maddubs_epi16(low[i].hi, x),
+                                                   _mm256_maddubs_epi16(high[i].hi, y)));
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    return (ivec16){_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones)};
 }
 static inline vec16 iv_float(ivec16 a) { return (vec16){_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
 static inline ivec16 iv_add(ivec16 a, ivec16 b) {
