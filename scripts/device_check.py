@@ -17,7 +17,8 @@ model/decoding/sampler.py): one batched pass by rows per answer (1: an autoregre
 pass, last
 token + 3 masks; 16: a pass after 4 drafts with 12 masks) and answers per pass (1, 8, 64); decoding tokens/s in each
 mode for 1 and 64 concurrent answers, with the time to each answer's first draft; memory (the GPU's peak, or the
-process's peak RSS on a CPU). It imports only torch, transformers, safetensors (through them), numpy and `model/`.
+process's peak RSS on a CPU). It imports only torch, transformers, safetensors (through them), numpy, llguidance
+(the grammar module, which every back end imports) and `model/`.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's model/ first: report_lib needs it
+
 from report_lib.passes import PassLog
 from report_lib.tiny_models import smollm2_shaped_llama
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 from model.bundled.default_model import ADAPTER_DIR, BASE_NAME, DRAFT_MASKS, adapter_meta, load_default_chat_model
