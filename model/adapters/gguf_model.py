@@ -61,13 +61,18 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
 
 def _from_file(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any]:
     """transformers' tokenizer and causal LM of the file, de-quantized to `dtype`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(header.path.parent), header.path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        base = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation="sdpa")
-    except (ValueError, KeyError, OSError) as error:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        # transformers reads no head width for qwen3 (its config's default, 128, is every released Qwen3's): the
+        # file's own (`attention.key_length`) for every architecture
+        config.head_dim = header.head_dim
+        base = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype,
+                                                    attn_implementation="sdpa")
+    except (ValueError, KeyError, OSError, RuntimeError) as error:
         raise ModelError(f"transformers cannot load {header.path}: {error}") from error
     # A GGUF-loaded config remembers it was quantized; the weights it holds are plain floats
     if hasattr(base.config, "quantization_config"):
