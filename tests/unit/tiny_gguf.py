@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
@@ -131,7 +131,7 @@ def write_model(
     else:
         writer.add_rope_dimension_count(shape.head_dim)
     if linear_rope is not None:
-        writer.add_rope_scaling_type("linear")  # type: ignore[arg-type]
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(linear_rope)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
