@@ -4,6 +4,7 @@ autoregressively through the bundled model's back end to the network's own greed
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +125,37 @@ def test_a_model_named_through_ollama_loads_under_its_ollama_name(tmp_path: Path
     assert_weights_are_the_files(chat, model)
     prompt, tokens = answer(chat, "he the", 4)
     assert tokens == greedy(chat, prompt, 4)
+
+
+def test_concurrent_answers_share_passes_and_equal_their_lone_answers(tmp_path: Path) -> None:
+    """fp32: an answer batched with others is the answer it gets alone (the qwen2 biases ride along per row)."""
+    chat = load(str(write_model(tmp_path / "b.gguf", "qwen2", T.Q8_0, tied=False, seed=5).path))
+    texts = ["hello the world", "the he", "what is this", "a b c d e f g"]
+    alone = [answer(chat, text, 10)[1] for text in texts]
+    together: list[list[int] | None] = [None] * len(texts)
+
+    def run(index: int) -> None:
+        together[index] = answer(chat, texts[index], 10)[1]
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert together == alone
+    assert chat.max_batch == 8
+
+
+def test_the_next_prompt_encoded_ahead_is_reused_by_the_next_turn(tmp_path: Path) -> None:
+    chat = load(str(write_model(tmp_path / "c.gguf", "qwen3", T.Q8_0, seed=7).path))
+    history = [ChatMessage("user", "hello"), ChatMessage("assistant", "the world")]
+    ahead = chat.next_prompt_prefix(history)  # what a voice session encodes while idle: history, next user header
+    list(chat.backend.runner.prepare(ahead, owner="talk"))  # type: ignore[attr-defined]  # waits until encoded
+    options = GenerationOptions(max_new_tokens=6, conversation="talk")
+    prompt = chat.prompt_ids([*history, ChatMessage("user", "he the")])
+    drafts = list(chat.stream_prompt(prompt, options))
+    assert drafts[-1].cached_prompt_tokens == len(ahead) and prompt[: len(ahead)] == ahead
+    reference = greedy(chat, prompt, 6)
+    last = drafts[-1]
+    assert last.refinement is not None
+    assert list(last.refinement.tokens[: last.completion_tokens]) == reference[: last.completion_tokens]
