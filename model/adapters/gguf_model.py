@@ -49,6 +49,7 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     model = BlockDiffusionLM(base, AdapterConfig(block_length=1, targets=()))
     model.eval()
     model.to(device)
+    begin_with_bos(tokenizer, header)
     ends = end_ids(tokenizer, header)
     name = spec.source.removeprefix(OLLAMA_PREFIX) if spec.source.startswith(OLLAMA_PREFIX) else header.path.stem
     note = (f"{name} decodes autoregressively (no draft adapter for it yet); {header.describe()}, de-quantized to "
@@ -107,6 +108,22 @@ def divide_rope_frequencies(base: Any, divisors: np.ndarray | None) -> None:
     scaled = rotary.inv_freq / torch.from_numpy(divisors).to(rotary.inv_freq)
     rotary.inv_freq.copy_(scaled)
     rotary.original_inv_freq = scaled.clone()
+
+
+def begin_with_bos(tokenizer: Any, header: GGUFHeader) -> None:
+    """Make the chat template write the BOS token when the file asks for one (`tokenizer.ggml.add_bos_token`, true by
+    default for sentencepiece vocabularies) and the template does not write it: llama.cpp puts it before every prompt,
+    while the chat engine encodes the template's text as it is (TinyLlama's Zephyr template has no BOS; Llama 3's
+    writes its own)."""
+    stated = header.metadata.get("tokenizer.ggml.add_bos_token")
+    wanted = bool(stated) if stated is not None else header.metadata.get("tokenizer.ggml.model") == "llama"
+    bos = tokenizer.bos_token
+    template = getattr(tokenizer, "chat_template", None)
+    if not wanted or not bos or not isinstance(template, str):
+        return
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "a"}], tokenize=False)
+    if not text.startswith(bos):
+        tokenizer.chat_template = "{{ bos_token }}" + template
 
 
 def end_ids(tokenizer: Any, header: GGUFHeader) -> set[int]:

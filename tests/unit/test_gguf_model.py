@@ -159,3 +159,15 @@ def test_the_next_prompt_encoded_ahead_is_reused_by_the_next_turn(tmp_path: Path
     last = drafts[-1]
     assert last.refinement is not None
     assert list(last.refinement.tokens[: last.completion_tokens]) == reference[: last.completion_tokens]
+
+
+def test_a_sentencepiece_vocabulary_gets_its_bos_and_its_templates_end_of_message(tmp_path: Path) -> None:
+    """TinyLlama's kind: `tokenizer.ggml.model` "llama", BOS added to every prompt (its Zephyr template writes none),
+    and the template ends a message with EOS."""
+    model = write_model(tmp_path / "spm.gguf", "llama", T.Q4_0, tokenizer="llama", seed=11)
+    chat = load(str(model.path))
+    prompt, tokens = answer(chat, "hello the world", 8)
+    assert prompt[0] == chat.tokenizer.bos_token_id == 1
+    assert prompt.count(1) == 1
+    assert chat.tokenizer.eos_token == "</s>" and chat.message_tail()[0] == 2
+    assert tokens == greedy(chat, prompt, 8)

@@ -48,6 +48,23 @@ def vocabulary() -> tuple[list[str], list[int]]:
     return tokens, [int(t) for t in types]
 
 
+# A sentencepiece vocabulary (TinyLlama's and Llama 2's kind: `tokenizer.ggml.model` "llama"): unknown, BOS, EOS, the
+# byte fallbacks, then pieces by score; and the Zephyr template TinyLlama's chat models use (EOS ends a message)
+SPM_PIECES = ("▁", "▁t", "he", "▁the", "▁h", "e", "h", "t", "l", "o", "▁hello", "ll", "w", "r", "d")
+ZEPHYR = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+def spm_vocabulary() -> tuple[list[str], list[int], list[float]]:
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256)), *SPM_PIECES]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL, *[TokenType.BYTE] * 256,
+             *[TokenType.NORMAL] * len(SPM_PIECES)]
+    scores = [0.0] * (3 + 256) + [-float(rank) for rank in range(len(SPM_PIECES))]
+    return tokens, [int(t) for t in types], scores
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     hidden: int = 64
@@ -106,12 +123,14 @@ def write_model(
     shape: Shape | None = None,
     rope_factors: bool = False,
     linear_rope: float | None = None,
+    tokenizer: str = "gpt2",
 ) -> TinyModel:
     """A random model of `architecture` whose linear layers and embedding are stored as `qtype` (or `qtype(name)`
-    per tensor, as a "Q4_K_M" file mixes them; norms, biases and rope factors F32, as llama.cpp stores them)."""
+    per tensor, as a "Q4_K_M" file mixes them; norms, biases and rope factors F32, as llama.cpp stores them), with a
+    byte-level BPE tokenizer and ChatML (`tokenizer` "gpt2") or a sentencepiece one and Zephyr's template ("llama")."""
     shape = shape or Shape()
     rng = np.random.default_rng(seed)
-    tokens, types = vocabulary()
+    tokens, types = spm_vocabulary()[:2] if tokenizer == "llama" else vocabulary()
     vocab = len(tokens)
     model = TinyModel(path, architecture)
     writer = GGUFWriter(str(path), architecture)
@@ -133,14 +152,25 @@ def write_model(
     if linear_rope is not None:
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(linear_rope)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(list(MERGES))
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML)
+    if tokenizer == "llama":
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_scores(spm_vocabulary()[2])
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+        writer.add_add_bos_token(True)
+        writer.add_chat_template(ZEPHYR)
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(list(MERGES))
+        writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+        writer.add_eos_token_id(tokens.index("<|im_end|>"))
+        writer.add_add_bos_token(False)
+        writer.add_chat_template(CHATML)
 
     def linear(gguf_name: str, hf_name: str, rows: int, cols: int, permute_heads: int | None = None) -> None:
         kind = qtype(gguf_name) if callable(qtype) else qtype
