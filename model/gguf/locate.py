@@ -114,7 +114,7 @@ def locate_in_folder(folder: Path) -> Path:
     """The one model `.gguf` in `folder` (LM Studio's PUBLISHER/REPO layout)."""
     found = model_files([entry.name for entry in folder.iterdir() if entry.is_file()])
     if not found:
-        raise ModelError(f"no model in {folder}: no .gguf file (and no diffusion checkpoint's config.json)")
+        raise ModelError(f"model not found: {folder} holds no .gguf file (nor a diffusion checkpoint's config.json)")
     if len(found) > 1:
         raise ModelError(f"{len(found)} GGUF models in {folder} ({', '.join(found)}): pass one file's path")
     return folder / found[0]

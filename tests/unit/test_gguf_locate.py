@@ -84,7 +84,7 @@ def test_a_folder_as_lm_studio_keeps_it_names_its_one_model(tmp_path: Path, tiny
         locate_gguf(str(repo))
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ModelError, match=r"no model in .*: no .gguf file"):
+    with pytest.raises(ModelError, match=r"model not found: .* holds no .gguf file"):
         locate_gguf(str(empty))
 
 
