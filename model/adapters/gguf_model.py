@@ -152,4 +152,7 @@ def template_end(tokenizer: Any) -> int | None:
     if at < 0:
         return None
     after = tokenizer.encode(text[at + len(words):], add_special_tokens=False)
-    return after[0] if after and after[0] in set(tokenizer.all_special_ids) else None
+    # the file's control tokens (transformers adds them as special added tokens; `all_special_ids` lists only the
+    # named ones: BOS, EOS, unknown, padding)
+    special = {index for index, token in tokenizer.added_tokens_decoder.items() if token.special}
+    return after[0] if after and after[0] in special | set(tokenizer.all_special_ids) else None

@@ -171,3 +171,13 @@ def test_a_sentencepiece_vocabulary_gets_its_bos_and_its_templates_end_of_messag
     assert prompt.count(1) == 1
     assert chat.tokenizer.eos_token == "</s>" and chat.message_tail()[0] == 2
     assert tokens == greedy(chat, prompt, 8)
+
+
+def test_the_templates_end_of_message_ends_answers_when_the_files_eos_is_another_token(tmp_path: Path) -> None:
+    """Llama 3's kind: EOS `<|end_of_text|>` while the template ends a message with `<|eot_id|>` (here `<|im_end|>`):
+    both end an answer, and the end-of-turn probe reads the template's."""
+    model = write_model(tmp_path / "eot.gguf", "llama", T.Q8_0, eos="<|endoftext|>", seed=2)
+    chat = load(str(model.path))
+    ids = chat.tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    assert chat.backend.eos_ids == frozenset(ids)  # type: ignore[attr-defined]
+    assert chat.tokenizer.eos_token == "<|im_end|>" and chat.message_tail()[0] == ids[1]

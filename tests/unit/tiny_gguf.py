@@ -124,6 +124,7 @@ def write_model(
     rope_factors: bool = False,
     linear_rope: float | None = None,
     tokenizer: str = "gpt2",
+    eos: str = "<|im_end|>",
 ) -> TinyModel:
     """A random model of `architecture` whose linear layers and embedding are stored as `qtype` (or `qtype(name)`
     per tensor, as a "Q4_K_M" file mixes them; norms, biases and rope factors F32, as llama.cpp stores them), with a
@@ -168,7 +169,7 @@ def write_model(
         writer.add_token_types(types)
         writer.add_token_merges(list(MERGES))
         writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-        writer.add_eos_token_id(tokens.index("<|im_end|>"))
+        writer.add_eos_token_id(tokens.index(eos))
         writer.add_add_bos_token(False)
         writer.add_chat_template(CHATML)
 
