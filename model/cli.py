@@ -68,7 +68,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="answer one prompt, showing every refinement pass")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default=None, help="local checkpoint folder or hub id (default: the bundled model)")
+    gen.add_argument("--model", default=None,
+                     help="a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a diffusion "
+                     "checkpoint folder or hub id (default: the bundled model)")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--block-length", type=int, default=None, help="tokens per block (default: the model's)")
     gen.add_argument("--steps", type=int, default=None, help="pass budget per block (default: block length)")
@@ -96,7 +98,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec(source=args.model, device=args.device, weights=args.weights, decoding=settings)
 
 
-def generate_command(args: argparse.Namespace, out: TextIO) -> None:
+def generate_command(args: argparse.Namespace, spec: ModelSpec, out: TextIO) -> None:
     import torch
 
     from model.bundled.backend import BlockDiffusionBackend
@@ -105,7 +107,6 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
     from model.loading import load_chat_model
     from model.runtime import row_exact
 
-    spec = model_spec(args)
     device = resolve_device(spec.device)
     model = load_chat_model(spec)
     options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
@@ -125,6 +126,8 @@ def generate_command(args: argparse.Namespace, out: TextIO) -> None:
         f"{tokens} tokens in {passes} passes, {seconds:.2f} s: {tokens / seconds:.1f} tokens/s, "
         f"{tokens / passes:.2f} tokens/pass ({last.finish_reason}) on {describe(device)}\n"
     )
+    if isinstance(model, DiffusionChatModel) and model.note:
+        out.write(model.note + "\n")
     if isinstance(model, DiffusionChatModel) and model.sampler.decoding == "self-speculative":
         cpu = device.type == "cpu"
         problem = row_exact.check_here(torch.get_num_threads())
@@ -153,7 +156,9 @@ def exactness_note(problem: str | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        generate_command(args, sys.stdout)
+        # built first: a bad --model (a GGUF name that leads nowhere, an unsupported file) stops before any import
+        spec = model_spec(args)
+        generate_command(args, spec, sys.stdout)
     except ModelError as error:
         print(f"dlm: {error}", file=sys.stderr)
         return 2

@@ -1,10 +1,11 @@
 """`load_chat_model(spec)`: from a `ModelSpec` to a ready `ChatModel`, picking the adapter from the checkpoint.
 
 Above both model/bundled/ and model/adapters/, so neither imports upward. `spec.source`: None -> the bundled default
-model; a folder with an adapter.json -> another block-diffusion adapter of the bundled base; another local folder or a
-hub id -> read `config.json` (`model_type`, `auto_map`) and choose: `auto_map` -> remote-code (LLaDA-style) adapter;
-`diffusion_gemma` -> DiffusionGemma; anything that transformers maps to a masked LM -> the masked-LM adapter. Hub ids
-are resolved by transformers (users' machines only).
+model; a GGUF (`spec.gguf`: a .gguf path, `ollama:NAME`, a folder holding one) -> a user's own llama/qwen2/qwen3
+model, decoded autoregressively; a folder with an adapter.json -> another block-diffusion adapter of the bundled base;
+another local folder or a hub id -> read `config.json` (`model_type`, `auto_map`) and choose: `auto_map` ->
+remote-code (LLaDA-style) adapter; `diffusion_gemma` -> DiffusionGemma; anything that transformers maps to a masked
+LM -> the masked-LM adapter. Hub ids are resolved by transformers (users' machines only).
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def load_chat_model(spec: ModelSpec | None = None) -> ChatModel:
     Raises ModelError for an unknown path, an unsupported architecture, or a checkpoint with no mask token.
     """
     spec = spec or ModelSpec()
+    if spec.gguf is not None:
+        from model.adapters.gguf_model import load_gguf_chat_model
+
+        return load_gguf_chat_model(spec)
     if spec.source is None or (Path(spec.source) / "adapter.json").is_file():
         from model.bundled.default_model import load_default_chat_model
 

@@ -38,7 +38,8 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     tools = parser.add_argument_group("tools (run by the session; the local model only)")
     added = [
         lm.add_argument("--model",
-                        help="local diffusion LM: a checkpoint folder or hub id (default: the bundled model)"),
+                        help="local LM: a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a "
+                        "diffusion checkpoint folder or hub id (default: the bundled model)"),
         lm.add_argument("--llm-url", help="use an OpenAI-compatible endpoint instead, e.g. http://127.0.0.1:8000/v1"),
         lm.add_argument("--llm-model", help="model name at --llm-url"),
         lm.add_argument("--llm-key-env", help="environment variable that holds the API key for --llm-url"),
@@ -167,10 +168,14 @@ def _device(value: str | None) -> int | str | None:
 
 
 def _load(args: argparse.Namespace) -> Engines:
+    from model.chat.engine import DiffusionChatModel
+
+    config = engine_config(args)  # a bad --model stops here, before any model loads
     print("loading models...", file=sys.stderr, flush=True)
-    engines = load_engines(engine_config(args))
+    engines = load_engines(config)
     seconds = ", ".join(f"{name} {value:.1f} s" for name, value in engines.load_seconds.items())
-    print(f"models ready ({seconds}); Whisper on {engines.asr.placement}", file=sys.stderr, flush=True)
+    note = f"; {engines.lm.note}" if isinstance(engines.lm, DiffusionChatModel) and engines.lm.note else ""
+    print(f"models ready ({seconds}); Whisper on {engines.asr.placement}{note}", file=sys.stderr, flush=True)
     return engines
 
 

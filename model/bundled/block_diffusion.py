@@ -139,7 +139,8 @@ class BlockDiffusionLM(nn.Module):
                 if child_name in config.targets and isinstance(child, nn.Linear):
                     wrapped = GatedLoRALinear(child, config.lora_rank, config.lora_alpha, self._gate)
                     setattr(module, child_name, wrapped)
-        if not any(isinstance(m, GatedLoRALinear) for m in self.base.modules()):
+        # no targets: no adapter at all (a GGUF model without drafts, model/adapters/gguf_model.py)
+        if config.targets and not any(isinstance(m, GatedLoRALinear) for m in self.base.modules()):
             raise ModelError(f"none of the LoRA targets {config.targets} exist in {type(self.base).__name__}")
 
     # --- adapter weights ------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ class DiffusionChatModel:
         sampler: SamplerConfig,
         system_prompt: str | None = None,
         context_length: int | None = None,
+        note: str | None = None,
     ) -> None:
         backend.check(sampler)
         self.name = name
@@ -59,6 +60,9 @@ class DiffusionChatModel:
         self.sampler = sampler
         self.system_prompt = system_prompt
         self.context_length = context_length  # positions the network was built for; None: not known, not checked
+        # What a startup line says of how this model decodes when it is not what users of this runtime expect
+        # (a GGUF model without a draft adapter decodes autoregressively); None: nothing to say
+        self.note = note
         # Guards by their rules, built on first use; the vocabulary scan they need is done once for all
         self._guards: dict[tuple[int, int, int, int, bool], SpeechGuard] = {}
         self._vocabulary: Vocabulary | None = None

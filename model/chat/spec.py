@@ -1,7 +1,9 @@
 """`ModelSpec`: what to load, built once by a command line and passed down whole to `model.loading.load_chat_model`.
 
 Light on purpose (no torch, no transformers): a command builds and checks it before anything heavy is imported, so a
-wrong flag is refused at once. Every field's default is what a user gets without the flag.
+wrong flag is refused at once. A GGUF `source` (`model.gguf.locate`) is resolved and its header read and checked
+here for the same reason: a missing Ollama name, a truncated file or an unsupported architecture stops the command
+before any model loads. Every field's default is what a user gets without the flag.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from model.errors import ModelError
+from model.gguf.header import GGUFHeader
+from model.gguf.locate import open_gguf
 
 if TYPE_CHECKING:
     from model.decoding.sampler import SamplerConfig
@@ -57,6 +61,7 @@ class ModelSpec:
     """Which local model to load, where, and how it decodes."""
 
     # None: the bundled model; a folder with an adapter.json: another block-diffusion adapter for the bundled base;
+    # a GGUF (a .gguf path, ollama:NAME[:TAG], a folder holding one .gguf): a user's own model, `gguf`;
     # another folder or a hub id (owner/name): an external diffusion checkpoint
     source: str | None = None
     device: str = "cpu"  # auto: a CUDA GPU when torch sees one (`model.device.resolve_device`)
@@ -65,6 +70,7 @@ class ModelSpec:
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
     max_batch: int | None = None  # answers decoded together in one pass, for a back end that batches (None: 8)
     system_prompt: str | None = None  # the model's own, for a chat without one (a request's own comes first)
+    gguf: GGUFHeader | None = field(init=False, default=None, compare=False)  # the header of a GGUF `source`
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES and not self.device.startswith("cuda:"):
@@ -75,3 +81,12 @@ class ModelSpec:
             raise ModelError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.max_batch is not None and self.max_batch < 1:
             raise ModelError(f"max_batch must be at least 1, got {self.max_batch}")
+        gguf = open_gguf(self.source) if self.source is not None else None
+        object.__setattr__(self, "gguf", gguf)  # frozen: set once, here
+        if gguf is None:
+            return
+        if self.weights == "int4":
+            raise ModelError("--weights int4 is the bundled model's: a GGUF model is loaded de-quantized (auto, bf16)")
+        if self.decoding.decoding not in (None, "autoregressive"):
+            raise ModelError(f"{gguf.path.name} has no draft adapter: it decodes autoregressively only (drop "
+                             f"--decoding {self.decoding.decoding})")

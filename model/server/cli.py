@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help=f"address to bind (non-loopback needs ${API_KEY_ENV})")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default=None,
-                        help="a diffusion checkpoint folder or hub id, or a block-diffusion adapter folder "
-                        "(default: the bundled model)")
+                        help="a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a diffusion "
+                        "checkpoint folder or hub id, or a block-diffusion adapter folder (default: the bundled model)")
     parser.add_argument("--served-name", action="append", default=None,
                         help="model id clients use (repeatable); default: the model's own name")
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
@@ -91,17 +91,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_batch is not None and args.max_batch < 1:
         raise SystemExit(f"dlm-serve: --max-batch must be at least 1, got {args.max_batch}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spec = ModelSpec(source=args.model, device=args.device, weights=args.weights, max_batch=args.max_batch,
-                     decoding=DecodingSettings(decoding=args.decoding))
-    from model.device import describe, resolve_device  # heavy (torch, transformers): only once the arguments are valid
+    try:
+        spec = ModelSpec(source=args.model, device=args.device, weights=args.weights, max_batch=args.max_batch,
+                         decoding=DecodingSettings(decoding=args.decoding))
+    except ModelError as error:  # a bad --model (or flag for it): refused before anything heavy is imported
+        print(f"dlm-serve: {error}", file=sys.stderr)
+        sys.exit(2)
+    # heavy (torch, transformers): only once the arguments are valid
+    from model.chat.engine import DiffusionChatModel
+    from model.device import describe, resolve_device
     from model.loading import load_chat_model
 
     try:
         device = resolve_device(spec.device)
         model = load_chat_model(spec)
     except ModelError as error:
-        sys.exit(f"dlm-serve: cannot load model: {error}")
-    logging.getLogger("dlm-serve").info("model %s on %s", model.name, describe(device))
+        print(f"dlm-serve: cannot load model: {error}", file=sys.stderr)
+        sys.exit(2)
+    note = f"; {model.note}" if isinstance(model, DiffusionChatModel) and model.note else ""
+    logging.getLogger("dlm-serve").info("model %s on %s%s", model.name, describe(device), note)
     app = create_app(model, config)
     uvicorn.run(
         app,

@@ -1,0 +1,158 @@
+"""A user's own GGUF model (llama, qwen2, qwen3: what Ollama and LM Studio keep) as a chat model that decodes
+autoregressively through the bundled model's back end.
+
+The simplest honest path: transformers builds the tokenizer and the network from the file (`gguf_file=`), every
+tensor de-quantized to `spec.precision` (bf16 by default: a 1.5B model takes ~3 GB, not its file's size), and the
+network runs inside a `BlockDiffusionLM` with no adapter, so its answers are passes of the same `BlockDiffusionBackend`
+as the bundled model's: batched across answers, the KV cache kept between turns and the next prompt encoded ahead, the
+end-of-turn probe on the template's own end-of-message token. Without a draft adapter the only lossless mode is
+autoregressive: one token a pass, each the model's own greedy (or sampled) choice. The passes go through the modules'
+forward (row-exact attention) rather than the fused pass and the C kernels, which are written for the bundled Llama
+(no biases, no q/k norms, Q4_1/Q8_0 blocks).
+
+What transformers does not read from the file is applied here: Llama 3's rope frequency factors (`rope_freqs.weight`)
+and linear rope scaling, both a division of the rotary frequencies, as llama.cpp applies them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from model.bundled.backend import BlockDiffusionBackend
+from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
+from model.chat.engine import DiffusionChatModel, context_length_of
+from model.chat.spec import ModelSpec
+from model.decoding.sampler import SamplerConfig
+from model.device import resolve_device
+from model.errors import ModelError
+from model.gguf.header import GGUFHeader
+from model.gguf.locate import OLLAMA_PREFIX
+
+ROPE_FACTORS = "rope_freqs.weight"
+# One token a pass: the block the answer's length is rounded to, and the pass budget of a block
+AUTOREGRESSIVE = SamplerConfig(block_length=1, steps_per_block=1, decoding="autoregressive")
+
+
+def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
+    """The GGUF model `spec.gguf` names (checked by `ModelSpec`), ready to answer. Raises ModelError."""
+    header = spec.gguf
+    if header is None or spec.source is None:
+        raise ModelError("load_gguf_chat_model needs a ModelSpec whose source is a GGUF")
+    sampler = spec.decoding.apply(AUTOREGRESSIVE)
+    device = resolve_device(spec.device)
+    dtype = torch.float32 if spec.precision == "fp32" else torch.bfloat16
+    tokenizer, base = _from_file(header, dtype)
+    divide_rope_frequencies(base, rope_frequency_divisors(header))
+    model = BlockDiffusionLM(base, AdapterConfig(block_length=1, targets=()))
+    model.eval()
+    model.to(device)
+    begin_with_bos(tokenizer, header)
+    ends = end_ids(tokenizer, header)
+    name = spec.source.removeprefix(OLLAMA_PREFIX) if spec.source.startswith(OLLAMA_PREFIX) else header.path.stem
+    note = (f"{name} decodes autoregressively (no draft adapter for it yet); {header.describe()}, de-quantized to "
+            f"{str(dtype).removeprefix('torch.')}")
+    chat = DiffusionChatModel(name, tokenizer, BlockDiffusionBackend(model, ends, spec.max_batch), sampler,
+                              spec.system_prompt, context_length_of(base.config), note)
+    chat.vocabulary()  # scanned now rather than on the first answer's critical path
+    return chat
+
+
+def _from_file(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any]:
+    """transformers' tokenizer and causal LM of the file, de-quantized to `dtype`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(header.path.parent), header.path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        # transformers reads no head width for qwen3 (its config's default, 128, is every released Qwen3's): the
+        # file's own (`attention.key_length`) for every architecture
+        config.head_dim = header.head_dim
+        base = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype,
+                                                    attn_implementation="sdpa")
+    except (ValueError, KeyError, OSError, RuntimeError) as error:
+        raise ModelError(f"transformers cannot load {header.path}: {error}") from error
+    # A GGUF-loaded config remembers it was quantized; the weights it holds are plain floats
+    if hasattr(base.config, "quantization_config"):
+        del base.config.quantization_config
+    base.hf_quantizer = None
+    base.eval()
+    return tokenizer, base
+
+
+def rope_frequency_divisors(header: GGUFHeader) -> np.ndarray | None:
+    """What each rotary frequency is divided by (`[head_dim / 2]`), as llama.cpp does: Llama 3's `rope_freqs.weight`
+    factors times a linear scaling's factor; None when neither is there."""
+    kind, factor = header.rope_scaling
+    divisors = np.full(header.head_dim // 2, factor if kind == "linear" else 1.0, dtype=np.float32)
+    found = [t for t in header.tensors if t.name == ROPE_FACTORS]
+    if found:
+        info = found[0]
+        if info.type_name != "F32" or info.shape != (header.head_dim // 2,):
+            raise ModelError(f"{header.path}: {ROPE_FACTORS} is {info.type_name} {info.shape}, expected F32 "
+                             f"({header.head_dim // 2},)")
+        factors = np.fromfile(header.path, dtype=np.float32, count=info.shape[0],
+                              offset=header.data_start + info.offset)
+        divisors *= factors
+    return None if np.all(divisors == 1.0) else divisors
+
+
+def divide_rope_frequencies(base: Any, divisors: np.ndarray | None) -> None:
+    """Divide the rotary embedding's inverse frequencies (the buffer every layer's rotation reads) by `divisors`."""
+    if divisors is None:
+        return
+    rotary = base.model.rotary_emb
+    scaled = rotary.inv_freq / torch.from_numpy(divisors).to(rotary.inv_freq)
+    rotary.inv_freq.copy_(scaled)
+    rotary.original_inv_freq = scaled.clone()
+
+
+def begin_with_bos(tokenizer: Any, header: GGUFHeader) -> None:
+    """Make the chat template write the BOS token when the file asks for one (`tokenizer.ggml.add_bos_token`, true by
+    default for sentencepiece vocabularies) and the template does not write it: llama.cpp puts it before every prompt,
+    while the chat engine encodes the template's text as it is (TinyLlama's Zephyr template has no BOS; Llama 3's
+    writes its own)."""
+    stated = header.metadata.get("tokenizer.ggml.add_bos_token")
+    wanted = bool(stated) if stated is not None else header.metadata.get("tokenizer.ggml.model") == "llama"
+    bos = tokenizer.bos_token
+    template = getattr(tokenizer, "chat_template", None)
+    if not wanted or not bos or not isinstance(template, str):
+        return
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "a"}], tokenize=False)
+    if not text.startswith(bos):
+        tokenizer.chat_template = "{{ bos_token }}" + template
+
+
+def end_ids(tokenizer: Any, header: GGUFHeader) -> set[int]:
+    """The tokens that end an answer: the file's EOS, end-of-turn and end-of-message ids, and the chat template's own
+    end of a message, which also becomes the tokenizer's EOS: the chat engine's end-of-turn probe and guards read it
+    (Llama 3 files name `<|end_of_text|>` as EOS while their template ends a message with `<|eot_id|>`)."""
+    ids = {token for token in (header.token_id("eos"), header.token_id("eot"), header.token_id("eom"))
+           if token is not None}
+    end = template_end(tokenizer)
+    if end is not None:
+        ids.add(end)
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(end)
+    if not ids:
+        raise ModelError(f"{header.path}: no end-of-sequence token in its metadata or chat template")
+    return ids
+
+
+def template_end(tokenizer: Any) -> int | None:
+    """The special token the chat template writes right after a user message's words (`<|im_end|>`, `<|eot_id|>`),
+    or None when it writes none there (or has no template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    words = "Is it done"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": words}], tokenize=False)
+    at = text.rfind(words)
+    if at < 0:
+        return None
+    after = tokenizer.encode(text[at + len(words):], add_special_tokens=False)
+    # the file's control tokens (transformers adds them as special added tokens; `all_special_ids` lists only the
+    # named ones: BOS, EOS, unknown, padding)
+    special = {index for index, token in tokenizer.added_tokens_decoder.items() if token.special}
+    return after[0] if after and after[0] in special | set(tokenizer.all_special_ids) else None
