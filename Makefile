@@ -6,6 +6,8 @@ PIP := $(VENV)/bin/pip
 # haproxy: the balancer in front of voice workers (scripts/cluster.py, tests/integration/test_cluster.py);
 # gcc: builds the decoding kernels for this CPU (model/runtime/quant_kernels.py)
 APT_PACKAGES := libportaudio2 pocketsphinx-testdata alsa-utils chromium pulseaudio pulseaudio-utils libasound2-plugins haproxy gcc libc6-dev
+# the held-out recordings of `make report` (scripts/heard_latency.py): a professional voice's telephony prompts
+REPORT_APT_PACKAGES := asterisk-core-sounds-en-wav
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
@@ -81,8 +83,11 @@ bench: install-bench
 	$(PY) scripts/bench/bench_llama_cpp.py --limit 120 --threads 1,2 --rounds 2 --json artifacts/bench_llama_cpp.json
 	$(PY) scripts/bench/bench_servers.py --limit 30 --threads 2 --json artifacts/bench_servers.json
 
-# report: the README's voice-to-voice table and the load test's largest N (Measured figures)
+# report: the README's voice-to-voice figures (as heard by an independent client on held-out recordings, and the
+# in-process breakdown) and the load test's largest N (Measured figures)
 report: install
+	$(MAKE) system-packages APT_PACKAGES="$(REPORT_APT_PACKAGES)"
+	$(PY) scripts/heard_latency.py --spawn --turns 60 --json artifacts/heard_latency.json
 	$(PY) scripts/latency_report.py --conversational --out artifacts/latency
 	$(PY) scripts/load_test.py --spawn --clients 1,2,4,8 --turns 5 --json artifacts/load_test.json
 
