@@ -170,3 +170,36 @@ def test_bad_input_gets_errors_and_the_session_lives_on(engines: Engines) -> Non
     assert done.audio.output.format.type == "audio/pcmu"
     first = base64.b64decode(of(answered, "response.output_audio.delta")[0].delta)
     assert first and set(first) != {0}  # μ-law bytes: one per sample, silence is 0xFF not 0x00
+
+
+def test_barge_in_then_truncate_leaves_the_history_as_heard(engines: Engines) -> None:
+    async def scenario() -> tuple[list, list, list, tuple]:
+        async with running_server(engines) as server, \
+                client_for(server.port).realtime.connect(model="voice-assistant") as conn:
+            await until(conn, "session.created", [])
+            await conn.conversation.item.create(item={  # type: ignore[arg-type]
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "tell me a long story about the sun"}]})
+            await conn.response.create()
+            answered = await until(conn, "response.output_audio.delta", [])
+            sender = asyncio.create_task(stream(conn, speech_24k()))  # the user speaks over the answer
+            await until(conn, "response.done", answered)
+            item_id = of(answered, "response.output_item.added")[0].item.id
+            await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=0)
+            truncated = await until(conn, "conversation.item.truncated", [])
+            (session,) = server._sessions.values()  # the history right after the truncate, before the next turn ends
+            history = tuple(session.dialogue.history)
+            next_turn = await until(conn, "response.done", [])
+            await sender
+        return answered, truncated, next_turn, history
+
+    answered, truncated, next_turn, history = asyncio.run(scenario())
+    done = of(answered, "response.done")[0].response
+    assert done.status == "cancelled" and done.status_details.reason == "turn_detected"
+    assert "input_audio_buffer.speech_started" in [e.type for e in answered]
+    assert not of(truncated, "error"), of(truncated, "error")
+    # nothing of the answer was heard (audio_end_ms 0): the history keeps the user's words and no answer
+    assert [m.role for m in history] == ["user"] and "story" in history[0].content
+    transcript = of(next_turn, "conversation.item.input_audio_transcription.completed")[-1].transcript
+    assert len(heard(transcript)) >= 5, transcript
+    assert of(next_turn, "response.done")[0].response.status == "completed"

@@ -26,10 +26,10 @@ from web.realtime.translator import (
     FeedAudio,
     Interrupt,
     RealtimeTranslator,
-    ReportPlayed,
     Send,
     SendText,
     SetInstructions,
+    TruncateHeard,
 )
 
 SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
@@ -252,7 +252,7 @@ def test_cancel_and_truncate_report_what_was_heard() -> None:
     assert t.client_event(parse({"type": "response.cancel"})) == [Interrupt()]
     truncate = t.client_event(parse({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
                                      "audio_end_ms": 400}))
-    assert truncate[0] == ReportPlayed(22050 * 400 // 1000, 1)
+    assert truncate[0] == TruncateHeard(22050 * 400 // 1000, 1)
     assert types(truncate) == ["conversation.item.truncated"]
     with pytest.raises(RealtimeError, match="past the"):
         t.client_event(parse({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
@@ -294,3 +294,29 @@ def test_appends_are_decoded_from_the_input_format() -> None:
                                            "audio": base64.b64encode(b"\xff" * 160).decode()}), t.settings, 2000)
     assert isinstance(event, AppendAudio)
     assert t.client_event(event) == [FeedAudio(b"\0\0" * 160, 8000)]
+
+
+def test_a_finished_answer_can_be_truncated_once_it_is_the_newest() -> None:
+    t = translator()
+    spoken_turn(t, 1)
+    out = sent(answer(t, 1))
+    item_id = out[1]["item"]["id"]
+    actions = t.client_event(parse({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                                    "audio_end_ms": 50}))
+    assert actions[0] == TruncateHeard(22050 * 50 // 1000, 1) and types(actions) == ["conversation.item.truncated"]
+    with pytest.raises(RealtimeError, match="no assistant item"):
+        t.client_event(parse({"type": "conversation.item.truncate", "item_id": "item_other", "content_index": 0,
+                              "audio_end_ms": 0}))
+
+
+def test_truncated_while_running_yet_finished_in_full_still_truncates_the_history() -> None:
+    t = translator()
+    spoken_turn(t, 1)
+    item_id = sent(t.session_event(ev.LmStarted(session=S, turn=1)))[1]["item"]["id"]
+    t.session_event(ev.AudioOut(session=S, turn=1, pcm=np.zeros(22050, "<i2").tobytes(), sample_rate=22050,
+                                phrase_id=0))
+    t.client_event(parse({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                          "audio_end_ms": 100}))
+    ended = t.session_event(ev.TurnEnd(session=S, turn=1, user_text="x", answer="It is noon.", spoken="It is noon.",
+                                       interrupted=False, latency_ms={}, stats={}))
+    assert TruncateHeard(2205, 1) in ended

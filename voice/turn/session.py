@@ -202,6 +202,15 @@ class Session:
         if self._answer is not None and (turn is None or turn == self._answer.turn):
             self._answer.reported_played = samples
 
+    def truncate_heard(self, turn: int, samples: int) -> str | None:
+        """The listener heard only the first `samples` of `turn`'s answer: for the answer playing now, that is its
+        played report; for the newest ended turn, its history message is cut to what those samples said (returned).
+        None when `turn` is neither."""
+        if self._answer is not None and self._answer.turn == turn:
+            self._answer.reported_played = samples
+            return ""
+        return self._records.truncate(turn, samples)
+
     async def wait_idle(self) -> None:
         """Wait until nobody holds the floor and no answer is in progress (file mode and tests)."""
         while True:

@@ -38,10 +38,10 @@ from web.realtime.translator import (
     FeedAudio,
     Interrupt,
     RealtimeTranslator,
-    ReportPlayed,
     Send,
     SendText,
     SetInstructions,
+    TruncateHeard,
 )
 
 log = logging.getLogger("web.realtime")
@@ -65,7 +65,7 @@ class RealtimeSession(Protocol):
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None: ...
     async def send_text(self, text: str) -> None: ...
     async def interrupt(self) -> None: ...
-    def report_played(self, samples: int, turn: int | None = None) -> None: ...
+    def truncate_heard(self, turn: int, samples: int) -> str | None: ...
     async def end_of_audio(self) -> None: ...
     def events(self) -> AsyncIterator[ev.Event]: ...
 
@@ -174,8 +174,10 @@ class RealtimeConnection:
                     await session.send_text(text)
                 case Interrupt():
                     await session.interrupt()
-                case ReportPlayed(samples=samples, turn=turn):
-                    session.report_played(samples, turn)
+                case TruncateHeard(samples=samples, turn=turn):
+                    if session.truncate_heard(turn, samples) is None:
+                        raise RealtimeError("that answer can no longer be truncated: a newer turn has ended",
+                                            "item_not_found", "item_id")
                 case SetInstructions(text=text):
                     session.set_instructions(text)
 
@@ -184,7 +186,10 @@ class RealtimeConnection:
         async for event in self.session.events():
             track_turn(self.state, event)
             self.metrics.observe(event)
-            self._do(self.translator.session_event(event))
+            try:
+                await self._run_actions(self.translator.session_event(event))
+            except RealtimeError as err:  # a late truncate the history could no longer take
+                log.info("session %s: %s", self.session.id, err)
             if isinstance(event, ev.TurnEnd):
                 await asyncio.to_thread(release_free_memory)
         return CloseWith(CloseCode.NORMAL_CLOSURE, "session ended")

@@ -66,8 +66,10 @@ class Interrupt:
 
 
 @dataclass(frozen=True, slots=True)
-class ReportPlayed:
-    samples: int  # at the session's output rate
+class TruncateHeard:
+    """The client played only the first `samples` (at the session's output rate) of `turn`'s answer."""
+
+    samples: int
     turn: int
 
 
@@ -76,7 +78,7 @@ class SetInstructions:
     text: str | None  # None: the session's own system prompt
 
 
-Action = Send | FeedAudio | EndAudio | SendText | Interrupt | ReportPlayed | SetInstructions
+Action = Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions
 
 
 @dataclass(slots=True)
@@ -103,6 +105,7 @@ class _Response:
     audio_done: bool = False
     cancel_reason: str | None = None
     error: dict[str, Any] | None = None
+    truncated_at: int | None = None  # samples at the session's rate, when the client truncated it while it ran
 
 
 class RealtimeTranslator:
@@ -255,20 +258,22 @@ class RealtimeTranslator:
         if event.content_index != 0:
             raise RealtimeError("an assistant item has one content part (index 0)", param="content_index")
         rate = self.settings.output_format.rate
-        for response in self._responses.values():
-            if response.item_id == event.item_id:
-                sent_ms = response.audio_samples * 1000 // rate
-                if event.audio_end_ms > sent_ms:
-                    raise RealtimeError(f"audio_end_ms {event.audio_end_ms} is past the {sent_ms} ms of audio sent",
-                                        param="audio_end_ms")
-                played = event.audio_end_ms * self._output_rate // 1000
-                truncated = self._event("conversation.item.truncated", item_id=event.item_id, content_index=0,
-                                        audio_end_ms=event.audio_end_ms)
-                return [ReportPlayed(played, response.turn), Send(truncated)]
-        if self._finished is not None and self._finished[0] == event.item_id:
-            raise Unsupported("truncating an answer that has finished: the history already keeps what its turn "
-                              "estimated was heard (truncate while the response is in progress)", param="item_id")
-        raise RealtimeError(f"no assistant item {event.item_id!r} to truncate", "item_not_found", "item_id")
+        played = event.audio_end_ms * self._output_rate // 1000
+        running = next((r for r in self._responses.values() if r.item_id == event.item_id), None)
+        if running is not None:
+            turn, sent_ms = running.turn, running.audio_samples * 1000 // rate
+            running.truncated_at = played
+        elif self._finished is not None and self._finished[0] == event.item_id:
+            _, turn, sent_ms = self._finished
+        else:
+            raise RealtimeError(f"no assistant item {event.item_id!r} to truncate (only the newest answer can be)",
+                                "item_not_found", "item_id")
+        if event.audio_end_ms > sent_ms:
+            raise RealtimeError(f"audio_end_ms {event.audio_end_ms} is past the {sent_ms} ms of audio sent",
+                                param="audio_end_ms")
+        truncated = self._event("conversation.item.truncated", item_id=event.item_id, content_index=0,
+                                audio_end_ms=event.audio_end_ms)
+        return [TruncateHeard(played, turn), Send(truncated)]
 
     def _delete(self, item_id: str) -> list[Action]:
         for index, (pending_id, _) in enumerate(self._pending_texts):
@@ -479,6 +484,9 @@ class RealtimeTranslator:
         ]
         rate = self.settings.output_format.rate
         self._finished = (response.item_id, event.turn, response.audio_samples * 1000 // rate)
+        if response.truncated_at is not None and not event.interrupted:
+            # truncated while it ran, yet it ended in full (no cancel): the history keeps what was heard
+            actions.append(TruncateHeard(response.truncated_at, event.turn))
         return [*actions, *self._out(response, events)]
 
     def _assistant_item(self, response: _Response, status: str, transcript: str | None = None) -> dict[str, Any]:
