@@ -40,7 +40,7 @@ from web.native_memory import release_free_memory
 from web.outbound import ClientTooSlow, OutboundQueue
 from web.protocol import LimitExceeded
 from web.ratelimit import TokenBucket, Verdict
-from web.realtime.shell import REALTIME_PATH, RealtimeConnection, RealtimeSession
+from web.realtime.shell import REALTIME_PATH, RealtimeConnection, RealtimeSession, realtime_error_frame
 from web.static_files import http_response, redirect_response, static_response
 from web.tls import names_to_cover, server_ssl_context
 
@@ -249,6 +249,7 @@ class VoiceServer:
             await conn.close(CloseCode.POLICY_VIOLATION, _close_reason(refused.reason))
             return
         client = str(conn.remote_address[0]) if conn.remote_address else "?"
+        realtime = urlsplit(conn.request.path if conn.request else "").path == REALTIME_PATH
         busy = None
         if len(self._sessions) >= self.config.max_sessions:
             message = f"server busy: {len(self._sessions)} of {self.config.max_sessions} sessions in use, try later"
@@ -260,7 +261,8 @@ class VoiceServer:
             self.metrics.refused.labels(reason="busy").inc()
             self.metrics.error_sent("server_busy")
             with contextlib.suppress(ConnectionClosed):
-                await conn.send(protocol.error_message("server_busy", busy[1]))
+                error = realtime_error_frame if realtime else protocol.error_message
+                await conn.send(error("server_busy", busy[1]))
             await conn.close(CloseCode.TRY_AGAIN_LATER, busy[0])
             return
         slot = self._next_slot
@@ -275,7 +277,7 @@ class VoiceServer:
             session = self._new_session()
             self._sessions[slot] = session
             await session.start()
-            if urlsplit(conn.request.path if conn.request else "").path == REALTIME_PATH:
+            if realtime:
                 close = await self._run_realtime(conn, session, slot)
             else:
                 close = await self._run_connection(conn, session, slot)

@@ -29,7 +29,6 @@ from web.connection import CloseWith, Connection, send_out, track_turn, until_no
 from web.metrics import VoiceMetrics
 from web.native_memory import release_free_memory
 from web.outbound import ClientTooSlow
-from web.protocol import LimitExceeded
 from web.ratelimit import TokenBucket, Verdict
 from web.realtime.client_events import AppendAudio, RealtimeError, parse_client_event
 from web.realtime.translator import (
@@ -205,6 +204,13 @@ class RealtimeConnection:
         self._do([self.translator.error(err)])
 
     async def _go_away_when_idle(self) -> CloseWith:
+        """Draining: as on /ws, close once no turn is open, with a last `error` saying why."""
         await until_no_turn_open(self.state, FLUSH_BEFORE_CLOSE_S, FLUSH_POLL_S)
-        final = json.dumps(self.translator.error(LimitExceeded(GOING_AWAY), "going_away").event)
+        final = json.dumps(self.translator.error(VoiceError(GOING_AWAY), "going_away").event)
         return CloseWith(CloseCode.GOING_AWAY, "server shutting down", final_error=final)
+
+
+def realtime_error_frame(code: str, message: str) -> str:
+    """A server-side refusal in the Realtime error shape, before any session exists (the server is busy)."""
+    error = {"type": "server_error", "code": code, "message": message, "param": None, "event_id": None}
+    return json.dumps({"type": "error", "event_id": f"event_{code}", "error": error})
