@@ -8,6 +8,7 @@ import asyncio
 import base64
 import time
 
+import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
@@ -203,3 +204,49 @@ def test_barge_in_then_truncate_leaves_the_history_as_heard(engines: Engines) ->
     transcript = of(next_turn, "conversation.item.input_audio_transcription.completed")[-1].transcript
     assert len(heard(transcript)) >= 5, transcript
     assert of(next_turn, "response.done")[0].response.status == "completed"
+
+
+def test_a_tool_call_its_output_and_the_spoken_answer(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The session's own tools (`--tools`) through Realtime events, on a spoken question (Piper's voice): the LM is
+    the scripted tool-capable stand-in of tests/integration/test_voice_tools_ws.py (the bundled model almost never
+    calls a tool); the ASR, the tool, the TTS, the server and the official client are real."""
+    from report_lib.inputs import synthesised_questions
+
+    from model.chat.tools import call_text
+    from tests.unit.test_voice_tools import ScriptedLM
+    from voice.audio import load_audio_16k
+    from voice.listen.asr_models import load_model
+    from voice.speak.tts import load_synthesizer
+    from voice.think.spoken import spoken_answer
+    from voice.tools.toolbox import ToolsConfig
+    from voice.turn.session import SessionConfig
+    from web.server import VoiceServer
+
+    [question] = synthesised_questions(tmp_path_factory.mktemp("speech"), ("What time is it?",))
+    samples = load_audio_16k(question)
+    padded = float32_to_pcm16(resample(np.concatenate([np.zeros(3200, np.float32), samples,
+                                                       np.zeros(24000, np.float32)]), 16_000, RATE))
+    lm = ScriptedLM(lambda user: call_text("get_time", "{}") if "time" in user.lower() else None)
+    engines = Engines(asr=load_model(None), tts=load_synthesizer(), lm=lm, load_seconds={})
+    config = SessionConfig(generation=spoken_answer(max_new_tokens=32), tools=ToolsConfig())
+
+    async def scenario() -> list:
+        async with VoiceServer(engines, config, WebConfig(port=0)) as server, \
+                client_for(server.port).realtime.connect(model="voice-assistant") as conn:
+            got = await until(conn, "session.created", [])
+            sender = asyncio.create_task(stream(conn, padded))
+            await until(conn, "response.done", got)
+            await sender
+        return got
+
+    got = asyncio.run(scenario())
+    assert "time is it" in of(got, "conversation.item.input_audio_transcription.completed")[-1].transcript.lower()
+    [arguments] = of(got, "response.function_call_arguments.done")
+    assert arguments.name == "get_time" and arguments.output_index == 0
+    outputs = [e.item for e in of(got, "conversation.item.added") if e.item.type == "function_call_output"]
+    assert [o.call_id for o in outputs] == [arguments.call_id] and outputs[0].output
+    done = of(got, "response.done")[0].response
+    assert [item.type for item in done.output] == ["function_call", "message"]
+    spoken = of(got, "response.output_audio_transcript.done")[0].transcript
+    assert spoken.startswith("Done:") and outputs[0].output in spoken  # the tool's result, said
+    assert of(got, "response.output_audio.delta")[0].output_index == 1

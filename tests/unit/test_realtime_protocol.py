@@ -12,6 +12,15 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from voice import events as ev
+from web.realtime.actions import (
+    EndAudio,
+    FeedAudio,
+    Interrupt,
+    Send,
+    SendText,
+    SetInstructions,
+    TruncateHeard,
+)
 from web.realtime.audio import PCM16_24K, PCMA, PCMU, OutputEncoder, from_pcm16, to_pcm16
 from web.realtime.client_events import (
     AppendAudio,
@@ -21,16 +30,7 @@ from web.realtime.client_events import (
     SessionUpdate,
     parse_client_event,
 )
-from web.realtime.translator import (
-    EndAudio,
-    FeedAudio,
-    Interrupt,
-    RealtimeTranslator,
-    Send,
-    SendText,
-    SetInstructions,
-    TruncateHeard,
-)
+from web.realtime.translator import RealtimeTranslator
 
 SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
 S = "sess1"
@@ -157,10 +157,11 @@ def spoken_turn(t: RealtimeTranslator, turn: int) -> list:
     return actions
 
 
-def answer(t: RealtimeTranslator, turn: int, interrupted: bool = False) -> list:
+def answer(t: RealtimeTranslator, turn: int, interrupted: bool = False, started: bool = False) -> list:
+    """An answer's events through `t` (after its LmStarted when `started`)."""
     pcm = np.zeros(2205, "<i2").tobytes()
-    actions = []
-    for event in [ev.LmStarted(session=S, turn=turn), ev.PhraseCommitted(session=S, turn=turn, phrase_id=0,
+    actions = [] if started else t.session_event(ev.LmStarted(session=S, turn=turn))
+    for event in [ev.PhraseCommitted(session=S, turn=turn, phrase_id=0,
                                                                         text="It is noon."),
                   ev.AudioStart(session=S, turn=turn, sample_rate=22050),
                   ev.AudioOut(session=S, turn=turn, pcm=pcm, sample_rate=22050, phrase_id=0),
@@ -245,10 +246,10 @@ def test_response_create_before_the_answer_starts_releases_it_at_once() -> None:
 def test_cancel_and_truncate_report_what_was_heard() -> None:
     t = translator()
     spoken_turn(t, 1)
-    started = sent(t.session_event(ev.LmStarted(session=S, turn=1)))
-    item_id = started[1]["item"]["id"]
+    assert types(t.session_event(ev.LmStarted(session=S, turn=1))) == ["response.created"]
     pcm = np.zeros(22050, "<i2").tobytes()  # one second
-    t.session_event(ev.AudioOut(session=S, turn=1, pcm=pcm, sample_rate=22050, phrase_id=0))
+    begun = sent(t.session_event(ev.AudioOut(session=S, turn=1, pcm=pcm, sample_rate=22050, phrase_id=0)))
+    item_id = begun[0]["item"]["id"]  # the message item begins with its first content
     assert t.client_event(parse({"type": "response.cancel"})) == [Interrupt()]
     truncate = t.client_event(parse({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
                                      "audio_end_ms": 400}))
@@ -312,11 +313,33 @@ def test_a_finished_answer_can_be_truncated_once_it_is_the_newest() -> None:
 def test_truncated_while_running_yet_finished_in_full_still_truncates_the_history() -> None:
     t = translator()
     spoken_turn(t, 1)
-    item_id = sent(t.session_event(ev.LmStarted(session=S, turn=1)))[1]["item"]["id"]
-    t.session_event(ev.AudioOut(session=S, turn=1, pcm=np.zeros(22050, "<i2").tobytes(), sample_rate=22050,
-                                phrase_id=0))
+    t.session_event(ev.LmStarted(session=S, turn=1))
+    item_id = sent(t.session_event(ev.AudioOut(session=S, turn=1, pcm=np.zeros(22050, "<i2").tobytes(),
+                                               sample_rate=22050, phrase_id=0)))[0]["item"]["id"]
     t.client_event(parse({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
                           "audio_end_ms": 100}))
     ended = t.session_event(ev.TurnEnd(session=S, turn=1, user_text="x", answer="It is noon.", spoken="It is noon.",
                                        interrupted=False, latency_ms={}, stats={}))
     assert TruncateHeard(2205, 1) in ended
+
+
+def test_a_tool_the_session_ran_is_a_function_call_and_its_output_before_the_spoken_message() -> None:
+    t = translator()
+    spoken_turn(t, 1)
+    t.session_event(ev.LmStarted(session=S, turn=1))
+    called = sent(t.session_event(ev.ToolCalled(session=S, turn=1, name="get_time", arguments="{}",
+                                                result="It is 12:00.", error="", seconds=0.01)))
+    assert [e["type"] for e in called] == [
+        "response.output_item.added", "conversation.item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "conversation.item.done",
+        "conversation.item.added", "conversation.item.done"]
+    call_id = called[3]["call_id"]
+    assert called[3]["name"] == "get_time" and called[3]["output_index"] == 0
+    assert called[-1]["item"] == {**called[-1]["item"], "type": "function_call_output", "call_id": call_id,
+                                  "output": "It is 12:00."}
+    rest = sent(answer(t, 1, started=True))
+    message = next(e for e in rest if e["type"] == "response.output_item.added")
+    assert message["output_index"] == 1 and message["item"]["role"] == "assistant"
+    assert {e["output_index"] for e in rest if "output_index" in e} == {1}
+    done = rest[-1]["response"]
+    assert [item["type"] for item in done["output"]] == ["function_call", "message"]

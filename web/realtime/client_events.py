@@ -251,8 +251,8 @@ def _item_create(obj: dict[str, Any], event_id: str | None, max_text_chars: int)
     item = _object(obj, "item", "conversation.item.create")
     item_type = item.get("type", "message")
     if item_type in ("function_call", "function_call_output"):
-        raise Unsupported(f"conversation.item.create of a {item_type} item: this server offers no tools over "
-                          "/v1/realtime", param="item.type")
+        raise Unsupported(f"conversation.item.create of a {item_type} item: client-run tools are not offered (the "
+                          "server runs its own and adds their output itself)", param="item.type")
     if item_type != "message":
         raise RealtimeError(f"unknown item type {_short(repr(item_type))}", param="item.type")
     _fields(item, "item", {"type", "role", "content", "id", "object", "status"})
@@ -314,8 +314,9 @@ def _session(session: dict[str, Any], current: SessionSettings) -> SessionSettin
     tools = session.get("tools")
     if tools:
         names = [t.get("name", "?") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
-        raise Unsupported(f"session.tools ({', '.join(map(str, names)) or 'given'}): function calling is not "
-                          "offered over /v1/realtime yet", param="session.tools")
+        raise Unsupported(f"session.tools ({', '.join(map(str, names)) or 'given'}): client-run functions are not "
+                          "offered; the server's own tools (serve --tools, --mcp) are called by the session",
+                          param="session.tools")
     if session.get("tool_choice", "auto") not in ("auto", "none"):
         raise Unsupported("session.tool_choice: no tools are offered", param="session.tool_choice")
     if session.get("output_modalities", ["audio"]) != ["audio"]:

@@ -30,18 +30,18 @@ from web.metrics import VoiceMetrics
 from web.native_memory import release_free_memory
 from web.outbound import ClientTooSlow
 from web.ratelimit import TokenBucket, Verdict
-from web.realtime.client_events import AppendAudio, RealtimeError, parse_client_event
-from web.realtime.translator import (
+from web.realtime.actions import (
     Action,
     EndAudio,
     FeedAudio,
     Interrupt,
-    RealtimeTranslator,
     Send,
     SendText,
     SetInstructions,
     TruncateHeard,
 )
+from web.realtime.client_events import AppendAudio, RealtimeError, parse_client_event
+from web.realtime.translator import RealtimeTranslator
 
 log = logging.getLogger("web.realtime")
 

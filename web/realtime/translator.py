@@ -3,7 +3,8 @@ Realtime server events. The shell (web/realtime/shell.py) executes the actions a
 
 The session (voice/turn/session.py) is the same one /ws drives: it listens, decides the end of the turn, answers and
 handles barge-in. This core only renames and regroups: a session turn is a user item and, when it is answered, a
-response holding one assistant item with one audio content part. What the API leaves to the client is kept here:
+response holding one assistant message with one audio content part (after a function_call item, and its output, for
+each tool the session ran). What the API leaves to the client is kept here:
 typed user items wait for `response.create`; with `create_response` off (or manual turn detection), the answer the
 session starts at the end of a spoken turn is held, unseen, until `response.create` asks for it.
 """
@@ -16,6 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice import events as ev
+from web.realtime.actions import (
+    Action,
+    EndAudio,
+    FeedAudio,
+    Interrupt,
+    Send,
+    SendText,
+    SetInstructions,
+    TruncateHeard,
+)
 from web.realtime.audio import OutputEncoder, samples_in, to_pcm16
 from web.realtime.client_events import (
     AppendAudio,
@@ -34,51 +45,6 @@ from web.realtime.client_events import (
 )
 
 MAX_MANUAL_BUFFER_S = 60.0  # manual turn detection: the most audio held before a commit
-
-
-# --- actions for the shell ---------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Send:
-    """A server event to send to the client."""
-
-    event: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class FeedAudio:
-    pcm: bytes
-    sample_rate: int
-
-
-@dataclass(frozen=True, slots=True)
-class EndAudio:
-    """The user's audio ends here: the session closes the utterance and ends the turn."""
-
-
-@dataclass(frozen=True, slots=True)
-class SendText:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Interrupt:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class TruncateHeard:
-    """The client played only the first `samples` (at the session's output rate) of `turn`'s answer."""
-
-    samples: int
-    turn: int
-
-
-@dataclass(frozen=True, slots=True)
-class SetInstructions:
-    text: str | None  # None: the session's own system prompt
-
-
-Action = Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions
 
 
 @dataclass(slots=True)
@@ -106,6 +72,8 @@ class _Response:
     cancel_reason: str | None = None
     error: dict[str, Any] | None = None
     truncated_at: int | None = None  # samples at the session's rate, when the client truncated it while it ran
+    message_index: int | None = None  # the assistant message's output index, once it has begun
+    calls: list[dict[str, Any]] = field(default_factory=list)  # the function_call items the session ran, done
 
 
 class RealtimeTranslator:
@@ -301,6 +269,8 @@ class RealtimeTranslator:
                 return self._transcript(event)
             case ev.LmStarted(turn=turn):
                 return self._response_started(turn)
+            case ev.ToolCalled(turn=turn):
+                return self._in_response(turn, self._tool_called, event)
             case ev.PhraseCommitted(turn=turn, text=text):
                 return self._in_response(turn, self._transcript_delta, text)
             case ev.AudioStart(turn=turn, sample_rate=rate):
@@ -393,16 +363,52 @@ class RealtimeTranslator:
             del self._responses[old.turn]  # an answer nobody asked for, to words the user has since followed
         response = _Response(self._new_id("resp"), self._new_id("item"), turn, held)
         self._responses[turn] = response
-        previous, self._last_item_id = self._last_item_id, response.item_id
-        item = self._assistant_item(response, "in_progress")
-        part = {"type": "audio", "transcript": ""}
-        where = {"response_id": response.id, "item_id": response.item_id, "output_index": 0, "content_index": 0}
         return self._out(response, [
             self._event("response.created", response=self._response_json(response, "in_progress")),
-            self._event("response.output_item.added", response_id=response.id, output_index=0, item=item),
-            self._event("conversation.item.added", item=item, previous_item_id=previous),
-            self._event("response.content_part.added", part=part, **where),
         ])
+
+    def _message_begins(self, response: _Response) -> list[dict[str, Any]]:
+        """The assistant message's opening events, before its first content (after any tool calls it made)."""
+        if response.message_index is not None:
+            return []
+        response.message_index = len(response.calls)
+        previous, self._last_item_id = self._last_item_id, response.item_id
+        item = self._assistant_item(response, "in_progress")
+        return [
+            self._event("response.output_item.added", response_id=response.id, output_index=response.message_index,
+                        item=item),
+            self._event("conversation.item.added", item=item, previous_item_id=previous),
+            self._event("response.content_part.added", part={"type": "audio", "transcript": ""},
+                        **self._where(response)),
+        ]
+
+    def _tool_called(self, response: _Response, call: ev.ToolCalled) -> list[dict[str, Any]]:
+        """A tool the session ran for this answer: its function_call item (arguments streamed whole) and the
+        function_call_output item with what it returned, before the spoken message."""
+        if response.message_index is not None:
+            return []  # the message has begun: the call is the session's business (it said its result already)
+        call_id, item_id, index = self._new_id("call"), self._new_id("item"), len(response.calls)
+        item = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "completed",
+                "name": call.name, "arguments": call.arguments, "call_id": call_id}
+        where = {"response_id": response.id, "item_id": item_id, "output_index": index, "call_id": call_id}
+        output = {"id": self._new_id("item"), "object": "realtime.item", "type": "function_call_output",
+                  "status": "completed", "call_id": call_id,
+                  "output": call.result if not call.error else f"error: {call.error}"}
+        response.calls.append(item)
+        previous, self._last_item_id = self._last_item_id, output["id"]
+        return [
+            self._event("response.output_item.added", response_id=response.id, output_index=index,
+                        item={**item, "status": "in_progress", "arguments": ""}),
+            self._event("conversation.item.added", item={**item, "status": "in_progress", "arguments": ""},
+                        previous_item_id=previous),
+            self._event("response.function_call_arguments.delta", delta=call.arguments,
+                        **where),
+            self._event("response.function_call_arguments.done", arguments=call.arguments, name=call.name, **where),
+            self._event("response.output_item.done", response_id=response.id, output_index=index, item=item),
+            self._event("conversation.item.done", item=item, previous_item_id=previous),
+            self._event("conversation.item.added", item=output, previous_item_id=item_id),
+            self._event("conversation.item.done", item=output, previous_item_id=item_id),
+        ]
 
     def _release(self, response: _Response) -> list[Action]:
         response.held = False
@@ -422,21 +428,24 @@ class RealtimeTranslator:
         return self._out(response, step(response, value))
 
     def _where(self, response: _Response) -> dict[str, Any]:
-        return {"response_id": response.id, "item_id": response.item_id, "output_index": 0, "content_index": 0}
+        return {"response_id": response.id, "item_id": response.item_id, "output_index": response.message_index,
+                "content_index": 0}
 
     def _transcript_delta(self, response: _Response, text: str) -> list[dict[str, Any]]:
+        begins = self._message_begins(response)
         delta = text if not response.transcript or text[:1].isspace() else " " + text
         response.transcript += delta
-        return [self._event("response.output_audio_transcript.delta", delta=delta, **self._where(response))]
+        return [*begins, self._event("response.output_audio_transcript.delta", delta=delta, **self._where(response))]
 
     def _audio_start(self, response: _Response, rate: int) -> list[dict[str, Any]]:
         response.encoder = OutputEncoder(rate, self.settings.output_format)
-        return []
+        return self._message_begins(response)
 
     def _audio_delta(self, response: _Response, pcm: bytes) -> list[dict[str, Any]]:
+        begins = self._message_begins(response)
         if response.encoder is None:
             response.encoder = OutputEncoder(self._output_rate, self.settings.output_format)
-        return self._delta(response, response.encoder.push(pcm))
+        return [*begins, *self._delta(response, response.encoder.push(pcm))]
 
     def _delta(self, response: _Response, data: str) -> list[dict[str, Any]]:
         if not data:
@@ -448,9 +457,10 @@ class RealtimeTranslator:
     def _audio_done(self, response: _Response, _: None) -> list[dict[str, Any]]:
         if response.audio_done:
             return []
+        begins = self._message_begins(response)
         response.audio_done = True
         tail = self._delta(response, response.encoder.push(b"", last=True)) if response.encoder else []
-        return [*tail, self._event("response.output_audio.done", **self._where(response))]
+        return [*begins, *tail, self._event("response.output_audio.done", **self._where(response))]
 
     def _turn_end(self, event: ev.TurnEnd) -> list[Action]:
         response = self._responses.pop(event.turn, None)
@@ -470,15 +480,17 @@ class RealtimeTranslator:
             response.cancel_reason = "turn_detected"
         status = "failed" if response.error else "cancelled" if response.cancel_reason else "completed"
         transcript = event.spoken if event.interrupted else (event.answer or response.answer)
+        events = self._message_begins(response)
         where = self._where(response)
-        events = self._audio_done(response, None)
+        events += self._audio_done(response, None)
         events += [
             self._event("response.output_audio_transcript.done", transcript=transcript, **where),
             self._event("response.content_part.done", part={"type": "audio", "transcript": transcript}, **where),
         ]
         item = self._assistant_item(response, "completed" if status == "completed" else "incomplete", transcript)
         events += [
-            self._event("response.output_item.done", response_id=response.id, output_index=0, item=item),
+            self._event("response.output_item.done", response_id=response.id, output_index=response.message_index,
+                        item=item),
             self._event("conversation.item.done", item=item, previous_item_id=None),
             self._event("response.done", response=self._response_json(response, status, item)),
         ]
@@ -506,6 +518,7 @@ class RealtimeTranslator:
                      "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0},
                      "output_token_details": {"text_tokens": response.tokens, "audio_tokens": 0}}
         return {"id": response.id, "object": "realtime.response", "status": status, "status_details": details,
-                "output": [item] if item is not None else [], "conversation_id": f"conv_{self.session_id}",
+                "output": [*response.calls, *([item] if item is not None else [])],
+                "conversation_id": f"conv_{self.session_id}",
                 "output_modalities": ["audio"], "max_output_tokens": "inf", "metadata": None, "usage": usage,
                 "audio": {"output": {"format": self.settings.output_format.as_json(), "voice": self.settings.voice}}}
