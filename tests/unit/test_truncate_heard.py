@@ -59,3 +59,13 @@ def test_records_truncate_the_newest_ended_answer_only() -> None:
     assert records.truncate(1, 0) is None  # turn 1's message is no longer the newest
     assert records.truncate(2, 0) == ""
     assert [m.content for m in dialogue.history] == ["question 1", "One.", "question 2"]
+
+
+def test_truncating_an_answer_that_left_no_message_adds_what_was_heard() -> None:
+    dialogue = Dialogue()
+    records = TurnRecords("s", dialogue)
+    answer = _answered(records, 1)
+    assert records.truncate(1, 0) == ""
+    assert [m.role for m in dialogue.history] == ["user"]
+    assert records.truncate(1, 1000) == "One." and dialogue.history[-1].content == "One."
+    assert answer.ledger.spoken_text() == "One."

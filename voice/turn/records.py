@@ -85,14 +85,14 @@ class TurnRecords:
     def truncate(self, turn: int, samples: int) -> str | None:
         """The listener heard only the first `samples` of ended `turn`'s answer (a client that stopped its playback
         there): the history keeps what those samples said. Returns that text, or None when `turn` is not the newest
-        ended turn with an answer (its message is no longer the history's last)."""
+        ended turn with an answer (its message, if any, is then no longer the history's last)."""
         if self._last_answer is None or self._last_answer[0] != turn:
             return None
         answer = self._last_answer[1]
         answer.ledger.played_until(samples)
         spoken = _heard(answer)
         if not self.dialogue.replace_last_assistant(spoken):
-            return None
+            self.dialogue.add_assistant(spoken)  # it had left no message (nothing heard then); some was, after all
         return spoken
 
 
