@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -93,3 +94,17 @@ async def until_no_turn_open(state: Connection, flush_s: float, poll_s: float) -
         if not state.out.has_pending():
             break
         await asyncio.sleep(poll_s)
+
+
+async def cut_long_utterances(state: Connection, limit_s: float, end_of_audio: Callable[[], Awaitable[None]],
+                              tell_client: Callable[[str], None]) -> None:
+    """Cut a user utterance that runs past `limit_s` (a television that never pauses, a stuck VAD): tell the client
+    and force an endpoint, so the session transcribes what it has instead of buffering forever."""
+    period = min(1.0, limit_s / 4)
+    while True:
+        await asyncio.sleep(period)
+        since = state.speech_since
+        if since is not None and time.monotonic() - since > limit_s:
+            state.speech_since = None
+            tell_client(f"utterance longer than {limit_s:g} s; it was cut off here")
+            await end_of_audio()

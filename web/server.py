@@ -33,7 +33,14 @@ from voice.errors import VoiceError
 from web import protocol
 from web.access import Denied, check_websocket_access, own_origins, page_token_redirect
 from web.config import WebConfig
-from web.connection import CloseWith, Connection, send_out, track_turn, until_no_turn_open
+from web.connection import (
+    CloseWith,
+    Connection,
+    cut_long_utterances,
+    send_out,
+    track_turn,
+    until_no_turn_open,
+)
 from web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from web.metrics import VoiceMetrics
 from web.native_memory import release_free_memory
@@ -442,15 +449,8 @@ class VoiceServer:
         """Cut a user utterance that runs past max_utterance_s (a television that never pauses, a stuck VAD): tell
         the client and force an endpoint, so the session transcribes what it has instead of buffering forever. The
         assistant's turn has its own bound in the session (SessionConfig.max_turn_seconds)."""
-        limit = self.config.max_utterance_s
-        period = min(1.0, limit / 4)
-        while True:
-            await asyncio.sleep(period)
-            since = state.speech_since
-            if since is not None and time.monotonic() - since > limit:
-                state.speech_since = None
-                _send_error(state, LimitExceeded(f"utterance longer than {limit:g} s; it was cut off here"))
-                await session.end_of_audio()
+        await cut_long_utterances(state, self.config.max_utterance_s, session.end_of_audio,
+                                  lambda message: _send_error(state, LimitExceeded(message)))
 
 
 def _send_error(state: Connection, exc: VoiceError, turn: int | None = None) -> None:

@@ -99,3 +99,31 @@ def test_draining_closes_an_idle_realtime_session_with_a_last_error() -> None:
 
     got = asyncio.run(scenario())
     assert got[-1].error.code == "going_away" and got[-1].error.type == "server_error"
+
+
+class EndlessSpeech(AnsweringSession):
+    """Hears speech begin at the first audio and never end (a television): the watchdog must cut it."""
+
+    cut = False
+
+    async def feed_audio(self, pcm16: bytes, sample_rate: int = 16_000) -> None:
+        if not self.fed:
+            self._out.put_nowait(ev.SpeechStart(session=self.id, turn=1))
+        await super().feed_audio(pcm16, sample_rate)
+
+    async def end_of_audio(self) -> None:
+        self.cut = True
+
+
+def test_an_endless_utterance_is_cut_with_an_error() -> None:
+    async def scenario() -> tuple[list, list]:
+        server, sessions = scripted_server(WebConfig(port=0, token=TOKEN, max_utterance_s=0.5), EndlessSpeech)
+        async with server, client(server.port).realtime.connect(model="m") as conn:
+            got = await until(conn, "session.created", [])
+            await conn.input_audio_buffer.append(audio=CHUNK_24K)
+            await until(conn, "error", got)
+        return got, sessions
+
+    got, sessions = asyncio.run(scenario())
+    assert "input_audio_buffer.speech_started" in [e.type for e in got]
+    assert got[-1].error.code == "utterance_too_long" and sessions[0].cut

@@ -25,7 +25,14 @@ from voice import events as ev
 from voice.cancellation import cancel_and_wait
 from voice.errors import VoiceError
 from web.config import WebConfig
-from web.connection import CloseWith, Connection, send_out, track_turn, until_no_turn_open
+from web.connection import (
+    CloseWith,
+    Connection,
+    cut_long_utterances,
+    send_out,
+    track_turn,
+    until_no_turn_open,
+)
 from web.metrics import VoiceMetrics
 from web.native_memory import release_free_memory
 from web.outbound import ClientTooSlow
@@ -89,6 +96,8 @@ class RealtimeConnection:
             asyncio.create_task(self._produce(), name=f"realtime-producer-{name}"),
             asyncio.create_task(send_out(self.conn, self.state), name=f"realtime-sender-{name}"),
             asyncio.create_task(self._go_away_when_idle(), name=f"realtime-drain-{name}"),
+            asyncio.create_task(cut_long_utterances(self.state, self.config.max_utterance_s, self.session.end_of_audio,
+                                                    self._utterance_cut), name=f"realtime-watchdog-{name}"),
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -202,6 +211,9 @@ class RealtimeConnection:
     def _error(self, err: RealtimeError) -> None:
         self.metrics.error_sent(err.code if isinstance(err.code, str) else "invalid_request_error")
         self._do([self.translator.error(err)])
+
+    def _utterance_cut(self, message: str) -> None:
+        self._error(RealtimeError(message, "utterance_too_long"))
 
     async def _go_away_when_idle(self) -> CloseWith:
         """Draining: as on /ws, close once no turn is open, with a last `error` saying why."""
