@@ -16,6 +16,7 @@ from tests.integration.ws_harness import SPEECH_WORDS, load_test_engines, runnin
 from voice.audio import float32_to_pcm16, pcm16_to_float32, resample
 from voice.engines import Engines
 from web.config import WebConfig
+from web.realtime.audio import PCMU, from_pcm16
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -71,7 +72,7 @@ def heard(transcript: str) -> set[str]:
 
 
 def test_speech_with_semantic_vad_then_manual_commit(engines: Engines) -> None:
-    async def scenario() -> tuple[list, list, list]:
+    async def scenario() -> tuple[list, list, list, list]:
         async with running_server(engines) as server, \
                 client_for(server.port).realtime.connect(model="voice-assistant") as conn:
             greeting = await until(conn, "session.created", [])
@@ -89,9 +90,20 @@ def test_speech_with_semantic_vad_then_manual_commit(engines: Engines) -> None:
             await conn.input_audio_buffer.commit()
             await conn.response.create()
             await until(conn, "response.done", manual)
-        return greeting, vad, manual
 
-    greeting, vad, manual = asyncio.run(scenario())
+            # telephony: the whole utterance as one μ-law user item, answered when asked
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {
+                "format": {"type": "audio/pcmu"}, "turn_detection": {"type": "server_vad"}}}})
+            item = await until(conn, "session.updated", [])
+            mulaw = from_pcm16(float32_to_pcm16(resample(pcm16_to_float32(speech_pcm16()), 16_000, 8_000)), PCMU)
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_audio", "audio": base64.b64encode(mulaw).decode()}]})
+            await until(conn, "conversation.item.input_audio_transcription.completed", item)
+            await conn.response.create()
+            await until(conn, "response.done", item)
+        return greeting, vad, manual, item
+
+    greeting, vad, manual, item = asyncio.run(scenario())
     created = of(greeting, "session.created")[0].session
     assert created.audio.input.format.type == "audio/pcm" and created.audio.output.format.rate == RATE
     updated = of(greeting, "session.updated")[0].session
@@ -121,6 +133,13 @@ def test_speech_with_semantic_vad_then_manual_commit(engines: Engines) -> None:
     assert manual_kinds.index("input_audio_buffer.committed") < manual_kinds.index("response.created")
     assert len(heard(of(manual, "conversation.item.input_audio_transcription.completed")[-1].transcript)) >= 5
     assert of(manual, "response.output_audio.delta") and of(manual, "response.done")[0].response.status == "completed"
+
+    item_kinds = [e.type for e in item]
+    assert "input_audio_buffer.speech_started" not in item_kinds  # an item's audio is not the microphone's
+    assert len(heard(of(item, "conversation.item.input_audio_transcription.completed")[-1].transcript)) >= 5
+    # held until response.create, although server VAD creates responses (else that create would be refused)
+    assert not of(item, "error") and item_kinds.count("response.created") == 1
+    assert of(item, "response.done")[0].response.status == "completed"
 
 
 def test_bad_input_gets_errors_and_the_session_lives_on(engines: Engines) -> None:

@@ -343,3 +343,23 @@ def test_a_tool_the_session_ran_is_a_function_call_and_its_output_before_the_spo
     assert {e["output_index"] for e in rest if "output_index" in e} == {1}
     done = rest[-1]["response"]
     assert [item["type"] for item in done["output"]] == ["function_call", "message"]
+
+
+def test_a_user_item_of_audio_is_heard_and_answered_on_request_only() -> None:
+    t = translator()  # server VAD, create_response on: a spoken turn would be answered by itself
+    pcm = b"\1\0" * 2400
+    event = parse({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_audio", "audio": base64.b64encode(pcm).decode()}]}})
+    actions = t.client_event(event)
+    assert types(actions) == ["conversation.item.added"]
+    assert [a for a in actions if not isinstance(a, Send)] == [FeedAudio(pcm, 24000), EndAudio()]
+    item_id = sent(actions)[0]["item"]["id"]
+    heard = spoken_turn(t, 1)
+    assert types(heard) == ["conversation.item.input_audio_transcription.delta",
+                            "conversation.item.input_audio_transcription.completed"]  # no VAD events of its own
+    assert {e["item_id"] for e in sent(heard)} == {item_id}
+    assert t.session_event(ev.LmStarted(session=S, turn=1)) == []  # held until asked
+    assert types(t.client_event(parse({"type": "response.create"}))) == ["response.created"]
+    with pytest.raises(RealtimeError, match="alone"):
+        parse({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_audio", "audio": "AAAA"}, {"type": "input_text", "text": "x"}]}})

@@ -137,6 +137,13 @@ class CreateUserText:
 
 
 @dataclass(frozen=True, slots=True)
+class CreateUserAudio:
+    event_id: str | None
+    item_id: str | None
+    audio: bytes  # in the session's input format, as sent
+
+
+@dataclass(frozen=True, slots=True)
 class CreateResponse:
     event_id: str | None
 
@@ -161,8 +168,8 @@ class DeleteItem:
     item_id: str
 
 
-ClientEvent = (SessionUpdate | AppendAudio | CommitAudio | ClearAudio | CreateUserText | CreateResponse
-               | CancelResponse | TruncateItem | DeleteItem)
+ClientEvent = (SessionUpdate | AppendAudio | CommitAudio | ClearAudio | CreateUserText | CreateUserAudio
+               | CreateResponse | CancelResponse | TruncateItem | DeleteItem)
 
 # Events of the API this server knows and refuses, with why.
 REFUSED_EVENTS = {
@@ -220,7 +227,7 @@ def _parse(kind: str, obj: dict[str, Any], event_id: str | None, current: Sessio
             return ClearAudio(event_id)
         case "conversation.item.create":
             _fields(obj, kind, {"item", "previous_item_id"})
-            return _item_create(obj, event_id, max_text_chars)
+            return _item_create(obj, event_id, current, max_text_chars)
         case "response.create":
             _fields(obj, kind, {"response"})
             params = obj.get("response")
@@ -247,7 +254,8 @@ def _parse(kind: str, obj: dict[str, Any], event_id: str | None, current: Sessio
     raise RealtimeError(f"unknown event type {_short(repr(kind))}", "unknown_event", param="type")
 
 
-def _item_create(obj: dict[str, Any], event_id: str | None, max_text_chars: int) -> CreateUserText:
+def _item_create(obj: dict[str, Any], event_id: str | None, current: SessionSettings,
+                 max_text_chars: int) -> CreateUserText | CreateUserAudio:
     item = _object(obj, "item", "conversation.item.create")
     item_type = item.get("type", "message")
     if item_type in ("function_call", "function_call_output"):
@@ -263,11 +271,15 @@ def _item_create(obj: dict[str, Any], event_id: str | None, max_text_chars: int)
     content = item.get("content")
     if not isinstance(content, list) or not content:
         raise RealtimeError("item.content must be a non-empty list", param="item.content")
+    item_id = item.get("id")
+    item_id = item_id if isinstance(item_id, str) and item_id else None
+    if any(isinstance(part, dict) and part.get("type") == "input_audio" for part in content):
+        return CreateUserAudio(event_id, item_id, _item_audio(content, current))
     texts = []
     for part in content:
         if not isinstance(part, dict) or part.get("type") != "input_text" or not isinstance(part.get("text"), str):
-            raise Unsupported("only input_text content is taken in conversation.item.create (audio goes through "
-                              "input_audio_buffer.append)", param="item.content")
+            raise Unsupported("only input_text and input_audio content is taken in conversation.item.create",
+                              param="item.content")
         _fields(part, "item.content", {"type", "text"})
         texts.append(part["text"])
     text = " ".join(t.strip() for t in texts).strip()
@@ -278,8 +290,23 @@ def _item_create(obj: dict[str, Any], event_id: str | None, max_text_chars: int)
     if any(ord(c) < 32 and c not in "\t\n\r" for c in text) or any(0xD800 <= ord(c) <= 0xDFFF for c in text):
         raise RealtimeError("the user message contains control characters or unpaired surrogates",
                             param="item.content")
-    item_id = item.get("id")
-    return CreateUserText(event_id, item_id if isinstance(item_id, str) and item_id else None, text)
+    return CreateUserText(event_id, item_id, text)
+
+
+def _item_audio(content: list[Any], current: SessionSettings) -> bytes:
+    """The audio of a user item: one input_audio part, base64 in the session's input format."""
+    if len(content) != 1:
+        raise Unsupported("a user item with audio takes one input_audio part, alone", param="item.content")
+    part = content[0]
+    _fields(part, "item.content", {"type", "audio", "transcript"})
+    if not isinstance(part.get("audio"), str):
+        raise RealtimeError("input_audio needs base64 audio", param="item.content.audio")
+    audio = decode_base64(part["audio"], "item.content.audio")
+    fmt = current.input_format
+    if not audio or len(audio) % fmt.bytes_per_sample:
+        raise RealtimeError(f"{len(audio)} bytes are not whole samples of {fmt.type}", "invalid_audio",
+                            "item.content.audio")
+    return audio
 
 
 def _refuse_response_params(params: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from web.realtime.client_events import (
     ClientEvent,
     CommitAudio,
     CreateResponse,
+    CreateUserAudio,
     CreateUserText,
     DeleteItem,
     RealtimeError,
@@ -52,6 +53,7 @@ class _UserItem:
     id: str
     typed: bool = False
     committed: bool = False
+    explicit: bool = False  # audio the client made an item of (conversation.item.create): answered on request only
     transcript: str = ""
     delta_sent: str = ""
 
@@ -149,6 +151,8 @@ class RealtimeTranslator:
                 return [Send(self._event("input_audio_buffer.cleared"))]
             case CreateUserText(item_id=item_id, text=text):
                 return self._create_text(item_id or self._new_id("item"), text)
+            case CreateUserAudio(item_id=item_id, audio=audio):
+                return self._create_audio(item_id or self._new_id("item"), audio)
             case CreateResponse():
                 return self._create_response()
             case CancelResponse(response_id=response_id):
@@ -182,6 +186,14 @@ class RealtimeTranslator:
         committed = self._event("input_audio_buffer.committed", item_id=item.id,
                                 previous_item_id=added.event["previous_item_id"])
         return [Send(committed), added, FeedAudio(pcm, self.settings.input_format.rate), EndAudio()]
+
+    def _create_audio(self, item_id: str, audio: bytes) -> list[Action]:
+        """A user item of audio: the session hears it as a committed buffer; its answer waits for response.create."""
+        fmt = self.settings.input_format
+        item = _UserItem(item_id, committed=True, explicit=True)
+        self._committed_next = item
+        added = self._added_user_item(item, [{"type": "input_audio", "transcript": None}])
+        return [added, FeedAudio(to_pcm16(audio, fmt), fmt.rate), EndAudio()]
 
     def _create_text(self, item_id: str, text: str) -> list[Action]:
         self._pending_texts.append((item_id, text))
@@ -311,14 +323,14 @@ class RealtimeTranslator:
         if self.settings.turn_detection is None and self._committed_next is None and turn not in self._items:
             return []  # manual mode: only a commit makes a user item
         item = self._user_item(turn, spoken=True)
-        if self.settings.turn_detection is None:
+        if self.settings.turn_detection is None or item.explicit:
             return []
         return [Send(self._event("input_audio_buffer.speech_started", audio_start_ms=self._audio_ms,
                                  item_id=item.id))]
 
     def _speech_stopped(self, turn: int) -> list[Action]:
         item = self._items.get(turn)
-        if item is None or self.settings.turn_detection is None:
+        if item is None or self.settings.turn_detection is None or item.explicit:
             return []
         actions: list[Action] = [Send(self._event("input_audio_buffer.speech_stopped", audio_end_ms=self._audio_ms,
                                                   item_id=item.id))]
@@ -355,7 +367,7 @@ class RealtimeTranslator:
         if user is None and self._typed_next is not None:
             user = self._user_item(turn, spoken=False)  # the typed turn's answer came before its transcript
         typed = user is not None and user.typed
-        held = not typed and not self.settings.creates_responses
+        held = not typed and (not self.settings.creates_responses or (user is not None and user.explicit))
         if held and self._credits:
             self._credits -= 1
             held = False
