@@ -31,7 +31,12 @@ async def until(conn, kind: str, got: list, timeout_s: float = 10.0) -> list:
 class AnsweringSession(ScriptedSession):
     """The scripted session, with the events a real answer begins and ends with (a response needs both)."""
 
+    def __init__(self, speech_s: float = 5.0) -> None:
+        super().__init__(speech_s)
+        self.prompts: list[str] = []
+
     async def send_text(self, text: str) -> None:
+        self.prompts.append(self.system_prompt)  # what this answer is written under
         self._out.put_nowait(ev.LmStarted(session=self.id, turn=1))
         await super().send_text(text)
         self._out.put_nowait(ev.TurnEnd(session=self.id, turn=1, user_text=text, answer=text, spoken=text,
@@ -127,3 +132,18 @@ def test_an_endless_utterance_is_cut_with_an_error() -> None:
     got, sessions = asyncio.run(scenario())
     assert "input_audio_buffer.speech_started" in [e.type for e in got]
     assert got[-1].error.code == "utterance_too_long" and sessions[0].cut
+
+
+def test_response_instructions_apply_to_that_response_only() -> None:
+    async def scenario() -> list:
+        server, sessions = scripted_server(WebConfig(port=0, token=TOKEN), AnsweringSession, speech_s=0.2)
+        async with server, client(server.port).realtime.connect(model="m") as conn:
+            await until(conn, "session.created", [])
+            for instructions in ("Answer in one word.", None):
+                await conn.conversation.item.create(item=HELLO)  # type: ignore[arg-type]
+                await conn.response.create(response={"instructions": instructions} if instructions else {})
+                await until(conn, "response.done", [])
+        return sessions
+
+    (session,) = asyncio.run(scenario())
+    assert session.prompts == ["Answer in one word.", "Be helpful."] and session.system_prompt == "Be helpful."

@@ -117,7 +117,7 @@ def test_session_update_applies_formats_turn_detection_and_transcription() -> No
     ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c", "output": "1"}},
      "item.type", "unsupported"),
     ({"type": "conversation.item.retrieve", "item_id": "x"}, "type", "unsupported"),
-    ({"type": "response.create", "response": {"instructions": "shout"}}, "response.instructions", "unsupported"),
+    ({"type": "response.create", "response": {"tools": []}}, "response.tools", "unsupported"),
 ])
 def test_bad_or_unsupported_events_name_what_is_wrong(event: dict, param: str, code: str) -> None:
     with pytest.raises(RealtimeError) as caught:
@@ -363,3 +363,22 @@ def test_a_user_item_of_audio_is_heard_and_answered_on_request_only() -> None:
     with pytest.raises(RealtimeError, match="alone"):
         parse({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
             {"type": "input_audio", "audio": "AAAA"}, {"type": "input_text", "text": "x"}]}})
+
+
+def test_response_instructions_hold_for_that_response_only() -> None:
+    t = translator()
+    t.client_event(parse({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}}))
+    create = parse({"type": "response.create", "response": {"instructions": "Answer in one word."}})
+    assert t.client_event(create) == [SetInstructions("Answer in one word."), SendText("hello")]
+    ended = answer(t, 1)
+    assert [a for a in ended if isinstance(a, SetInstructions)] == [SetInstructions(None)]  # the session's again
+    spoken_turn(t, 2)
+    assert not [a for a in answer(t, 2) if isinstance(a, SetInstructions)]  # a plain response leaves them be
+    held = translator(turn_detection=None)
+    held.client_event(parse({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\0" * 480).decode()}))
+    held.client_event(parse({"type": "input_audio_buffer.commit"}))
+    spoken_turn(held, 1)
+    held.session_event(ev.LmStarted(session=S, turn=1))  # written already, held
+    with pytest.raises(RealtimeError, match="already written"):
+        held.client_event(create)

@@ -146,6 +146,7 @@ class CreateUserAudio:
 @dataclass(frozen=True, slots=True)
 class CreateResponse:
     event_id: str | None
+    instructions: str | None = None  # this response's system prompt (the session's when None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +236,10 @@ def _parse(kind: str, obj: dict[str, Any], event_id: str | None, current: Sessio
                 raise RealtimeError("response must be an object", param="response")
             if params:
                 _refuse_response_params(params)
-            return CreateResponse(event_id)
+            instructions = (params or {}).get("instructions")
+            if instructions is not None and not isinstance(instructions, str):
+                raise RealtimeError("response.instructions must be a string", param="response.instructions")
+            return CreateResponse(event_id, instructions or None)
         case "response.cancel":
             _fields(obj, kind, {"response_id"})
             response_id = obj.get("response_id")
@@ -310,15 +314,15 @@ def _item_audio(content: list[Any], current: SessionSettings) -> bytes:
 
 
 def _refuse_response_params(params: dict[str, Any]) -> None:
-    """Per-response overrides are not implemented; a response always continues the default conversation."""
+    """Of the per-response overrides only `instructions`; a response always continues the default conversation."""
     modalities = params.get("output_modalities", ["audio"])
     if modalities != ["audio"]:
         raise Unsupported("response.output_modalities: this server answers in audio (with its transcript) only",
                           param="response.output_modalities")
-    rest = sorted(k for k in params if k != "output_modalities")
+    rest = sorted(k for k in params if k not in ("output_modalities", "instructions"))
     if rest:
-        raise Unsupported(f"response.create parameters {', '.join(rest)}: per-response settings are not supported "
-                          "(set instructions with session.update)", param=f"response.{rest[0]}")
+        raise Unsupported(f"response.create parameters {', '.join(rest)}: of the per-response settings only "
+                          "instructions are supported", param=f"response.{rest[0]}")
 
 
 # --- session.update ------------------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class _Response:
     truncated_at: int | None = None  # samples at the session's rate, when the client truncated it while it ran
     message_index: int | None = None  # the assistant message's output index, once it has begun
     calls: list[dict[str, Any]] = field(default_factory=list)  # the function_call items the session ran, done
+    own_instructions: bool = False  # it ran under its response.create's instructions: the session's come back after
 
 
 class RealtimeTranslator:
@@ -98,6 +99,7 @@ class RealtimeTranslator:
         self._committed_next: _UserItem | None = None  # a manual commit waiting for its session turn
         self._responses: dict[int, _Response] = {}  # session turn -> its response
         self._credits = 0  # response.create calls waiting for an answer to release
+        self._own_instructions = False  # the next response runs under its response.create's instructions
         self._finished: tuple[str, int, int] | None = None  # the last finished assistant item: (id, turn, ms sent)
 
     # --- ids and the greeting ------------------------------------------------------------------------------------
@@ -153,8 +155,8 @@ class RealtimeTranslator:
                 return self._create_text(item_id or self._new_id("item"), text)
             case CreateUserAudio(item_id=item_id, audio=audio):
                 return self._create_audio(item_id or self._new_id("item"), audio)
-            case CreateResponse():
-                return self._create_response()
+            case CreateResponse(instructions=instructions):
+                return self._create_response(instructions)
             case CancelResponse(response_id=response_id):
                 return self._cancel(response_id)
             case TruncateItem():
@@ -202,20 +204,28 @@ class RealtimeTranslator:
         item = dict(added.event["item"])
         return [added, Send(self._event("conversation.item.done", item=item, previous_item_id=item_id))]
 
-    def _create_response(self) -> list[Action]:
+    def _create_response(self, instructions: str | None) -> list[Action]:
         if any(not r.held and not r.cancel_reason for r in self._responses.values()):
             raise RealtimeError("a response is in progress: cancel it first or wait for response.done",
                                 "conversation_already_has_active_response")
+        # this response's own instructions hold until it ends (`_turn_end` restores the session's)
+        prompt: list[Action] = [SetInstructions(instructions)] if instructions is not None else []
         if self._pending_texts:
             texts, self._pending_texts = self._pending_texts, []
             self._typed_next = _UserItem(texts[-1][0], typed=True, committed=True)
-            return [SendText(" ".join(text for _, text in texts))]
+            self._own_instructions = instructions is not None
+            return [*prompt, SendText(" ".join(text for _, text in texts))]
         held = sorted((r for r in self._responses.values() if r.held), key=lambda r: r.turn)
         if held:
+            if instructions is not None:
+                raise Unsupported("response.instructions: the answer to those words is already written (the session "
+                                  "answers as the turn ends); give them with a typed item, or set them before "
+                                  "committing", param="response.instructions")
             return self._release(held[-1])
         if self._committed_next is not None or self._open_spoken_item() is not None:
             self._credits += 1  # the answer to the words just committed is on its way
-            return []
+            self._own_instructions = instructions is not None
+            return prompt
         raise RealtimeError("nothing to respond to: add a user message or commit audio first (this server answers "
                             "the user's latest words)", "response_create_nothing_new")
 
@@ -374,6 +384,7 @@ class RealtimeTranslator:
         for old in [r for r in self._responses.values() if r.held]:
             del self._responses[old.turn]  # an answer nobody asked for, to words the user has since followed
         response = _Response(self._new_id("resp"), self._new_id("item"), turn, held)
+        response.own_instructions, self._own_instructions = self._own_instructions, False
         self._responses[turn] = response
         return self._out(response, [
             self._event("response.created", response=self._response_json(response, "in_progress")),
@@ -508,6 +519,8 @@ class RealtimeTranslator:
         ]
         rate = self.settings.output_format.rate
         self._finished = (response.item_id, event.turn, response.audio_samples * 1000 // rate)
+        if response.own_instructions:
+            actions.append(SetInstructions(self.settings.instructions))
         if response.truncated_at is not None and not event.interrupted:
             # truncated while it ran, yet it ended in full (no cancel): the history keeps what was heard
             actions.append(TruncateHeard(response.truncated_at, event.turn))
