@@ -382,3 +382,13 @@ def test_response_instructions_hold_for_that_response_only() -> None:
     held.session_event(ev.LmStarted(session=S, turn=1))  # written already, held
     with pytest.raises(RealtimeError, match="already written"):
         held.client_event(create)
+
+
+def test_response_create_after_an_answered_spoken_turn_has_nothing_new() -> None:
+    t = translator()
+    spoken_turn(t, 1)
+    answer(t, 1)
+    with pytest.raises(RealtimeError, match="nothing to respond to"):
+        t.client_event(parse({"type": "response.create"}))
+    spoken_turn(t, 2)  # words not answered yet: the request waits for their answer
+    assert t.client_event(parse({"type": "response.create"})) == []

@@ -54,6 +54,7 @@ class _UserItem:
     typed: bool = False
     committed: bool = False
     explicit: bool = False  # audio the client made an item of (conversation.item.create): answered on request only
+    closed: bool = False  # its turn has an answer, or ended without one
     transcript: str = ""
     delta_sent: str = ""
 
@@ -231,10 +232,7 @@ class RealtimeTranslator:
 
     def _open_spoken_item(self) -> _UserItem | None:
         """The spoken user item of a turn the session has not answered yet."""
-        for turn, item in self._items.items():
-            if not item.typed and turn not in self._responses:
-                return item
-        return None
+        return next((item for item in self._items.values() if not item.typed and not item.closed), None)
 
     def _cancel(self, response_id: str | None) -> list[Action]:
         for response in self._responses.values():
@@ -376,9 +374,11 @@ class RealtimeTranslator:
         user = self._items.get(turn)
         if user is None and self._typed_next is not None:
             user = self._user_item(turn, spoken=False)  # the typed turn's answer came before its transcript
+        if user is not None:
+            user.closed = True
         typed = user is not None and user.typed
         held = not typed and (not self.settings.creates_responses or (user is not None and user.explicit))
-        if held and self._credits:
+        if self._credits:  # a response.create was waiting for this answer (asked for or not, it answers it)
             self._credits -= 1
             held = False
         for old in [r for r in self._responses.values() if r.held]:
@@ -489,6 +489,8 @@ class RealtimeTranslator:
         response = self._responses.pop(event.turn, None)
         actions: list[Action] = []
         user = self._items.get(event.turn)
+        if user is not None:
+            user.closed = True
         if user is not None and not user.typed and self.settings.transcription and not user.transcript \
                 and event.user_text:
             user.transcript = event.user_text
