@@ -18,7 +18,6 @@ import math
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
@@ -34,12 +33,21 @@ from voice.errors import VoiceError
 from web import protocol
 from web.access import Denied, check_websocket_access, own_origins, page_token_redirect
 from web.config import WebConfig
+from web.connection import (
+    CloseWith,
+    Connection,
+    cut_long_utterances,
+    send_out,
+    track_turn,
+    until_no_turn_open,
+)
 from web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from web.metrics import VoiceMetrics
 from web.native_memory import release_free_memory
 from web.outbound import ClientTooSlow, OutboundQueue
 from web.protocol import LimitExceeded
 from web.ratelimit import TokenBucket, Verdict
+from web.realtime.shell import REALTIME_PATH, RealtimeConnection, RealtimeSession, realtime_error_frame
 from web.static_files import http_response, redirect_response, static_response
 from web.tls import names_to_cover, server_ssl_context
 
@@ -76,35 +84,6 @@ class VoiceSession(Protocol):
 SessionFactory = Callable[[], VoiceSession]
 
 
-@dataclass(frozen=True, slots=True)
-class CloseWith:
-    """How a connection should end: the close code and the reason the client reads."""
-
-    code: int
-    reason: str
-    final_error: str | None = None  # an `error` message sent just before the close (draining says why)
-
-
-@dataclass(slots=True)
-class _Connection:
-    """Per-connection state shared by its tasks: the outbound queue (and the event that wakes its sender), when the
-    current user utterance began (monotonic seconds, for the utterance watchdog) and the client's audio rate."""
-
-    out: OutboundQueue
-    wake: asyncio.Event
-    speech_since: float | None = None
-    input_sample_rate: int = protocol.DEFAULT_INPUT_SAMPLE_RATE
-    open_turns: set[int] = field(default_factory=set)  # turns begun (speech or an answer) and not yet ended
-    idle_turns: asyncio.Event = field(default_factory=asyncio.Event)  # set while open_turns is empty
-    going_away: asyncio.Event = field(default_factory=asyncio.Event)  # draining: close once no turn is open
-    metrics: VoiceMetrics | None = None  # counts the errors this connection sends
-
-    def send(self, frame: str) -> None:
-        """Queue a control message; raises ClientTooSlow when the client has stopped reading."""
-        self.out.push_control(frame)
-        self.wake.set()
-
-
 class VoiceServer:
     """The server object; `async with VoiceServer(...) as server:` listens on `server.port` until the block ends."""
 
@@ -124,7 +103,7 @@ class VoiceServer:
         self._server: Server | None = None
         self._sessions: dict[int, VoiceSession | None] = {}  # slot -> session (None while it starts)
         self._per_client: dict[str, int] = {}  # client address -> open sessions
-        self._connections: dict[int, _Connection] = {}  # slot -> its connection's state, while it runs
+        self._connections: dict[int, Connection] = {}  # slot -> its connection's state, while it runs
         self._next_slot = 0
         self._closing = False
         self._draining = False
@@ -153,7 +132,7 @@ class VoiceServer:
         )
         # the machine's names and addresses are looked up once, not on every handshake
         self._origins = own_origins(self.config, self.port, names_to_cover(self.config.host))
-        log.info("serving %s (WebSocket at %s)", self.url, WS_PATH)
+        log.info("serving %s (WebSockets at %s and %s)", self.url, WS_PATH, REALTIME_PATH)
 
     @property
     def port(self) -> int:
@@ -233,9 +212,10 @@ class VoiceServer:
         upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
         if path in HEALTH_PATHS and not upgrade:
             return self._health_response(path)
-        if path != WS_PATH:
+        if path not in (WS_PATH, REALTIME_PATH):
             if upgrade:
-                return http_response(404, "Not Found", f"the WebSocket is at {WS_PATH}\n".encode(), "text/plain")
+                where = f"the WebSockets are at {WS_PATH} and {REALTIME_PATH}\n"
+                return http_response(404, "Not Found", where.encode(), "text/plain")
             moved = page_token_redirect(self.config, self.port, request.path)
             if isinstance(moved, Denied):
                 return _refusal(moved)
@@ -276,6 +256,7 @@ class VoiceServer:
             await conn.close(CloseCode.POLICY_VIOLATION, _close_reason(refused.reason))
             return
         client = str(conn.remote_address[0]) if conn.remote_address else "?"
+        realtime = urlsplit(conn.request.path if conn.request else "").path == REALTIME_PATH
         busy = None
         if len(self._sessions) >= self.config.max_sessions:
             message = f"server busy: {len(self._sessions)} of {self.config.max_sessions} sessions in use, try later"
@@ -287,7 +268,8 @@ class VoiceServer:
             self.metrics.refused.labels(reason="busy").inc()
             self.metrics.error_sent("server_busy")
             with contextlib.suppress(ConnectionClosed):
-                await conn.send(protocol.error_message("server_busy", busy[1]))
+                error = realtime_error_frame if realtime else protocol.error_message
+                await conn.send(error("server_busy", busy[1]))
             await conn.close(CloseCode.TRY_AGAIN_LATER, busy[0])
             return
         slot = self._next_slot
@@ -302,7 +284,10 @@ class VoiceServer:
             session = self._new_session()
             self._sessions[slot] = session
             await session.start()
-            close = await self._run_connection(conn, session, slot)
+            if realtime:
+                close = await self._run_realtime(conn, session, slot)
+            else:
+                close = await self._run_connection(conn, session, slot)
             if close is not None and close.final_error is not None:
                 # before this session counts as gone: a drain then shuts the server down, closing every socket
                 with contextlib.suppress(ConnectionClosed):
@@ -323,19 +308,30 @@ class VoiceServer:
         if close is not None:
             await conn.close(close.code, close.reason)
 
-    async def _run_connection(self, conn: ServerConnection, session: VoiceSession, slot: int) -> CloseWith | None:
+    def _new_connection(self, session: VoiceSession, slot: int) -> Connection:
         out = OutboundQueue(self.config.outbound_limits, session.output_sample_rate)
-        state = _Connection(out, asyncio.Event(), metrics=self.metrics)
+        state = Connection(out, asyncio.Event(), metrics=self.metrics)
         state.idle_turns.set()
         if self._draining:
             state.going_away.set()
         self._connections[slot] = state
+        return state
+
+    async def _run_realtime(self, conn: ServerConnection, session: VoiceSession, slot: int) -> CloseWith | None:
+        """The OpenAI Realtime protocol on the same session (web/realtime/); the server's session passes as one."""
+        if not isinstance(session, RealtimeSession):
+            return CloseWith(CloseCode.INTERNAL_ERROR, "this server's sessions cannot take Realtime instructions")
+        state = self._new_connection(session, slot)
+        return await RealtimeConnection(conn, session, state, self.config, self.metrics).run()
+
+    async def _run_connection(self, conn: ServerConnection, session: VoiceSession, slot: int) -> CloseWith | None:
+        state = self._new_connection(session, slot)
         limits = self.config.protocol_limits
         state.send(protocol.ready_message(session.id, session.output_sample_rate, state.input_sample_rate, limits))
         tasks = {
             asyncio.create_task(self._consume(conn, session, state), name=f"ws-consumer-{session.id}"),
             asyncio.create_task(self._produce(session, state), name=f"ws-producer-{session.id}"),
-            asyncio.create_task(self._send_out(conn, state), name=f"ws-sender-{session.id}"),
+            asyncio.create_task(send_out(conn, state), name=f"ws-sender-{session.id}"),
             asyncio.create_task(self._watch_utterance(session, state), name=f"ws-watchdog-{session.id}"),
             asyncio.create_task(self._go_away_when_idle(state), name=f"ws-drain-{session.id}"),
         }
@@ -357,7 +353,7 @@ class VoiceServer:
                 return result
         return CloseWith(CloseCode.NORMAL_CLOSURE, "session ended")
 
-    async def _consume(self, conn: ServerConnection, session: VoiceSession, state: _Connection) -> CloseWith | None:
+    async def _consume(self, conn: ServerConnection, session: VoiceSession, state: Connection) -> CloseWith | None:
         """Client frames -> session calls. Returns how to close, or None when the client went away."""
         cfg = self.config
         limits = cfg.protocol_limits
@@ -396,7 +392,7 @@ class VoiceServer:
     async def _dispatch(
         self,
         session: VoiceSession,
-        state: _Connection,
+        state: Connection,
         audio: TokenBucket,
         typed: TokenBucket,
         message: protocol.ClientMessage,
@@ -428,11 +424,11 @@ class VoiceServer:
             case protocol.Played(turn=turn, samples=samples):
                 session.report_played(samples, turn)
 
-    async def _produce(self, session: VoiceSession, state: _Connection) -> CloseWith:
+    async def _produce(self, session: VoiceSession, state: Connection) -> CloseWith:
         """Session events -> the outbound queue, until the session's event stream ends. Never waits for the client,
         so a slow link cannot back up into the session."""
         async for event in session.events():
-            _track_turn(state, event)
+            track_turn(state, event)
             self.metrics.observe(event)
             _queue_event(state, event)
             if isinstance(event, ev.TurnEnd):
@@ -442,52 +438,22 @@ class VoiceServer:
         return CloseWith(CloseCode.NORMAL_CLOSURE, "session ended")
 
     @staticmethod
-    async def _send_out(conn: ServerConnection, state: _Connection) -> None:
-        """The outbound queue -> the socket: whatever `pop` releases now, else sleep until it may or a push wakes us."""
-        out = state.out
-        while True:
-            frame = out.pop(time.monotonic())
-            if frame is not None:
-                await conn.send(frame)
-                continue
-            state.wake.clear()
-            wait = out.wait_s(time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(None if math.isinf(wait) else wait):
-                    await state.wake.wait()
-
-    @staticmethod
-    async def _go_away_when_idle(state: _Connection) -> CloseWith:
+    async def _go_away_when_idle(state: Connection) -> CloseWith:
         """Draining: end the connection once it has no turn open, so no answer is cut; the client is told why in a
         last `error` event and reconnects (through a balancer, to another worker)."""
-        await state.going_away.wait()
-        while state.open_turns:
-            state.idle_turns.clear()
-            await state.idle_turns.wait()
-        # the speech still queued for this client (the end of its last answer) goes out before the close
-        for _ in range(round(FLUSH_BEFORE_CLOSE_S / FLUSH_POLL_S)):
-            if not state.out.has_pending():
-                break
-            await asyncio.sleep(FLUSH_POLL_S)
+        await until_no_turn_open(state, FLUSH_BEFORE_CLOSE_S, FLUSH_POLL_S)
         final = protocol.error_message("going_away", DRAIN_MESSAGE)
         return CloseWith(CloseCode.GOING_AWAY, SHUTDOWN_REASON, final_error=final)
 
-    async def _watch_utterance(self, session: VoiceSession, state: _Connection) -> None:
+    async def _watch_utterance(self, session: VoiceSession, state: Connection) -> None:
         """Cut a user utterance that runs past max_utterance_s (a television that never pauses, a stuck VAD): tell
         the client and force an endpoint, so the session transcribes what it has instead of buffering forever. The
         assistant's turn has its own bound in the session (SessionConfig.max_turn_seconds)."""
-        limit = self.config.max_utterance_s
-        period = min(1.0, limit / 4)
-        while True:
-            await asyncio.sleep(period)
-            since = state.speech_since
-            if since is not None and time.monotonic() - since > limit:
-                state.speech_since = None
-                _send_error(state, LimitExceeded(f"utterance longer than {limit:g} s; it was cut off here"))
-                await session.end_of_audio()
+        await cut_long_utterances(state, self.config.max_utterance_s, session.end_of_audio,
+                                  lambda message: _send_error(state, LimitExceeded(message)))
 
 
-def _send_error(state: _Connection, exc: VoiceError, turn: int | None = None) -> None:
+def _send_error(state: Connection, exc: VoiceError, turn: int | None = None) -> None:
     if state.metrics is not None:
         state.metrics.error_sent(exc.code)
     state.send(protocol.error_message(exc.code, str(exc), turn))
@@ -512,7 +478,7 @@ def _refusal(denied: Denied) -> Response:
     return http_response(denied.status, reason, (denied.reason + "\n").encode(), "text/plain; charset=utf-8")
 
 
-def _queue_event(state: _Connection, event: ev.Event) -> None:
+def _queue_event(state: Connection, event: ev.Event) -> None:
     """One session event into the outbound queue, in the lane it belongs to (see web/outbound.py)."""
     out = state.out
     match event:
@@ -543,22 +509,6 @@ class _CloseRequested(Exception):
     def __init__(self, close: CloseWith) -> None:
         super().__init__(close.reason)
         self.close = close
-
-
-def _track_turn(state: _Connection, event: ev.Event) -> None:
-    match event:
-        case ev.SpeechStart(turn=turn):
-            state.speech_since = time.monotonic()
-            state.open_turns.add(turn)
-        case ev.SpeechEnd() | ev.Transcript(final=True):
-            state.speech_since = None
-        case ev.LmStarted(turn=turn):
-            state.open_turns.add(turn)
-        case ev.TurnEnd(turn=turn) | ev.ErrorEvent(turn=turn):
-            # a turn's end closes it and any earlier one a noise left open (a segment with no words has no TurnEnd)
-            state.open_turns = {open_turn for open_turn in state.open_turns if open_turn > turn}
-    if not state.open_turns:
-        state.idle_turns.set()
 
 
 def _real_session_factory(engines: Engines, session_config: SessionConfig) -> SessionFactory:

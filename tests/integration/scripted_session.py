@@ -31,6 +31,7 @@ class ScriptedSession:
         self.fed = 0
         self.played: list[tuple[int | None, int]] = []  # (turn, samples) reports from the client
         self.texts: list[str] = []  # typed turns the server passed on
+        self.system_prompt = "Be helpful."  # what a Realtime client's instructions set
         self._out: asyncio.Queue[ev.Event | None] = asyncio.Queue()
 
     async def start(self) -> None:
@@ -68,6 +69,17 @@ class ScriptedSession:
 
     def report_played(self, samples: int, turn: int | None = None) -> None:
         self.played.append((turn, samples))
+
+    def truncate_heard(self, turn: int, samples: int) -> str | None:
+        self.played.append((turn, samples))
+        return ""
+
+    @property
+    def instructions(self) -> str:
+        return self.system_prompt
+
+    def set_instructions(self, text: str | None) -> None:
+        self.system_prompt = text or "Be helpful."
 
     async def events(self) -> AsyncIterator[ev.Event]:
         while (event := await self._out.get()) is not None:

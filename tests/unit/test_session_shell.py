@@ -532,3 +532,43 @@ def test_half_duplex_does_not_feed_the_listener_while_the_answer_plays(make_sess
     while_playing, after, events = asyncio.run(scenario())
     assert (while_playing, after) == (0, 1)
     assert not any(isinstance(e, Pause | Clear) for e in events)
+
+
+class PromptedLM(PreparingLM):
+    """Records the system prompt of every prepare and every answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.system_prompts: list[tuple[str, str | None]] = []
+
+    def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None,
+                conversation: str | None = None, system_prompt: str | None = None) -> list[int]:
+        self.system_prompts.append(("prepare", system_prompt))
+        return super().prepare(messages, cancel, conversation, system_prompt)
+
+    def stream_chat(self, messages: Sequence[ChatMessage], options: GenerationOptions,
+                    cancel: threading.Event | None = None) -> Iterator[Draft]:
+        self.system_prompts.append(("answer", options.system_prompt))
+        return super().stream_chat(messages, options, cancel)
+
+
+def test_instructions_change_the_next_answers_prompt_and_truncate_cuts_the_ended_answer(make_session) -> None:
+    async def scenario() -> tuple[PromptedLM, Session, str | None, str]:
+        lm = PromptedLM()
+        session = make_session(lm)
+        _, events, collector = await started(session)
+        default = session.instructions
+        session.set_instructions("Answer like a pirate.")
+        await session.send_text("Hello.")
+        await until(lambda: any(isinstance(e, TurnEnd) for e in events))
+        cut = session.truncate_heard(1, 0)  # the client played none of it after all
+        session.set_instructions(None)
+        await session.close()
+        await collector
+        return lm, session, cut, default
+
+    lm, session, cut, default = asyncio.run(scenario())
+    assert ("answer", "Answer like a pirate.") in lm.system_prompts
+    assert lm.system_prompts[-1] == ("prepare", default) and session.instructions == default
+    assert cut == "" and [m.role for m in session.dialogue.history] == ["user"]
+    assert session.truncate_heard(7, 0) is None  # not a turn it knows

@@ -79,6 +79,16 @@ class PlaybackLedger:
                 entry.samples_played = max(entry.samples_played, min(entry.samples_out, left))
                 left -= entry.samples_out
 
+    def played_until(self, samples: int) -> None:
+        """The output stopped after `samples` samples of this answer in all (a client that truncated its playback
+        there): unlike `played_total`, an earlier, larger estimate is corrected down."""
+        with self._lock:
+            left = samples
+            for phrase_id in sorted(self._phrases):
+                entry = self._phrases[phrase_id]
+                entry.samples_played = max(0, min(entry.samples_out, left))
+                left -= entry.samples_out
+
     # --- readers -----------------------------------------------------------------------------------------------------
     def snapshot(self) -> tuple[PhrasePlayback, ...]:
         with self._lock:

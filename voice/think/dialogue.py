@@ -73,6 +73,18 @@ class Dialogue:
         if text:
             self._turns.append(ChatMessage("assistant", text))
 
+    def replace_last_assistant(self, text: str) -> bool:
+        """Correct the newest message, when it is the assistant's, to `text` (none left when empty): the listener
+        heard less (or more) of it than was estimated when its turn ended. False when the newest is not."""
+        if not self._turns or self._turns[-1].role != "assistant":
+            return False
+        text = text.strip()
+        if text:
+            self._turns[-1] = ChatMessage("assistant", text)
+        else:
+            self._turns.pop()
+        return True
+
     def messages(self) -> list[ChatMessage]:
         """The history window (see `window_start`); the newest message is always in it. The system prompt is the
         request's (`GenerationOptions.system_prompt`), which the model puts first."""

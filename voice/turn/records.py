@@ -22,6 +22,7 @@ class TurnRecords:
         self.session_id = session_id
         self.dialogue = dialogue
         self._records: dict[int, TurnRecord] = {}
+        self._last_answer: tuple[int, Answer] | None = None  # the newest ended turn's answer, for `truncate`
 
     def get(self, turn: int) -> TurnRecord:
         """The turn's record, made on first use."""
@@ -59,9 +60,7 @@ class TurnRecords:
             answer_text = answer.text
             if interrupted:
                 answer.ledger.played_total(answer.played_estimate())
-                spoken = answer.ledger.spoken_text()
-                said = "".join(piece.text for piece in answer.said).strip()  # the filler is not part of the answer
-                spoken = spoken.removeprefix(said).strip() if said else spoken
+                spoken = _heard(answer)
             else:
                 spoken = answer.text
         if answer is not None and answer.announcement is not None:
@@ -71,6 +70,7 @@ class TurnRecords:
             if answer is not None:
                 self.dialogue.add_tool_messages(answer.tool_messages)
         self.dialogue.add_assistant(spoken)
+        self._last_answer = None if answer is None or answer.announcement is not None else (record.turn, answer)
         return TurnEnd(
             session=self.session_id,
             turn=record.turn,
@@ -81,3 +81,23 @@ class TurnRecords:
             latency_ms=breakdown(marks, record.endpoint_detected_ns),
             stats=dict(stats),
         )
+
+    def truncate(self, turn: int, samples: int) -> str | None:
+        """The listener heard only the first `samples` of ended `turn`'s answer (a client that stopped its playback
+        there): the history keeps what those samples said. Returns that text, or None when `turn` is not the newest
+        ended turn with an answer (its message, if any, is then no longer the history's last)."""
+        if self._last_answer is None or self._last_answer[0] != turn:
+            return None
+        answer = self._last_answer[1]
+        answer.ledger.played_until(samples)
+        spoken = _heard(answer)
+        if not self.dialogue.replace_last_assistant(spoken):
+            self.dialogue.add_assistant(spoken)  # it had left no message (nothing heard then); some was, after all
+        return spoken
+
+
+def _heard(answer: Answer) -> str:
+    """The answer's text the listener heard, by its playback ledger; the filler said first is not part of it."""
+    spoken = answer.ledger.spoken_text()
+    said = "".join(piece.text for piece in answer.said).strip()
+    return spoken.removeprefix(said).strip() if said else spoken

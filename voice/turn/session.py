@@ -180,6 +180,18 @@ class Session:
         await self._execute(actions)
         self._emit(Transcript(session=self.id, turn=turn, text=text, committed=text, final=True))
 
+    @property
+    def instructions(self) -> str:
+        """The system prompt the next answer is written under."""
+        return self._answers.options.system_prompt or ""
+
+    def set_instructions(self, text: str | None) -> None:
+        """Answers from now on follow `text` as their system prompt (None: the configured one again): what an OpenAI
+        Realtime client sets as the session's instructions. The next prompt is encoded ahead again under it."""
+        prompt = text if text is not None else self.config.generation.system_prompt
+        self._answers.options = replace(self._answers.options, system_prompt=prompt)
+        self._prepare_next_prompt()
+
     async def interrupt(self, reason: str = "interrupt") -> None:
         """Stop speaking now: `Clear`, cancel the turn; the history keeps what was played."""
         await self._dispatch(ClientInterrupt())
@@ -189,6 +201,15 @@ class Session:
         browser's `played` message for `turn`; a report about another turn is stale and ignored)."""
         if self._answer is not None and (turn is None or turn == self._answer.turn):
             self._answer.reported_played = samples
+
+    def truncate_heard(self, turn: int, samples: int) -> str | None:
+        """The listener heard only the first `samples` of `turn`'s answer: for the answer playing now, that is its
+        played report; for the newest ended turn, its history message is cut to what those samples said (returned).
+        None when `turn` is neither."""
+        if self._answer is not None and self._answer.turn == turn:
+            self._answer.reported_played = samples
+            return ""
+        return self._records.truncate(turn, samples)
 
     async def wait_idle(self) -> None:
         """Wait until nobody holds the floor and no answer is in progress (file mode and tests)."""

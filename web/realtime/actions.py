@@ -1,0 +1,50 @@
+"""What the Realtime protocol core asks its shell to do: send a server event, or call the voice session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A server event to send to the client."""
+
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class FeedAudio:
+    pcm: bytes
+    sample_rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndAudio:
+    """The user's audio ends here: the session closes the utterance and ends the turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendText:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateHeard:
+    """The client played only the first `samples` (at the session's output rate) of `turn`'s answer."""
+
+    samples: int
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetInstructions:
+    text: str | None  # None: the session's own system prompt
+
+
+Action = Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions
