@@ -15,10 +15,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from model.chat import ChatMessage, GenerationOptions
-from model.chat.client import OpenAIChatModel
 from model.chat.engine import DiffusionChatModel
 from model.decoding.options import ToolConstraint
-from model.errors import ModelError
 from model.loading import load_chat_model
 from model.server.config import ServerConfig
 from tests.integration.api_harness import RunningServer, serve
@@ -177,14 +175,6 @@ def test_a_malformed_parameters_schema_is_a_400(server: RunningServer) -> None:
 def test_duplicate_tool_names_are_a_400(server: RunningServer) -> None:
     error = bad_request(server, tools=[TOOLS[0], TOOLS[0]])
     assert error["param"] == "tools.1.function.name", error
-
-
-def test_the_remote_client_refuses_tool_calls(server: RunningServer) -> None:
-    """`--llm-url` does not pass tools on (model/chat/client.py): a clear refusal, not an unconstrained answer."""
-    remote = OpenAIChatModel(server.api_url, NAME)
-    options = GenerationOptions(max_new_tokens=8, tools=ToolConstraint((("get_time", "{}"),), required=True))
-    with pytest.raises(ModelError, match="remote"):
-        list(remote.stream_chat([ChatMessage("user", "Hi")], options))
 
 
 def test_the_official_stream_helper_assembles_the_call(server: RunningServer) -> None:

@@ -10,9 +10,20 @@ import llguidance
 import pytest
 
 from model.chat import ChatMessage
-from model.chat.tools import Function, ToolCall, call_text, opens_calls, read_calls, tools_text
+from model.chat.tools import (
+    Function,
+    ToolCall,
+    call_text,
+    opens_calls,
+    read_calls,
+    split_offer,
+    structured_chat,
+    system_with_tools,
+    tools_text,
+)
 from model.decoding.grammar import GrammarError, compile_tools
 from model.decoding.options import ToolConstraint
+from model.errors import ModelError
 from model.server.answer import ToolCallDeltas
 from model.server.config import ServerConfig
 from model.server.inputs import ApiError, chat_messages, tools_of
@@ -168,3 +179,29 @@ def test_tool_choice_none_offers_nothing_and_a_name_narrows_the_grammar() -> Non
         chat_messages(request(messages=[*messages, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]),
                       ServerConfig(), ())
     assert caught.value.param == "messages.1.tool_call_id"
+
+
+def test_the_offer_is_read_back_from_the_system_message() -> None:
+    functions = (Function("get_weather", "The weather in a city", WEATHER), Function("get_time", "", TIME))
+    assert split_offer(system_with_tools("Be brief.", functions)) == ("Be brief.", functions)
+    assert split_offer(system_with_tools(None, functions)) == (None, functions)
+    assert split_offer("Be brief.") == ("Be brief.", ())
+
+
+def test_a_chat_in_the_generic_format_reads_back_as_openai_messages() -> None:
+    functions = (Function("get_weather", "The weather in a city", WEATHER),)
+    chat = [ChatMessage("system", system_with_tools("Be brief.", functions)), ChatMessage("user", "Paris and Rome?"),
+            ChatMessage("assistant", call_text("get_weather", '{"city": "Paris"}') + call_text("get_weather",
+                                                                                               '{"city":"Rome"}')),
+            ChatMessage("tool", "18 C"), ChatMessage("tool", "24 C"), ChatMessage("assistant", "Warm.")]
+    wire, offered = structured_chat(chat)
+    assert offered == functions
+    assert wire[0] == {"role": "system", "content": "Be brief."}
+    calls = wire[2]["tool_calls"]
+    assert wire[2]["content"] is None and [c["function"]["arguments"] for c in calls] == ['{"city":"Paris"}',
+                                                                                          '{"city":"Rome"}']
+    assert [m["tool_call_id"] for m in wire[3:5]] == [c["id"] for c in calls] and len({c["id"] for c in calls}) == 2
+    assert wire[5] == {"role": "assistant", "content": "Warm."}
+    assert structured_chat(chat)[0] == wire  # the same ids for the same chat
+    with pytest.raises(ModelError, match="answers no"):
+        structured_chat([ChatMessage("user", "Hi"), ChatMessage("tool", "18 C")])
