@@ -36,9 +36,6 @@ def context_length_of(config: Any) -> int | None:
     return None
 
 
-# The decoding modes that commit an answer's tokens left to right, where a grammar can mask each next token
-CONSTRAINED_MODES = ("autoregressive", "self-speculative")
-
 class DiffusionChatModel:
     """A local diffusion LM as a `ChatModel`. Thread-safe: concurrent answers share batched passes when the back end
     batches (the bundled model); otherwise one answer at a time, callers queue."""
@@ -164,19 +161,18 @@ class DiffusionChatModel:
 
     @property
     def constrains_answers(self) -> bool:
-        """Whether this model's decoding mode enforces a response format or tool calls (`grammar`)."""
-        return self.sampler.decoding in CONSTRAINED_MODES
+        """Whether this model enforces a response format or tool calls (`grammar`): its back end's passes follow the
+        grammar, in every decoding mode (diffusion commits left to right under one: model/decoding/sampler.py)."""
+        return self.backend.constrains
 
     def grammar(self, options: GenerationOptions, config: SamplerConfig) -> Grammar | None:
-        """The parser state of the caller's `response_format` or tool calls (None for free text). Constrained decoding
-        runs in the modes whose tokens are committed left to right by the teacher; diffusion commits anywhere in a
-        block."""
+        """The parser state of the caller's `response_format` or tool calls (None for free text). Refused for a back
+        end whose own sampler knows no grammar (DiffusionGemma)."""
         if options.response_format is None and options.tools is None:
             return None
-        what = "tool calls need" if options.tools is not None else "response_format needs"
-        if config.decoding not in CONSTRAINED_MODES:
-            raise GrammarError(f"{what} autoregressive or self-speculative decoding, not "
-                               f"{config.decoding} (start the server with --decoding self-speculative)")
+        if not self.backend.constrains:
+            what = "tool calls" if options.tools is not None else "a response_format"
+            raise GrammarError(f"{self.name} decodes with its own sampler, which cannot be held to {what}")
         grammar = (compile_tools(options.tools) if options.tools is not None
                    else compile_format(options.response_format))
         with self._guards_lock:

@@ -1,7 +1,8 @@
 """Tool calls through dlm-serve on the bundled model with the official `openai` client: `tool_choice` "required" and
 a named function always give a valid call (its arguments parse and match the function's schema), a streamed call
 assembled from its deltas equals the non-streamed one, a tool's result is answered with text, self-speculative
-decoding equals constrained autoregressive decoding, and bad tool input is a 400 naming the field."""
+decoding equals constrained autoregressive decoding, diffusion decoding's calls are valid too, and bad tool input is a
+400 naming the field."""
 
 from __future__ import annotations
 
@@ -138,6 +139,19 @@ def test_self_speculative_equals_constrained_autoregressive(bundled: DiffusionCh
     chat = [ChatMessage("user", PROMPTS[1])]
     answers = [list(model.stream_chat(chat, options))[-1].text for model in (bundled, autoregressive)]
     assert answers[0] == answers[1] and answers[0].startswith("<tool_call>"), answers
+
+
+def test_diffusion_decoding_gives_valid_calls_too(bundled: DiffusionChatModel) -> None:
+    """Diffusion commits left to right under the tool grammar (model/decoding/sampler.py)."""
+    diffusion = DiffusionChatModel(bundled.name, bundled.tokenizer, bundled.backend,
+                                   dataclasses.replace(bundled.sampler, decoding="diffusion"),
+                                   bundled.system_prompt, bundled.context_length)
+    with serve(diffusion, ServerConfig()) as running:
+        for prompt in PROMPTS:
+            choice = ask(running, prompt, tool_choice="required").choices[0]
+            assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice.message
+            for call in choice.message.tool_calls:
+                valid_call(call, set(ARGUMENTS))
 
 
 def bad_request(server: RunningServer, **fields: Any) -> dict[str, Any]:
