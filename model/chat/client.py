@@ -40,7 +40,7 @@ import httpx2
 import openai
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
-from model.chat.tools import Function, call_text, structured_chat
+from model.chat.tools import Function, call_text, structured_chat, tool_object
 from model.decoding.options import ResponseFormat, ToolConstraint
 from model.errors import LmUnavailable, ModelError
 
@@ -279,9 +279,7 @@ def _wire_tools(functions: Sequence[Function], constraint: ToolConstraint | None
     """OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` for a chat offering `functions` under `constraint`
     (None: offered, but no call allowed, as on a tool loop's last round). Not `strict`: OpenAI's strict mode refuses
     schemas with optional properties, which tools (an MCP server's) have; servers that constrain calls do anyway."""
-    tools = [{"type": "function", "function": {"name": f.name, "description": f.description,
-                                               "parameters": json.loads(f.parameters)}}
-             for f in functions]
+    tools = [tool_object(function) for function in functions]
     if constraint is None:
         return {"tools": tools, "tool_choice": "none"}
     choice: Any = "required" if constraint.required else "auto"

@@ -27,6 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
+import jinja2.meta
+
 from model.chat import ChatMessage
 from model.decoding.grammar import compile_format, response_format
 from model.decoding.options import ToolConstraint
@@ -103,6 +106,37 @@ def split_offer(system: str) -> tuple[str | None, tuple[Function, ...]]:
         functions.append(Function(entry["name"], entry["description"],
                                   json.dumps(entry["parameters"], separators=(",", ":"))))
     return own, tuple(functions)
+
+
+def tool_object(function: Function) -> dict[str, Any]:
+    """A function as OpenAI's (and transformers' chat templates') `tools` entry."""
+    return {"type": "function", "function": {"name": function.name, "description": function.description,
+                                             "parameters": json.loads(function.parameters)}}
+
+
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template writes `tools` its own way (Qwen2.5's, Llama 3.x's read the variable; SmolLM2's does
+    not). A template Jinja cannot parse here renders none (transformers reports its errors when it applies it)."""
+    if not template:
+        return False
+    try:
+        parsed = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateError:
+        return False
+    return "tools" in jinja2.meta.find_undeclared_variables(parsed)
+
+
+def template_chat(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The chat as a template that renders tools takes it (transformers' convention): `structured_chat`'s messages,
+    each call's arguments an object and an empty content beside calls, and the offered functions as `tools` (None
+    when none are)."""
+    wire, functions = structured_chat(messages)
+    for message in wire:
+        for call in message.get("tool_calls", ()):
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        if message["content"] is None:
+            message["content"] = ""
+    return wire, [tool_object(function) for function in functions] or None
 
 
 def structured_chat(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, Any]], tuple[Function, ...]]:
