@@ -23,7 +23,9 @@ Commit policy per pass, in one place so it can be checked:
   it (committed ones, then this pass's proposals), so the proposals spell a valid continuation; the pass commits the
   leftmost masked position and the run right after it that the rule above chose, and at least the budget's count.
   A position is committed only once everything before it is, so the committed answer is always a prefix the grammar
-  accepts, and the forced tokens of a structure (a quote, a colon) come with confidence 1 and commit in the same pass.
+  accepts. A token the grammar forces (a quote, a colon) has confidence 1 and commits in the same pass as its
+  neighbours; any other is judged by the model's own probability of it, before the grammar's mask renormalised its
+  row.
 - End of sequence: once an EOS is committed, the masked positions after it inside the block are filled with EOS and
   committed in the same pass (LLaDA's convention: the model is trained to pad with EOS). Generation stops as soon as a
   committed EOS has only committed positions before it; no block after it ever runs.
@@ -342,6 +344,7 @@ class DiffusionDecoding:
         budget = self.schedule[self.pass_in_block]
         valid = hi - lo
         if self.grammar is not None:
+            unmasked = logits.clone()
             proposal, valid = grammar_proposal(logits, canvas[lo:hi], committed[lo:hi], self.grammar, self.guard,
                                                canvas[:lo].tolist(), self.temperature, self.generator)
         elif self.guard is None:
@@ -350,6 +353,11 @@ class DiffusionDecoding:
             proposal = guarded_proposal(logits, canvas[:lo].tolist(), canvas[lo:hi], committed[lo:hi], self.guard,
                                         self.temperature, self.generator)
         proposal_conf = token_confidence(logits, proposal)  # [B]
+        if self.grammar is not None:
+            # A token the grammar forces is certain; any other is judged by the model's own belief, not by what is
+            # left of it once the grammar's mask has renormalised its row (the threshold is the model's)
+            forced = torch.isfinite(logits).sum(dim=-1) == 1
+            proposal_conf = torch.where(forced, proposal_conf, token_confidence(unmasked, proposal))
         masked = ~committed[lo:hi]  # [B]
         chosen = choose_commits(proposal_conf, masked, budget, config, self.generator)
         if self.grammar is not None:

@@ -1,6 +1,6 @@
 """What a `response_format` costs the bundled model, and how often its answers are valid.
 
-    python scripts/bench/bench_structured.py --prompts 10 --max-tokens 64 [--decoding diffusion ...]
+    python scripts/bench/bench_structured.py --prompts 10 --max-tokens 64 [--decoding diffusion ...] [--strict]
 
 For each decoding mode (self-speculative, autoregressive and diffusion by default), every held-out prompt is answered
 free and constrained by a small JSON schema, through the engine (`DiffusionChatModel.stream_chat`, the batch runner,
@@ -8,7 +8,8 @@ one answer at a time).
 Printed per mode: tokens/s of each, the constrained answers' validity (JSON that the schema's pydantic model accepts),
 finish reasons, tokens a pass, and the grammar's own work (masks and tentative advances of verification rows, drafts
 and diffusion proposals, timed where the step object calls it: the part of the constrained time that is not the
-network's). Figures are printed, never asserted.
+network's). `--strict`: the schema as the official client's `parse` sends it (no properties beyond the model's), where
+the default schema, pydantic's own, lets an answer add properties. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--decoding", action="append", choices=sampler.DECODING_MODES,
                         help="a decoding mode to measure (repeatable; default: all three)")
+    parser.add_argument("--strict", action="store_true",
+                        help="no additional properties, as the official client's parse asks")
     args = parser.parse_args()
     prompts = PROMPTS.read_text(encoding="utf-8").splitlines()[: args.prompts]
     bundled = load_chat_model(None)
     assert isinstance(bundled, DiffusionChatModel)
-    fmt = response_format("json_schema", Reply.model_json_schema(), "Reply")
+    schema = Reply.model_json_schema()
+    fmt = response_format("json_schema", {**schema, "additionalProperties": False} if args.strict else schema, "Reply")
     compile_format(fmt)
     clock = GrammarClock()
     for decoding in args.decoding or sampler.DECODING_MODES:
