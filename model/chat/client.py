@@ -124,8 +124,8 @@ class OpenAIChatModel:
         wire, functions = structured_chat(_with_system(messages, options.system_prompt))
         if options.tools is not None and not functions:  # a constraint without an offer: its functions, undescribed
             functions = tuple(Function(name, "", parameters) for name, parameters in options.tools.tools)
-        # dlm-serve's whole-draft streams carry no tool calls: a chat that offers tools asks for plain deltas
-        diffusing = self.diffusing and not functions
+        # dlm-serve's whole-draft streams carry no tool calls: an answer that may be calls asks for plain deltas
+        diffusing = self.diffusing and options.tools is None
         request: dict[str, Any] = {
             "model": self.name,
             "messages": wire,
