@@ -1,6 +1,7 @@
 """Tool calls as text: the generic format this runtime writes tools, calls and results in, and reads calls back from.
 
-SmolLM2's chat template has no tool format, so one plain-text format serves every model (model/server/API.md):
+SmolLM2's chat template has no tool format, so one plain-text format serves it and any model like it
+(model/server/API.md):
 
 - the functions go in the system message: an instruction, then one compact JSON line per function
   (`{"name":...,"description":...,"parameters":{...}}`);
