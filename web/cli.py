@@ -35,7 +35,7 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     overwrote every option given before the command)."""
     lm = parser.add_argument_group("language model")
     speech = parser.add_argument_group("speech")
-    tools = parser.add_argument_group("tools (run by the session; the local model only)")
+    tools = parser.add_argument_group("tools (run by the session; offered to the local model or passed to --llm-url)")
     added = [
         lm.add_argument("--model",
                         help="local diffusion LM: a checkpoint folder or hub id (default: the bundled model)"),
