@@ -211,7 +211,7 @@ class OpenAIChatModel:
             if text.strip():
                 raise ModelError(f"the model at {self.base_url} answered with words and tool calls together; "
                                  "an answer here is one or the other")
-            text = calls.text(self.base_url)
+            text = calls.text(self.base_url, cut=finish_reason == "length")
         yield Draft(
             step=step,
             pieces=_pieces(text, len(text)),
@@ -242,18 +242,30 @@ class _CallFragments:
 
     def partial(self) -> str:
         """The calls so far as generic call text, without their ends: for a draft, never committed."""
-        return "".join(f'<tool_call>{{"name":{json.dumps(name)},"arguments":{arguments}'
-                       for name, arguments in self._ordered())
+        return "".join(_open_call(name, arguments) for name, arguments in self._ordered())
 
-    def text(self, where: str) -> str:
-        """The finished calls as the generic call text (arguments re-written compact)."""
-        try:
-            return "".join(call_text(name, arguments) for name, arguments in self._ordered())
-        except json.JSONDecodeError as error:
-            raise ModelError(f"the model at {where} wrote a tool call whose arguments are not JSON: {error}") from error
+    def text(self, where: str, cut: bool) -> str:
+        """The finished calls as the generic call text (arguments re-written compact). `cut`: the token budget ended
+        the answer, so its last call may be unfinished: it stays open, as a local model's cut call does."""
+        calls = self._ordered()
+        parts = []
+        for i, (name, arguments) in enumerate(calls):
+            try:
+                parts.append(call_text(name, arguments))
+            except json.JSONDecodeError as error:
+                if cut and i == len(calls) - 1:
+                    parts.append(_open_call(name, arguments))
+                    break
+                raise ModelError(f"the model at {where} wrote a tool call whose arguments are not JSON: {error}"
+                                 ) from error
+        return "".join(parts)
 
     def _ordered(self) -> list[tuple[str, str]]:
         return [(name, arguments) for _, (name, arguments) in sorted(self._calls.items())]
+
+
+def _open_call(name: str, arguments: str) -> str:
+    return f'<tool_call>{{"name":{json.dumps(name)},"arguments":{arguments}'
 
 
 def _pieces(text: str, committed_chars: int, calls: str = "") -> tuple[DraftPiece, ...]:
