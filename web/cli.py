@@ -35,7 +35,7 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     overwrote every option given before the command)."""
     lm = parser.add_argument_group("language model")
     speech = parser.add_argument_group("speech")
-    tools = parser.add_argument_group("tools (run by the session; the local model only)")
+    tools = parser.add_argument_group("tools (run by the session; offered to the local model or passed to --llm-url)")
     added = [
         lm.add_argument("--model",
                         help="local LM: a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a "
@@ -144,10 +144,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def tools_config(args: argparse.Namespace) -> ToolsConfig | None:
     """The session's tools: the built-ins with `--tools`, and each `--mcp` server (a session offers them only
-    to a model that can constrain its answers to calls). `--mcp` with `--llm-url` is an error rather than tools that
-    never work: the remote client does not pass tool calls on (model/chat/client.py)."""
-    if args.llm_url and args.mcp:
-        raise SystemExit("voice-assistant: --mcp needs the local model (tool calls are not passed to --llm-url)")
+    to a model that can constrain its answers to calls: the local one, or `--llm-url`'s server, which the remote
+    client passes them to, model/chat/client.py)."""
     config = ToolsConfig(builtins=args.tools, mcp=tuple(args.mcp))
     return config if config.any else None
 

@@ -164,7 +164,7 @@ def diffusion_gemma_chat_model(name: str, tokenizer: Any, model: torch.nn.Module
     def check(config: SamplerConfig) -> None:
         """Its own sampler decodes by diffusion whatever the config says."""
 
-    backend = OneAtATime(passes, check)
+    backend = OneAtATime(passes, check, constrains=False)  # its own sampler knows no grammar
     sampler = SamplerConfig(block_length=canvas, steps_per_block=steps)
     return DiffusionChatModel(name, tokenizer, backend, sampler, system_prompt, context_length_of(model.config))
 

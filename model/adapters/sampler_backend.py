@@ -22,14 +22,14 @@ class SamplerBackend(OneAtATime):
     same weights when the denoiser can make one (`Forkable`)."""
 
     def __init__(self, name: str, denoiser: Denoiser, config: SamplerConfig) -> None:
-        super().__init__(self._passes, self._refuse)
+        super().__init__(self._passes, self._refuse, constrains=True)
         self.name = name
         self.denoiser = denoiser
         self._unconditional = denoiser.fork() if config.cfg_scale > 0 and isinstance(denoiser, Forkable) else None
 
     def _passes(self, plan: AnswerPlan, cancel: threading.Event | None) -> Iterator[Refinement]:
         return generate(self.denoiser, plan.prompt, plan.length, plan.config, cancel, self._unconditional, plan.guard,
-                        plan.options)
+                        plan.options, plan.grammar)
 
     def _refuse(self, config: SamplerConfig) -> None:
         if config.decoding != "diffusion":

@@ -68,6 +68,8 @@ class BlockDiffusionBackend:
     def max_batch(self) -> int:
         return self.runner.max_batch
 
+    constrains = True  # every step object masks with the plan's grammar (speculative.py, sampler.py)
+
     def check(self, config: SamplerConfig) -> None:
         # classifier-free guidance needs a second state over the same weights; the runner keeps one state per answer,
         # and guidance is a masked sampler's tool
@@ -90,7 +92,8 @@ class BlockDiffusionBackend:
         sequence: FoldingSequence
         if config.decoding == "diffusion":
             validate_request(self, plan.prompt, plan.length, config)
-            decoding = DiffusionDecoding(self.mask_id, self.eos_ids, plan.length, config, options, plan.guard)
+            decoding = DiffusionDecoding(self.mask_id, self.eos_ids, plan.length, config, options, plan.guard,
+                                         plan.grammar)
             passes = BlockPasses(plan.prompt, self.model.vocab_size, cached=config.use_cache)
             sequence = DiffusionSequence(decoding, passes)
         elif not config.use_cache:

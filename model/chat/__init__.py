@@ -126,9 +126,10 @@ class BatchesAnswers(Protocol):
 
 @runtime_checkable
 class ConstrainsAnswers(Protocol):
-    """A model that can enforce tool calls and response formats by constrained decoding (`DiffusionChatModel` in the
-    autoregressive and self-speculative modes says True). The voice session offers its tools only to such a model:
-    a remote endpoint gets the chat as text, and a diffusion mode commits tokens anywhere in a block."""
+    """A model whose answers are held to tool calls and response formats: a local `DiffusionChatModel` whose back end
+    masks with the grammar (every decoding mode of the bundled model and of masked checkpoints; not DiffusionGemma's
+    own sampler), or a remote endpoint that is asked to (`OpenAIChatModel`: its server enforces them with its own
+    grammar engine). The voice session offers its tools only to such a model."""
 
     @property
     def constrains_answers(self) -> bool: ...

@@ -73,6 +73,11 @@ class Backend(Protocol):
         """How many answers it decodes at once (1: one at a time, callers queue)."""
         ...
 
+    @property
+    def constrains(self) -> bool:
+        """Whether its passes follow the plan's `grammar` (a response format, tool calls) in every decoding mode."""
+        ...
+
     def check(self, config: SamplerConfig) -> None:
         """Refuse (`ModelError`) decoding settings this back end cannot run, when the model is built."""
         ...
@@ -109,9 +114,10 @@ class OneAtATime:
     max_batch = 1
 
     def __init__(self, passes: Callable[[AnswerPlan, threading.Event | None], Iterator[Refinement]],
-                 check: Callable[[SamplerConfig], None]) -> None:
+                 check: Callable[[SamplerConfig], None], constrains: bool) -> None:
         self._passes = passes
         self._check = check
+        self.constrains = constrains
         self._lock = FairLock()
 
     def check(self, config: SamplerConfig) -> None:

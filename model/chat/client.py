@@ -15,6 +15,14 @@ Two kinds of stream, two ways to fill a `Draft`:
 on; anything else leaves plain deltas, which every server supports. A caller's `AnswerRules` go out as the
 `answer_rules` extension only to a model whose entry says `"answer_rules": true` (dlm-serve): OpenAI itself refuses
 unknown fields, so other servers get the plain request and their own sampling.
+
+Tools pass through: the chat, written in this runtime's generic tool format (model/chat/tools.py), goes out as OpenAI's
+`tools`, `tool_calls` and `tool` messages (`structured_chat`), with `tool_choice` and `parallel_tool_calls` from the
+caller's `ToolConstraint`, and the streamed `delta.tool_calls` fragments come back assembled into the generic call text
+(`<tool_call>{"name":...,"arguments":...}</tool_call>`), the same answer a local model gives. A call is committed
+whole, once the stream ends: its fragments are uncommitted draft text until then. What the calls may be is the remote
+server's to enforce, with its own grammar engine (dlm-serve's is the same llguidance grammar; vLLM or llama.cpp hold
+calls to the schemas their way, or not at all): this client checks only that each call's arguments are JSON.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ import httpx2
 import openai
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
-from model.decoding.options import ResponseFormat
+from model.chat.tools import Function, call_text, structured_chat, tool_object
+from model.decoding.options import ResponseFormat, ToolConstraint
 from model.errors import LmUnavailable, ModelError
 
 _CANCEL_POLL_S = 0.05
@@ -99,22 +108,27 @@ class OpenAIChatModel:
                 return dict(entry.model_extra or {})
         return {}
 
+    @property
+    def constrains_answers(self) -> bool:
+        """Tools and response formats are passed on (`ConstrainsAnswers`): the remote server holds answers to them
+        with its own grammar engine, which this client cannot check beyond reading the calls back."""
+        return True
+
     def stream_chat(
         self,
         messages: Sequence[ChatMessage],
         options: GenerationOptions,
         cancel: threading.Event | None = None,
     ) -> Iterator[Draft]:
-        """Yield a Draft per chunk that changes the text; the last has `done=True`. `cancel` closes the stream.
-        Tool calls are refused: the chat arrives already written in this runtime's text format (model/chat/tools.py),
-        so the remote could neither enforce the calls nor take the results as OpenAI tool messages."""
-        if options.tools is not None:
-            raise ModelError(f"tool calls are not passed on to a remote model ({self.base_url}); "
-                             "serve the model locally, or send tool_choice 'none'")
-        diffusing = self.diffusing
+        """Yield a Draft per chunk that changes the text; the last has `done=True`. `cancel` closes the stream."""
+        wire, functions = structured_chat(_with_system(messages, options.system_prompt))
+        if options.tools is not None and not functions:  # a constraint without an offer: its functions, undescribed
+            functions = tuple(Function(name, "", parameters) for name, parameters in options.tools.tools)
+        # dlm-serve's whole-draft streams carry no tool calls: an answer that may be calls asks for plain deltas
+        diffusing = self.diffusing and options.tools is None
         request: dict[str, Any] = {
             "model": self.name,
-            "messages": _wire_messages(messages, options.system_prompt),
+            "messages": wire,
             "max_tokens": options.max_new_tokens,
             "temperature": options.temperature,
             "stream": True,
@@ -126,6 +140,8 @@ class OpenAIChatModel:
             request["stop"] = list(options.stop)
         if options.response_format is not None:
             request["response_format"] = _wire_format(options.response_format)
+        if functions:
+            request.update(_wire_tools(functions, options.tools))
         extra: dict[str, Any] = {"diffusing": True} if diffusing else {}
         if options.rules.active and self.extensions.get("answer_rules"):
             extra["answer_rules"] = dataclasses.asdict(options.rules)
@@ -149,6 +165,7 @@ class OpenAIChatModel:
 
     def _drafts(self, stream: Any, diffusing: bool, cancel: threading.Event) -> Iterator[Draft]:
         text, committed_chars, step = "", 0, 0
+        calls = _CallFragments()
         finish_reason: str | None = None
         prompt_tokens = completion_tokens = 0
         last_time = time.monotonic()
@@ -161,6 +178,7 @@ class OpenAIChatModel:
                 changed = False
                 for choice in chunk.choices:
                     finish_reason = choice.finish_reason or finish_reason
+                    changed = calls.feed(choice.delta.tool_calls or ()) or changed
                     content = choice.delta.content
                     if content is None:
                         continue
@@ -175,7 +193,8 @@ class OpenAIChatModel:
                         committed_chars = len(text)
                 if changed:
                     now = time.monotonic()
-                    yield Draft(step=step, pieces=_pieces(text, committed_chars), elapsed_s=now - last_time)
+                    yield Draft(step=step, pieces=_pieces(text, committed_chars, calls.partial()),
+                                elapsed_s=now - last_time)
                     step, last_time = step + 1, now
         except (openai.APIError, *_HTTP_ERRORS) as error:
             if not cancel.is_set():
@@ -185,26 +204,78 @@ class OpenAIChatModel:
             # the whole answer
             raise LmUnavailable(f"the language model at {self.base_url} stopped mid-answer{_RETRY}")
         if cancel.is_set():
-            yield Draft(step=step, pieces=_pieces(text, committed_chars), done=True, finish_reason="cancelled",
-                        elapsed_s=time.monotonic() - last_time)
+            yield Draft(step=step, pieces=_pieces(text, committed_chars, calls.partial()), done=True,
+                        finish_reason="cancelled", elapsed_s=time.monotonic() - last_time)
             return
+        if calls:
+            if text.strip():
+                raise ModelError(f"the model at {self.base_url} answered with words and tool calls together; "
+                                 "an answer here is one or the other")
+            text = calls.text(self.base_url, cut=finish_reason == "length")
         yield Draft(
             step=step,
             pieces=_pieces(text, len(text)),
             done=True,
-            finish_reason=finish_reason or "stop",
+            finish_reason="stop" if finish_reason == "tool_calls" else finish_reason or "stop",
             elapsed_s=time.monotonic() - last_time,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
 
 
-def _pieces(text: str, committed_chars: int) -> tuple[DraftPiece, ...]:
+class _CallFragments:
+    """The streamed `delta.tool_calls` of one answer, assembled by their `index` (name first, arguments in pieces)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, list[str]] = {}  # index -> [name, arguments so far]
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def feed(self, fragments: Sequence[Any]) -> bool:
+        for fragment in fragments:
+            call = self._calls.setdefault(fragment.index, ["", ""])
+            if fragment.function is not None:
+                call[0] = call[0] or fragment.function.name or ""
+                call[1] += fragment.function.arguments or ""
+        return bool(fragments)
+
+    def partial(self) -> str:
+        """The calls so far as generic call text, without their ends: for a draft, never committed."""
+        return "".join(_open_call(name, arguments) for name, arguments in self._ordered())
+
+    def text(self, where: str, cut: bool) -> str:
+        """The finished calls as the generic call text (arguments re-written compact). `cut`: the token budget ended
+        the answer, so its last call may be unfinished: it stays open, as a local model's cut call does."""
+        calls = self._ordered()
+        parts = []
+        for i, (name, arguments) in enumerate(calls):
+            try:
+                parts.append(call_text(name, arguments))
+            except json.JSONDecodeError as error:
+                if cut and i == len(calls) - 1:
+                    parts.append(_open_call(name, arguments))
+                    break
+                raise ModelError(f"the model at {where} wrote a tool call whose arguments are not JSON: {error}"
+                                 ) from error
+        return "".join(parts)
+
+    def _ordered(self) -> list[tuple[str, str]]:
+        return [(name, arguments) for _, (name, arguments) in sorted(self._calls.items())]
+
+
+def _open_call(name: str, arguments: str) -> str:
+    return f'<tool_call>{{"name":{json.dumps(name)},"arguments":{arguments}'
+
+
+def _pieces(text: str, committed_chars: int, calls: str = "") -> tuple[DraftPiece, ...]:
+    """Committed text, then what is not final yet: the rest of the text, or (in place of words) calls being written."""
     pieces = []
-    if committed_chars:
+    if committed_chars and not calls:
         pieces.append(DraftPiece(text[:committed_chars], committed=True))
-    if committed_chars < len(text):
-        pieces.append(DraftPiece(text[committed_chars:], committed=False, confidence=0.0))
+    pending = calls or text[committed_chars:]
+    if pending:
+        pieces.append(DraftPiece(pending, committed=False, confidence=0.0))
     return tuple(pieces)
 
 
@@ -216,12 +287,24 @@ def _wire_format(fmt: ResponseFormat) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": schema}
 
 
-def _wire_messages(messages: Sequence[ChatMessage], system_prompt: str | None) -> list[dict[str, str]]:
+def _wire_tools(functions: Sequence[Function], constraint: ToolConstraint | None) -> dict[str, Any]:
+    """OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` for a chat offering `functions` under `constraint`
+    (None: offered, but no call allowed, as on a tool loop's last round). Not `strict`: OpenAI's strict mode refuses
+    schemas with optional properties, which tools (an MCP server's) have; servers that constrain calls do anyway."""
+    tools = [tool_object(function) for function in functions]
+    if constraint is None:
+        return {"tools": tools, "tool_choice": "none"}
+    choice: Any = "required" if constraint.required else "auto"
+    if constraint.required and len(constraint.tools) == 1:
+        choice = {"type": "function", "function": {"name": constraint.tools[0][0]}}
+    return {"tools": tools, "tool_choice": choice, "parallel_tool_calls": constraint.parallel}
+
+
+def _with_system(messages: Sequence[ChatMessage], system_prompt: str | None) -> list[ChatMessage]:
     """The chat as the API takes it; a chat without a system message gets the caller's `system_prompt`."""
-    wire = [{"role": message.role, "content": message.content} for message in messages]
     if system_prompt and not any(message.role == "system" for message in messages):
-        wire.insert(0, {"role": "system", "content": system_prompt})
-    return wire
+        return [ChatMessage("system", system_prompt), *messages]
+    return list(messages)
 
 
 def _close_when_cancelled(cancel: threading.Event, finished: threading.Event, stream: Any) -> None:

@@ -18,6 +18,7 @@ from model.chat import ChatMessage, Draft, GenerationOptions
 from model.chat.backend import AnswerPlan, Backend, EndOfTurnRow
 from model.chat.stop_strings import end_at_stop
 from model.chat.text import TokenTexts, Vocabulary, draft_from_refinement
+from model.chat.tools import renders_tools, template_chat
 from model.decoding.end_of_turn import message_tail, probe_row
 from model.decoding.grammar import Grammar, GrammarError, compile_format, compile_tools, grammar_tokenizer
 from model.decoding.options import whole_blocks
@@ -35,9 +36,6 @@ def context_length_of(config: Any) -> int | None:
             return value
     return None
 
-
-# The decoding modes that commit an answer's tokens left to right, where a grammar can mask each next token
-CONSTRAINED_MODES = ("autoregressive", "self-speculative")
 
 class DiffusionChatModel:
     """A local diffusion LM as a `ChatModel`. Thread-safe: concurrent answers share batched passes when the back end
@@ -69,6 +67,7 @@ class DiffusionChatModel:
         self._message_tail: tuple[int, ...] | None = None  # built on first use (`message_tail`)
         self._guards_lock = threading.Lock()
         self._grammar_tokenizer: Any = None  # llguidance's view of the tokenizer, built on the first constrained answer
+        self._renders_tools: bool | None = None  # whether the chat template writes tools its own way (on first use)
 
     @property
     def max_batch(self) -> int:
@@ -77,18 +76,26 @@ class DiffusionChatModel:
 
     def prompt_ids(self, messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[int]:
         """Token ids of the chat, formatted by the tokenizer's chat template and ending where the answer starts.
-        A chat without a system message gets `system_prompt`, else the model's own default (if any)."""
-        chat = [{"role": m.role, "content": m.content} for m in messages]
+        A chat without a system message gets `system_prompt`, else the model's own default (if any). A template that
+        renders tools (`renders_tools`) gets the offered functions, calls and results as its own `tools`,
+        `tool_calls` and tool messages; any other writes them in the generic text format they arrive in."""
         system_prompt = system_prompt or self.system_prompt
         if system_prompt and not any(m.role == "system" for m in messages):
-            chat.insert(0, {"role": "system", "content": system_prompt})
-        if not any(m["content"].strip() for m in chat if m["role"] != "system"):
+            messages = [ChatMessage("system", system_prompt), *messages]
+        if not any(m.content.strip() for m in messages if m.role != "system"):
             raise ModelError("the chat is empty: nothing to answer")
+        chat: list[dict[str, Any]] = [{"role": m.role, "content": m.content} for m in messages]
+        tools = None
+        if self._renders_tools is None:
+            self._renders_tools = renders_tools(getattr(self.tokenizer, "chat_template", None))
+        if self._renders_tools:
+            chat, tools = template_chat(messages)
         if getattr(self.tokenizer, "chat_template", None):
             from jinja2 import TemplateError
 
             try:
-                text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                text = self.tokenizer.apply_chat_template(chat, tools=tools, tokenize=False,
+                                                          add_generation_prompt=True)
             except TemplateError as error:  # e.g. a template that demands alternating user/assistant roles
                 raise ModelError(f"the model's chat template refuses this chat: {error}") from error
         else:  # plain masked LMs (BERT) ship no template
@@ -168,19 +175,18 @@ class DiffusionChatModel:
 
     @property
     def constrains_answers(self) -> bool:
-        """Whether this model's decoding mode enforces a response format or tool calls (`grammar`)."""
-        return self.sampler.decoding in CONSTRAINED_MODES
+        """Whether this model enforces a response format or tool calls (`grammar`): its back end's passes follow the
+        grammar, in every decoding mode (diffusion commits left to right under one: model/decoding/sampler.py)."""
+        return self.backend.constrains
 
     def grammar(self, options: GenerationOptions, config: SamplerConfig) -> Grammar | None:
-        """The parser state of the caller's `response_format` or tool calls (None for free text). Constrained decoding
-        runs in the modes whose tokens are committed left to right by the teacher; diffusion commits anywhere in a
-        block."""
+        """The parser state of the caller's `response_format` or tool calls (None for free text). Refused for a back
+        end whose own sampler knows no grammar (DiffusionGemma)."""
         if options.response_format is None and options.tools is None:
             return None
-        what = "tool calls need" if options.tools is not None else "response_format needs"
-        if config.decoding not in CONSTRAINED_MODES:
-            raise GrammarError(f"{what} autoregressive or self-speculative decoding, not "
-                               f"{config.decoding} (start the server with --decoding self-speculative)")
+        if not self.backend.constrains:
+            what = "tool calls" if options.tools is not None else "a response_format"
+            raise GrammarError(f"{self.name} decodes with its own sampler, which cannot be held to {what}")
         grammar = (compile_tools(options.tools) if options.tools is not None
                    else compile_format(options.response_format))
         with self._guards_lock:

@@ -1,6 +1,7 @@
 """Tool calls as text: the generic format this runtime writes tools, calls and results in, and reads calls back from.
 
-SmolLM2's chat template has no tool format, so one plain-text format serves every model (model/server/API.md):
+SmolLM2's chat template has no tool format, so one plain-text format serves it and any model like it
+(model/server/API.md):
 
 - the functions go in the system message: an instruction, then one compact JSON line per function
   (`{"name":...,"description":...,"parameters":{...}}`);
@@ -12,6 +13,10 @@ SmolLM2's chat template has no tool format, so one plain-text format serves ever
 
 The grammar (model/decoding/grammar.py `compile_tools`) makes the model write calls in exactly this shape, so reading
 them back (`read_calls`) is a prefix match that works on a growing committed text as well as on a finished answer.
+
+The chat travels in this format everywhere (the API's requests, the voice session's history). Whoever has a tool format
+of its own reads it back as OpenAI's structure (`structured_chat`): a remote OpenAI-compatible server (`--llm-url`)
+takes `tools` and `tool_calls`, and a chat template that renders `tools` (Qwen2.5's, Llama 3.x's) writes them its way.
 """
 
 from __future__ import annotations
@@ -23,8 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
+import jinja2.meta
+
+from model.chat import ChatMessage
 from model.decoding.grammar import compile_format, response_format
 from model.decoding.options import ToolConstraint
+from model.errors import ModelError
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","arguments":')
@@ -74,9 +84,91 @@ def tools_text(functions: Sequence[Function]) -> str:
 
 def system_with_tools(system: str | None, functions: Sequence[Function]) -> str:
     """The system message of a chat that offers `functions`: the caller's own system text, then the offer (the one
-    place that decides where the functions go, for the API and the voice session alike)."""
+    place that decides where the functions go, for the API and the voice session alike; `split_offer` reads it back)."""
     offer = tools_text(functions)
-    return f"{system}\n\n{offer}" if system else offer
+    return f"{system}{OFFER_SEPARATOR}{offer}" if system else offer
+
+
+OFFER_SEPARATOR = "\n\n"
+
+
+def split_offer(system: str) -> tuple[str | None, tuple[Function, ...]]:
+    """A system message as (the caller's own text or None, the functions it offers): `system_with_tools` undone."""
+    if system.startswith(INSTRUCTION):
+        own, offer = None, system
+    else:
+        own, found, offer = system.partition(OFFER_SEPARATOR + INSTRUCTION)
+        if not found:
+            return system, ()
+        offer = INSTRUCTION + offer
+    functions = []
+    for line in offer[len(INSTRUCTION):].split("\n")[1:]:
+        entry = json.loads(line)
+        functions.append(Function(entry["name"], entry["description"],
+                                  json.dumps(entry["parameters"], separators=(",", ":"))))
+    return own, tuple(functions)
+
+
+def tool_object(function: Function) -> dict[str, Any]:
+    """A function as OpenAI's (and transformers' chat templates') `tools` entry."""
+    return {"type": "function", "function": {"name": function.name, "description": function.description,
+                                             "parameters": json.loads(function.parameters)}}
+
+
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template writes `tools` its own way (Qwen2.5's, Llama 3.x's read the variable; SmolLM2's does
+    not). A template Jinja cannot parse here renders none (transformers reports its errors when it applies it)."""
+    if not template:
+        return False
+    try:
+        parsed = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateError:
+        return False
+    return "tools" in jinja2.meta.find_undeclared_variables(parsed)
+
+
+def template_chat(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The chat as a template that renders tools takes it (transformers' convention): `structured_chat`'s messages,
+    each call's arguments an object and an empty content beside calls, and the offered functions as `tools` (None
+    when none are)."""
+    wire, functions = structured_chat(messages)
+    for message in wire:
+        for call in message.get("tool_calls", ()):
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        if message["content"] is None:
+            message["content"] = ""
+    return wire, [tool_object(function) for function in functions] or None
+
+
+def structured_chat(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, Any]], tuple[Function, ...]]:
+    """A chat in the generic format as OpenAI's messages, and the functions its system message offers (taken out of
+    it): an assistant's calls become `tool_calls` (ids `call_<message>_<call>`, the same for the same chat, so a
+    server's prompt cache holds), each tool message the `tool_call_id` of the call it answers, in order. Arguments
+    stay JSON text, as OpenAI sends them. Raises `ModelError` for a tool message that answers no call."""
+    wire: list[dict[str, Any]] = []
+    functions: tuple[Function, ...] = ()
+    unanswered: list[str] = []
+    first_system = next((i for i, message in enumerate(messages) if message.role == "system"), None)
+    for i, message in enumerate(messages):
+        if i == first_system:  # where system_with_tools put the offer
+            own, functions = split_offer(message.content)
+            if own is not None:
+                wire.append({"role": "system", "content": own})
+            continue
+        calls = read_calls(message.content) if message.role == "assistant" else []
+        if calls and all(call.closed for call in calls):
+            ids = [f"call_{i}_{j}" for j in range(len(calls))]
+            wire.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": id_, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for id_, call in zip(ids, calls, strict=True)]})
+            unanswered = ids
+        elif message.role == "tool":
+            if not unanswered:
+                raise ModelError(f"message {i} is a tool result that answers no earlier tool call")
+            wire.append({"role": "tool", "tool_call_id": unanswered.pop(0), "content": message.content})
+        else:
+            wire.append({"role": message.role, "content": message.content})
+    return wire, functions
 
 
 def constraint(functions: Sequence[Function], required: bool, parallel: bool = True) -> ToolConstraint:

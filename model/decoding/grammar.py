@@ -4,7 +4,9 @@ The grammar engine is llguidance (a JSON schema compiled to a token-level parser
 module is the only one that knows it. A `Grammar` is one answer's parser state: `mask` a row of logits for the token
 after what it has consumed, `advance` through tokens, `rollback` what a pass did not keep. The self-speculative mode
 masks each verification row with the state after that row's own prefix (`constrain_rows`), so a draft the grammar
-refuses is simply not accepted and answers equal constrained autoregressive ones token for token.
+refuses is simply not accepted and answers equal constrained autoregressive ones token for token. Diffusion decoding
+proposes a block's masked positions in order, each masked with the state after the proposals before it, and commits
+left to right (model/decoding/sampler.py `grammar_proposal`).
 
 JSON is compiled without free whitespace (`{"a":1}`): a small model offered optional spaces and newlines can spend
 its whole budget on them, and compact JSON is what a program parses anyway.

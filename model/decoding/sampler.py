@@ -18,6 +18,14 @@ Commit policy per pass, in one place so it can be checked:
   than the fixed budget's count for that pass. With ``steps_per_block = block_length`` that floor is one token per pass,
   exactly Fast-dLLM's "at least one"; with fewer steps the floor guarantees the block is done within `steps_per_block`
   passes, so the budget is an upper bound on passes per block, never a target.
+- Under a grammar (a response format or tool calls, model/decoding/grammar.py): commits run left to right. Each pass
+  proposes the block's masked positions in order, each from the grammar's mask in the state after the tokens left of
+  it (committed ones, then this pass's proposals), so the proposals spell a valid continuation; the pass commits the
+  leftmost masked position and the run right after it that the rule above chose, and at least the budget's count.
+  A position is committed only once everything before it is, so the committed answer is always a prefix the grammar
+  accepts. A token the grammar forces (a quote, a colon) has confidence 1 and commits in the same pass as its
+  neighbours; any other is judged by the model's own probability of it, before the grammar's mask renormalised its
+  row.
 - End of sequence: once an EOS is committed, the masked positions after it inside the block are filled with EOS and
   committed in the same pass (LLaDA's convention: the model is trained to pad with EOS). Generation stops as soon as a
   committed EOS has only committed positions before it; no block after it ever runs.
@@ -37,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from model.decoding.denoiser import Denoiser
+from model.decoding.grammar import Grammar, GrammarError
 from model.decoding.options import PLAIN, GenerationOptions
 from model.decoding.refinement import Refinement
 from model.decoding.speech_guard import SpeechGuard
@@ -201,6 +210,72 @@ def guarded_proposal(
     return proposal
 
 
+def grammar_proposal(
+    logits: torch.Tensor,
+    block: torch.Tensor,
+    done: torch.Tensor,
+    grammar: Grammar,
+    guard: SpeechGuard | None,
+    before: list[int],
+    temperature: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, int]:
+    """Proposals for a block whose committed positions are a prefix (commits under a grammar run left to right), each
+    masked position guarded (`guard`, given the tokens left of it) and then masked by the grammar in the state after
+    the proposals before it. The grammar's state is the committed answer's, before and after (proposals are consumed
+    tentatively and rolled back). Once a proposal ends the answer (EOS), the positions after it propose EOS too.
+
+    logits: [B, V] (edited in place), block: [B] long, done: [B] bool -> ([B] long, how many masked positions from
+    the first one are proposals the grammar accepts in sequence: only those may be committed).
+    """
+    prefix, proposal = list(before), block.clone()
+    consumed = valid = 0
+    end: int | None = None  # the end-of-answer token proposed, once one is
+    for i in range(block.shape[0]):
+        if done[i]:
+            prefix.append(int(proposal[i]))
+            continue
+        if end is not None:
+            proposal[i] = end
+            valid += 1
+            continue
+        raw = logits[i].clone() if guard is not None else None
+        if guard is not None:
+            guard.apply(logits[i], prefix)
+        grammar.mask(logits[i], raw)
+        token = int(sample_tokens(logits[i : i + 1], temperature, generator)[0])
+        proposal[i] = token
+        prefix.append(token)
+        if grammar.accepts(token):
+            consumed += 1
+        elif bool(torch.isfinite(logits[i, token])):  # allowed, not consumed: the end after a closed structure
+            end = token
+        else:  # the grammar left nothing to choose: nothing from here on may be committed this pass
+            proposal[i:] = torch.where(done[i:], block[i:], sample_tokens(logits[i:], temperature, generator))
+            break
+        valid += 1
+    grammar.rollback(consumed)
+    return proposal, valid
+
+
+def leftmost_commits(chosen: torch.Tensor, masked: torch.Tensor, budget: int, valid: int) -> torch.Tensor:
+    """Under a grammar, the commits of a pass as a run from the block's first masked position: the run `chosen`
+    continues from there, at least `budget` positions, at most the `valid` proposals (see `grammar_proposal`).
+
+    chosen, masked: [B] bool (committed positions are a prefix of the block) -> [B] bool.
+    """
+    first = int(masked.long().argmax())
+    run = 0
+    while first + run < chosen.shape[0] and chosen[first + run]:
+        run += 1
+    count = min(max(run, budget, 1), valid, int(masked.sum()))
+    if count < 1:
+        raise GrammarError("the grammar allows no token here")
+    commits = torch.zeros_like(masked)
+    commits[first : first + count] = True
+    return commits
+
+
 def validate_request(denoiser: Denoiser, prompt_ids: list[int], max_new_tokens: int, config: SamplerConfig) -> None:
     """Raise `ModelError` with a clear message for anything `generate` cannot do."""
     if not prompt_ids:
@@ -231,13 +306,14 @@ class DiffusionDecoding:
 
     def __init__(
         self, mask_id: int, eos_ids: frozenset[int], max_new_tokens: int, config: SamplerConfig,
-        options: GenerationOptions = PLAIN, guard: SpeechGuard | None = None,
+        options: GenerationOptions = PLAIN, guard: SpeechGuard | None = None, grammar: Grammar | None = None,
     ) -> None:
         self.mask_id = mask_id
         self.eos_ids = frozenset(eos_ids)
         self.config = config
         self.temperature = options.temperature
         self.guard = guard
+        self.grammar = grammar  # the answer's response format or tool calls: its state follows the committed prefix
         seed = options.seed if options.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator().manual_seed(seed)
         self.eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long)  # [E]
@@ -266,14 +342,27 @@ class DiffusionDecoding:
         canvas, committed, eos = self.canvas, self.committed, self.eos
         logits[:, self.mask_id] = -torch.inf  # the mask is never an answer, whatever the adapter did
         budget = self.schedule[self.pass_in_block]
-        if self.guard is None:
+        valid = hi - lo
+        if self.grammar is not None:
+            unmasked = logits.clone()
+            proposal, valid = grammar_proposal(logits, canvas[lo:hi], committed[lo:hi], self.grammar, self.guard,
+                                               canvas[:lo].tolist(), self.temperature, self.generator)
+        elif self.guard is None:
             proposal = sample_tokens(logits, self.temperature, self.generator)  # [B]
         else:
             proposal = guarded_proposal(logits, canvas[:lo].tolist(), canvas[lo:hi], committed[lo:hi], self.guard,
                                         self.temperature, self.generator)
         proposal_conf = token_confidence(logits, proposal)  # [B]
+        if self.grammar is not None:
+            # A token the grammar forces is certain; any other is judged by the model's own belief, not by what is
+            # left of it once the grammar's mask has renormalised its row (the threshold is the model's)
+            forced = torch.isfinite(logits).sum(dim=-1) == 1
+            proposal_conf = torch.where(forced, proposal_conf, token_confidence(unmasked, proposal))
         masked = ~committed[lo:hi]  # [B]
         chosen = choose_commits(proposal_conf, masked, budget, config, self.generator)
+        if self.grammar is not None:
+            chosen = leftmost_commits(chosen, masked, budget, valid)
+            self.grammar.advance(proposal[chosen].tolist())
 
         self.guess[lo:hi] = torch.where(masked, proposal, canvas[lo:hi])
         self.confidence[lo:hi] = torch.where(masked, proposal_conf, self.confidence[lo:hi])
@@ -321,6 +410,7 @@ def generate(
     unconditional: Denoiser | None = None,
     guard: SpeechGuard | None = None,
     options: GenerationOptions = PLAIN,
+    grammar: Grammar | None = None,
 ) -> Iterator[Refinement]:
     """Denoise an answer of at most `max_new_tokens` after `prompt_ids`, yielding one `Refinement` per pass.
 
@@ -330,13 +420,15 @@ def generate(
     Setting `cancel` stops after the pass in flight; that pass's Refinement is the last, with finish_reason "cancelled".
     `guard` (no repeated n-grams, end at a sentence end) edits each masked position's logits given the tokens to its
     left (committed, or this pass's guesses), the same rule the autoregressive and self-speculative modes apply.
-    `options`: the caller's temperature and seed.
+    `options`: the caller's temperature and seed. `grammar`: the answer's response format or tool calls (committed
+    left to right, each token one the grammar allows: see the module docstring).
     """
     validate_request(denoiser, prompt_ids, max_new_tokens, config)
     if config.cfg_scale > 0 and unconditional is None:
         raise ModelError("cfg_scale > 0 needs an unconditional denoiser (e.g. denoiser.fork())")
     guided = config.cfg_scale > 0 and unconditional is not None
-    decoding = DiffusionDecoding(denoiser.mask_id, frozenset(denoiser.eos_ids), max_new_tokens, config, options, guard)
+    decoding = DiffusionDecoding(denoiser.mask_id, frozenset(denoiser.eos_ids), max_new_tokens, config, options, guard,
+                                 grammar)
     denoiser.start(list(prompt_ids), max_new_tokens, config.use_cache)
     if guided:
         unconditional.start([denoiser.mask_id] * len(prompt_ids), max_new_tokens, config.use_cache)

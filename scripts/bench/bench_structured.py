@@ -1,13 +1,15 @@
 """What a `response_format` costs the bundled model, and how often its answers are valid.
 
-    python scripts/bench/bench_structured.py --prompts 10 --max-tokens 64
+    python scripts/bench/bench_structured.py --prompts 10 --max-tokens 64 [--decoding diffusion ...] [--strict]
 
-For each decoding mode (self-speculative, autoregressive), every held-out prompt is answered free and constrained by
-a small JSON schema, through the engine (`DiffusionChatModel.stream_chat`, the batch runner, one answer at a time).
+For each decoding mode (self-speculative, autoregressive and diffusion by default), every held-out prompt is answered
+free and constrained by a small JSON schema, through the engine (`DiffusionChatModel.stream_chat`, the batch runner,
+one answer at a time).
 Printed per mode: tokens/s of each, the constrained answers' validity (JSON that the schema's pydantic model accepts),
-finish reasons, and the grammar's own work (masks and tentative advances of verification rows and drafts, timed
-where the step object calls it: the part of the constrained time that is not the network's). Figures are printed,
-never asserted.
+finish reasons, tokens a pass, and the grammar's own work (masks and tentative advances of verification rows, drafts
+and diffusion proposals, timed where the step object calls it: the part of the constrained time that is not the
+network's). `--strict`: the schema as the official client's `parse` sends it (no properties beyond the model's), where
+the default schema, pydantic's own, lets an answer add properties. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
-from model.decoding import speculative
+from model.decoding import sampler, speculative
 from model.decoding.grammar import compile_format, response_format
 from model.loading import load_chat_model
 
@@ -38,8 +40,9 @@ class Reply(BaseModel):
     happy: bool
 
 
-def answer(chat: DiffusionChatModel, prompt: str, options: GenerationOptions) -> tuple[list[int], str, str, float]:
-    """(tokens, text, finish reason, seconds) of one answer."""
+def answer(chat: DiffusionChatModel, prompt: str, options: GenerationOptions
+           ) -> tuple[list[int], str, str, float, int]:
+    """(tokens, text, finish reason, seconds, passes) of one answer."""
     start = time.perf_counter()
     last = None
     for draft in chat.stream_chat([ChatMessage("user", prompt)], options):
@@ -48,23 +51,26 @@ def answer(chat: DiffusionChatModel, prompt: str, options: GenerationOptions) ->
     assert last is not None and last.refinement is not None
     eos = last.refinement.eos_ids
     tokens = [token for token in last.refinement.tokens[: last.completion_tokens] if token not in eos]
-    return tokens, last.text, last.finish_reason or "", seconds
+    return tokens, last.text, last.finish_reason or "", seconds, last.step + 1
 
 
 class GrammarClock:
     """Time spent in the step object's grammar calls (verification rows and drafts), by wrapping them where
-    model/decoding/speculative.py calls them: the part of a constrained answer that is not the network's."""
+    model/decoding/speculative.py and model/decoding/sampler.py call them: the part of a constrained answer that is
+    not the network's."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        for name in ("constrain_rows", "constrain_drafts"):
-            setattr(speculative, name, self._timed(getattr(speculative, name)))
+        for module, name in ((speculative, "constrain_rows"), (speculative, "constrain_drafts"),
+                             (sampler, "grammar_proposal")):
+            setattr(module, name, self._timed(getattr(module, name)))
 
-    def _timed(self, function: Callable[..., None]) -> Callable[..., None]:
-        def timed(*args: object) -> None:
+    def _timed(self, function: Callable[..., object]) -> Callable[..., object]:
+        def timed(*args: object) -> object:
             start = time.perf_counter()
-            function(*args)
+            result = function(*args)
             self.seconds += time.perf_counter() - start
+            return result
 
         return timed
 
@@ -73,28 +79,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--decoding", action="append", choices=sampler.DECODING_MODES,
+                        help="a decoding mode to measure (repeatable; default: all three)")
+    parser.add_argument("--strict", action="store_true",
+                        help="no additional properties, as the official client's parse asks")
     args = parser.parse_args()
     prompts = PROMPTS.read_text(encoding="utf-8").splitlines()[: args.prompts]
     bundled = load_chat_model(None)
     assert isinstance(bundled, DiffusionChatModel)
-    fmt = response_format("json_schema", Reply.model_json_schema(), "Reply")
+    schema = Reply.model_json_schema()
+    fmt = response_format("json_schema", {**schema, "additionalProperties": False} if args.strict else schema, "Reply")
     compile_format(fmt)
     clock = GrammarClock()
-    for decoding in ("self-speculative", "autoregressive"):
-        sampler = dataclasses.replace(bundled.sampler, decoding=decoding)
-        chat = DiffusionChatModel(bundled.name, bundled.tokenizer, bundled.backend, sampler, bundled.system_prompt,
+    for decoding in args.decoding or sampler.DECODING_MODES:
+        config = dataclasses.replace(bundled.sampler, decoding=decoding)
+        chat = DiffusionChatModel(bundled.name, bundled.tokenizer, bundled.backend, config, bundled.system_prompt,
                                   bundled.context_length)
         free = GenerationOptions(max_new_tokens=args.max_tokens)
         constrained = dataclasses.replace(free, response_format=fmt)
         answer(chat, prompts[0], constrained)  # warm: the grammar tokenizer is built on the first constrained answer
         totals = {"free": [0, 0.0], "constrained": [0, 0.0]}
+        passes = {"free": 0, "constrained": 0}
         valid, finishes = 0, []
         clock.seconds = 0.0
         for prompt in prompts:
             for label, options in (("free", free), ("constrained", constrained)):
-                tokens, text, finish, seconds = answer(chat, prompt, options)
+                tokens, text, finish, seconds, steps = answer(chat, prompt, options)
                 totals[label][0] += len(tokens)
                 totals[label][1] += seconds
+                passes[label] += steps
                 if label == "constrained":
                     finishes.append(finish)
                     try:
@@ -105,7 +118,9 @@ def main() -> None:
         rates = {label: count / seconds for label, (count, seconds) in totals.items()}
         print(f"{decoding}: free {rates['free']:.1f} tokens/s ({totals['free'][0]} tokens), constrained "
               f"{rates['constrained']:.1f} tokens/s ({totals['constrained'][0]} tokens), "
-              f"ratio {rates['constrained'] / rates['free']:.2f}; valid {valid}/{len(prompts)}; finishes "
+              f"ratio {rates['constrained'] / rates['free']:.2f}; tokens a pass "
+              f"{totals['free'][0] / passes['free']:.2f} free, {totals['constrained'][0] / passes['constrained']:.2f} "
+              f"constrained; valid {valid}/{len(prompts)}; finishes "
               f"{ {reason: finishes.count(reason) for reason in set(finishes)} }; grammar "
               f"{100 * clock.seconds / totals['constrained'][1]:.1f} % of the constrained time "
               f"({1e3 * clock.seconds / max(totals['constrained'][0], 1):.2f} of "

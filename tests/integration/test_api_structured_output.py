@@ -1,6 +1,6 @@
 """`response_format` through dlm-serve on the bundled model: the official client's `parse` gets an object of its
-pydantic model in autoregressive and self-speculative decoding, `json_object` gives a JSON object, and what the
-grammar engine cannot enforce (a malformed schema, diffusion decoding) is a 400 naming `response_format`."""
+pydantic model in every decoding mode (diffusion commits left to right under the grammar), `json_object` gives a JSON
+object, and what the grammar engine cannot enforce (a malformed schema) is a 400 naming `response_format`."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def same_model_decoding(chat: DiffusionChatModel, decoding: str) -> DiffusionCha
                               chat.context_length)
 
 
-@pytest.fixture(scope="module", params=["self-speculative", "autoregressive"])
+@pytest.fixture(scope="module", params=["self-speculative", "autoregressive", "diffusion"])
 def server(request: pytest.FixtureRequest, bundled: DiffusionChatModel) -> Iterator[RunningServer]:
     model = bundled if request.param == "self-speculative" else same_model_decoding(bundled, request.param)
     with serve(model, ServerConfig()) as running:
@@ -107,16 +107,3 @@ def test_a_schema_the_engine_cannot_enforce_is_a_400_naming_it(server: RunningSe
     error = caught.value.body
     assert isinstance(error, dict) and error["param"] == "response_format.json_schema.schema", error
     assert words in error["message"], error
-
-
-def test_diffusion_decoding_refuses_a_response_format(bundled: DiffusionChatModel) -> None:
-    with serve(same_model_decoding(bundled, "diffusion"), ServerConfig()) as running:
-        client = client_of(running)
-        with pytest.raises(openai.BadRequestError) as caught:
-            client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
-                                           response_format={"type": "json_object"})
-        error = caught.value.body
-        assert isinstance(error, dict) and error["param"] == "response_format" and "diffusion" in error["message"]
-        plain = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}],
-                                               max_tokens=8, response_format={"type": "text"})
-        assert plain.choices[0].message.content

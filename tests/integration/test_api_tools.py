@@ -1,7 +1,8 @@
 """Tool calls through dlm-serve on the bundled model with the official `openai` client: `tool_choice` "required" and
 a named function always give a valid call (its arguments parse and match the function's schema), a streamed call
 assembled from its deltas equals the non-streamed one, a tool's result is answered with text, self-speculative
-decoding equals constrained autoregressive decoding, and bad tool input is a 400 naming the field."""
+decoding equals constrained autoregressive decoding, diffusion decoding's calls are valid too, and bad tool input is a
+400 naming the field."""
 
 from __future__ import annotations
 
@@ -15,10 +16,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from model.chat import ChatMessage, GenerationOptions
-from model.chat.client import OpenAIChatModel
 from model.chat.engine import DiffusionChatModel
 from model.decoding.options import ToolConstraint
-from model.errors import ModelError
 from model.loading import load_chat_model
 from model.server.config import ServerConfig
 from tests.integration.api_harness import RunningServer, serve
@@ -142,6 +141,19 @@ def test_self_speculative_equals_constrained_autoregressive(bundled: DiffusionCh
     assert answers[0] == answers[1] and answers[0].startswith("<tool_call>"), answers
 
 
+def test_diffusion_decoding_gives_valid_calls_too(bundled: DiffusionChatModel) -> None:
+    """Diffusion commits left to right under the tool grammar (model/decoding/sampler.py)."""
+    diffusion = DiffusionChatModel(bundled.name, bundled.tokenizer, bundled.backend,
+                                   dataclasses.replace(bundled.sampler, decoding="diffusion"),
+                                   bundled.system_prompt, bundled.context_length)
+    with serve(diffusion, ServerConfig()) as running:
+        for prompt in PROMPTS:
+            choice = ask(running, prompt, tool_choice="required").choices[0]
+            assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice.message
+            for call in choice.message.tool_calls:
+                valid_call(call, set(ARGUMENTS))
+
+
 def bad_request(server: RunningServer, **fields: Any) -> dict[str, Any]:
     request: dict[str, Any] = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
                                "tools": TOOLS, **fields}
@@ -177,14 +189,6 @@ def test_a_malformed_parameters_schema_is_a_400(server: RunningServer) -> None:
 def test_duplicate_tool_names_are_a_400(server: RunningServer) -> None:
     error = bad_request(server, tools=[TOOLS[0], TOOLS[0]])
     assert error["param"] == "tools.1.function.name", error
-
-
-def test_the_remote_client_refuses_tool_calls(server: RunningServer) -> None:
-    """`--llm-url` does not pass tools on (model/chat/client.py): a clear refusal, not an unconstrained answer."""
-    remote = OpenAIChatModel(server.api_url, NAME)
-    options = GenerationOptions(max_new_tokens=8, tools=ToolConstraint((("get_time", "{}"),), required=True))
-    with pytest.raises(ModelError, match="remote"):
-        list(remote.stream_chat([ChatMessage("user", "Hi")], options))
 
 
 def test_the_official_stream_helper_assembles_the_call(server: RunningServer) -> None:

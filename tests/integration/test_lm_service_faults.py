@@ -5,17 +5,12 @@ answers again, on its own, once the service is back on the same port."""
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 from model.chat.client import OpenAIChatModel
+from tests.integration.api_harness import free_port, start_lm_service
 from voice.engines import Engines
 from voice.events import AnswerDone, DraftUpdate, ErrorEvent, Event, TurnEnd
 from voice.listen.asr_models import load_model
@@ -26,34 +21,7 @@ from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-ROOT = Path(__file__).resolve().parents[2]
 SERVED = "voice-lm"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def start_lm_service(port: int) -> subprocess.Popen[bytes]:
-    """`dlm-serve` with the bundled model, as its own process; returns once /readyz answers 200."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "model.server.cli", "--port", str(port), "--served-name", SERVED, "--log-level",
-         "warning"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "dlm-serve exited while starting"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise TimeoutError("dlm-serve did not become ready in 120 s")
 
 
 async def next_turn_outcome(session_events: asyncio.Queue[Event], turn_timeout_s: float = 90) -> list[Event]:
@@ -69,7 +37,7 @@ async def next_turn_outcome(session_events: asyncio.Queue[Event], turn_timeout_s
 
 def test_lm_service_killed_mid_answer_fails_the_turn_and_the_session_recovers_when_it_is_back() -> None:
     port = free_port()
-    service = start_lm_service(port)
+    service = start_lm_service(port, SERVED)
     remote = OpenAIChatModel(f"http://127.0.0.1:{port}/v1", SERVED)
     engines = Engines(asr=load_model(None), tts=load_synthesizer(), lm=remote, load_seconds={})
     config = SessionConfig(turn_taking=TurnTakingConfig(early_answer=False), wait_for_playback=False,
@@ -101,7 +69,7 @@ def test_lm_service_killed_mid_answer_fails_the_turn_and_the_session_recovers_wh
             down = await next_turn_outcome(events)
             down_s = time.monotonic() - started
 
-            service = start_lm_service(port)
+            service = start_lm_service(port, SERVED)
             await session.send_text("What is the capital of France?")
             back = await next_turn_outcome(events)
             return killed, down, down_s, back

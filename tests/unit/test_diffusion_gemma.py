@@ -12,6 +12,7 @@ from transformers.models.diffusion_gemma.configuration_diffusion_gemma import Di
 
 from model.adapters.diffusion_gemma import diffusion_gemma_chat_model, diffusion_gemma_refinements
 from model.chat import ChatMessage, GenerationOptions
+from model.decoding.grammar import GrammarError, response_format
 from model.errors import ModelError
 
 CANVAS, EOS = 8, 5
@@ -87,6 +88,15 @@ def test_chat_model_streams_drafts(tiny_gemma) -> None:
     drafts = list(model.stream_chat([ChatMessage("user", "hello")], GenerationOptions(max_new_tokens=5, seed=1)))
     assert drafts[-1].done and len(drafts[-1].refinement.tokens) <= CANVAS  # 5 rounds up to one canvas
     assert all(not piece.committed for piece in drafts[0].pieces)
+
+
+def test_its_own_sampler_refuses_a_response_format(tiny_gemma) -> None:
+    """Its generate knows no grammar: a response format is refused, and a voice session offers it no tools."""
+    model = diffusion_gemma_chat_model("tiny-gemma", word_tokenizer(), tiny_gemma, max_denoising_steps=2)
+    assert not model.constrains_answers
+    options = GenerationOptions(max_new_tokens=5, response_format=response_format("json_object"))
+    with pytest.raises(GrammarError, match="own sampler"):
+        list(model.stream_chat([ChatMessage("user", "hello")], options))
 
 
 def test_empty_prompt_is_refused(tiny_gemma) -> None:

@@ -12,7 +12,11 @@ import torch
 from report_lib.passes import PassLog
 from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB
 
+from model.decoding.block_passes import BlockPasses, DiffusionSequence
 from model.decoding.grammar import Grammar, GrammarError, compile_format, constrain_drafts, response_format
+from model.decoding.options import GenerationOptions
+from model.decoding.refinement import Refinement
+from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speech_guard import SpeechGuard
 from model.runtime.batch_runner import BatchRunner
 from tests.unit.drive import decode_alone, speculative
@@ -119,6 +123,59 @@ def test_constrained_answers_sharing_passes_equal_their_answers_alone() -> None:
         runner.close()
     assert max(passes.sizes) >= 2  # the answers really shared passes
     assert together == alone
+
+
+def diffusion(model: object, prompt: list[int], length: int, config: SamplerConfig, state: Grammar,
+              guard: SpeechGuard | None = None, temperature: float = 0.0, seed: int = 0) -> DiffusionSequence:
+    decoding = DiffusionDecoding(model.mask_id, frozenset({LLAMA_EOS}), length, config,  # type: ignore[attr-defined]
+                                 GenerationOptions(temperature=temperature, seed=seed), guard, state)
+    return DiffusionSequence(decoding, BlockPasses(prompt, model.vocab_size))  # type: ignore[attr-defined]
+
+
+def committed_prefix(refinement: Refinement) -> list[int]:
+    """The pass's committed tokens, checked to be a prefix of the answer (commits under a grammar run left to right)."""
+    count = sum(refinement.committed)
+    assert all(refinement.committed[:count]), refinement.committed
+    return list(refinement.tokens[:count])
+
+
+DIFFUSION_CONFIGS = [
+    SamplerConfig(block_length=4, steps_per_block=4, threshold=0.9, remasking="left_to_right"),  # the bundled card's
+    SamplerConfig(block_length=4, steps_per_block=2, remasking="low_confidence"),  # a budget of 2 a pass
+    SamplerConfig(block_length=8, steps_per_block=8, threshold=0.5),  # confident positions anywhere in the block
+]
+
+
+@pytest.mark.parametrize("config", DIFFUSION_CONFIGS)
+def test_diffusion_commits_only_a_prefix_the_grammar_accepts_and_answers_match_the_schema(
+    config: SamplerConfig,
+) -> None:
+    model = adapted(seed=2)
+    parallel = 0
+    for index, prompt in enumerate(prompts(6, seed=2)):
+        refinements = decode_alone(model, diffusion(model, prompt, 40, config, grammar()))
+        for refinement in refinements:  # every pass: what is committed is valid JSON so far
+            tokens = [t for t in committed_prefix(refinement) if t != LLAMA_EOS]
+            fresh = grammar()
+            assert all(fresh.accepts(token) for token in tokens), (index, VOCABULARY.text(tokens))
+        tokens = final_tokens(refinements)
+        assert LLAMA_EOS in tokens, (index, VOCABULARY.text(tokens))  # closed, then the end
+        answer = json.loads(VOCABULARY.text(tokens[: tokens.index(LLAMA_EOS)]))
+        assert set(answer) == {"ok", "n", "tag"} and 0 <= answer["n"] <= 99 and answer["tag"] in ("x", "y"), answer
+        parallel += len(refinements) < tokens.index(LLAMA_EOS) + 1
+    assert parallel, "no answer committed more than one token in a pass"
+
+
+def test_diffusion_under_a_grammar_with_the_guard_and_sampling_is_valid_json() -> None:
+    model = adapted(seed=4)
+    config = DIFFUSION_CONFIGS[0]
+    guard = SpeechGuard(no_repeat_ngram=2)
+    for seed, prompt in enumerate(prompts(4, seed=4)):
+        for rules, temperature in ((guard, 0.0), (None, 1.0)):
+            tokens = final_tokens(decode_alone(model, diffusion(model, prompt, 60, config, grammar(None), rules,
+                                                                temperature, seed)))
+            if LLAMA_EOS in tokens:  # a sampled answer may run to its length inside a string
+                assert isinstance(json.loads(VOCABULARY.text(tokens[: tokens.index(LLAMA_EOS)])), dict), seed
 
 
 def test_sampled_constrained_answers_are_valid_json() -> None:

@@ -8,11 +8,29 @@ import json
 
 import llguidance
 import pytest
+from report_lib.tiny_models import ScriptedDenoiser, byte_tokenizer
 
+from model.adapters.sampler_backend import SamplerBackend
 from model.chat import ChatMessage
-from model.chat.tools import Function, ToolCall, call_text, opens_calls, read_calls, tools_text
+from model.chat.engine import DiffusionChatModel
+from model.chat.tools import (
+    INSTRUCTION,
+    Function,
+    ToolCall,
+    call_text,
+    opens_calls,
+    read_calls,
+    renders_tools,
+    split_offer,
+    structured_chat,
+    system_with_tools,
+    tool_object,
+    tools_text,
+)
 from model.decoding.grammar import GrammarError, compile_tools
 from model.decoding.options import ToolConstraint
+from model.decoding.sampler import SamplerConfig
+from model.errors import ModelError
 from model.server.answer import ToolCallDeltas
 from model.server.config import ServerConfig
 from model.server.inputs import ApiError, chat_messages, tools_of
@@ -168,3 +186,90 @@ def test_tool_choice_none_offers_nothing_and_a_name_narrows_the_grammar() -> Non
         chat_messages(request(messages=[*messages, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]),
                       ServerConfig(), ())
     assert caught.value.param == "messages.1.tool_call_id"
+
+
+def test_the_offer_is_read_back_from_the_system_message() -> None:
+    functions = (Function("get_weather", "The weather in a city", WEATHER), Function("get_time", "", TIME))
+    assert split_offer(system_with_tools("Be brief.", functions)) == ("Be brief.", functions)
+    assert split_offer(system_with_tools(None, functions)) == (None, functions)
+    assert split_offer("Be brief.") == ("Be brief.", ())
+
+
+def test_a_chat_in_the_generic_format_reads_back_as_openai_messages() -> None:
+    functions = (Function("get_weather", "The weather in a city", WEATHER),)
+    chat = [ChatMessage("system", system_with_tools("Be brief.", functions)), ChatMessage("user", "Paris and Rome?"),
+            ChatMessage("assistant", call_text("get_weather", '{"city": "Paris"}') + call_text("get_weather",
+                                                                                               '{"city":"Rome"}')),
+            ChatMessage("tool", "18 C"), ChatMessage("tool", "24 C"), ChatMessage("assistant", "Warm.")]
+    wire, offered = structured_chat(chat)
+    assert offered == functions
+    assert wire[0] == {"role": "system", "content": "Be brief."}
+    calls = wire[2]["tool_calls"]
+    assert wire[2]["content"] is None and [c["function"]["arguments"] for c in calls] == ['{"city":"Paris"}',
+                                                                                          '{"city":"Rome"}']
+    assert [m["tool_call_id"] for m in wire[3:5]] == [c["id"] for c in calls] and len({c["id"] for c in calls}) == 2
+    assert wire[5] == {"role": "assistant", "content": "Warm."}
+    assert structured_chat(chat)[0] == wire  # the same ids for the same chat
+    with pytest.raises(ModelError, match="answers no"):
+        structured_chat([ChatMessage("user", "Hi"), ChatMessage("tool", "18 C")])
+
+
+# Qwen2.5's chat template, abridged (its default system text dropped): the functions inside <tools></tools> in the
+# system message, a call as <tool_call> with spaced JSON, results in a user turn's <tool_response>.
+QWEN_STYLE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    "For each function call, return a json object within <tool_call></tool_call> XML tags.<|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant{% if message.content %}\n{{ message.content }}"
+    "{% endif %}{%- for tool_call in message.tool_calls %}{%- set tool_call = tool_call.function %}"
+    '\n<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}\n</tool_call>'
+    "{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response>"
+    "<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+# SmolLM2's: no tools variable, so the generic format stays in the messages
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
+          " + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def chat_model_with_template(template: str) -> DiffusionChatModel:
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = template
+    config = SamplerConfig(4, 4)
+    return DiffusionChatModel("tiny", tokenizer, SamplerBackend("tiny", ScriptedDenoiser([1]), config), config)
+
+
+def prompt_text(model: DiffusionChatModel, messages: list[ChatMessage], system: str | None = None) -> str:
+    return model.tokenizer.decode(model.prompt_ids(messages, system))
+
+
+def test_a_template_that_renders_tools_gets_the_offer_calls_and_results_as_its_own() -> None:
+    assert renders_tools(QWEN_STYLE) and not renders_tools(CHATML) and not renders_tools(None)
+    functions = [Function("get_weather", "The weather in a city", WEATHER)]
+    chat = [ChatMessage("user", "Weather in Paris?"), ChatMessage("assistant", call_text("get_weather",
+                                                                                        '{"city":"Paris"}')),
+            ChatMessage("tool", "18 C")]
+    text = prompt_text(chat_model_with_template(QWEN_STYLE), chat, system_with_tools("Be brief.", functions))
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n<tools>")
+    assert f"<tools>{json.dumps(tool_object(functions[0]))}" in text  # the template's own JSON (spaced), not ours
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\n18 C\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant")
+    assert INSTRUCTION not in text  # the generic offer is gone: the template wrote its own
+    plain = prompt_text(chat_model_with_template(QWEN_STYLE), [ChatMessage("user", "Hi")])
+    assert plain == "<|im_start|>user\nHi<|im_end|><|im_start|>assistant"  # no tools offered, none rendered
+
+
+def test_a_template_without_tools_keeps_the_generic_format() -> None:
+    functions = [Function("get_weather", "The weather in a city", WEATHER)]
+    chat = [ChatMessage("user", "Weather?"), ChatMessage("assistant", call_text("get_weather", '{"city":"Rome"}')),
+            ChatMessage("tool", "24 C")]
+    text = prompt_text(chat_model_with_template(CHATML), chat, system_with_tools(None, functions))
+    assert text.startswith(f"<|im_start|>system\n{INSTRUCTION}\n")
+    assert '<|im_start|>assistant\n<tool_call>{"name":"get_weather","arguments":{"city":"Rome"}}</tool_call>' in text
+    assert "<|im_start|>tool\n24 C<|im_end|>" in text

@@ -374,8 +374,9 @@ def test_the_tool_flags_build_the_sessions_tools_config() -> None:
     assert tools("serve", "--tools", "--mcp", "python a.py", "--mcp", "b --x") == both
     assert tools("serve") is None
     assert tools("serve", "--mcp", "python a.py") == ToolsConfig(builtins=False, mcp=("python a.py",))
-    with pytest.raises(SystemExit, match="--mcp needs the local model"):
-        tools("serve", "--llm-url", "http://x/v1", "--mcp", "python a.py")
+    # a remote model gets the tools too (the client passes them on)
+    assert tools("serve", "--llm-url", "http://x/v1", "--mcp", "python a.py") == ToolsConfig(builtins=False,
+                                                                                          mcp=("python a.py",))
 
 
 def test_a_timer_due_while_the_user_speaks_waits_for_the_floor(tool_session) -> None:

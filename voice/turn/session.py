@@ -124,8 +124,7 @@ class Session:
         if tools is None or not tools.any:
             return None
         if not (isinstance(lm, ConstrainsAnswers) and lm.constrains_answers):
-            log.info("no tools: %s cannot constrain its answers to tool calls (a remote or diffusion-mode model)",
-                     lm.name)
+            log.info("no tools: %s cannot constrain its answers to tool calls", lm.name)
             return None
         return Toolbox(tools)
 
