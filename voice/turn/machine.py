@@ -148,6 +148,7 @@ class ClockTick:
 @dataclass(frozen=True, slots=True)
 class TypedText:
     text: str
+    continues: bool = False  # no words: answer the tool results a client returned
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,7 @@ class StartAnswer:
     text: str
     held: bool
     announcement: bool = False
+    continues: bool = False  # no user words: answer the tool results a client returned (in the history already)
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,8 +408,8 @@ class TurnTaking:
                 return self._user_done()
             case ClockTick():
                 return self._tick(event)
-            case TypedText(text=text):
-                return self._typed(text)
+            case TypedText(text=text, continues=continues):
+                return self._typed(text, continues)
             case ClientInterrupt():
                 return self._interrupt()
             case AnswerAudio(answer_id=answer_id):
@@ -568,13 +570,13 @@ class TurnTaking:
         return [ResumeOutput(self._answer.answer_id, self._answer.turn)]
 
     # --- the client ------------------------------------------------------------------------------------------------
-    def _typed(self, text: str) -> list[TurnAction]:
+    def _typed(self, text: str, continues: bool = False) -> list[TurnAction]:
         actions = self._stop_everything("new_text")
         self.turn_no += 1
         self._user = None
         answer = self._new_answer(self.turn_no, held=False, spoken_turn=False)
         self.state = State.ANSWERING
-        actions.append(StartAnswer(answer.answer_id, self.turn_no, text, held=False))
+        actions.append(StartAnswer(answer.answer_id, self.turn_no, text, held=False, continues=continues))
         return actions
 
     def _announce(self, text: str) -> list[TurnAction]:
