@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from voice.tools.loop import ClientTools
+
 
 @dataclass(frozen=True, slots=True)
 class Send:
@@ -47,4 +49,25 @@ class SetInstructions:
     text: str | None  # None: the session's own system prompt
 
 
-Action = Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions
+@dataclass(frozen=True, slots=True)
+class SetTools:
+    """The client's own functions and its tool choice, for the answers from now on (`Session.set_client_tools`)."""
+
+    tools: ClientTools
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """The result of the client's run of call `call_id` (`Session.add_tool_result`)."""
+
+    call_id: str
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerToolResults:
+    """Answer the tool results the client returned, with no new user words (`Session.answer_tool_results`)."""
+
+
+Action = (Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions | SetTools
+          | ToolOutput | AnswerToolResults)

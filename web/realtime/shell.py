@@ -24,6 +24,7 @@ from websockets.frames import CloseCode
 from voice import events as ev
 from voice.cancellation import cancel_and_wait
 from voice.errors import VoiceError
+from voice.tools.loop import ClientTools
 from web.config import WebConfig
 from web.connection import (
     CloseWith,
@@ -39,15 +40,18 @@ from web.outbound import ClientTooSlow
 from web.ratelimit import TokenBucket, Verdict
 from web.realtime.actions import (
     Action,
+    AnswerToolResults,
     EndAudio,
     FeedAudio,
     Interrupt,
     Send,
     SendText,
     SetInstructions,
+    SetTools,
+    ToolOutput,
     TruncateHeard,
 )
-from web.realtime.client_events import AppendAudio, RealtimeError, parse_client_event
+from web.realtime.client_events import AppendAudio, RealtimeError, SessionUpdate, parse_client_event
 from web.realtime.translator import RealtimeTranslator
 
 log = logging.getLogger("web.realtime")
@@ -60,7 +64,8 @@ GOING_AWAY = "this server is going away (a restart or a deploy); reconnect to be
 
 @runtime_checkable
 class RealtimeSession(Protocol):
-    """What the Realtime shell needs of voice.turn.session.Session: /ws's needs, and the instructions."""
+    """What the Realtime shell needs of voice.turn.session.Session: /ws's needs, the instructions, and the client's
+    own tools."""
 
     id: str
     output_sample_rate: int
@@ -68,6 +73,9 @@ class RealtimeSession(Protocol):
     @property
     def instructions(self) -> str: ...
     def set_instructions(self, text: str | None) -> None: ...
+    def set_client_tools(self, tools: ClientTools) -> None: ...
+    def add_tool_result(self, call_id: str, output: str) -> None: ...
+    async def answer_tool_results(self) -> None: ...
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None: ...
     async def send_text(self, text: str) -> None: ...
     async def interrupt(self) -> None: ...
@@ -155,12 +163,19 @@ class RealtimeConnection:
                                                 "time; appends are being dropped", "rate_limit_exceeded", "audio",
                                                 event.event_id)
                         continue
+                before = self.translator.settings
                 actions = self.translator.client_event(event)
-                if any(isinstance(action, SendText) for action in actions) and \
+                if any(isinstance(action, SendText | AnswerToolResults) for action in actions) and \
                         typed.take(1.0, now).verdict is not Verdict.ACCEPT:
                     raise RealtimeError("typed turns arrive too fast; this response was not started",
                                         "rate_limit_exceeded", None, event.event_id)
-                await self._run_actions(actions)
+                try:
+                    await self._run_actions(actions)
+                except RealtimeError as err:
+                    if isinstance(event, SessionUpdate):
+                        self.translator.settings = before  # a refused update changes nothing
+                    err.event_id = err.event_id or event.event_id
+                    raise
             except ClientTooSlow:
                 raise
             except RealtimeError as err:
@@ -188,6 +203,18 @@ class RealtimeConnection:
                                             "item_not_found", "item_id")
                 case SetInstructions(text=text):
                     session.set_instructions(text)
+                case SetTools(tools=tools):
+                    try:
+                        session.set_client_tools(tools)
+                    except VoiceError as err:  # a name of the server's own tools, or a model without a grammar
+                        raise RealtimeError(str(err), "invalid_tools", "session.tools") from None
+                case ToolOutput(call_id=call_id, output=output):
+                    try:
+                        session.add_tool_result(call_id, output)
+                    except VoiceError as err:
+                        raise RealtimeError(str(err), "invalid_call_id", "item.call_id") from None
+                case AnswerToolResults():
+                    await session.answer_tool_results()
 
     # --- session -> client ---------------------------------------------------------------------------------------
     async def _produce(self) -> CloseWith:
