@@ -8,7 +8,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 from voice import events as ev
+from voice.listen.stage import ListenConfig
 from voice.tools.loop import ClientTools
+from voice.turn.tuning import TurnTuning
 from web.config import WebConfig
 from web.server import VoiceServer
 
@@ -34,6 +36,7 @@ class ScriptedSession:
         self.texts: list[str] = []  # typed turns the server passed on
         self.system_prompt = "Be helpful."  # what a Realtime client's instructions set
         self.client_tools = ClientTools()
+        self.tuning = TurnTuning()
         self.tool_results: list[tuple[str, str]] = []
         self._out: asyncio.Queue[ev.Event | None] = asyncio.Queue()
 
@@ -83,6 +86,13 @@ class ScriptedSession:
 
     def set_instructions(self, text: str | None) -> None:
         self.system_prompt = text or "Be helpful."
+
+    @property
+    def turn_tuning(self) -> TurnTuning:
+        return self.tuning.filled(ListenConfig())
+
+    def tune_turns(self, tuning: TurnTuning) -> None:
+        self.tuning = tuning
 
     def set_client_tools(self, tools: ClientTools) -> None:
         self.client_tools = tools

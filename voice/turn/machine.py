@@ -339,11 +339,7 @@ class TurnTaking:
     """The turn-taking core of one session. Feed every event to `handle`; execute the actions it returns, in order."""
 
     def __init__(self, config: TurnTakingConfig | None = None) -> None:
-        self.config = config or TurnTakingConfig()
-        c = self.config
-        self._end_of_turn = replace(c.end_of_turn, complete_ms=c.complete_silence_ms,
-                                    incomplete_ms=c.incomplete_silence_ms, question_ms=c.question_silence_ms,
-                                    silence_rule_ms=c.silence_rule_ms)
+        self.retune(config or TurnTakingConfig())
         self.state = State.LISTENING
         self.turn_no = 0  # the last turn number handed out
         self._user: _UserTurn | None = None  # the user turn being spoken, paused or answered
@@ -353,6 +349,13 @@ class TurnTaking:
         self._output_paused = False  # BARGE_IN_PENDING: the answer's audio is paused
         self._paused_since_ms: float | None = None  # on the shell's clock: the first tick after the pause
         self._segment_end_asked = False  # EndSegment went out for the current stall
+
+    def retune(self, config: TurnTakingConfig) -> None:
+        """Decide by `config` from now on (a client's tuning of its session: voice/turn/tuning.py)."""
+        self.config = c = config
+        self._end_of_turn = replace(c.end_of_turn, complete_ms=c.complete_silence_ms,
+                                    incomplete_ms=c.incomplete_silence_ms, question_ms=c.question_silence_ms,
+                                    silence_rule_ms=c.silence_rule_ms)
 
     @property
     def user_turn(self) -> int:

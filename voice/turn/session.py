@@ -80,6 +80,7 @@ from voice.turn.session_core import (
     TextTyped,
     UserSpeechEnded,
 )
+from voice.turn.tuning import TurnTuning
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Session:
         self._answers.on_end_of_turn = self._on_lm_end_of_turn
         self._answer: Answer | None = None
         self._results_waiting: list[str] = []  # tool results returned while an answer ran: history at its end
+        self._tuning = TurnTuning()
         self._answers_running: set[asyncio.Task[None]] = set()
         self._clock = TurnClock(self.core.machine, self._dispatch, name=f"turn-clock-{self.id}")
         self._idle = asyncio.Event()
@@ -134,7 +136,8 @@ class Session:
     # --- public API ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._listen is None:
-            self._listen = ListenStage(self.id, self._on_listen, self.config.listen, model=self.engines.asr)
+            self._listen = ListenStage(self.id, self._on_listen, self._tuning.listen(self.config.listen),
+                                       model=self.engines.asr)
             self._listen.on_likely_final = self._on_likely_final
             self._prepare_next_prompt()
         self._start_tools()
@@ -193,6 +196,23 @@ class Session:
         prompt = text if text is not None else self.config.generation.system_prompt
         self._answers.options = replace(self._answers.options, system_prompt=prompt)
         self._prepare_next_prompt()
+
+    @property
+    def turn_tuning(self) -> TurnTuning:
+        """The listener's tuning in effect, every value filled in."""
+        return self._tuning.filled(self.config.listen)
+
+    def tune_turns(self, tuning: TurnTuning) -> None:
+        """Listen and end turns by `tuning` over the configured settings from now on (a Realtime session's
+        `turn_detection`). Raises ProtocolError for values the listener cannot take; then nothing changes."""
+        try:
+            listen, turn_taking = tuning.listen(self.config.listen), tuning.turn_taking(self.config.turn_taking)
+        except ValueError as err:
+            raise ProtocolError(f"turn detection: {err}") from None
+        self._tuning = tuning
+        self.core.machine.retune(turn_taking)
+        if self._listen is not None:
+            self._listen.retune(listen)
 
     def set_client_tools(self, tools: ClientTools) -> None:
         """Offer the functions a client runs itself (a Realtime session's `tools`), and its `tool_choice`, to the

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from voice.tools.loop import ClientTools
+from voice.turn.tuning import TurnTuning
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,13 @@ class SetInstructions:
 
 
 @dataclass(frozen=True, slots=True)
+class TuneTurns:
+    """The listener's and the end-of-turn rule's tuning from the session's turn_detection (`Session.tune_turns`)."""
+
+    tuning: TurnTuning
+
+
+@dataclass(frozen=True, slots=True)
 class SetTools:
     """The client's own functions and its tool choice, for the answers from now on (`Session.set_client_tools`)."""
 
@@ -69,5 +77,5 @@ class AnswerToolResults:
     """Answer the tool results the client returned, with no new user words (`Session.answer_tool_results`)."""
 
 
-Action = (Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions | SetTools
-          | ToolOutput | AnswerToolResults)
+Action = (Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions | TuneTurns
+          | SetTools | ToolOutput | AnswerToolResults)

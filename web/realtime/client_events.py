@@ -12,19 +12,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from voice.errors import AudioFormatError
+from voice.listen.stage import ListenConfig
 from voice.tools.loop import ClientTools, ToolChoice
+from voice.turn.tuning import TurnTuning
 from web.realtime.audio import FORMATS, PCM16_24K, AudioFormat, decode_base64
 from web.realtime.errors import RealtimeError, Unsupported, fields, short
 from web.realtime.tools import parse_output_item, parse_tool_choice, parse_tools, tools_json
 
 TURN_DETECTION_TYPES = ("server_vad", "semantic_vad")
-EAGERNESS = ("low", "medium", "high", "auto")
+# semantic_vad's eagerness scales the end-of-turn rule's waits after a pause as the API scales its longest wait
+# (low 8 s, medium 4 s, high 2 s): medium (and auto) is the server's own rule
+PATIENCE = {"low": 2.0, "medium": 1.0, "auto": 1.0, "high": 0.5}
+MAX_SILENCE_MS = 10_000
+MAX_PREFIX_MS = 2_000
 
 
 @dataclass(frozen=True, slots=True)
 class TurnDetection:
-    """`server_vad` or `semantic_vad`. Both run the session's own endpointer and turn detector (which is what the API
-    calls semantic VAD); the tuning fields are kept and echoed, not applied (REALTIME.md)."""
+    """`server_vad` or `semantic_vad`. Both run the session's own endpointer and end-of-turn rule (Smart Turn and the
+    LM's end-of-turn probability: what the API calls semantic VAD). `server_vad`'s threshold, silence and prefix
+    padding tune the endpointer (`tuning`); `semantic_vad`'s eagerness scales the rule's waits."""
 
     type: str = "semantic_vad"
     create_response: bool = True
@@ -33,19 +40,28 @@ class TurnDetection:
     threshold: float | None = None
     silence_duration_ms: int | None = None
     prefix_padding_ms: int | None = None
-    idle_timeout_ms: int | None = None
 
-    def as_json(self) -> dict[str, Any]:
+    def tuning(self) -> TurnTuning:
+        if self.type == "semantic_vad":
+            return TurnTuning(patience=PATIENCE[self.eagerness])
+        return TurnTuning(self.threshold, self.silence_duration_ms, self.prefix_padding_ms)
+
+    def as_json(self, server: TurnTuning) -> dict[str, Any]:
+        """As the session reports it; `server`: the server's own values, for those the client left to it."""
         out: dict[str, Any] = {"type": self.type, "create_response": self.create_response,
                                "interrupt_response": self.interrupt_response}
         if self.type == "semantic_vad":
             out["eagerness"] = self.eagerness
         else:
-            out.update(threshold=self.threshold if self.threshold is not None else 0.5,
-                       silence_duration_ms=self.silence_duration_ms if self.silence_duration_ms is not None else 500,
-                       prefix_padding_ms=self.prefix_padding_ms if self.prefix_padding_ms is not None else 300,
-                       idle_timeout_ms=self.idle_timeout_ms)
+            applied = self.tuning()
+            out.update(threshold=applied.vad_threshold if applied.vad_threshold is not None else server.vad_threshold,
+                       silence_duration_ms=applied.silence_ms if applied.silence_ms is not None else server.silence_ms,
+                       prefix_padding_ms=applied.prefix_ms if applied.prefix_ms is not None else server.prefix_ms,
+                       idle_timeout_ms=None)
         return out
+
+
+SERVER_TUNING = TurnTuning().filled(ListenConfig())  # the server's listener, unless its session says otherwise
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +78,8 @@ class SessionSettings:
     voice: str = "joe"
     tools: ClientTools = field(default_factory=ClientTools)  # the client's own functions, and the choice over all tools
 
-    def as_json(self, session_id: str, default_instructions: str) -> dict[str, Any]:
+    def as_json(self, session_id: str, default_instructions: str,
+                server_tuning: TurnTuning = SERVER_TUNING) -> dict[str, Any]:
         tools, tool_choice = tools_json(self.tools)
         return {
             "type": "realtime",
@@ -79,11 +96,17 @@ class SessionSettings:
                     "format": self.input_format.as_json(),
                     "transcription": {"model": "whisper-tiny.en"} if self.transcription else None,
                     "noise_reduction": None,
-                    "turn_detection": None if self.turn_detection is None else self.turn_detection.as_json(),
+                    "turn_detection": None if self.turn_detection is None else
+                    self.turn_detection.as_json(server_tuning),
                 },
                 "output": {"format": self.output_format.as_json(), "voice": self.voice, "speed": 1.0},
             },
         }
+
+    @property
+    def turn_tuning(self) -> TurnTuning:
+        """What the session's listener is tuned by (manual commits: the server's own settings)."""
+        return self.turn_detection.tuning() if self.turn_detection is not None else TurnTuning()
 
     @property
     def creates_responses(self) -> bool:
@@ -436,23 +459,31 @@ def _turn_detection(value: Any) -> TurnDetection | None:
     own = {"eagerness"} if kind == "semantic_vad" else {"threshold", "silence_duration_ms", "prefix_padding_ms",
                                                         "idle_timeout_ms"}
     fields(value, param, common | own)
+    if value.get("idle_timeout_ms") is not None:
+        raise Unsupported("idle_timeout_ms: the server does not prompt the user after silence",
+                          param=f"{param}.idle_timeout_ms")
     create = _flag(value, "create_response", param)
     interrupt = _flag(value, "interrupt_response", param)
     if not interrupt:
         raise Unsupported("interrupt_response false: speaking over the answer always interrupts it here",
                           param=f"{param}.interrupt_response")
     eagerness = value.get("eagerness", "auto")
-    if eagerness not in EAGERNESS:
-        raise RealtimeError(f"eagerness must be one of {', '.join(EAGERNESS)}", param=f"{param}.eagerness")
+    if eagerness not in PATIENCE:
+        raise RealtimeError(f"eagerness must be one of {', '.join(PATIENCE)}", param=f"{param}.eagerness")
     threshold = value.get("threshold")
     if threshold is not None and (not isinstance(threshold, int | float) or isinstance(threshold, bool)
                                   or not 0.0 <= threshold <= 1.0):
         raise RealtimeError("threshold must be a number in 0..1", param=f"{param}.threshold")
+    if threshold in (0.0, 1.0):
+        raise Unsupported("threshold 0 or 1: the VAD's speech probability threshold must lie strictly between",
+                          param=f"{param}.threshold")
     ints = {}
-    for name in ("silence_duration_ms", "prefix_padding_ms", "idle_timeout_ms"):
+    for name, most in (("silence_duration_ms", MAX_SILENCE_MS), ("prefix_padding_ms", MAX_PREFIX_MS)):
         number = value.get(name)
         if number is not None and (not isinstance(number, int) or isinstance(number, bool) or number < 0):
             raise RealtimeError(f"{name} must be a non-negative integer", param=f"{param}.{name}")
+        if number is not None and number > most:
+            raise Unsupported(f"{name} above {most} ms is not supported", param=f"{param}.{name}")
         ints[name] = number
     return TurnDetection(kind, create, interrupt, eagerness, threshold, **ints)
 

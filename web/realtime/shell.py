@@ -25,6 +25,7 @@ from voice import events as ev
 from voice.cancellation import cancel_and_wait
 from voice.errors import VoiceError
 from voice.tools.loop import ClientTools
+from voice.turn.tuning import TurnTuning
 from web.config import WebConfig
 from web.connection import (
     CloseWith,
@@ -50,6 +51,7 @@ from web.realtime.actions import (
     SetTools,
     ToolOutput,
     TruncateHeard,
+    TuneTurns,
 )
 from web.realtime.client_events import AppendAudio, RealtimeError, SessionUpdate, parse_client_event
 from web.realtime.translator import RealtimeTranslator
@@ -73,6 +75,9 @@ class RealtimeSession(Protocol):
     @property
     def instructions(self) -> str: ...
     def set_instructions(self, text: str | None) -> None: ...
+    @property
+    def turn_tuning(self) -> TurnTuning: ...
+    def tune_turns(self, tuning: TurnTuning) -> None: ...
     def set_client_tools(self, tools: ClientTools) -> None: ...
     def add_tool_result(self, call_id: str, output: str) -> None: ...
     async def answer_tool_results(self) -> None: ...
@@ -94,7 +99,8 @@ class RealtimeConnection:
         self.state = state
         self.config = config
         self.metrics = metrics
-        self.translator = RealtimeTranslator(session.id, session.output_sample_rate, session.instructions)
+        self.translator = RealtimeTranslator(session.id, session.output_sample_rate, session.instructions,
+                                             server_tuning=session.turn_tuning)
 
     async def run(self) -> CloseWith | None:
         self._do(self.translator.start())
@@ -203,6 +209,12 @@ class RealtimeConnection:
                                             "item_not_found", "item_id")
                 case SetInstructions(text=text):
                     session.set_instructions(text)
+                case TuneTurns(tuning=tuning):
+                    try:
+                        session.tune_turns(tuning)
+                    except VoiceError as err:
+                        raise RealtimeError(str(err), "invalid_value", "session.audio.input.turn_detection") \
+                            from None
                 case SetTools(tools=tools):
                     try:
                         session.set_client_tools(tools)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice import events as ev
+from voice.turn.tuning import TurnTuning
 from web.realtime.actions import (
     Action,
     AnswerToolResults,
@@ -31,9 +32,11 @@ from web.realtime.actions import (
     SetTools,
     ToolOutput,
     TruncateHeard,
+    TuneTurns,
 )
 from web.realtime.audio import OutputEncoder, samples_in, to_pcm16
 from web.realtime.client_events import (
+    SERVER_TUNING,
     AppendAudio,
     CancelResponse,
     ClearAudio,
@@ -94,8 +97,9 @@ class RealtimeTranslator:
     """One connection's protocol state. `start()` greets; `client_event` and `session_event` return the actions."""
 
     def __init__(self, session_id: str, output_sample_rate: int, default_instructions: str,
-                 settings: SessionSettings | None = None) -> None:
+                 settings: SessionSettings | None = None, server_tuning: TurnTuning = SERVER_TUNING) -> None:
         self.session_id = session_id
+        self._server_tuning = server_tuning  # the session's listener as the server configured it
         self.settings = settings or SessionSettings()
         self._output_rate = output_sample_rate
         self._default_instructions = default_instructions
@@ -126,7 +130,7 @@ class RealtimeTranslator:
         return [Send(self._event("session.created", session=self._session_json()))]
 
     def _session_json(self) -> dict[str, Any]:
-        return self.settings.as_json(f"sess_{self.session_id}", self._default_instructions)
+        return self.settings.as_json(f"sess_{self.session_id}", self._default_instructions, self._server_tuning)
 
     def error(self, err: RealtimeError | Exception, code: str | None = None) -> Send:
         """The Realtime `error` event for `err` (a refused client event, or the session's own failure)."""
@@ -152,6 +156,8 @@ class RealtimeTranslator:
             case SessionUpdate(settings=settings):
                 # the tools first: the session may refuse them (a name of its own), and then nothing changes
                 actions: list[Action] = [SetTools(settings.tools)] if settings.tools != self.settings.tools else []
+                if settings.turn_tuning != self.settings.turn_tuning:
+                    actions.insert(0, TuneTurns(settings.turn_tuning))
                 if settings.instructions != self.settings.instructions:
                     actions.append(SetInstructions(settings.instructions))
                 if settings.turn_detection is not None:
