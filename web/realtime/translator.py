@@ -36,7 +36,6 @@ from web.realtime.actions import (
 )
 from web.realtime.audio import OutputEncoder, samples_in, to_pcm16
 from web.realtime.client_events import (
-    SERVER_TUNING,
     AppendAudio,
     CancelResponse,
     ClearAudio,
@@ -53,6 +52,7 @@ from web.realtime.client_events import (
     TruncateItem,
     Unsupported,
 )
+from web.realtime.turn_detection import SERVER_TUNING
 
 MAX_MANUAL_BUFFER_S = 60.0  # manual turn detection: the most audio held before a commit
 MAX_CALLS_OUT = 32  # calls of the client's tools waiting for their output (the session keeps as many)
