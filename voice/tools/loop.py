@@ -121,12 +121,10 @@ class ToolLoop:
         function whatever the choice, so the LM's cache of the prompt's head holds."""
         if not self.functions or self.rounds >= self.max_rounds or (self.rounds == 0 and self.choice.mode == "none"):
             return self._options
-        offered, required = self.functions, False
-        if self.rounds == 0 and self.choice.function is not None:
-            offered = tuple(f for f in self.functions if f.name == self.choice.function) or self.functions
-            required = len(offered) == 1
-        elif self.rounds == 0:
-            required = self.choice.mode == "required"
+        offered, required = self.functions, self.rounds == 0 and self.choice.mode == "required"
+        named = tuple(f for f in self.functions if f.name == self.choice.function)
+        if self.rounds == 0 and named:  # (a named function no longer offered leaves the choice to the mode)
+            offered, required = named, True
         return dataclasses.replace(self._options, tools=constraint(offered, required=required, parallel=False))
 
     def answered(self, text: str) -> Speak | RunTools | HandOut | Apologise:
