@@ -450,56 +450,49 @@ class RealtimeTranslator:
                         **self._where(response)),
         ]
 
+    def _function_call(self, response: _Response, name: str, arguments: str,
+                       call_id: str) -> tuple[str, list[dict[str, Any]]]:
+        """A function_call item added to the response's output (its arguments streamed whole, the call being
+        complete when the session reports it): its id and its events."""
+        item_id, index = self._new_id("item"), len(response.calls)
+        item = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "completed",
+                "name": name, "arguments": arguments, "call_id": call_id}
+        where = {"response_id": response.id, "item_id": item_id, "output_index": index, "call_id": call_id}
+        response.calls.append(item)
+        previous, self._last_item_id = self._last_item_id, item_id
+        opened = {**item, "status": "in_progress", "arguments": ""}
+        return item_id, [
+            self._event("response.output_item.added", response_id=response.id, output_index=index, item=opened),
+            self._event("conversation.item.added", item=opened, previous_item_id=previous),
+            self._event("response.function_call_arguments.delta", delta=arguments, **where),
+            self._event("response.function_call_arguments.done", arguments=arguments, name=name, **where),
+            self._event("response.output_item.done", response_id=response.id, output_index=index, item=item),
+            self._event("conversation.item.done", item=item, previous_item_id=previous),
+        ]
+
     def _tool_called(self, response: _Response, call: ev.ToolCalled) -> list[dict[str, Any]]:
-        """A tool the session ran for this answer: its function_call item (arguments streamed whole) and the
-        function_call_output item with what it returned, before the spoken message."""
+        """A tool the session ran for this answer: its function_call item and the function_call_output item with
+        what it returned, before the spoken message."""
         if response.message_index is not None:
             return []  # the message has begun: the call is the session's business (it said its result already)
-        call_id, item_id, index = self._new_id("call"), self._new_id("item"), len(response.calls)
-        item = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "completed",
-                "name": call.name, "arguments": call.arguments, "call_id": call_id}
-        where = {"response_id": response.id, "item_id": item_id, "output_index": index, "call_id": call_id}
+        call_id = self._new_id("call")
+        item_id, events = self._function_call(response, call.name, call.arguments, call_id)
         output = {"id": self._new_id("item"), "object": "realtime.item", "type": "function_call_output",
                   "status": "completed", "call_id": call_id,
                   "output": call.result if not call.error else f"error: {call.error}"}
-        response.calls.append(item)
-        previous, self._last_item_id = self._last_item_id, output["id"]
-        return [
-            self._event("response.output_item.added", response_id=response.id, output_index=index,
-                        item={**item, "status": "in_progress", "arguments": ""}),
-            self._event("conversation.item.added", item={**item, "status": "in_progress", "arguments": ""},
-                        previous_item_id=previous),
-            self._event("response.function_call_arguments.delta", delta=call.arguments,
-                        **where),
-            self._event("response.function_call_arguments.done", arguments=call.arguments, name=call.name, **where),
-            self._event("response.output_item.done", response_id=response.id, output_index=index, item=item),
-            self._event("conversation.item.done", item=item, previous_item_id=previous),
-            self._event("conversation.item.added", item=output, previous_item_id=item_id),
-            self._event("conversation.item.done", item=output, previous_item_id=item_id),
-        ]
+        self._last_item_id = output["id"]
+        return [*events, self._event("conversation.item.added", item=output, previous_item_id=item_id),
+                self._event("conversation.item.done", item=output, previous_item_id=item_id)]
 
     def _tool_requested(self, response: _Response, call: ev.ToolRequested) -> list[dict[str, Any]]:
-        """A call of the client's tool: its function_call item (arguments streamed whole), which ends the response;
-        the client runs it and returns its output by `call_id`."""
-        item_id, index = self._new_id("item"), len(response.calls)
-        item = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "completed",
-                "name": call.name, "arguments": call.arguments, "call_id": call.call_id}
-        where = {"response_id": response.id, "item_id": item_id, "output_index": index, "call_id": call.call_id}
-        response.calls.append(item)
+        """A call of the client's tool: its function_call item, which ends the response; the client runs it and
+        returns its output by `call_id`."""
+        item_id, events = self._function_call(response, call.name, call.arguments, call.call_id)
         response.handed_out = True
         self._calls_out[call.call_id] = item_id
         while len(self._calls_out) > MAX_CALLS_OUT:
             del self._calls_out[next(iter(self._calls_out))]
-        previous, self._last_item_id = self._last_item_id, item_id
-        opened = {**item, "status": "in_progress", "arguments": ""}
-        return [
-            self._event("response.output_item.added", response_id=response.id, output_index=index, item=opened),
-            self._event("conversation.item.added", item=opened, previous_item_id=previous),
-            self._event("response.function_call_arguments.delta", delta=call.arguments, **where),
-            self._event("response.function_call_arguments.done", arguments=call.arguments, name=call.name, **where),
-            self._event("response.output_item.done", response_id=response.id, output_index=index, item=item),
-            self._event("conversation.item.done", item=item, previous_item_id=previous),
-        ]
+        return events
 
     def _release(self, response: _Response) -> list[Action]:
         response.held = False
