@@ -84,7 +84,8 @@ class Answer:
     tool_messages: list[ChatMessage] = field(default_factory=list)  # the turn's tool calls and results
     passes: int = 0  # the LM's passes, every round of the tool loop
     lm_seconds: float = 0.0
-    tokens: int = 0  # the LM's tokens, prompts read (and of those, cached) and answers written, every round
+    # the LM's counts over every round: tokens written, prompt tokens read, and of those the ones its cache held
+    tokens: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     continues: bool = False  # it answers tool results a client returned, with no new user words
