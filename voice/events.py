@@ -91,13 +91,17 @@ class LmFirstPass(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AnswerDone(Event):
-    """The LM finished the answer. `passes` and `tokens` give tokens per pass; `lm_seconds` the model time."""
+    """The LM finished the answer. `passes` and `tokens` give tokens per pass (both over every round of the tool
+    loop); `lm_seconds` the model time; `prompt_tokens` the prompts the LM read, of which `cached_prompt_tokens` came
+    from its cache (every round too; 0 from a model that does not count them)."""
 
     text: str
     tokens: int
     passes: int
     lm_seconds: float
     finish_reason: str
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +114,16 @@ class ToolCalled(Event):
     result: str
     error: str
     seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolRequested(Event):
+    """The answer called a function whose result comes from outside (a Realtime client's own tool): the turn ends
+    with the call, unanswered; its result comes back by `call_id` (`Session.add_tool_result`)."""
+
+    name: str
+    arguments: str
+    call_id: str
 
 
 # --- speaking --------------------------------------------------------------------------------------------------------
@@ -212,6 +226,7 @@ EVENT_TYPES: dict[type[Event], str] = {
     LmFirstPass: "lm_first_pass",
     AnswerDone: "answer",
     ToolCalled: "tool_called",
+    ToolRequested: "tool_requested",
     PhraseCommitted: "phrase_committed",
     SpeculationResult: "speculation",
     TtsFirstChunk: "tts_first_chunk",

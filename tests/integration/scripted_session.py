@@ -8,6 +8,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 from voice import events as ev
+from voice.listen.stage import ListenConfig
+from voice.tools.loop import ClientTools
+from voice.turn.tuning import TurnTuning
 from web.config import WebConfig
 from web.server import VoiceServer
 
@@ -32,6 +35,9 @@ class ScriptedSession:
         self.played: list[tuple[int | None, int]] = []  # (turn, samples) reports from the client
         self.texts: list[str] = []  # typed turns the server passed on
         self.system_prompt = "Be helpful."  # what a Realtime client's instructions set
+        self.client_tools = ClientTools()
+        self.tuning = TurnTuning()
+        self.tool_results: list[tuple[str, str]] = []
         self._out: asyncio.Queue[ev.Event | None] = asyncio.Queue()
 
     async def start(self) -> None:
@@ -80,6 +86,22 @@ class ScriptedSession:
 
     def set_instructions(self, text: str | None) -> None:
         self.system_prompt = text or "Be helpful."
+
+    @property
+    def turn_tuning(self) -> TurnTuning:
+        return self.tuning.filled(ListenConfig())
+
+    def tune_turns(self, tuning: TurnTuning) -> None:
+        self.tuning = tuning
+
+    def set_client_tools(self, tools: ClientTools) -> None:
+        self.client_tools = tools
+
+    def add_tool_result(self, call_id: str, output: str) -> None:
+        self.tool_results.append((call_id, output))
+
+    async def answer_tool_results(self) -> None:
+        await self.send_text("")
 
     async def events(self) -> AsyncIterator[ev.Event]:
         while (event := await self._out.get()) is not None:

@@ -126,6 +126,8 @@ def test_speech_with_semantic_vad_then_manual_commit(engines: Engines) -> None:
     done = of(vad, "response.done")[0].response
     spoken = of(vad, "response.output_audio_transcript.done")[0].transcript
     assert done.status == "completed" and done.usage.output_tokens > 0 and spoken
+    assert done.usage.input_tokens > 0 and done.usage.total_tokens == done.usage.input_tokens + \
+        done.usage.output_tokens  # the LM's own counts of the prompt it read
     assert done.output[0].content[0].transcript == spoken
 
     manual_kinds = [e.type for e in manual]
@@ -159,8 +161,8 @@ def test_bad_input_gets_errors_and_the_session_lives_on(engines: Engines) -> Non
                 await conn.send({"type": "input_audio_buffer.append", "audio": "%%%", "event_id": "bad-3"})
                 await conn.send({"type": "session.update", "event_id": "bad-4",  # type: ignore[arg-type]
                                  "session": {"type": "realtime", "speling": 1}})
-                await conn.session.update(session={"type": "realtime", "tools": [
-                    {"type": "function", "name": "get_weather", "parameters": {}}]}, event_id="bad-5")
+                await conn.session.update(session={"type": "realtime", "tools": [  # type: ignore[list-item]
+                    {"type": "mcp", "server_label": "get_weather"}]}, event_id="bad-5")
                 await conn.response.cancel(event_id="bad-6")
                 await conn.send({"type": "session.update", "session": {"type": "realtime", "audio": {
                     "output": {"format": {"type": "audio/pcmu"}}}}})
@@ -180,7 +182,7 @@ def test_bad_input_gets_errors_and_the_session_lives_on(engines: Engines) -> Non
     assert errors["bad-1"].code == "unknown_event" and "no.such.event" in errors["bad-1"].message
     assert errors["bad-2"].code == "invalid_audio" and errors["bad-3"].code == "invalid_audio"
     assert errors["bad-4"].param == "session.speling"
-    assert errors["bad-5"].code == "unsupported" and "get_weather" in errors["bad-5"].message
+    assert errors["bad-5"].code == "unsupported" and errors["bad-5"].param == "session.tools[0].type"
     assert errors["bad-6"].code == "response_cancel_not_active"
     assert all(e.error.type == "invalid_request_error" for e in of(got, "error"))
     # the session took the μ-law update and answered, and the cancel ended that answer with what was heard
@@ -269,3 +271,78 @@ def test_a_tool_call_its_output_and_the_spoken_answer(tmp_path_factory: pytest.T
     spoken = of(got, "response.output_audio_transcript.done")[0].transcript
     assert spoken.startswith("Done:") and outputs[0].output in spoken  # the tool's result, said
     assert of(got, "response.output_audio.delta")[0].output_index == 1
+
+
+def test_a_client_tool_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A tool the client runs itself (session.tools): the model's call ends the response unrun, the client's
+    function_call_output comes back by call_id (a wrong one is an error naming item.call_id), and response.create
+    gets the spoken answer that says the result. The LM is the scripted tool-capable stand-in (the bundled model
+    rarely calls tools); the ASR, the TTS, the server's own tools, the sockets and the official client are real."""
+    from model.chat.tools import call_text
+    from tests.unit.test_voice_tools import ScriptedLM
+    from voice.listen.asr_models import load_model
+    from voice.speak.tts import load_synthesizer
+    from voice.think.spoken import spoken_answer
+    from voice.tools.toolbox import ToolsConfig
+    from voice.turn.session import SessionConfig
+    from web.server import VoiceServer
+
+    weather = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    lm = ScriptedLM(lambda user: call_text("get_weather", '{"city":"Paris"}') if "weather" in user else None)
+    engines = Engines(asr=load_model(None), tts=load_synthesizer(), lm=lm, load_seconds={})
+    config = SessionConfig(generation=spoken_answer(max_new_tokens=32), tools=ToolsConfig())  # the server's too
+
+    async def scenario() -> tuple[list, list, list, tuple]:
+        async with VoiceServer(engines, config, WebConfig(port=0)) as server, \
+                client_for(server.port).realtime.connect(model="voice-assistant") as conn:
+            setup = await until(conn, "session.created", [])
+            await conn.session.update(session={"type": "realtime", "tools": [  # type: ignore[list-item]
+                weather, {"type": "function", "name": "get_time", "parameters": {}}]}, event_id="clash")
+            await conn.session.update(session={"type": "realtime", "tools": [weather],  # type: ignore[list-item]
+                                               "tool_choice": "auto"})
+            await until(conn, "session.updated", setup)
+            await conn.conversation.item.create(item={  # type: ignore[arg-type]
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "what is the weather in paris"}]})
+            await conn.response.create()
+            called = await until(conn, "response.done", [])
+            call = of(called, "response.function_call_arguments.done")[0]
+            await conn.conversation.item.create(item={"type": "function_call_output", "call_id": "call_wrong",
+                                                      "output": "{}"}, event_id="wrong")
+            await conn.conversation.item.create(item={"type": "function_call_output", "call_id": call.call_id,
+                                                      "output": '{"sky": "sunny", "celsius": 21}'})
+            answered = await until(conn, "conversation.item.done", [])
+            await conn.response.create()
+            await until(conn, "response.done", answered)
+            (session,) = server._sessions.values()
+            history = tuple(session.dialogue.history)
+        return setup, called, answered, history
+
+    setup, called, answered, history = asyncio.run(scenario())
+    [clash] = of(setup, "error")
+    assert clash.error.event_id == "clash" and clash.error.param == "session.tools" and "get_time" in \
+        clash.error.message
+    assert [t.name for t in of(setup, "session.updated")[-1].session.tools] == ["get_weather"]
+
+    [call] = of(called, "response.function_call_arguments.done")
+    assert call.name == "get_weather" and '"Paris"' in call.arguments
+    done = of(called, "response.done")[0].response
+    assert done.status == "completed" and [item.type for item in done.output] == ["function_call"]
+    assert done.output[0].call_id == call.call_id and done.usage.output_tokens > 0
+    assert not of(called, "response.output_audio.delta")  # nothing said, and the call not run by the server:
+    assert all(e.item.type != "function_call_output" for e in of(called, "conversation.item.added"))
+
+    [wrong] = of(answered, "error")
+    assert wrong.error.event_id == "wrong" and wrong.error.param == "item.call_id"
+    [result] = [e.item for e in of(answered, "conversation.item.added") if e.item.type == "function_call_output"]
+    assert result.call_id == call.call_id
+    spoken = of(answered, "response.output_audio_transcript.done")[0].transcript
+    assert spoken.startswith("Done:") and "sunny" in spoken  # the model's words say the client's result
+    assert of(answered, "response.output_audio.delta")
+    final = of(answered, "response.done")[0].response
+    assert final.status == "completed" and [item.type for item in final.output] == ["message"]
+    assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
+    assert history[2].content == '{"sky": "sunny", "celsius": 21}' and "<tool_call>" in history[1].content
+    second_messages, _ = lm.requests[-1]
+    assert second_messages[-1].role == "tool"  # the answer was written reading the result

@@ -12,6 +12,8 @@ from openai import AsyncOpenAI
 
 from tests.integration.scripted_session import ScriptedSession, scripted_server
 from voice import events as ev
+from voice.errors import ProtocolError
+from voice.turn.tuning import TurnTuning
 from web.config import WebConfig
 
 TOKEN = "realtime-limits-token-0123"
@@ -147,3 +149,46 @@ def test_response_instructions_apply_to_that_response_only() -> None:
 
     (session,) = asyncio.run(scenario())
     assert session.prompts == ["Answer in one word.", "Be helpful."] and session.system_prompt == "Be helpful."
+
+
+class PickyListener(AnsweringSession):
+    """Refuses a VAD threshold above 0.9, as a listener whose endpointer cannot take it would."""
+
+    def tune_turns(self, tuning: TurnTuning) -> None:
+        if tuning.vad_threshold is not None and tuning.vad_threshold > 0.9:
+            raise ProtocolError("the endpointer cannot take that threshold")
+        super().tune_turns(tuning)
+
+
+def test_turn_detection_reaches_the_session_and_a_refused_one_changes_nothing() -> None:
+    def server_vad(**values: float) -> dict:
+        return {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", **values}}}}
+
+    async def scenario() -> tuple[list, list, list]:
+        server, sessions = scripted_server(WebConfig(port=0, token=TOKEN), PickyListener)
+        async with server, client(server.port).realtime.connect(model="m") as conn:
+            created = await until(conn, "session.created", [])
+            await conn.session.update(session=server_vad(threshold=0.7, silence_duration_ms=900,  # type: ignore[arg-type]
+                                                         prefix_padding_ms=200))
+            tuned = await until(conn, "session.updated", [])
+            tunings = [sessions[0].tuning]
+            await conn.session.update(session=server_vad(threshold=0.95), event_id="picky")  # type: ignore[arg-type]
+            refused = await until(conn, "error", [])
+            await conn.session.update(session={"type": "realtime", "instructions": "Be brief."})
+            refused = await until(conn, "session.updated", refused)
+            tunings.append(sessions[0].tuning)
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {  # type: ignore[arg-type]
+                "turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}})
+            await until(conn, "session.updated", [])
+            tunings.append(sessions[0].tuning)
+        return created, tuned, refused, tunings
+
+    created, tuned, refused, tunings = asyncio.run(scenario())
+    assert created[0].session.audio.input.turn_detection.type == "semantic_vad"
+    vad = tuned[-1].session.audio.input.turn_detection
+    assert (vad.threshold, vad.silence_duration_ms, vad.prefix_padding_ms) == (0.7, 900, 200)
+    assert tunings[0] == TurnTuning(0.7, 900, 200)
+    error = refused[0].error
+    assert error.event_id == "picky" and error.param == "session.audio.input.turn_detection"
+    assert refused[-1].session.audio.input.turn_detection.threshold == 0.7  # the refused update changed nothing
+    assert tunings[1] == TurnTuning(0.7, 900, 200) and tunings[2] == TurnTuning(patience=2.0)

@@ -105,8 +105,8 @@ def test_session_update_applies_formats_turn_detection_and_transcription() -> No
 @pytest.mark.parametrize(("event", "param", "code"), [
     ({"type": "nope.event"}, "type", "unknown_event"),
     ({"type": "session.update", "session": {"voices": "x"}}, "session.voices", "unknown_parameter"),
-    ({"type": "session.update", "session": {"tools": [{"type": "function", "name": "get_weather"}]}},
-     "session.tools", "unsupported"),
+    ({"type": "session.update", "session": {"tools": [{"type": "mcp", "server_label": "x"}]}},
+     "session.tools[0].type", "unsupported"),
     ({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}},
      "session.audio.input.format.rate", "unsupported"),
     ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "server_vad",
@@ -114,7 +114,7 @@ def test_session_update_applies_formats_turn_detection_and_transcription() -> No
      "session.audio.input.turn_detection.interrupt_response", "unsupported"),
     ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "audio", "invalid_audio"),
     ({"type": "input_audio_buffer.append", "audio": "AAEC"}, "audio", "invalid_audio"),  # 3 bytes: half a sample
-    ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c", "output": "1"}},
+    ({"type": "conversation.item.create", "item": {"type": "function_call", "call_id": "c", "name": "f"}},
      "item.type", "unsupported"),
     ({"type": "conversation.item.retrieve", "item_id": "x"}, "type", "unsupported"),
     ({"type": "response.create", "response": {"tools": []}}, "response.tools", "unsupported"),

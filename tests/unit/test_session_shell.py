@@ -87,6 +87,7 @@ class FakeListen:
 
     def __init__(self, session: str, emit, config=None, model=None) -> None:
         self.emit = emit
+        self.config = config
         self.inside = 0
         self.overlaps = 0
         self.accepted = 0  # chunks of audio the session let through
@@ -95,6 +96,9 @@ class FakeListen:
         self.last_segment_audio = np.zeros(16000, dtype=np.float32)
         self.open_segment: str | None = None  # words of a segment still open: `flush` ends it with them
         FakeListen.instances.append(self)
+
+    def retune(self, config) -> None:
+        self.config = config
 
     async def _enter(self) -> None:
         self.inside += 1

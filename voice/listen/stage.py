@@ -74,10 +74,8 @@ class ListenStage:
         self._endpointer = Endpointer(self.config.endpointer)
         self._transcriber = StreamingTranscriber(self._model.model, self.config.transcriber)
         self._resampler: StreamResampler | None = None
-        ep = self.config.endpointer
-        # Audio kept while idle: a speech_start reaches back min_speech + padding (+ one window of slack).
-        self._lead_in = ep.samples(max(ep.speech_pad_ms, self.config.lead_in_ms))
-        self._keep = ep.samples(ep.min_speech_ms) + self._lead_in + 2 * ep.frame_samples
+        self._lead_in = self._keep = 0
+        self.retune(self.config)
         self._history = np.zeros(0, dtype=np.float32)
         self._history_start = 0  # stream sample index of _history[0]
         self._received = 0  # 16 kHz samples received this stream
@@ -95,6 +93,15 @@ class ListenStage:
         self.last_segment_audio = np.zeros(0, dtype=np.float32)  # ... of the segment that ended last (turn detector)
         # called with the segment's padded audio when its likely final decode starts (the session's turn detector)
         self.on_likely_final: Callable[[np.ndarray], None] | None = None
+
+    def retune(self, config: ListenConfig) -> None:
+        """Listen by `config`'s endpointer and lead-in from the next window on (a client's tuning of its session:
+        voice/turn/tuning.py); the model and the transcriber stay as they are."""
+        self.config = config
+        self._endpointer.config = ep = config.endpointer
+        # Audio kept while idle: a speech_start reaches back min_speech + padding (+ one window of slack).
+        self._lead_in = ep.samples(max(ep.speech_pad_ms, config.lead_in_ms))
+        self._keep = ep.samples(ep.min_speech_ms) + self._lead_in + 2 * ep.frame_samples
 
     # --- input ---------------------------------------------------------------------------------------------------
     async def accept(self, pcm: bytes, sample_rate: int = TARGET_RATE, arrival_ns: int | None = None) -> None:

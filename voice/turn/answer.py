@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions, PreparesPrompts
-from model.chat.tools import ToolCall, opens_calls
+from model.chat.tools import Function, ToolCall, opens_calls
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
@@ -39,14 +39,15 @@ from voice.events import (
     PhraseCommitted,
     Resume,
     ToolCalled,
+    ToolRequested,
     TtsFirstChunk,
     now_ns,
 )
 from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.stage import SpeakStage
 from voice.think.lm_run import LmRun
-from voice.tools.loop import Apologise, RunTools, ToolLoop, offered_options
-from voice.tools.toolbox import Toolbox
+from voice.tools.loop import Apologise, ClientTools, HandOut, RunTools, ToolLoop, offered_options
+from voice.tools.toolbox import Toolbox, ToolsConfig
 from voice.turn.config import SessionConfig
 from voice.turn.record import TurnRecord
 
@@ -83,6 +84,11 @@ class Answer:
     tool_messages: list[ChatMessage] = field(default_factory=list)  # the turn's tool calls and results
     passes: int = 0  # the LM's passes, every round of the tool loop
     lm_seconds: float = 0.0
+    # the LM's counts over every round: tokens written, prompt tokens read, and of those the ones its cache held
+    tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    continues: bool = False  # it answers tool results a client returned, with no new user words
 
     def __post_init__(self) -> None:
         self.unpaused.set()
@@ -142,7 +148,11 @@ class AnswerRunner:
     `resume` and `cancel` act on its outputs; `prepare_next` encodes the next prompt ahead.
 
     `emit` puts an event on the session's output; `on_first_audio` tells the session that an answer's first audio
-    went out (it is speaking now); `toolbox`: the session's tools (None: the model is offered none)."""
+    went out (it is speaking now); `toolbox`: the session's tools (None: the model is offered none of its own);
+    `client_tools`: the functions a client runs itself, and the choice over all tools. A call of a client's function
+    ends its turn unanswered; `awaiting` keeps those calls (call id -> name) until their results come back."""
+
+    MAX_AWAITING = 32  # calls a client never answered are forgotten, oldest first
 
     def __init__(
         self,
@@ -164,6 +174,8 @@ class AnswerRunner:
         self.on_end_of_turn: Callable[[Answer, float], Awaitable[None]] | None = None
         self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
         self.options = session_options(config, session_id)
+        self.client_tools = ClientTools()
+        self.awaiting: dict[str, str] = {}
 
     async def run(self, answer: Answer, messages: list[ChatMessage]) -> None:
         """Generate and speak `answer`, wait for its release and its playback; a failure or the turn's time limit
@@ -218,11 +230,21 @@ class AnswerRunner:
         self.drop_prepared()
         self._prepared = threading.Event()
         try:
-            offered = self.toolbox.offered if self.toolbox is not None else ()
+            offered = self._offered(self.toolbox.offered if self.toolbox is not None else ())
             lm.prepare(history, self._prepared, conversation=self.session_id,
                        system_prompt=offered_options(self.options, offered).system_prompt)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
+
+    def _offered(self, own: Sequence[Function]) -> tuple[Function, ...]:
+        """Every function an answer is offered: the session's own, then the client's (a name the session's own tools
+        already use stays theirs: the client's update was refused for it, unless an MCP server has offered it
+        since)."""
+        names = {function.name for function in own}
+        clients = tuple(f for f in self.client_tools.functions if f.name not in names)
+        if len(clients) < len(self.client_tools.functions):
+            log.warning("a client tool's name is now one of the session's own tools; the session's is offered")
+        return (*own, *clients)
 
     def drop_prepared(self) -> None:
         if self._prepared is not None:
@@ -281,8 +303,11 @@ class AnswerRunner:
                 await self._say(answer, drafts, answer.announcement)
                 return
             toolbox = self.toolbox
-            functions = await toolbox.functions() if toolbox is not None else ()
-            loop = ToolLoop(messages, functions, self.options, toolbox.config.max_rounds if toolbox else 0)
+            functions = self._offered(await toolbox.functions() if toolbox is not None else ())
+            own = {function.name for function in toolbox.offered} if toolbox is not None else set()
+            loop = ToolLoop(messages, functions, self.options, (self.config.tools or ToolsConfig()).max_rounds,
+                            external={f.name for f in functions if f.name not in own},
+                            choice=self.client_tools.choice)
             while True:
                 if answer.run is not None:
                     await answer.run.close()
@@ -294,6 +319,9 @@ class AnswerRunner:
                     answer.tool_messages = list(loop.added)
                     if decision is None:
                         continue
+                if isinstance(decision, HandOut):
+                    await self._hand_out(answer, loop, decision)
+                    return
                 if isinstance(decision, Apologise):
                     await self._say(answer, drafts, decision.text)
                 return
@@ -313,6 +341,10 @@ class AnswerRunner:
                 self.event(answer, LmFirstPass(session=session, turn=answer.turn, t_ns=t_ns))
                 if draft.end_of_turn is not None and self.on_end_of_turn is not None:
                     await self.on_end_of_turn(answer, draft.end_of_turn)
+            if draft.done:
+                answer.tokens += draft.completion_tokens
+                answer.prompt_tokens += draft.prompt_tokens
+                answer.cached_prompt_tokens += draft.cached_prompt_tokens
             if opens_calls(draft.text.lstrip()):  # a tool call is never spoken nor shown
                 if draft.done:
                     return draft.text
@@ -345,9 +377,23 @@ class AnswerRunner:
                     prompt_tokens=draft.prompt_tokens,
                     prompt_tokens_encoded=draft.prompt_tokens - draft.cached_prompt_tokens,
                 )
-                self._answer_done(answer, tokens, draft.finish_reason or "stop")
+                self._answer_done(answer, draft.finish_reason or "stop")
                 return draft.text
         return ""  # cancelled: the stream ended without a done draft
+
+    async def _hand_out(self, answer: Answer, loop: ToolLoop, decision: HandOut) -> None:
+        """Calls of a client's functions: they go out (once the turn is confirmed, as a tool's run waits) and the
+        answer ends with them and no words; the history keeps them, and `awaiting` their ids."""
+        await answer.released.wait()
+        loop.handed_out(decision)
+        answer.tool_messages = list(loop.added)
+        for call, call_id in zip(decision.calls, decision.call_ids, strict=True):
+            self.awaiting[call_id] = call.name
+            while len(self.awaiting) > self.MAX_AWAITING:
+                del self.awaiting[next(iter(self.awaiting))]
+            self.event(answer, ToolRequested(session=self.session_id, turn=answer.turn, name=call.name,
+                                             arguments=call.arguments, call_id=call_id))
+        self._answer_done(answer, "tool_calls")
 
     async def _run_tools(self, answer: Answer, calls: Sequence[ToolCall],
                          drafts: asyncio.Queue[Draft | None]) -> list[str | ToolError]:
@@ -397,12 +443,13 @@ class AnswerRunner:
                                        draft=draft.text, pieces=tuple((p.text, True) for p in pieces)))
         await drafts.put(draft)
         answer.text = text
-        self._answer_done(answer, 0, "stop")
+        self._answer_done(answer, "stop")
 
-    def _answer_done(self, answer: Answer, tokens: int, finish_reason: str) -> None:
-        self.event(answer, AnswerDone(session=self.session_id, turn=answer.turn, text=answer.text, tokens=tokens,
-                                      passes=answer.passes, lm_seconds=answer.lm_seconds,
-                                      finish_reason=finish_reason))
+    def _answer_done(self, answer: Answer, finish_reason: str) -> None:
+        self.event(answer, AnswerDone(session=self.session_id, turn=answer.turn, text=answer.text,
+                                      tokens=answer.tokens, passes=answer.passes, lm_seconds=answer.lm_seconds,
+                                      finish_reason=finish_reason, prompt_tokens=answer.prompt_tokens,
+                                      cached_prompt_tokens=answer.cached_prompt_tokens))
 
     async def _on_speech(self, answer: Answer, event: Event) -> None:
         if isinstance(event, PhraseCommitted):

@@ -148,6 +148,7 @@ class ClockTick:
 @dataclass(frozen=True, slots=True)
 class TypedText:
     text: str
+    continues: bool = False  # no words: answer the tool results a client returned
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,7 @@ class StartAnswer:
     text: str
     held: bool
     announcement: bool = False
+    continues: bool = False  # no user words: answer the tool results a client returned (in the history already)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,11 +339,7 @@ class TurnTaking:
     """The turn-taking core of one session. Feed every event to `handle`; execute the actions it returns, in order."""
 
     def __init__(self, config: TurnTakingConfig | None = None) -> None:
-        self.config = config or TurnTakingConfig()
-        c = self.config
-        self._end_of_turn = replace(c.end_of_turn, complete_ms=c.complete_silence_ms,
-                                    incomplete_ms=c.incomplete_silence_ms, question_ms=c.question_silence_ms,
-                                    silence_rule_ms=c.silence_rule_ms)
+        self.retune(config or TurnTakingConfig())
         self.state = State.LISTENING
         self.turn_no = 0  # the last turn number handed out
         self._user: _UserTurn | None = None  # the user turn being spoken, paused or answered
@@ -351,6 +349,13 @@ class TurnTaking:
         self._output_paused = False  # BARGE_IN_PENDING: the answer's audio is paused
         self._paused_since_ms: float | None = None  # on the shell's clock: the first tick after the pause
         self._segment_end_asked = False  # EndSegment went out for the current stall
+
+    def retune(self, config: TurnTakingConfig) -> None:
+        """Decide by `config` from now on (a client's tuning of its session: voice/turn/tuning.py)."""
+        self.config = c = config
+        self._end_of_turn = replace(c.end_of_turn, complete_ms=c.complete_silence_ms,
+                                    incomplete_ms=c.incomplete_silence_ms, question_ms=c.question_silence_ms,
+                                    silence_rule_ms=c.silence_rule_ms)
 
     @property
     def user_turn(self) -> int:
@@ -406,8 +411,8 @@ class TurnTaking:
                 return self._user_done()
             case ClockTick():
                 return self._tick(event)
-            case TypedText(text=text):
-                return self._typed(text)
+            case TypedText(text=text, continues=continues):
+                return self._typed(text, continues)
             case ClientInterrupt():
                 return self._interrupt()
             case AnswerAudio(answer_id=answer_id):
@@ -568,13 +573,13 @@ class TurnTaking:
         return [ResumeOutput(self._answer.answer_id, self._answer.turn)]
 
     # --- the client ------------------------------------------------------------------------------------------------
-    def _typed(self, text: str) -> list[TurnAction]:
+    def _typed(self, text: str, continues: bool = False) -> list[TurnAction]:
         actions = self._stop_everything("new_text")
         self.turn_no += 1
         self._user = None
         answer = self._new_answer(self.turn_no, held=False, spoken_turn=False)
         self.state = State.ANSWERING
-        actions.append(StartAnswer(answer.answer_id, self.turn_no, text, held=False))
+        actions.append(StartAnswer(answer.answer_id, self.turn_no, text, held=False, continues=continues))
         return actions
 
     def _announce(self, text: str) -> list[TurnAction]:

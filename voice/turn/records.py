@@ -50,6 +50,10 @@ class TurnRecords:
         probe.add_user(user_text)
         return probe.messages()
 
+    def messages(self) -> list[ChatMessage]:
+        """The history as it is: what a turn with no user words answers (tool results a client returned)."""
+        return self.dialogue.messages()
+
     def end(self, record: TurnRecord, answer: Answer | None, interrupted: bool, stats: dict[str, float]) -> TurnEnd:
         """Close the turn: the history gets the user's words and what was spoken; returns its `TurnEnd`."""
         self._records.pop(record.turn, None)
@@ -66,7 +70,8 @@ class TurnRecords:
         if answer is not None and answer.announcement is not None:
             stats = {**stats, "announcement": 1.0}  # the assistant's own turn: no user words
         else:
-            self.dialogue.add_user(record.user_text)
+            if answer is None or not answer.continues:  # a continuation answers the history: no words of its own
+                self.dialogue.add_user(record.user_text)
             if answer is not None:
                 self.dialogue.add_tool_messages(answer.tool_messages)
         self.dialogue.add_assistant(spoken)

@@ -37,10 +37,11 @@ import numpy as np
 from model.chat import ChatMessage, ChatModel, ConstrainsAnswers
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
-from voice.errors import ProtocolError, VoiceError
+from voice.errors import ProtocolError, ToolError, VoiceError
 from voice.events import AudioOut, ErrorEvent, Event, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
 from voice.listen.stage import ListenStage
 from voice.think.dialogue import Dialogue
+from voice.tools.loop import ClientTools
 from voice.tools.toolbox import Toolbox, ToolsConfig
 from voice.turn.answer import Answer, AnswerRunner
 from voice.turn.clock import TurnClock
@@ -79,6 +80,7 @@ from voice.turn.session_core import (
     TextTyped,
     UserSpeechEnded,
 )
+from voice.turn.tuning import TurnTuning
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,8 @@ class Session:
         self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio, self.toolbox)
         self._answers.on_end_of_turn = self._on_lm_end_of_turn
         self._answer: Answer | None = None
+        self._results_waiting: list[str] = []  # tool results returned while an answer ran: history at its end
+        self._tuning = TurnTuning()
         self._answers_running: set[asyncio.Task[None]] = set()
         self._clock = TurnClock(self.core.machine, self._dispatch, name=f"turn-clock-{self.id}")
         self._idle = asyncio.Event()
@@ -131,7 +135,8 @@ class Session:
     # --- public API ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._listen is None:
-            self._listen = ListenStage(self.id, self._on_listen, self.config.listen, model=self.engines.asr)
+            self._listen = ListenStage(self.id, self._on_listen, self._tuning.listen(self.config.listen),
+                                       model=self.engines.asr)
             self._listen.on_likely_final = self._on_likely_final
             self._prepare_next_prompt()
         self._start_tools()
@@ -190,6 +195,58 @@ class Session:
         prompt = text if text is not None else self.config.generation.system_prompt
         self._answers.options = replace(self._answers.options, system_prompt=prompt)
         self._prepare_next_prompt()
+
+    @property
+    def turn_tuning(self) -> TurnTuning:
+        """The listener's tuning in effect, every value filled in."""
+        return self._tuning.filled(self.config.listen)
+
+    def tune_turns(self, tuning: TurnTuning) -> None:
+        """Listen and end turns by `tuning` over the configured settings from now on (a Realtime session's
+        `turn_detection`). Raises ProtocolError for values the listener cannot take; then nothing changes."""
+        try:
+            listen, turn_taking = tuning.listen(self.config.listen), tuning.turn_taking(self.config.turn_taking)
+        except ValueError as err:
+            raise ProtocolError(f"turn detection: {err}") from None
+        self._tuning = tuning
+        self.core.machine.retune(turn_taking)
+        if self._listen is not None:
+            self._listen.retune(listen)
+
+    def set_client_tools(self, tools: ClientTools) -> None:
+        """Offer the functions a client runs itself (a Realtime session's `tools`), and its `tool_choice`, to the
+        answers from now on. A call of one ends its turn with a `ToolRequested`; the client's result comes back by
+        `add_tool_result`. Raises ToolError (naming it) for a name the session's own tools use, or when the model
+        cannot be held to tool calls; a refused offer changes nothing."""
+        lm = self.engines.lm
+        if tools.functions and not (isinstance(lm, ConstrainsAnswers) and lm.constrains_answers):
+            raise ToolError(f"{lm.name} cannot be held to tool calls (a remote or diffusion-mode model): no client "
+                            "tools can be offered")
+        own = {function.name for function in self.toolbox.offered} if self.toolbox is not None else set()
+        clash = sorted(own & {function.name for function in tools.functions})
+        if clash:
+            raise ToolError(f"tool {clash[0]} is one of the server's own tools: give yours another name")
+        self._answers.client_tools = tools
+        self._prepare_next_prompt()
+
+    def add_tool_result(self, call_id: str, output: str) -> None:
+        """The result of a client's function call (`ToolRequested.call_id`): it joins the history as the tool message
+        the call waits for (once the answer running now, if any, has ended), for the next answer to read. Raises
+        ProtocolError for a call id no call is waiting under."""
+        if self._answers.awaiting.pop(call_id, None) is None:
+            raise ProtocolError(f"no function call {call_id} is waiting for its output")
+        if self._answer is not None:
+            self._results_waiting.append(output)
+        else:
+            self.dialogue.add_tool_messages([ChatMessage("tool", output)])
+            self._prepare_next_prompt()
+
+    async def answer_tool_results(self) -> None:
+        """Answer the tool results the client returned, with no new user words: a turn of its own, as a typed one
+        is (it takes the floor from an answer in progress)."""
+        if self._closed:
+            raise ProtocolError("the session is closed")
+        await self._execute(self.core.handle(TextTyped("", now_ns(), continues=True)))
 
     async def interrupt(self, reason: str = "interrupt") -> None:
         """Stop speaking now: `Clear`, cancel the turn; the history keeps what was played."""
@@ -379,13 +436,16 @@ class Session:
         self._answers.drop_prepared()
         self._start_tools()  # a typed turn may come before `start`
         record = self._records.get(action.turn)
-        record.user_text = "" if action.announcement else action.text
+        record.user_text = "" if action.announcement or action.continues else action.text
         answer = Answer(action.answer_id, record, held=action.held, early=action.held,
-                        announcement=action.text if action.announcement else None)
+                        announcement=action.text if action.announcement else None, continues=action.continues)
         if not action.held:
             answer.released.set()
         self._answer = answer
-        messages = [] if action.announcement else self._records.messages_with(action.text)
+        if action.announcement:
+            messages: list[ChatMessage] = []
+        else:
+            messages = self._records.messages() if action.continues else self._records.messages_with(action.text)
         answer.task = asyncio.create_task(self._run_answer(answer, messages),
                                           name=f"answer-{self.id}-{action.turn}-{action.answer_id}")
         self._answers_running.add(answer.task)
@@ -429,6 +489,8 @@ class Session:
     def _end_turn(self, record: TurnRecord, answer: Answer | None, interrupted: bool,
                   stats: dict[str, float]) -> None:
         self._emit(self._records.end(record, answer, interrupted, stats))
+        results, self._results_waiting = self._results_waiting, []
+        self.dialogue.add_tool_messages([ChatMessage("tool", output) for output in results])
         self._prepare_next_prompt()
 
     def _prepare_next_prompt(self) -> None:

@@ -99,10 +99,12 @@ class LikelyFinalDecoding:
 
 @dataclass(frozen=True, slots=True)
 class TextTyped:
-    """A typed user turn arrived at `t_ns`."""
+    """A typed user turn arrived at `t_ns`; `continues`: no words, the client asks for the answer to the tool
+    results it returned (voice/tools/loop.py `HandOut`)."""
 
     text: str
     t_ns: int
+    continues: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +192,8 @@ class SessionCore:
                 return self._schedule(event)
             case SessionClosed():
                 return self._schedule(ScheduleClosed())
-            case TextTyped(text=text, t_ns=t_ns):
-                actions = machine.handle(TypedText(text))
+            case TextTyped(text=text, t_ns=t_ns, continues=continues):
+                actions = machine.handle(TypedText(text, continues))
                 return [MarkTurn(machine.turn_no, {"text_in": t_ns}), *actions]
             case (Silence() | UserDone() | ClockTick() | ClientInterrupt() | AnswerAudio() | AnswerFinished()
                   | LmTurnVerdict() | AssistantAnnounces()):

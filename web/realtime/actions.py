@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from voice.tools.loop import ClientTools
+from voice.turn.tuning import TurnTuning
+
 
 @dataclass(frozen=True, slots=True)
 class Send:
@@ -47,4 +50,32 @@ class SetInstructions:
     text: str | None  # None: the session's own system prompt
 
 
-Action = Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions
+@dataclass(frozen=True, slots=True)
+class TuneTurns:
+    """The listener's and the end-of-turn rule's tuning from the session's turn_detection (`Session.tune_turns`)."""
+
+    tuning: TurnTuning
+
+
+@dataclass(frozen=True, slots=True)
+class SetTools:
+    """The client's own functions and its tool choice, for the answers from now on (`Session.set_client_tools`)."""
+
+    tools: ClientTools
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """The result of the client's run of call `call_id` (`Session.add_tool_result`)."""
+
+    call_id: str
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerToolResults:
+    """Answer the tool results the client returned, with no new user words (`Session.answer_tool_results`)."""
+
+
+Action = (Send | FeedAudio | EndAudio | SendText | Interrupt | TruncateHeard | SetInstructions | TuneTurns
+          | SetTools | ToolOutput | AnswerToolResults)

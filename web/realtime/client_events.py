@@ -8,61 +8,16 @@ ignored, so a client never believes a setting took effect when it did not; a ref
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from voice.errors import AudioFormatError, ProtocolError
+from voice.errors import AudioFormatError
+from voice.tools.loop import ClientTools, ToolChoice
+from voice.turn.tuning import TurnTuning
 from web.realtime.audio import FORMATS, PCM16_24K, AudioFormat, decode_base64
-
-
-class RealtimeError(ProtocolError):
-    """A client event this server refuses: `code` and `param` go into the Realtime error shape, with the id of the
-    client's event (`event_id`) when it had one."""
-
-    def __init__(self, message: str, code: str = "invalid_request_error", param: str | None = None,
-                 event_id: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.param = param
-        self.event_id = event_id
-
-
-class Unsupported(RealtimeError):
-    """A well-formed event or field that this server does not implement."""
-
-    def __init__(self, message: str, param: str | None = None, event_id: str | None = None) -> None:
-        super().__init__(message, "unsupported", param, event_id)
-
-
-TURN_DETECTION_TYPES = ("server_vad", "semantic_vad")
-EAGERNESS = ("low", "medium", "high", "auto")
-
-
-@dataclass(frozen=True, slots=True)
-class TurnDetection:
-    """`server_vad` or `semantic_vad`. Both run the session's own endpointer and turn detector (which is what the API
-    calls semantic VAD); the tuning fields are kept and echoed, not applied (REALTIME.md)."""
-
-    type: str = "semantic_vad"
-    create_response: bool = True
-    interrupt_response: bool = True
-    eagerness: str = "auto"
-    threshold: float | None = None
-    silence_duration_ms: int | None = None
-    prefix_padding_ms: int | None = None
-    idle_timeout_ms: int | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "create_response": self.create_response,
-                               "interrupt_response": self.interrupt_response}
-        if self.type == "semantic_vad":
-            out["eagerness"] = self.eagerness
-        else:
-            out.update(threshold=self.threshold if self.threshold is not None else 0.5,
-                       silence_duration_ms=self.silence_duration_ms if self.silence_duration_ms is not None else 500,
-                       prefix_padding_ms=self.prefix_padding_ms if self.prefix_padding_ms is not None else 300,
-                       idle_timeout_ms=self.idle_timeout_ms)
-        return out
+from web.realtime.errors import RealtimeError, Unsupported, fields, short
+from web.realtime.tools import parse_output_item, parse_tool_choice, parse_tools, tools_json
+from web.realtime.turn_detection import SERVER_TUNING, TurnDetection, parse_turn_detection
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +29,14 @@ class SessionSettings:
     instructions: str | None = None
     input_format: AudioFormat = PCM16_24K
     output_format: AudioFormat = PCM16_24K
-    turn_detection: TurnDetection | None = TurnDetection()
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription: bool = True
     voice: str = "joe"
+    tools: ClientTools = field(default_factory=ClientTools)  # the client's own functions, and the choice over all tools
 
-    def as_json(self, session_id: str, default_instructions: str) -> dict[str, Any]:
+    def as_json(self, session_id: str, default_instructions: str,
+                server_tuning: TurnTuning = SERVER_TUNING) -> dict[str, Any]:
+        tools, tool_choice = tools_json(self.tools)
         return {
             "type": "realtime",
             "object": "realtime.session",
@@ -86,19 +44,25 @@ class SessionSettings:
             "model": self.model,
             "output_modalities": ["audio"],
             "instructions": self.instructions if self.instructions is not None else default_instructions,
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": tools,
+            "tool_choice": tool_choice,
             "max_output_tokens": "inf",
             "audio": {
                 "input": {
                     "format": self.input_format.as_json(),
                     "transcription": {"model": "whisper-tiny.en"} if self.transcription else None,
                     "noise_reduction": None,
-                    "turn_detection": None if self.turn_detection is None else self.turn_detection.as_json(),
+                    "turn_detection": None if self.turn_detection is None else
+                    self.turn_detection.as_json(server_tuning),
                 },
                 "output": {"format": self.output_format.as_json(), "voice": self.voice, "speed": 1.0},
             },
         }
+
+    @property
+    def turn_tuning(self) -> TurnTuning:
+        """What the session's listener is tuned by (manual commits: the server's own settings)."""
+        return self.turn_detection.tuning() if self.turn_detection is not None else TurnTuning()
 
     @property
     def creates_responses(self) -> bool:
@@ -144,6 +108,16 @@ class CreateUserAudio:
 
 
 @dataclass(frozen=True, slots=True)
+class CreateToolOutput:
+    """The result of a function call the server handed out (`function_call_output`)."""
+
+    event_id: str | None
+    item_id: str | None
+    call_id: str
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
 class CreateResponse:
     event_id: str | None
     instructions: str | None = None  # this response's system prompt (the session's when None)
@@ -170,7 +144,7 @@ class DeleteItem:
 
 
 ClientEvent = (SessionUpdate | AppendAudio | CommitAudio | ClearAudio | CreateUserText | CreateUserAudio
-               | CreateResponse | CancelResponse | TruncateItem | DeleteItem)
+               | CreateToolOutput | CreateResponse | CancelResponse | TruncateItem | DeleteItem)
 
 # Events of the API this server knows and refuses, with why.
 REFUSED_EVENTS = {
@@ -188,7 +162,7 @@ def parse_client_event(text: str | bytes, current: SessionSettings, max_text_cha
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise RealtimeError(f"invalid JSON: {_short(str(exc))}") from None
+        raise RealtimeError(f"invalid JSON: {short(str(exc))}") from None
     if not isinstance(obj, dict):
         raise RealtimeError("a client event must be a JSON object")
     event_id = obj.get("event_id")
@@ -209,10 +183,10 @@ def _parse(kind: str, obj: dict[str, Any], event_id: str | None, current: Sessio
            max_text_chars: int) -> ClientEvent:
     match kind:
         case "session.update":
-            _fields(obj, kind, {"session"})
+            fields(obj, kind, {"session"})
             return SessionUpdate(event_id, _session(_object(obj, "session", kind), current))
         case "input_audio_buffer.append":
-            _fields(obj, kind, {"audio"})
+            fields(obj, kind, {"audio"})
             audio = decode_base64(_string(obj, "audio", kind), "audio")
             if not audio:
                 raise RealtimeError("input_audio_buffer.append carries no audio", param="audio")
@@ -221,16 +195,16 @@ def _parse(kind: str, obj: dict[str, Any], event_id: str | None, current: Sessio
                                     "invalid_audio", "audio")
             return AppendAudio(event_id, audio)
         case "input_audio_buffer.commit":
-            _fields(obj, kind, set())
+            fields(obj, kind, set())
             return CommitAudio(event_id)
         case "input_audio_buffer.clear":
-            _fields(obj, kind, set())
+            fields(obj, kind, set())
             return ClearAudio(event_id)
         case "conversation.item.create":
-            _fields(obj, kind, {"item", "previous_item_id"})
+            fields(obj, kind, {"item", "previous_item_id"})
             return _item_create(obj, event_id, current, max_text_chars)
         case "response.create":
-            _fields(obj, kind, {"response"})
+            fields(obj, kind, {"response"})
             params = obj.get("response")
             if params is not None and not isinstance(params, dict):
                 raise RealtimeError("response must be an object", param="response")
@@ -241,35 +215,37 @@ def _parse(kind: str, obj: dict[str, Any], event_id: str | None, current: Sessio
                 raise RealtimeError("response.instructions must be a string", param="response.instructions")
             return CreateResponse(event_id, instructions or None)
         case "response.cancel":
-            _fields(obj, kind, {"response_id"})
+            fields(obj, kind, {"response_id"})
             response_id = obj.get("response_id")
             if response_id is not None and not isinstance(response_id, str):
                 raise RealtimeError("response_id must be a string", param="response_id")
             return CancelResponse(event_id, response_id)
         case "conversation.item.truncate":
-            _fields(obj, kind, {"item_id", "content_index", "audio_end_ms"})
+            fields(obj, kind, {"item_id", "content_index", "audio_end_ms"})
             return TruncateItem(event_id, _string(obj, "item_id", kind), _count(obj, "content_index", kind),
                                 _count(obj, "audio_end_ms", kind))
         case "conversation.item.delete":
-            _fields(obj, kind, {"item_id"})
+            fields(obj, kind, {"item_id"})
             return DeleteItem(event_id, _string(obj, "item_id", kind))
     if kind in REFUSED_EVENTS:
         raise Unsupported(REFUSED_EVENTS[kind], param="type")
-    raise RealtimeError(f"unknown event type {_short(repr(kind))}", "unknown_event", param="type")
+    raise RealtimeError(f"unknown event type {short(repr(kind))}", "unknown_event", param="type")
 
 
 def _item_create(obj: dict[str, Any], event_id: str | None, current: SessionSettings,
-                 max_text_chars: int) -> CreateUserText | CreateUserAudio:
+                 max_text_chars: int) -> CreateUserText | CreateUserAudio | CreateToolOutput:
     item = _object(obj, "item", "conversation.item.create")
     item_type = item.get("type", "message")
-    if item_type in ("function_call", "function_call_output"):
-        raise Unsupported(f"conversation.item.create of a {item_type} item: client-run tools are not offered (the "
-                          "server runs its own and adds their output itself)", param="item.type")
+    if item_type == "function_call_output":
+        return CreateToolOutput(event_id, *parse_output_item(item))
+    if item_type == "function_call":
+        raise Unsupported("conversation.item.create of a function_call item: calls are the model's (give the "
+                          "tools in session.tools)", param="item.type")
     if item_type != "message":
-        raise RealtimeError(f"unknown item type {_short(repr(item_type))}", param="item.type")
-    _fields(item, "item", {"type", "role", "content", "id", "object", "status"})
+        raise RealtimeError(f"unknown item type {short(repr(item_type))}", param="item.type")
+    fields(item, "item", {"type", "role", "content", "id", "object", "status"})
     if item.get("role") != "user":
-        raise Unsupported(f"conversation.item.create of a {_short(repr(item.get('role')))} message: only user "
+        raise Unsupported(f"conversation.item.create of a {short(repr(item.get('role')))} message: only user "
                           "messages are taken (the assistant's come from its answers; instructions set the system "
                           "prompt)", param="item.role")
     content = item.get("content")
@@ -284,7 +260,7 @@ def _item_create(obj: dict[str, Any], event_id: str | None, current: SessionSett
         if not isinstance(part, dict) or part.get("type") != "input_text" or not isinstance(part.get("text"), str):
             raise Unsupported("only input_text and input_audio content is taken in conversation.item.create",
                               param="item.content")
-        _fields(part, "item.content", {"type", "text"})
+        fields(part, "item.content", {"type", "text"})
         texts.append(part["text"])
     text = " ".join(t.strip() for t in texts).strip()
     if not text:
@@ -302,7 +278,7 @@ def _item_audio(content: list[Any], current: SessionSettings) -> bytes:
     if len(content) != 1:
         raise Unsupported("a user item with audio takes one input_audio part, alone", param="item.content")
     part = content[0]
-    _fields(part, "item.content", {"type", "audio", "transcript"})
+    fields(part, "item.content", {"type", "audio", "transcript"})
     if not isinstance(part.get("audio"), str):
         raise RealtimeError("input_audio needs base64 audio", param="item.content.audio")
     audio = decode_base64(part["audio"], "item.content.audio")
@@ -335,27 +311,27 @@ _NOT_IMPLEMENTED = {"prompt", "reasoning", "include", "tracing"}
 def _session(session: dict[str, Any], current: SessionSettings) -> SessionSettings:
     unknown = sorted(k for k in session if k not in _SESSION_FIELDS)
     if unknown:
-        raise RealtimeError(f"unknown session field(s): {', '.join(_short(k, 40) for k in unknown[:5])}",
-                            "unknown_parameter", param=f"session.{_short(unknown[0], 40)}")
+        raise RealtimeError(f"unknown session field(s): {', '.join(short(k, 40) for k in unknown[:5])}",
+                            "unknown_parameter", param=f"session.{short(unknown[0], 40)}")
     if session.get("type", "realtime") != "realtime":
         raise Unsupported("only realtime sessions are served here (not transcription)", param="session.type")
     for name in sorted(_NOT_IMPLEMENTED):
         if session.get(name) is not None:
             raise Unsupported(f"session.{name} is not supported", param=f"session.{name}")
-    tools = session.get("tools")
-    if tools:
-        names = [t.get("name", "?") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
-        raise Unsupported(f"session.tools ({', '.join(map(str, names)) or 'given'}): client-run functions are not "
-                          "offered; the server's own tools (serve --tools, --mcp) are called by the session",
-                          param="session.tools")
-    if session.get("tool_choice", "auto") not in ("auto", "none"):
-        raise Unsupported("session.tool_choice: no tools are offered", param="session.tool_choice")
     if session.get("output_modalities", ["audio"]) != ["audio"]:
         raise Unsupported("session.output_modalities: this server answers in audio (with its transcript) only",
                           param="session.output_modalities")
     if session.get("truncation", "auto") not in ("auto", "disabled"):
         raise Unsupported("session.truncation: only auto", param="session.truncation")
     settings = current
+    if "tools" in session or "tool_choice" in session:
+        functions = parse_tools(session["tools"]) if "tools" in session else current.tools.functions
+        choice = current.tools.choice
+        if "tool_choice" in session:
+            choice = parse_tool_choice(session["tool_choice"], functions)
+        elif choice.function is not None and not any(f.name == choice.function for f in functions):
+            choice = ToolChoice()  # the function it named is gone: auto
+        settings = replace(settings, tools=ClientTools(functions, choice))
     if "model" in session:
         settings = replace(settings, model=_text(session["model"], "session.model"))
     if "instructions" in session:
@@ -371,7 +347,7 @@ def _session(session: dict[str, Any], current: SessionSettings) -> SessionSettin
     if audio is not None:
         if not isinstance(audio, dict):
             raise RealtimeError("session.audio must be an object", param="session.audio")
-        _fields(audio, "session.audio", {"input", "output"})
+        fields(audio, "session.audio", {"input", "output"})
         settings = _audio(audio, settings)
     return settings
 
@@ -381,7 +357,7 @@ def _audio(audio: dict[str, Any], settings: SessionSettings) -> SessionSettings:
     if audio_in is not None:
         if not isinstance(audio_in, dict):
             raise RealtimeError("session.audio.input must be an object", param="session.audio.input")
-        _fields(audio_in, "session.audio.input", {"format", "transcription", "turn_detection", "noise_reduction"})
+        fields(audio_in, "session.audio.input", {"format", "transcription", "turn_detection", "noise_reduction"})
         if audio_in.get("noise_reduction") is not None:
             raise Unsupported("session.audio.input.noise_reduction is not supported",
                               param="session.audio.input.noise_reduction")
@@ -394,11 +370,11 @@ def _audio(audio: dict[str, Any], settings: SessionSettings) -> SessionSettings:
                                     param="session.audio.input.transcription")
             settings = replace(settings, transcription=transcription is not None)
         if "turn_detection" in audio_in:
-            settings = replace(settings, turn_detection=_turn_detection(audio_in["turn_detection"]))
+            settings = replace(settings, turn_detection=parse_turn_detection(audio_in["turn_detection"]))
     if audio_out is not None:
         if not isinstance(audio_out, dict):
             raise RealtimeError("session.audio.output must be an object", param="session.audio.output")
-        _fields(audio_out, "session.audio.output", {"format", "voice", "speed"})
+        fields(audio_out, "session.audio.output", {"format", "voice", "speed"})
         if audio_out.get("speed", 1.0) != 1.0:
             raise Unsupported("session.audio.output.speed: speech is at its natural speed only",
                               param="session.audio.output.speed")
@@ -407,7 +383,7 @@ def _audio(audio: dict[str, Any], settings: SessionSettings) -> SessionSettings:
         if "voice" in audio_out:
             voice = audio_out["voice"]
             if voice not in (settings.voice, None):
-                raise Unsupported(f"voice {_short(repr(voice), 40)}: this server has one voice, "
+                raise Unsupported(f"voice {short(repr(voice), 40)}: this server has one voice, "
                                   f"{settings.voice!r}", param="session.audio.output.voice")
     return settings
 
@@ -415,60 +391,17 @@ def _audio(audio: dict[str, Any], settings: SessionSettings) -> SessionSettings:
 def _format(value: Any, param: str) -> AudioFormat:
     if not isinstance(value, dict):
         raise RealtimeError(f"{param} must be an object", param=param)
-    _fields(value, param, {"type", "rate"})
+    fields(value, param, {"type", "rate"})
     fmt = FORMATS.get(value.get("type", "audio/pcm"))
     if fmt is None:
-        raise Unsupported(f"audio format {_short(repr(value.get('type')), 40)}: audio/pcm (24 kHz), audio/pcmu "
+        raise Unsupported(f"audio format {short(repr(value.get('type')), 40)}: audio/pcm (24 kHz), audio/pcmu "
                           "and audio/pcma are supported", param=param)
     if value.get("rate", fmt.rate) != fmt.rate:
         raise Unsupported(f"{fmt.type} at {value.get('rate')!r} Hz: only {fmt.rate} Hz", param=f"{param}.rate")
     return fmt
 
 
-def _turn_detection(value: Any) -> TurnDetection | None:
-    param = "session.audio.input.turn_detection"
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise RealtimeError(f"{param} must be an object or null", param=param)
-    kind = value.get("type")
-    if kind not in TURN_DETECTION_TYPES:
-        raise RealtimeError(f"turn_detection.type must be server_vad or semantic_vad, got {_short(repr(kind))}",
-                            param=f"{param}.type")
-    common = {"type", "create_response", "interrupt_response"}
-    own = {"eagerness"} if kind == "semantic_vad" else {"threshold", "silence_duration_ms", "prefix_padding_ms",
-                                                        "idle_timeout_ms"}
-    _fields(value, param, common | own)
-    create = _flag(value, "create_response", param)
-    interrupt = _flag(value, "interrupt_response", param)
-    if not interrupt:
-        raise Unsupported("interrupt_response false: speaking over the answer always interrupts it here",
-                          param=f"{param}.interrupt_response")
-    eagerness = value.get("eagerness", "auto")
-    if eagerness not in EAGERNESS:
-        raise RealtimeError(f"eagerness must be one of {', '.join(EAGERNESS)}", param=f"{param}.eagerness")
-    threshold = value.get("threshold")
-    if threshold is not None and (not isinstance(threshold, int | float) or isinstance(threshold, bool)
-                                  or not 0.0 <= threshold <= 1.0):
-        raise RealtimeError("threshold must be a number in 0..1", param=f"{param}.threshold")
-    ints = {}
-    for name in ("silence_duration_ms", "prefix_padding_ms", "idle_timeout_ms"):
-        number = value.get(name)
-        if number is not None and (not isinstance(number, int) or isinstance(number, bool) or number < 0):
-            raise RealtimeError(f"{name} must be a non-negative integer", param=f"{param}.{name}")
-        ints[name] = number
-    return TurnDetection(kind, create, interrupt, eagerness, threshold, **ints)
-
-
 # --- small checks ------------------------------------------------------------------------------------------------
-def _fields(obj: dict[str, Any], where: str, allowed: set[str]) -> None:
-    unknown = sorted(k for k in obj if k not in allowed and k not in ("type", "event_id"))
-    if unknown:
-        names = ", ".join(_short(k, 40) for k in unknown[:5])
-        raise RealtimeError(f"unknown field(s) in {where}: {names}", "unknown_parameter",
-                            param=f"{where}.{_short(unknown[0], 40)}")
-
-
 def _object(obj: dict[str, Any], name: str, where: str) -> dict[str, Any]:
     value = obj.get(name)
     if not isinstance(value, dict):
@@ -494,14 +427,3 @@ def _count(obj: dict[str, Any], name: str, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise RealtimeError(f"{where} needs a non-negative integer {name!r}", param=name)
     return value
-
-
-def _flag(obj: dict[str, Any], name: str, where: str) -> bool:
-    value = obj.get(name, True)
-    if not isinstance(value, bool):
-        raise RealtimeError(f"{name} must be a boolean", param=f"{where}.{name}")
-    return value
-
-
-def _short(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

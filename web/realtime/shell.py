@@ -24,6 +24,8 @@ from websockets.frames import CloseCode
 from voice import events as ev
 from voice.cancellation import cancel_and_wait
 from voice.errors import VoiceError
+from voice.tools.loop import ClientTools
+from voice.turn.tuning import TurnTuning
 from web.config import WebConfig
 from web.connection import (
     CloseWith,
@@ -39,15 +41,19 @@ from web.outbound import ClientTooSlow
 from web.ratelimit import TokenBucket, Verdict
 from web.realtime.actions import (
     Action,
+    AnswerToolResults,
     EndAudio,
     FeedAudio,
     Interrupt,
     Send,
     SendText,
     SetInstructions,
+    SetTools,
+    ToolOutput,
     TruncateHeard,
+    TuneTurns,
 )
-from web.realtime.client_events import AppendAudio, RealtimeError, parse_client_event
+from web.realtime.client_events import AppendAudio, RealtimeError, SessionUpdate, parse_client_event
 from web.realtime.translator import RealtimeTranslator
 
 log = logging.getLogger("web.realtime")
@@ -60,7 +66,8 @@ GOING_AWAY = "this server is going away (a restart or a deploy); reconnect to be
 
 @runtime_checkable
 class RealtimeSession(Protocol):
-    """What the Realtime shell needs of voice.turn.session.Session: /ws's needs, and the instructions."""
+    """What the Realtime shell needs of voice.turn.session.Session: /ws's needs, the instructions, and the client's
+    own tools."""
 
     id: str
     output_sample_rate: int
@@ -68,6 +75,12 @@ class RealtimeSession(Protocol):
     @property
     def instructions(self) -> str: ...
     def set_instructions(self, text: str | None) -> None: ...
+    @property
+    def turn_tuning(self) -> TurnTuning: ...
+    def tune_turns(self, tuning: TurnTuning) -> None: ...
+    def set_client_tools(self, tools: ClientTools) -> None: ...
+    def add_tool_result(self, call_id: str, output: str) -> None: ...
+    async def answer_tool_results(self) -> None: ...
     async def feed_audio(self, pcm16: bytes, sample_rate: int = 16000) -> None: ...
     async def send_text(self, text: str) -> None: ...
     async def interrupt(self) -> None: ...
@@ -86,7 +99,8 @@ class RealtimeConnection:
         self.state = state
         self.config = config
         self.metrics = metrics
-        self.translator = RealtimeTranslator(session.id, session.output_sample_rate, session.instructions)
+        self.translator = RealtimeTranslator(session.id, session.output_sample_rate, session.instructions,
+                                             server_tuning=session.turn_tuning)
 
     async def run(self) -> CloseWith | None:
         self._do(self.translator.start())
@@ -155,12 +169,19 @@ class RealtimeConnection:
                                                 "time; appends are being dropped", "rate_limit_exceeded", "audio",
                                                 event.event_id)
                         continue
+                before = self.translator.settings
                 actions = self.translator.client_event(event)
-                if any(isinstance(action, SendText) for action in actions) and \
+                if any(isinstance(action, SendText | AnswerToolResults) for action in actions) and \
                         typed.take(1.0, now).verdict is not Verdict.ACCEPT:
                     raise RealtimeError("typed turns arrive too fast; this response was not started",
                                         "rate_limit_exceeded", None, event.event_id)
-                await self._run_actions(actions)
+                try:
+                    await self._run_actions(actions)
+                except RealtimeError as err:
+                    if isinstance(event, SessionUpdate):
+                        self.translator.settings = before  # a refused update changes nothing
+                    err.event_id = err.event_id or event.event_id
+                    raise
             except ClientTooSlow:
                 raise
             except RealtimeError as err:
@@ -188,6 +209,24 @@ class RealtimeConnection:
                                             "item_not_found", "item_id")
                 case SetInstructions(text=text):
                     session.set_instructions(text)
+                case TuneTurns(tuning=tuning):
+                    try:
+                        session.tune_turns(tuning)
+                    except VoiceError as err:
+                        raise RealtimeError(str(err), "invalid_value", "session.audio.input.turn_detection") \
+                            from None
+                case SetTools(tools=tools):
+                    try:
+                        session.set_client_tools(tools)
+                    except VoiceError as err:  # a name of the server's own tools, or a model without a grammar
+                        raise RealtimeError(str(err), "invalid_tools", "session.tools") from None
+                case ToolOutput(call_id=call_id, output=output):
+                    try:
+                        session.add_tool_result(call_id, output)
+                    except VoiceError as err:
+                        raise RealtimeError(str(err), "invalid_call_id", "item.call_id") from None
+                case AnswerToolResults():
+                    await session.answer_tool_results()
 
     # --- session -> client ---------------------------------------------------------------------------------------
     async def _produce(self) -> CloseWith:

@@ -4,7 +4,9 @@ Realtime server events. The shell (web/realtime/shell.py) executes the actions a
 The session (voice/turn/session.py) is the same one /ws drives: it listens, decides the end of the turn, answers and
 handles barge-in. This core only renames and regroups: a session turn is a user item and, when it is answered, a
 response holding one assistant message with one audio content part (after a function_call item, and its output, for
-each tool the session ran). What the API leaves to the client is kept here:
+each tool the session ran). A call of one of the client's own tools ends its turn unrun: the response holds that
+function_call item alone; the client's function_call_output goes to the session by call id, and response.create
+asks the session for a turn that answers it. What the API leaves to the client is kept here:
 typed user items wait for `response.create`; with `create_response` off (or manual turn detection), the answer the
 session starts at the end of a spoken turn is held, unseen, until `response.create` asks for it.
 """
@@ -17,15 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice import events as ev
+from voice.turn.tuning import TurnTuning
 from web.realtime.actions import (
     Action,
+    AnswerToolResults,
     EndAudio,
     FeedAudio,
     Interrupt,
     Send,
     SendText,
     SetInstructions,
+    SetTools,
+    ToolOutput,
     TruncateHeard,
+    TuneTurns,
 )
 from web.realtime.audio import OutputEncoder, samples_in, to_pcm16
 from web.realtime.client_events import (
@@ -35,6 +42,7 @@ from web.realtime.client_events import (
     ClientEvent,
     CommitAudio,
     CreateResponse,
+    CreateToolOutput,
     CreateUserAudio,
     CreateUserText,
     DeleteItem,
@@ -44,8 +52,10 @@ from web.realtime.client_events import (
     TruncateItem,
     Unsupported,
 )
+from web.realtime.turn_detection import SERVER_TUNING
 
 MAX_MANUAL_BUFFER_S = 60.0  # manual turn detection: the most audio held before a commit
+MAX_CALLS_OUT = 32  # calls of the client's tools waiting for their output (the session keeps as many)
 
 
 @dataclass(slots=True)
@@ -71,12 +81,15 @@ class _Response:
     transcript: str = ""
     answer: str = ""
     tokens: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
     audio_done: bool = False
     cancel_reason: str | None = None
     error: dict[str, Any] | None = None
     truncated_at: int | None = None  # samples at the session's rate, when the client truncated it while it ran
     message_index: int | None = None  # the assistant message's output index, once it has begun
-    calls: list[dict[str, Any]] = field(default_factory=list)  # the function_call items the session ran, done
+    calls: list[dict[str, Any]] = field(default_factory=list)  # its function_call items, done
+    handed_out: bool = False  # it called a client's tool: it ends with the call, no message
     own_instructions: bool = False  # it ran under its response.create's instructions: the session's come back after
 
 
@@ -84,8 +97,9 @@ class RealtimeTranslator:
     """One connection's protocol state. `start()` greets; `client_event` and `session_event` return the actions."""
 
     def __init__(self, session_id: str, output_sample_rate: int, default_instructions: str,
-                 settings: SessionSettings | None = None) -> None:
+                 settings: SessionSettings | None = None, server_tuning: TurnTuning = SERVER_TUNING) -> None:
         self.session_id = session_id
+        self._server_tuning = server_tuning  # the session's listener as the server configured it
         self.settings = settings or SessionSettings()
         self._output_rate = output_sample_rate
         self._default_instructions = default_instructions
@@ -102,6 +116,8 @@ class RealtimeTranslator:
         self._credits = 0  # response.create calls waiting for an answer to release
         self._own_instructions = False  # the next response runs under its response.create's instructions
         self._finished: tuple[str, int, int] | None = None  # the last finished assistant item: (id, turn, ms sent)
+        self._calls_out: dict[str, str] = {}  # calls of the client's tools waiting for output: call id -> item id
+        self._outputs_in = False  # a function_call_output came since the last response.create
 
     # --- ids and the greeting ------------------------------------------------------------------------------------
     def _new_id(self, prefix: str) -> str:
@@ -114,7 +130,7 @@ class RealtimeTranslator:
         return [Send(self._event("session.created", session=self._session_json()))]
 
     def _session_json(self) -> dict[str, Any]:
-        return self.settings.as_json(f"sess_{self.session_id}", self._default_instructions)
+        return self.settings.as_json(f"sess_{self.session_id}", self._default_instructions, self._server_tuning)
 
     def error(self, err: RealtimeError | Exception, code: str | None = None) -> Send:
         """The Realtime `error` event for `err` (a refused client event, or the session's own failure)."""
@@ -138,7 +154,10 @@ class RealtimeTranslator:
     def _client_event(self, event: ClientEvent) -> list[Action]:
         match event:
             case SessionUpdate(settings=settings):
-                actions: list[Action] = []
+                # the tools first: the session may refuse them (a name of its own), and then nothing changes
+                actions: list[Action] = [SetTools(settings.tools)] if settings.tools != self.settings.tools else []
+                if settings.turn_tuning != self.settings.turn_tuning:
+                    actions.insert(0, TuneTurns(settings.turn_tuning))
                 if settings.instructions != self.settings.instructions:
                     actions.append(SetInstructions(settings.instructions))
                 if settings.turn_detection is not None:
@@ -156,6 +175,8 @@ class RealtimeTranslator:
                 return self._create_text(item_id or self._new_id("item"), text)
             case CreateUserAudio(item_id=item_id, audio=audio):
                 return self._create_audio(item_id or self._new_id("item"), audio)
+            case CreateToolOutput(item_id=item_id, call_id=call_id, output=output):
+                return self._tool_output(item_id or self._new_id("item"), call_id, output)
             case CreateResponse(instructions=instructions):
                 return self._create_response(instructions)
             case CancelResponse(response_id=response_id):
@@ -211,6 +232,7 @@ class RealtimeTranslator:
                                 "conversation_already_has_active_response")
         # this response's own instructions hold until it ends (`_turn_end` restores the session's)
         prompt: list[Action] = [SetInstructions(instructions)] if instructions is not None else []
+        outputs, self._outputs_in = self._outputs_in, False  # in the history already: any answer reads them
         if self._pending_texts:
             texts, self._pending_texts = self._pending_texts, []
             self._typed_next = _UserItem(texts[-1][0], typed=True, committed=True)
@@ -223,12 +245,31 @@ class RealtimeTranslator:
                                   "answers as the turn ends); give them with a typed item, or set them before "
                                   "committing", param="response.instructions")
             return self._release(held[-1])
+        if outputs:
+            self._credits += 1
+            self._own_instructions = instructions is not None
+            return [*prompt, AnswerToolResults()]
         if self._committed_next is not None or self._open_spoken_item() is not None:
             self._credits += 1  # the answer to the words just committed is on its way
             self._own_instructions = instructions is not None
             return prompt
         raise RealtimeError("nothing to respond to: add a user message or commit audio first (this server answers "
                             "the user's latest words)", "response_create_nothing_new")
+
+    def _tool_output(self, item_id: str, call_id: str, output: str) -> list[Action]:
+        """The output of a call of the client's tool: to the session (the history), and an item of the
+        conversation."""
+        call_item = self._calls_out.pop(call_id, None)
+        if call_item is None:
+            raise RealtimeError(f"no function call {call_id!r} of this session is waiting for its output",
+                                "invalid_call_id", "item.call_id")
+        self._outputs_in = True
+        previous, self._last_item_id = self._last_item_id, item_id
+        item = {"id": item_id, "object": "realtime.item", "type": "function_call_output", "status": "completed",
+                "call_id": call_id, "output": output}
+        return [ToolOutput(call_id, output), Send(self._event("conversation.item.added", item=item,
+                                                              previous_item_id=previous)),
+                Send(self._event("conversation.item.done", item=item, previous_item_id=previous))]
 
     def _open_spoken_item(self) -> _UserItem | None:
         """The spoken user item of a turn the session has not answered yet."""
@@ -291,6 +332,8 @@ class RealtimeTranslator:
                 return self._response_started(turn)
             case ev.ToolCalled(turn=turn):
                 return self._in_response(turn, self._tool_called, event)
+            case ev.ToolRequested(turn=turn):
+                return self._in_response(turn, self._tool_requested, event)
             case ev.PhraseCommitted(turn=turn, text=text):
                 return self._in_response(turn, self._transcript_delta, text)
             case ev.AudioStart(turn=turn, sample_rate=rate):
@@ -302,6 +345,8 @@ class RealtimeTranslator:
             case ev.AnswerDone(turn=turn):
                 if (response := self._responses.get(turn)) is not None:
                     response.answer, response.tokens = event.text, event.tokens
+                    response.prompt_tokens, response.cached_prompt_tokens = event.prompt_tokens, \
+                        event.cached_prompt_tokens
                 return []
             case ev.Clear(turn=turn):
                 if (response := self._responses.get(turn)) is not None and response.cancel_reason is None:
@@ -405,33 +450,49 @@ class RealtimeTranslator:
                         **self._where(response)),
         ]
 
+    def _function_call(self, response: _Response, name: str, arguments: str,
+                       call_id: str) -> tuple[str, list[dict[str, Any]]]:
+        """A function_call item added to the response's output (its arguments streamed whole, the call being
+        complete when the session reports it): its id and its events."""
+        item_id, index = self._new_id("item"), len(response.calls)
+        item = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "completed",
+                "name": name, "arguments": arguments, "call_id": call_id}
+        where = {"response_id": response.id, "item_id": item_id, "output_index": index, "call_id": call_id}
+        response.calls.append(item)
+        previous, self._last_item_id = self._last_item_id, item_id
+        opened = {**item, "status": "in_progress", "arguments": ""}
+        return item_id, [
+            self._event("response.output_item.added", response_id=response.id, output_index=index, item=opened),
+            self._event("conversation.item.added", item=opened, previous_item_id=previous),
+            self._event("response.function_call_arguments.delta", delta=arguments, **where),
+            self._event("response.function_call_arguments.done", arguments=arguments, name=name, **where),
+            self._event("response.output_item.done", response_id=response.id, output_index=index, item=item),
+            self._event("conversation.item.done", item=item, previous_item_id=previous),
+        ]
+
     def _tool_called(self, response: _Response, call: ev.ToolCalled) -> list[dict[str, Any]]:
-        """A tool the session ran for this answer: its function_call item (arguments streamed whole) and the
-        function_call_output item with what it returned, before the spoken message."""
+        """A tool the session ran for this answer: its function_call item and the function_call_output item with
+        what it returned, before the spoken message."""
         if response.message_index is not None:
             return []  # the message has begun: the call is the session's business (it said its result already)
-        call_id, item_id, index = self._new_id("call"), self._new_id("item"), len(response.calls)
-        item = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "completed",
-                "name": call.name, "arguments": call.arguments, "call_id": call_id}
-        where = {"response_id": response.id, "item_id": item_id, "output_index": index, "call_id": call_id}
+        call_id = self._new_id("call")
+        item_id, events = self._function_call(response, call.name, call.arguments, call_id)
         output = {"id": self._new_id("item"), "object": "realtime.item", "type": "function_call_output",
                   "status": "completed", "call_id": call_id,
                   "output": call.result if not call.error else f"error: {call.error}"}
-        response.calls.append(item)
-        previous, self._last_item_id = self._last_item_id, output["id"]
-        return [
-            self._event("response.output_item.added", response_id=response.id, output_index=index,
-                        item={**item, "status": "in_progress", "arguments": ""}),
-            self._event("conversation.item.added", item={**item, "status": "in_progress", "arguments": ""},
-                        previous_item_id=previous),
-            self._event("response.function_call_arguments.delta", delta=call.arguments,
-                        **where),
-            self._event("response.function_call_arguments.done", arguments=call.arguments, name=call.name, **where),
-            self._event("response.output_item.done", response_id=response.id, output_index=index, item=item),
-            self._event("conversation.item.done", item=item, previous_item_id=previous),
-            self._event("conversation.item.added", item=output, previous_item_id=item_id),
-            self._event("conversation.item.done", item=output, previous_item_id=item_id),
-        ]
+        self._last_item_id = output["id"]
+        return [*events, self._event("conversation.item.added", item=output, previous_item_id=item_id),
+                self._event("conversation.item.done", item=output, previous_item_id=item_id)]
+
+    def _tool_requested(self, response: _Response, call: ev.ToolRequested) -> list[dict[str, Any]]:
+        """A call of the client's tool: its function_call item, which ends the response; the client runs it and
+        returns its output by `call_id`."""
+        item_id, events = self._function_call(response, call.name, call.arguments, call.call_id)
+        response.handed_out = True
+        self._calls_out[call.call_id] = item_id
+        while len(self._calls_out) > MAX_CALLS_OUT:
+            del self._calls_out[next(iter(self._calls_out))]
+        return events
 
     def _release(self, response: _Response) -> list[Action]:
         response.held = False
@@ -504,6 +565,11 @@ class RealtimeTranslator:
         if event.interrupted and response.cancel_reason is None:
             response.cancel_reason = "turn_detected"
         status = "failed" if response.error else "cancelled" if response.cancel_reason else "completed"
+        if response.handed_out and response.message_index is None:  # it ends with the calls: no message
+            if response.own_instructions:
+                actions.append(SetInstructions(self.settings.instructions))
+            done = self._event("response.done", response=self._response_json(response, status))
+            return [*actions, *self._out(response, [done])]
         transcript = event.spoken if event.interrupted else (event.answer or response.answer)
         events = self._message_begins(response)
         where = self._where(response)
@@ -540,9 +606,12 @@ class RealtimeTranslator:
             details = {"type": "failed", "error": response.error}
         usage = None
         if status != "in_progress":
-            # the session reports the answer's tokens; the prompt's are the model's business (REALTIME.md)
-            usage = {"total_tokens": response.tokens, "input_tokens": 0, "output_tokens": response.tokens,
-                     "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0},
+            # the LM's own counts, over every round of the answer (a tool's round reads its prompt again); the
+            # audio is the voice's, not the model's: text tokens only
+            prompt, cached = response.prompt_tokens, response.cached_prompt_tokens
+            usage = {"total_tokens": prompt + response.tokens, "input_tokens": prompt,
+                     "output_tokens": response.tokens,
+                     "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "cached_tokens": cached},
                      "output_token_details": {"text_tokens": response.tokens, "audio_tokens": 0}}
         return {"id": response.id, "object": "realtime.response", "status": status, "status_details": details,
                 "output": [*response.calls, *([item] if item is not None else [])],
