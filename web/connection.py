@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 
 from voice import events as ev
+from voice.cancellation import cancel_and_wait
 from web import protocol
 from web.metrics import VoiceMetrics
-from web.outbound import OutboundQueue
+from web.outbound import ClientTooSlow, OutboundQueue
+
+log = logging.getLogger("web.connection")
 
 
 class Sends(Protocol):
@@ -29,6 +36,28 @@ class CloseWith:
     code: int
     reason: str
     final_error: str | None = None  # an `error` message sent just before the close (draining says why)
+
+
+async def run_tasks(tasks: set[asyncio.Task[Any]], session_id: str, shutdown_timeout_s: float) -> CloseWith | None:
+    """Run a connection's tasks until the first one ends, cancel the others, and say how the connection ends: a client
+    too slow to read its messages (policy violation), a task that failed (internal error, logged), or the `CloseWith`
+    a task returned; None when they ended without one (the client went away)."""
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(*tasks, timeout_s=shutdown_timeout_s)
+    for task in done:
+        if task.cancelled():
+            continue
+        exc = task.exception()
+        if isinstance(exc, ClientTooSlow):
+            return CloseWith(CloseCode.POLICY_VIOLATION, str(exc))
+        if exc is not None and not isinstance(exc, ConnectionClosed):
+            log.error("session %s: %s failed", session_id, task.get_name(), exc_info=exc)
+            return CloseWith(CloseCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+        if exc is None and isinstance(result := task.result(), CloseWith):
+            return result
+    return None
 
 
 @dataclass(slots=True)

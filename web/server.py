@@ -28,7 +28,6 @@ from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
 from voice import events as ev
-from voice.cancellation import cancel_and_wait
 from voice.errors import VoiceError
 from web import protocol
 from web.access import Denied, check_websocket_access, own_origins, page_token_redirect
@@ -37,6 +36,7 @@ from web.connection import (
     CloseWith,
     Connection,
     cut_long_utterances,
+    run_tasks,
     send_out,
     track_turn,
     until_no_turn_open,
@@ -335,23 +335,8 @@ class VoiceServer:
             asyncio.create_task(self._watch_utterance(session, state), name=f"ws-watchdog-{session.id}"),
             asyncio.create_task(self._go_away_when_idle(state), name=f"ws-drain-{session.id}"),
         }
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await cancel_and_wait(*tasks, timeout_s=self.config.shutdown_timeout_s)
-        for task in done:
-            if task.cancelled():
-                continue
-            exc = task.exception()
-            if isinstance(exc, ClientTooSlow):
-                return CloseWith(CloseCode.POLICY_VIOLATION, str(exc))
-            if exc is not None and not isinstance(exc, ConnectionClosed):
-                log.error("session %s: %s failed", session.id, task.get_name(), exc_info=exc)
-                return CloseWith(CloseCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
-            result = task.result() if exc is None else None
-            if isinstance(result, CloseWith):
-                return result
-        return CloseWith(CloseCode.NORMAL_CLOSURE, "session ended")
+        ended = await run_tasks(tasks, session.id, self.config.shutdown_timeout_s)
+        return ended or CloseWith(CloseCode.NORMAL_CLOSURE, "session ended")
 
     async def _consume(self, conn: ServerConnection, session: VoiceSession, state: Connection) -> CloseWith | None:
         """Client frames -> session calls. Returns how to close, or None when the client went away."""

@@ -44,11 +44,13 @@ def test_device_is_auto_by_default_and_an_unknown_one_is_refused() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there: --device cuda would use it")
-def test_device_cuda_without_a_gpu_stops_before_serving() -> None:
+def test_device_cuda_without_a_gpu_stops_before_serving(capsys) -> None:
     from model.server.cli import main
 
-    with pytest.raises(SystemExit, match="torch sees no CUDA GPU"):
+    with pytest.raises(SystemExit) as stopped:
         main(["--device", "cuda"])
+    assert stopped.value.code == 2  # a model that cannot load is a usage error, as a bad --model is
+    assert "torch sees no CUDA GPU" in capsys.readouterr().err
 
 
 def test_refuses_to_listen_on_all_interfaces_without_a_token() -> None:

@@ -22,7 +22,6 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from voice import events as ev
-from voice.cancellation import cancel_and_wait
 from voice.errors import VoiceError
 from voice.tools.loop import ClientTools
 from voice.turn.tuning import TurnTuning
@@ -31,6 +30,7 @@ from web.connection import (
     CloseWith,
     Connection,
     cut_long_utterances,
+    run_tasks,
     send_out,
     track_turn,
     until_no_turn_open,
@@ -113,22 +113,7 @@ class RealtimeConnection:
             asyncio.create_task(cut_long_utterances(self.state, self.config.max_utterance_s, self.session.end_of_audio,
                                                     self._utterance_cut), name=f"realtime-watchdog-{name}"),
         }
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await cancel_and_wait(*tasks, timeout_s=self.config.shutdown_timeout_s)
-        for task in done:
-            if task.cancelled():
-                continue
-            exc = task.exception()
-            if isinstance(exc, ClientTooSlow):
-                return CloseWith(CloseCode.POLICY_VIOLATION, str(exc))
-            if exc is not None and not isinstance(exc, ConnectionClosed):
-                log.error("session %s: %s failed", self.session.id, task.get_name(), exc_info=exc)
-                return CloseWith(CloseCode.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
-            if exc is None:
-                return task.result()
-        return None
+        return await run_tasks(tasks, self.session.id, self.config.shutdown_timeout_s)
 
     # --- client -> session ---------------------------------------------------------------------------------------
     async def _consume(self) -> CloseWith | None:
