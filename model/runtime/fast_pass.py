@@ -38,7 +38,7 @@ from model.runtime import quant_kernels, row_exact
 from model.runtime.batching import PassRows
 from model.runtime.int4_weights import Int4Layer, Int4Weights
 from model.runtime.noisy_rows import Suffix, noisy_suffix
-from model.runtime.packed import PackedLinear
+from model.runtime.packed import Head, PackedLinear
 
 if TYPE_CHECKING:
     from model.runtime.batching import SlotCache
@@ -217,12 +217,12 @@ class FastPass:
             _, down_lora = _fuse([mlp.down_proj])
             self.layers.append(_Layer(
                 layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                qkv, attn.o_proj.base.weight.detach(), gate_up, mlp.down_proj.base.weight.detach(),
+                qkv, _base_linear(attn.o_proj).weight.detach(), gate_up, _base_linear(mlp.down_proj).weight.detach(),
                 qkv_lora, o_lora, gate_up_lora, down_lora, qkv_bias, q_norm, k_norm, quantized,
             ))
         self.norm = base.model.norm.weight.detach()
         self.lm_head = base.get_output_embeddings().weight.detach()
-        self.int4_head: PackedLinear | None = model.int4.head if model.int4 else None
+        self.int4_head: Head | None = model.int4.head if model.int4 else None
         rotary = base.model.rotary_emb
         self.inv_freq = rotary.inv_freq.detach().float()
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))

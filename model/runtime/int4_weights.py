@@ -34,7 +34,7 @@ import torch
 
 from model.errors import ModelError
 from model.runtime import quant_kernels
-from model.runtime.packed import GROUP, PackedLinear, PackedWeight
+from model.runtime.packed import GROUP, Head, PackedLinear, PackedWeight
 
 LAYOUT = "tiles16-groups32-quads-fp16-v3"  # the packed layout's name, in the cache file's stamp
 _BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
@@ -118,7 +118,7 @@ class Int4Weights:
     """What a decoding pass multiplies by: every layer's linears, and the LM head when the file's is Q8_0."""
 
     layers: list[Int4Layer]
-    head: PackedLinear | None  # fp32 logits (`logits`)
+    head: Head | None
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _read_q8_0(tensor: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(q), torch.from_numpy(d)
 
 
-def _unpermute_order(rows: int, heads: int) -> torch.Tensor:
+def unpermute_order(rows: int, heads: int) -> torch.Tensor:
     """The row order that undoes llama.cpp's rotary permutation of q and k (as transformers' GGUF loader does)."""
     half = rows // heads // 2
     return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
@@ -179,7 +179,7 @@ def read_gguf_linears(path: Path, config: Any, tensors: dict[str, Any] | None = 
                 raise ModelError(f"{path.name}: blk.{index}.{gguf_name}.weight is {kind}, int4 weights need Q4_1")
             blocks = _read_q4_1(tensor)
             if hf_name in ("q_proj", "k_proj"):
-                blocks = blocks.rows(_unpermute_order(blocks.q.shape[0], heads if hf_name == "q_proj" else kv_heads))
+                blocks = blocks.rows(unpermute_order(blocks.q.shape[0], heads if hf_name == "q_proj" else kv_heads))
             weights[hf_name] = blocks
         layers.append(weights)
     return layers

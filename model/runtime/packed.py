@@ -12,6 +12,7 @@ bundled model's Q4_1 and Q8_0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -85,6 +86,12 @@ def _check_shape(values: torch.Tensor) -> tuple[int, int]:
     if k % GROUP:
         raise ModelError(f"packed weights need inputs in groups of {GROUP}, this one has {k}")
     return int(n), int(k)
+
+
+class Head(Protocol):
+    """An LM head of a decoding pass: fp32 logits of rows `x`; rows from `coarse` on may be computed coarser."""
+
+    def __call__(self, x: torch.Tensor, coarse: int | None = None) -> torch.Tensor: ...
 
 
 class PackedLinear:
