@@ -34,6 +34,7 @@ from model.gguf.blocks import FORMATS, gguf_weights, unreadable
 from model.gguf.header import GGUFHeader
 from model.gguf.locate import OLLAMA_PREFIX
 from model.runtime import quant_kernels
+from model.runtime.fast_pass import drop_dense_linears
 
 ROPE_FACTORS = "rope_freqs.weight"
 # One token a pass: the block the answer's length is rounded to, and the pass budget of a block
@@ -56,6 +57,7 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     why_not = _why_not_own_blocks(spec, header, device, dtype)
     if why_not is None:
         model.use_int4(gguf_weights(header, base.get_output_embeddings().weight.detach()))
+        drop_dense_linears(model)  # the passes read the packed blocks only
     begin_with_bos(tokenizer, header)
     ends = end_ids(tokenizer, header)
     name = spec.source.removeprefix(OLLAMA_PREFIX) if spec.source.startswith(OLLAMA_PREFIX) else header.path.stem

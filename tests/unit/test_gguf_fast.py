@@ -61,6 +61,7 @@ def test_the_decode_layer_computes_the_torch_fused_pass(
     assert chat.note is not None and "on its own blocks" in chat.note
     assert model.inference_pass().native is not None
     assert isinstance(model.int4.layers[0].qkv, PackedLinear)
+    assert model.base.model.layers[0].mlp.up_proj.weight.numel() == 0  # no dense copy of the packed linears
     native = pass_logits(model)
     model.base.float()
     model.use_int4(model.int4)  # an fp32 model: the torch pass, on the same packed kernels in fp32
