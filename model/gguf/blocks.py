@@ -2,11 +2,12 @@
 (model/runtime/packed.py), so that a user's model is multiplied by exactly the weights its file holds, at the cost
 of reading them: about the file's size, not a bf16 copy's.
 
-One table, `FORMATS`, maps a block type to how its blocks unpack into integer values and fp16 scales and into which
-packing the kernels read them (as ggml's type traits map a type to its routines): a new format is one entry. Types
-outside the table (the K-quants, F16, BF16, F32 linears) are not read by the kernels: a model with any of them in
-its layers decodes with the de-quantized bf16 weights (model/adapters/gguf_model.py), and a head of such a type is
-multiplied row by row in bf16 (`RowByRowHead`).
+One table, `FORMATS`, maps a block type to how its blocks unpack into integer values and scales and into which
+packing the kernels read them (as ggml's type traits map a type to its routines): a new format is one entry. The
+K-quants' sub-block scales are the super-block's fp16 scale times a 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) integer, kept
+as their exact fp32 products. Types outside the table (F16, BF16, F32 linears) are not read by the kernels: a model
+with any of them in its layers decodes with the de-quantized bf16 weights (model/adapters/gguf_model.py), and a head
+of such a type is multiplied row by row in bf16 (`RowByRowHead`).
 
 Llama files store q and k rows in llama.cpp's rotary order; they are put back in transformers' order here (as
 transformers' own GGUF loader does), so the packed weights compute the same network as the de-quantized modules.
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from gguf.quants import Q4_K
 
 from model.gguf.header import GGUFHeader, TensorInfo
-from model.runtime import row_exact
+from model.runtime import quant_kernels, row_exact
 from model.runtime.int4_weights import Int4Layer, Int4Weights, unpermute_order
 from model.runtime.packed import PackedLinear, PackedWeight
 
@@ -32,10 +34,11 @@ FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up"
 
 @dataclass(frozen=True, slots=True)
 class Unpacked:
-    """A weight's blocks as integers: `w[n, 32 g + j] = d[n, g] * values[n, 32 g + j] (+ m[n, g])`."""
+    """A weight's blocks as integers: `w[n, 32 g + j] = d[n, g] * values[n, 32 g + j] (+ m[n, g])` (Q6_K: d per
+    16 inputs, `[N, K / 16]`)."""
 
     values: torch.Tensor  # [N, K] int16
-    d: torch.Tensor  # [N, K / 32] fp32 (fp16 values)
+    d: torch.Tensor  # [N, K / 32] fp32
     m: torch.Tensor | None
 
     def rows(self, order: torch.Tensor) -> Unpacked:
@@ -44,8 +47,9 @@ class Unpacked:
 
 @dataclass(frozen=True, slots=True)
 class BlockFormat:
-    """One ggml block type: its bytes per block of 32, how they unpack, and how the kernels read the result."""
+    """One ggml block type: its elements and bytes per block, how they unpack, and how the kernels read them."""
 
+    block: int
     block_bytes: int
     unpack: Callable[[np.ndarray], Unpacked]  # blocks [N, K / 32, block_bytes] uint8
     pack: Callable[[Unpacked], PackedWeight]
@@ -92,21 +96,59 @@ def _q8_0(b: np.ndarray) -> Unpacked:
     return Unpacked(_values(b, b[..., 2:].copy().view(np.int8)), _fp16(b, 0), None)
 
 
+def _super_scales(b: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's and Q5_K's per-sub-block scales and minimums, `d * scale` and `-dmin * min` (exact in fp32):
+    `[N, blocks * 8]` each."""
+    rows, blocks = b.shape[:2]
+    scale, low = Q4_K.get_scale_min(b[..., 4:16].reshape(-1, 12))
+    d = _fp16(b, 0)[..., None] * torch.from_numpy(scale.reshape(rows, blocks, 8).astype(np.float32))
+    m = _fp16(b, 2)[..., None] * torch.from_numpy(low.reshape(rows, blocks, 8).astype(np.float32))
+    return d.reshape(rows, -1), (-m).reshape(rows, -1)
+
+
+def _q4_k(b: np.ndarray) -> Unpacked:
+    """d, dmin, 12 bytes of 6-bit scales and minimums, 128 bytes: 4 chunks of 32 bytes, whose low nibbles are a
+    sub-block and high nibbles the next."""
+    quads = b[..., 16:].reshape(*b.shape[:2], 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+    return Unpacked(_values(b, quads & 0xF), *_super_scales(b))
+
+
+def _q5_k(b: np.ndarray) -> Unpacked:
+    """Q4_K's layout with 32 bytes of fifth bits after the scales: bit i of byte j is sub-block i's element j's."""
+    low = (b[..., 48:].reshape(*b.shape[:2], 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)) & 0xF
+    high = (b[..., 16:48].reshape(*b.shape[:2], 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
+    return Unpacked(_values(b, low.reshape(*b.shape[:2], 8, 32) | (high << 4)), *_super_scales(b))
+
+
+def _q6_k(b: np.ndarray) -> Unpacked:
+    """128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 elements), fp16 d last."""
+    rows, blocks = b.shape[:2]
+    low = (b[..., :128].reshape(rows, blocks, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)) & 0xF
+    high = (b[..., 128:192].reshape(rows, blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1))
+    values = (low.reshape(rows, blocks, 8, 32) | ((high & 3).reshape(rows, blocks, 8, 32) << 4)).astype(np.int16) - 32
+    scales = torch.from_numpy(b[..., 192:208].copy().view(np.int8).astype(np.float32))
+    return Unpacked(_values(b, values), (_fp16(b, 208)[..., None] * scales).reshape(rows, -1), None)
+
+
 def _as_nibbles(offset: int) -> Callable[[Unpacked], PackedWeight]:
     """Values in [-offset, 15 - offset] as the nibbles `value + offset`, the offset taken off in the kernel's sums."""
     return lambda u: PackedWeight.nibbles(u.values + offset, u.d, u.m, offset)
 
 
-def _as_bytes(u: Unpacked) -> PackedWeight:
-    return PackedWeight.bytes(u.values, u.d, u.m)
+def _as_bytes(scales: int) -> Callable[[Unpacked], PackedWeight]:
+    return lambda u: PackedWeight.bytes(u.values, u.d, u.m, scales)
 
 
+_FP16, _FP32, _HALVES = quant_kernels.SCALES_FP16, quant_kernels.SCALES_FP32, quant_kernels.SCALES_FP32_HALVES
 FORMATS: dict[str, BlockFormat] = {
-    "Q4_0": BlockFormat(18, _q4_0, _as_nibbles(8)),  # fp16 d, 16 bytes of nibbles; w = d (q - 8)
-    "Q4_1": BlockFormat(20, _q4_1, _as_nibbles(0)),  # fp16 d, m, 16 bytes of nibbles; w = d q + m
-    "Q5_0": BlockFormat(22, _q5_0, _as_bytes),  # fp16 d, 4 bytes of fifth bits, 16 of nibbles; w = d (q - 16)
-    "Q5_1": BlockFormat(24, _q5_1, _as_bytes),  # fp16 d, m, fifth bits, nibbles; w = d q + m
-    "Q8_0": BlockFormat(34, _q8_0, _as_bytes),  # fp16 d, 32 int8; w = d q
+    "Q4_0": BlockFormat(32, 18, _q4_0, _as_nibbles(8)),  # fp16 d, 16 bytes of nibbles; w = d (q - 8)
+    "Q4_1": BlockFormat(32, 20, _q4_1, _as_nibbles(0)),  # fp16 d, m, 16 bytes of nibbles; w = d q + m
+    "Q5_0": BlockFormat(32, 22, _q5_0, _as_bytes(_FP16)),  # fp16 d, 4 bytes of fifth bits, 16 of nibbles; d (q - 16)
+    "Q5_1": BlockFormat(32, 24, _q5_1, _as_bytes(_FP16)),  # fp16 d, m, fifth bits, nibbles; w = d q + m
+    "Q8_0": BlockFormat(32, 34, _q8_0, _as_bytes(_FP16)),  # fp16 d, 32 int8; w = d q
+    "Q4_K": BlockFormat(256, 144, _q4_k, lambda u: PackedWeight.nibbles(u.values, u.d, u.m, 0, _FP32)),
+    "Q5_K": BlockFormat(256, 176, _q5_k, _as_bytes(_FP32)),  # values 0-31, a byte each
+    "Q6_K": BlockFormat(256, 210, _q6_k, _as_bytes(_HALVES)),  # values -32-31, a byte each, a scale per 16
 }
 
 

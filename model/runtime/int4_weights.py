@@ -81,7 +81,8 @@ class Int4Linear(PackedLinear):
             raise ModelError("int4 weights need contiguous CPU uint8 nibbles and fp16 scales")
         self.nibbles, self.d, self.m = nibbles, d, m  # [tiles, groups, 4, 16, 4] uint8; [tiles, groups, 16] fp16
         in_features = int(nibbles.shape[1]) * GROUP
-        super().__init__([PackedWeight(quant_kernels.PACK_NIBBLES, 0, nibbles, d, m, out_features, in_features)])
+        fp16 = quant_kernels.SCALES_FP16
+        super().__init__([PackedWeight(quant_kernels.PACK_NIBBLES, 0, fp16, nibbles, d, m, out_features, in_features)])
 
     @classmethod
     def from_blocks(cls, blocks: Q4Blocks) -> Int4Linear:
@@ -103,7 +104,8 @@ class Q8Head(PackedLinear):
             raise ModelError("a Q8_0 head needs contiguous CPU int8 values and fp16 scales")
         self.q, self.d = q, d  # [tiles, groups, 8, 16, 4] int8; [tiles, groups, 16] fp16
         in_features = int(q.shape[1]) * GROUP
-        weight = PackedWeight(quant_kernels.PACK_BYTES, 0, q, d, None, out_features, in_features)
+        fp16 = quant_kernels.SCALES_FP16
+        weight = PackedWeight(quant_kernels.PACK_BYTES, 0, fp16, q, d, None, out_features, in_features)
         super().__init__([weight], logits=True)
 
     @classmethod

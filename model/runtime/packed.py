@@ -31,11 +31,17 @@ def tiles(t: torch.Tensor, n: int) -> torch.Tensor:
     return padded.view(count, TILE, *t.shape[1:])
 
 
-def per_tile(scales: torch.Tensor, n: int) -> torch.Tensor:
-    """Per-group scales `[N, K / 32]` (fp16 values) as `[tiles, groups, 16]` fp16: the file's own, unrounded."""
+def per_tile(scales: torch.Tensor, n: int, kind: int = quant_kernels.SCALES_FP16) -> torch.Tensor:
+    """Per-group scales `[N, K / 32]` as `[tiles, groups, 16]`: fp16 (values the file holds as fp16, unrounded) or
+    fp32; for SCALES_FP32_HALVES, per 16 inputs `[N, K / 16]` as `[tiles, groups, 2, 16]` fp32."""
+    if kind == quant_kernels.SCALES_FP32_HALVES:
+        halves = tiles(scales.float().reshape(scales.shape[0], -1, 2), n)  # [tiles, 16, groups, 2]
+        return halves.permute(0, 2, 3, 1).contiguous()
+    if kind == quant_kernels.SCALES_FP32:
+        return tiles(scales.float(), n).permute(0, 2, 1).contiguous()
     half = scales.half()
     if not torch.equal(half.float(), scales.float()):
-        raise ModelError("packed weights' scales must be fp16 values, as a GGUF stores them")
+        raise ModelError("packed weights' fp16 scales must be fp16 values, as a GGUF stores them")
     return tiles(half, n).permute(0, 2, 1).contiguous()
 
 
@@ -45,14 +51,16 @@ class PackedWeight:
 
     packing: int  # quant_kernels.PACK_NIBBLES or PACK_BYTES
     offset: int
+    scales: int  # quant_kernels.SCALES_FP16, SCALES_FP32 or SCALES_FP32_HALVES (d and m: fp16 or fp32)
     q: torch.Tensor  # nibbles [tiles, groups, 4, 16, 4] uint8, or bytes [tiles, groups, 8, 16, 4] int8
-    d: torch.Tensor  # [tiles, groups, 16] fp16
+    d: torch.Tensor  # [tiles, groups, 16] (or [tiles, groups, 2, 16] for halves)
     m: torch.Tensor | None  # as d, or None
     n: int
     k: int
 
     @classmethod
-    def nibbles(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int = 0) -> PackedWeight:
+    def nibbles(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int = 0,
+                scales: int = quant_kernels.SCALES_FP16) -> PackedWeight:
         """4-bit `values` `[N, K]` in [0, 15] with their groups' scales `[N, K / 32]` (and minimums)."""
         n, k = _check_shape(values)
         q = tiles(values, n).view(-1, TILE, k // GROUP, GROUP).permute(0, 2, 3, 1)  # [tiles, groups, 32, 16]
@@ -62,21 +70,23 @@ class PackedWeight:
 
         low, high = quads(q[:, :, : GROUP // 2]), quads(q[:, :, GROUP // 2 :])
         nibbles = (low | (high << 4)).to(torch.uint8).contiguous()
-        return cls(quant_kernels.PACK_NIBBLES, offset, nibbles, per_tile(d, n),
-                   None if m is None else per_tile(m, n), n, k)
+        return cls(quant_kernels.PACK_NIBBLES, offset, scales, nibbles, per_tile(d, n, scales),
+                   None if m is None else per_tile(m, n, scales), n, k)
 
     @classmethod
-    def bytes(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> PackedWeight:
-        """Values `[N, K]` in [-127, 127] with their groups' scales `[N, K / 32]` (and minimums)."""
+    def bytes(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
+              scales: int = quant_kernels.SCALES_FP16) -> PackedWeight:
+        """Values `[N, K]` in [-127, 127] with their groups' scales `[N, K / 32]` (or halves' `[N, K / 16]`) and
+        minimums."""
         n, k = _check_shape(values)
         tiled = tiles(values.to(torch.int8), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
-        return cls(quant_kernels.PACK_BYTES, 0, tiled.contiguous(), per_tile(d, n),
-                   None if m is None else per_tile(m, n), n, k)
+        return cls(quant_kernels.PACK_BYTES, 0, scales, tiled.contiguous(), per_tile(d, n, scales),
+                   None if m is None else per_tile(m, n, scales), n, k)
 
     def struct(self) -> quant_kernels.QWeight:
         """The C kernel's view (raw pointers into these tensors: keep this weight alive while it is used)."""
         return quant_kernels.QWeight(
-            self.packing, self.offset, self.q.data_ptr(), self.d.data_ptr(),
+            self.packing, self.offset, self.scales, self.q.data_ptr(), self.d.data_ptr(),
             None if self.m is None else self.m.data_ptr(), self.n, self.k,
         )
 

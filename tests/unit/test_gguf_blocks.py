@@ -13,7 +13,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
-from tiny_gguf import write_model
+from tiny_gguf import K_SHAPE, K_TYPES, write_model
 
 from model.gguf.blocks import FORMATS, Unpacked, raw_blocks, unpacked, unreadable
 from model.gguf.header import read_header
@@ -35,9 +35,11 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny llama file of each format (its layers and embedding in that format)."""
+    """A tiny llama file of each format (its layers and embedding in that format; rows of 256 for the K-quants,
+    whose blocks are random bytes with small scales)."""
     folder = tmp_path_factory.mktemp("blocks")
-    return {name: write_model(folder / f"{name}.gguf", "llama", T[name], seed=1).path for name in FORMATS}
+    return {name: write_model(folder / f"{name}.gguf", "llama", T[name], seed=1,
+                              shape=K_SHAPE if T[name] in K_TYPES else None).path for name in FORMATS}
 
 
 def weight_of(path: Path, name: str = "blk.0.ffn_down.weight") -> tuple[Unpacked, np.ndarray, str]:
@@ -50,7 +52,8 @@ def weight_of(path: Path, name: str = "blk.0.ffn_down.weight") -> tuple[Unpacked
 
 def values(weight: Unpacked) -> torch.Tensor:
     n, k = weight.values.shape
-    w = weight.values.float().view(n, k // GROUP, GROUP) * weight.d[..., None]
+    groups = weight.d.shape[1]  # of 32, or of 16 (Q6_K)
+    w = weight.values.float().view(n, groups, k // groups) * weight.d[..., None]
     return (w if weight.m is None else w + weight.m[..., None]).view(n, k)
 
 
@@ -114,9 +117,9 @@ def test_other_cpus_builds_compute_the_same_bits_for_every_format(files: dict[st
     built = quant_kernels.build(quant_kernels.TARGETS[cpu])  # every build compiles, here too
     if not quant_kernels.runs_here(cpu):
         pytest.skip(f"this CPU cannot run the {cpu} build ({', '.join(quant_kernels.TARGET_FLAGS[cpu])})")
-    x = torch.randn(7, 128, generator=torch.Generator().manual_seed(2))
     linears = [PackedLinear([FORMATS[kind].pack(weight_of(files[kind])[0])], logits=True) for kind in FORMATS]
-    here = [linear(x, coarse=5) for linear in linears]
+    inputs = [torch.randn(7, linear.in_features, generator=torch.Generator().manual_seed(2)) for linear in linears]
+    here = [linear(x, coarse=5) for linear, x in zip(linears, inputs, strict=True)]
     monkeypatch.setattr(quant_kernels, "_load", lambda: (built, None))
-    for linear, expected in zip(linears, here, strict=True):
+    for linear, x, expected in zip(linears, inputs, here, strict=True):
         assert torch.equal(linear(x, coarse=5), expected)

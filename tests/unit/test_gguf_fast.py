@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from test_gguf_model import answer
-from tiny_gguf import write_model
+from tiny_gguf import K_SHAPE, write_model
 
 from model.chat.engine import DiffusionChatModel
 from model.chat.spec import ModelSpec
@@ -32,6 +32,15 @@ def mixed(name: str) -> T:
     return T.Q8_0 if "token_embd" in name or "attn_k" in name else T.Q4_0
 
 
+def q4_k_m(name: str) -> T:
+    """What llama.cpp's Q4_K_M mix holds: Q6_K for some v and down projections and the head, Q4_K elsewhere."""
+    if "token_embd" in name:
+        return T.Q8_0
+    if name == "output.weight" or "blk.1.ffn_down" in name or "blk.0.attn_v" in name:
+        return T.Q6_K
+    return T.Q5_K if "attn_k" in name else T.Q4_K
+
+
 def load(path: Path, precision: str = "bf16") -> DiffusionChatModel:
     chat = load_chat_model(ModelSpec(source=str(path), precision=precision))
     assert isinstance(chat, DiffusionChatModel)
@@ -49,6 +58,7 @@ def pass_logits(model) -> torch.Tensor:
 
 @pytest.mark.parametrize(("architecture", "qtype", "tied"), [
     ("llama", mixed, True), ("qwen2", T.Q4_0, False), ("qwen3", mixed, True), ("qwen3", T.Q8_0, False),
+    ("llama", q4_k_m, False), ("qwen2", q4_k_m, False),
 ])
 def test_the_decode_layer_computes_the_torch_fused_pass(
     tmp_path: Path, architecture: str, qtype: T | Callable[[str], T], tied: bool
@@ -56,7 +66,8 @@ def test_the_decode_layer_computes_the_torch_fused_pass(
     """The C layer (fp32 residual, bf16 cache) against the torch pass on the same packed kernels in fp32: equal up
     to the cache's bf16 rounding and the activations' roundings it moves. A layer computed wrong (no bias, no q/k
     norm, q and k rows in the file's order) falls far below these bounds."""
-    chat = load(write_model(tmp_path / "m.gguf", architecture, qtype, tied, seed=4).path)
+    shape = K_SHAPE if qtype is q4_k_m else None
+    chat = load(write_model(tmp_path / "m.gguf", architecture, qtype, tied, seed=4, shape=shape).path)
     model = chat.backend.model  # type: ignore[attr-defined]
     assert chat.note is not None and "on its own blocks" in chat.note
     assert model.inference_pass().native is not None

@@ -10,7 +10,13 @@
  * Q4_1: y += d * scale * (254 * sum_hi + sum_lo) + m * sum(x), with sum(x) the group's fp32 sum; Q8_0: y += d *
  * scale * (...). Q4_0 (w = d * (q - 8)) takes 8 * sum(hi) and 8 * sum(lo) off the integer sums, exactly, as
  * llama.cpp does; Q5_0 is packed as the bytes q - 16 and Q5_1 as the bytes q with its m, through the Q8_0 kernel
- * (a byte a weight, not 5 bits: the 5-bit values' pair sums would overflow the 16-bit sums of the nibble kernel). The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's
+ * (a byte a weight, not 5 bits: the 5-bit values' pair sums would overflow the 16-bit sums of the nibble kernel).
+ * K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 one times the
+ * sub-block's 6-bit integer, exact in fp32 (SCALES_FP32): Q4_K through the nibble kernel, Q5_K through the byte one;
+ * Q6_K's sub-blocks of 16 each have their own scale (SCALES_FP32_HALVES): the byte kernel's two halves of a group,
+ * whose integer sums it keeps apart anyway, are each scaled by theirs. llama.cpp sums a super-block's sub-blocks in
+ * integers before one fp32 multiply; here each sub-block is joined in fp32, in order: the same rules (exact integer
+ * dot products, a row's result as if alone, every build the same bits) on a finer rounding of the activations. The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's
  * rounding) an activation is off by up to 1/254 of its group's largest, which on CPUs that prefill through these
  * kernels made the greedy answers' perplexity 1.05x the bf16 teacher's; with the remainder it is off by 1/64516.
  * The second sum costs the integer units, not memory: the weights are read once for both, and for all rows.
@@ -52,12 +58,12 @@ typedef struct {
     int32_t *quads;  /* [rows, groups, 16] */
     float *scale;    /* [rows, groups] */
     float *sum;      /* [rows, groups] */
-    int32_t *parts;  /* [rows, groups, 2]: sum(hi), sum(lo) */
+    int32_t *parts;  /* [rows, groups, 4]: sum(hi) over inputs 0-15, over 16-31, then sum(lo) over each half */
 } Activations;
 
 static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *out) {
     const int64_t groups = k / GROUP;
-    void *buffer = malloc((size_t)(rows * groups) * (18 * sizeof(int32_t) + 2 * sizeof(float)));
+    void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 2 * sizeof(float)));
     if (!buffer) return 1;
     out->quads = buffer;
     out->scale = (float *)(out->quads + rows * groups * 16);
@@ -81,13 +87,25 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *o
             }
             out->scale[r * groups + g] = unit / (float)RESIDUAL;
             out->sum[r * groups + g] = v_sum(v_add(x0, x1));
-            for (int part = 0; part < 2; part++) {
+            for (int part = 0; part < 4; part++) {
                 int32_t total = 0;
-                for (int i = 0; i < GROUP; i++) total += q[part * GROUP + i];
-                out->parts[(r * groups + g) * 2 + part] = total;
+                for (int i = 0; i < TILE; i++) total += q[part * TILE + i];
+                out->parts[(r * groups + g) * 4 + part] = total;
             }
         }
     return 0;
+}
+
+/* A group's integer sum of hi (part 0) or lo (part 1), over both halves: exact */
+static inline int32_t whole(const Activations *a, int64_t at, int part) {
+    return a->parts[at * 4 + part * 2] + a->parts[at * 4 + part * 2 + 1];
+}
+
+/* 16 outputs' scales (or minimums) of block `block` (half `half` of it, for halves), as stored */
+static inline vec16 scales_of(const void *p, int64_t block, int kind, int half) {
+    if (kind == SCALES_FP16) return v_f16((const uint16_t *)p + block * TILE);
+    if (kind == SCALES_FP32) return v_load((const float *)p + block * TILE);
+    return v_load((const float *)p + (block * 2 + half) * TILE);
 }
 
 static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, float *y, int64_t ldy) {
@@ -105,7 +123,7 @@ static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, 
  * of memory and each format pays for its own terms only. y: the tile's member's first column, rows ldy apart. */
 static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, const Activations *a, int64_t t,
                                                               int64_t first, int count, int64_t coarse, float *y,
-                                                              int64_t ldy, int with_min, int offset) {
+                                                              int64_t ldy, int with_min, int offset, int wide) {
     const int64_t groups = w->k / GROUP;
     vec16 acc[ROW_BLOCK];
     for (int r = 0; r < count; r++) acc[r] = v_set1(0.0f);
@@ -113,8 +131,9 @@ static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, 
         const int64_t block = t * groups + g;
         ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
         for (int i = 0; i < 4; i++) iv_nibbles(w->q + (block * 4 + i) * 64, &low[i], &high[i]);
-        const vec16 vd = v_f16(w->d + block * TILE);
-        const vec16 vm = with_min ? v_f16(w->m + block * TILE) : v_set1(0.0f);
+        const int kind = wide ? SCALES_FP32 : SCALES_FP16;
+        const vec16 vd = scales_of(w->d, block, kind, 0);
+        const vec16 vm = with_min ? scales_of(w->m, block, kind, 0) : v_set1(0.0f);
         for (int r = 0; r < count; r++) {
             const int64_t at = (first + r) * groups + g;
             const int32_t *quads = a->quads + at * 16;
@@ -122,8 +141,8 @@ static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, 
             ivec16 hi = iv_group(low, high, quads);
             ivec16 lo = first + r < coarse ? iv_group(low, high, quads + 8) : iv_zero();
             if (offset) {  /* (q - offset) . x = q . x - offset * sum(x), exactly */
-                hi = iv_minus(hi, offset * a->parts[at * 2]);
-                if (first + r < coarse) lo = iv_minus(lo, offset * a->parts[at * 2 + 1]);
+                hi = iv_minus(hi, offset * whole(a, at, 0));
+                if (first + r < coarse) lo = iv_minus(lo, offset * whole(a, at, 1));
             }
             const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
             acc[r] = v_fma(vd, v_mul(dot, v_set1(a->scale[at])), acc[r]);
@@ -133,85 +152,116 @@ static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, 
     store_tile(acc, count, w->n, t, y + first * ldy, ldy);
 }
 
-#define NIBBLE_BLOCK(with_min, offset)                                                                           \
+#define NIBBLE_BLOCK(with_min, offset, wide)                                                                     \
     switch (count) {                                                                                              \
-        case 1: nibble_tile(w, a, t, first, 1, coarse, y, ldy, with_min, offset); break;                          \
-        case 2: nibble_tile(w, a, t, first, 2, coarse, y, ldy, with_min, offset); break;                          \
-        case 3: nibble_tile(w, a, t, first, 3, coarse, y, ldy, with_min, offset); break;                          \
-        default: nibble_tile(w, a, t, first, ROW_BLOCK, coarse, y, ldy, with_min, offset); break;                 \
+        case 1: nibble_tile(w, a, t, first, 1, coarse, y, ldy, with_min, offset, wide); break;                    \
+        case 2: nibble_tile(w, a, t, first, 2, coarse, y, ldy, with_min, offset, wide); break;                    \
+        case 3: nibble_tile(w, a, t, first, 3, coarse, y, ldy, with_min, offset, wide); break;                    \
+        default: nibble_tile(w, a, t, first, ROW_BLOCK, coarse, y, ldy, with_min, offset, wide); break;           \
     }
 
-/* Q4_1 (an m, no offset) and Q4_0 (no m, an offset of 8): each its own compiled loop */
+/* Q4_1 (an m, no offset), Q4_0 (no m, an offset of 8), Q4_K (an m, fp32 scales): each its own compiled loop */
 static void q4_1_block(const QWeight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
                        int64_t coarse, float *y, int64_t ldy) {
-    NIBBLE_BLOCK(1, 0)
+    NIBBLE_BLOCK(1, 0, 0)
 }
 
 static void q4_0_block(const QWeight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
                        int64_t coarse, float *y, int64_t ldy) {
-    NIBBLE_BLOCK(0, 8)
+    NIBBLE_BLOCK(0, 8, 0)
+}
+
+static void q4_k_block(const QWeight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
+                       int64_t coarse, float *y, int64_t ldy) {
+    NIBBLE_BLOCK(1, 0, 1)
 }
 
 static void nibble_rows(const QWeight *w, const Activations *a, int64_t rows, int64_t coarse, float *y, int64_t ldy,
                         int threads) {
     const int64_t tiles = (w->n + TILE - 1) / TILE;
-    const int min_form = w->m != NULL;
+    void (*block)(const QWeight *, const Activations *, int64_t, int64_t, int64_t, int64_t, float *, int64_t) =
+        w->scales != SCALES_FP16 ? q4_k_block : w->m != NULL ? q4_1_block : q4_0_block;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++)
-        for (int64_t first = 0; first < rows; first += ROW_BLOCK) {
-            const int64_t count = rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK;
-            if (min_form)
-                q4_1_block(w, a, t, first, count, coarse, y, ldy);
-            else
-                q4_0_block(w, a, t, first, count, coarse, y, ldy);
+        for (int64_t first = 0; first < rows; first += ROW_BLOCK)
+            block(w, a, t, first, rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK, coarse, y, ldy);
+}
+
+/* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' (a constant where inlined, so that
+ * Q8_0's loop is its own). Halves: the integer sums of inputs 0-15 and 16-31 kept apart, each scaled by its own. */
+static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, const Activations *a, int64_t t,
+                                                            int64_t first, int64_t count, int64_t coarse, float *y,
+                                                            int64_t ldy, int kind) {
+    const int64_t groups = w->k / GROUP;
+    const int8_t *q = (const int8_t *)w->q;
+    vec16 acc[ROW_CHUNK];
+    for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t block = t * groups + g;
+        s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
+        for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
+        const vec16 vd = scales_of(w->d, block, kind, 0);
+        const vec16 vd_b = kind == SCALES_FP32_HALVES ? scales_of(w->d, block, kind, 1) : vd;
+        const vec16 vm = w->m ? scales_of(w->m, block, kind, 0) : v_set1(0.0f);
+        for (int64_t r = 0; r < count; r++) {
+            const int64_t at = (first + r) * groups + g;
+            const int32_t *quads = a->quads + at * 16;
+            const int32_t *parts = a->parts + at * 4;
+            const vec16 scale = v_set1(a->scale[at]);
+            ivec16 c0 = iv_zero(), c1 = iv_zero(), c2 = iv_zero(), c3 = iv_zero(), lo, lo_b = iv_zero();
+            if (first + r < coarse) {
+                for (int i = 0; i < 4; i++) {
+                    c0 = s8_dot4(c0, wq[i], quads[i]);
+                    c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
+                    c2 = s8_dot4(c2, wq[i], quads[i + 8]);
+                    c3 = s8_dot4(c3, wq[i + 4], quads[i + 12]);
+                }
+                if (kind == SCALES_FP32_HALVES) {
+                    lo = iv_minus(c2, S8_BIAS * parts[2]), lo_b = iv_minus(c3, S8_BIAS * parts[3]);
+                } else {
+                    lo = iv_minus(iv_add(c2, c3), S8_BIAS * (parts[2] + parts[3]));  /* see below */
+                }
+            } else {  /* hi alone: see the header */
+                for (int i = 0; i < 2; i++) {
+                    c0 = s8_dot4(c0, wq[i], quads[i]);
+                    c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
+                    c2 = s8_dot4(c2, wq[i + 2], quads[i + 2]);
+                    c3 = s8_dot4(c3, wq[i + 6], quads[i + 6]);
+                }
+                c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
+            }
+            /* the biased weights' extra term off, exactly (S8_BIAS 0: nothing to take off) */
+            if (kind == SCALES_FP32_HALVES) {
+                const ivec16 hi = iv_minus(c0, S8_BIAS * parts[0]), hi_b = iv_minus(c1, S8_BIAS * parts[1]);
+                const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
+                const vec16 dot_b = v_fma(iv_float(hi_b), v_set1((float)RESIDUAL), iv_float(lo_b));
+                acc[r] = v_fma(vd, v_mul(dot, scale), acc[r]);
+                acc[r] = v_fma(vd_b, v_mul(dot_b, scale), acc[r]);
+            } else {
+                const ivec16 hi = iv_minus(iv_add(c0, c1), S8_BIAS * (parts[0] + parts[1]));
+                const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
+                acc[r] = v_fma(vd, v_mul(dot, scale), acc[r]);
+            }
+            if (w->m) acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
         }
+    }
+    store_tile(acc, count, w->n, t, y + first * ldy, ldy);
 }
 
 static void byte_rows(const QWeight *w, const Activations *a, int64_t rows, int64_t coarse, float *y, int64_t ldy,
                       int threads) {
-    const int64_t groups = w->k / GROUP, tiles = (w->n + TILE - 1) / TILE;
-    const int8_t *q = (const int8_t *)w->q;
+    const int64_t tiles = (w->n + TILE - 1) / TILE;
+    const int kind = (int)w->scales;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++)
         for (int64_t first = 0; first < rows; first += ROW_CHUNK) {
             const int64_t count = rows - first < ROW_CHUNK ? rows - first : ROW_CHUNK;
-            vec16 acc[ROW_CHUNK];
-            for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
-            for (int64_t g = 0; g < groups; g++) {
-                const int64_t block = t * groups + g;
-                s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
-                for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
-                const vec16 vd = v_f16(w->d + block * TILE);
-                const vec16 vm = w->m ? v_f16(w->m + block * TILE) : v_set1(0.0f);
-                for (int64_t r = 0; r < count; r++) {
-                    const int64_t at = (first + r) * groups + g;
-                    const int32_t *quads = a->quads + at * 16;
-                    ivec16 c0 = iv_zero(), c1 = iv_zero(), c2 = iv_zero(), c3 = iv_zero(), lo;
-                    if (first + r < coarse) {
-                        for (int i = 0; i < 4; i++) {
-                            c0 = s8_dot4(c0, wq[i], quads[i]);
-                            c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
-                            c2 = s8_dot4(c2, wq[i], quads[i + 8]);
-                            c3 = s8_dot4(c3, wq[i + 4], quads[i + 12]);
-                        }
-                        lo = iv_minus(iv_add(c2, c3), S8_BIAS * a->parts[at * 2 + 1]);  /* see below */
-                    } else {  /* hi alone: see the header */
-                        for (int i = 0; i < 2; i++) {
-                            c0 = s8_dot4(c0, wq[i], quads[i]);
-                            c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
-                            c2 = s8_dot4(c2, wq[i + 2], quads[i + 2]);
-                            c3 = s8_dot4(c3, wq[i + 6], quads[i + 6]);
-                        }
-                        c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
-                    }
-                    /* the biased weights' extra term off, exactly (S8_BIAS 0: nothing to take off) */
-                    const ivec16 hi = iv_minus(iv_add(c0, c1), S8_BIAS * a->parts[at * 2]);
-                    const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
-                    acc[r] = v_fma(vd, v_mul(dot, v_set1(a->scale[at])), acc[r]);
-                    if (w->m) acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
-                }
-            }
-            store_tile(acc, count, w->n, t, y + first * ldy, ldy);
+            if (kind == SCALES_FP16)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16);
+            else if (kind == SCALES_FP32)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32);
+            else
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES);
         }
 }
 
@@ -221,6 +271,8 @@ int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, 
     int64_t ldy = 0;
     for (int64_t i = 0; i < members; i++) {
         if (w[i].packing != PACK_NIBBLES && w[i].packing != PACK_BYTES) return 2;
+        if (w[i].scales < SCALES_FP16 || w[i].scales > SCALES_FP32_HALVES) return 2;
+        if (w[i].packing == PACK_NIBBLES && w[i].scales == SCALES_FP32_HALVES) return 2;
         ldy += w[i].n;
     }
     Activations a;
