@@ -8,9 +8,10 @@ between turns and the next prompt encoded ahead, the end-of-turn probe on the te
 Without a draft adapter the only lossless mode is
 autoregressive: one token a pass, each the model's own greedy (or sampled) choice.
 
-On a CPU, when the kernels read every layer's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: model/gguf/blocks.py), the
-passes multiply by the file's own blocks through the fused pass and the C decode layer, as the bundled model's do
-(`use_int4`); otherwise (K-quants, F16 layers, a GPU, `--weights bf16`) by the de-quantized weights.
+On a CPU, when the kernels read every layer's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K:
+model/gguf/blocks.py), the passes multiply by the file's own blocks through the fused pass and the C decode layer, as
+the bundled model's do (`use_int4`), and the dense copies of the linears are dropped; otherwise (F16/BF16/F32 layers,
+a GPU, `--weights bf16`) by the de-quantized weights. The embedding stays de-quantized (bf16) either way.
 
 What transformers does not read from the file is applied here: Llama 3's rope frequency factors (`rope_freqs.weight`)
 and linear rope scaling, both a division of the rotary frequencies, as llama.cpp applies them.
