@@ -36,8 +36,8 @@ from model.errors import ModelError
 from model.gguf.blocks import FORMATS, gguf_weights, unreadable
 from model.gguf.header import GGUFHeader
 from model.gguf.locate import OLLAMA_PREFIX
+from model.gguf.network import network_without_linears
 from model.runtime import quant_kernels
-from model.runtime.fast_pass import drop_dense_linears
 
 ROPE_FACTORS = "rope_freqs.weight"
 # One token a pass: the block the answer's length is rounded to, and the pass budget of a block
@@ -52,15 +52,14 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     sampler = spec.decoding.apply(AUTOREGRESSIVE)
     device = resolve_device(spec.device)
     dtype = torch.float32 if spec.precision == "fp32" else torch.bfloat16
-    tokenizer, base = _from_file(header, dtype)
+    why_not = _why_not_own_blocks(spec, header, device, dtype)
+    tokenizer, base = _from_file(header, dtype, dense_linears=why_not is not None)
     divide_rope_frequencies(base, rope_frequency_divisors(header))
     model = BlockDiffusionLM(base, AdapterConfig(block_length=1, targets=()))
     model.eval()
     model.to(device)
-    why_not = _why_not_own_blocks(spec, header, device, dtype)
     if why_not is None:
         model.use_int4(gguf_weights(header, base.get_output_embeddings().weight.detach()))
-        drop_dense_linears(model)  # the passes read the packed blocks only
         return_freed_memory()
     begin_with_bos(tokenizer, header)
     ends = end_ids(tokenizer, header)
@@ -97,8 +96,10 @@ def _why_not_own_blocks(spec: ModelSpec, header: GGUFHeader, device: torch.devic
     return None
 
 
-def _from_file(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any]:
-    """transformers' tokenizer and causal LM of the file, de-quantized to `dtype`."""
+def _from_file(header: GGUFHeader, dtype: torch.dtype, dense_linears: bool) -> tuple[Any, Any]:
+    """transformers' tokenizer and causal LM of the file, de-quantized to `dtype`; without `dense_linears`, the
+    layers' linears empty and the head too when the kernels read it (model/gguf/network.py): the packed blocks
+    serve the passes."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(header.path.parent), header.path.name
@@ -108,6 +109,11 @@ def _from_file(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any]:
         # transformers reads no head width for qwen3 (its config's default, 128, is every released Qwen3's): the
         # file's own (`attention.key_length`) for every architecture
         config.head_dim = header.head_dim
+        if not dense_linears:
+            config.tie_word_embeddings = header.tied_head
+            head = "token_embd.weight" if header.tied_head else "output.weight"
+            packed_head = next(t for t in header.tensors if t.name == head).type_name in FORMATS
+            return tokenizer, network_without_linears(header, config, dtype, packed_head)
         base = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype,
                                                     attn_implementation="sdpa")
     except (ValueError, KeyError, OSError, RuntimeError) as error:

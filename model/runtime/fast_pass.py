@@ -187,22 +187,6 @@ def _native_linear(weight: PackedLinear, lora: _LoRA, held: list[torch.Tensor]) 
     )
 
 
-def drop_dense_linears(model: AdaptedModel) -> int:
-    """Free the dense weights of every layer's linears of a model that decodes on its packed ones (`use_int4`),
-    which then serve every pass (a user's GGUF model: its memory is then about its file's size, not a bf16 copy's);
-    returns the bytes freed. Training, which needs the dense weights, is not possible afterwards."""
-    if model.int4 is None:
-        raise ValueError("drop_dense_linears needs the model's packed weights (use_int4)")
-    freed = 0
-    for layer in model.base.model.layers:
-        for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-                       layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-            linear = _base_linear(module)
-            freed += linear.weight.numel() * linear.weight.element_size()
-            linear.weight = nn.Parameter(linear.weight.new_empty(0, linear.in_features), requires_grad=False)
-    return freed
-
-
 class FastPass:
     """Callable like `BlockDiffusionLM.forward` for inference with a `SlotCache` (see `model.runtime.batching`). Built
     from the model's current weights: rebuild it after the adapter changes (`BlockDiffusionLM.inference_pass` does).
@@ -243,7 +227,7 @@ class FastPass:
         self.inv_freq = rotary.inv_freq.detach().float()
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.dtype = self.lm_head.dtype
-        # a model whose dense linears were dropped for its packed ones (`drop_dense_linears`) multiplies by those only
+        # a model loaded without dense linears (model/gguf/network.py) multiplies by its packed ones only
         self.packed_only = model.int4 is not None and self.layers[0].qkv.numel() == 0
         self._held: list[torch.Tensor] = []  # what the native layers point into
         self.native = self._native_layers() if self._can_go_native() else None
