@@ -112,8 +112,9 @@ ALL_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 def supports(model: AdaptedModel) -> bool:
-    """Whether `FastPass` computes exactly what `model`'s own forward does: a plain Llama (SmolLM2's architecture),
-    Qwen2 or Qwen3 (full attention, default rotary) with the LoRA on every linear layer or no adapter at all."""
+    """Whether `FastPass` computes what `model`'s own forward does: a plain Llama (SmolLM2's architecture), exactly,
+    or Qwen2 or Qwen3 (full attention, default rotary; Qwen2's biases added to the projection's rounded output, one
+    rounding more than transformers' fused bias in bf16), with the LoRA on every linear layer or no adapter at all."""
     config = model.base.config
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kind = getattr(config, "model_type", "")
