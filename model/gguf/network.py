@@ -50,16 +50,24 @@ def hf_name(name: str) -> str | None:
     raise ModelError(f"{name}: a tensor this runtime does not place")
 
 
+_CHUNK_ROWS = 4096  # rows de-quantized at a time: a large vocabulary's embedding never whole in fp32
+
+
 def _dense(header: GGUFHeader, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor de-quantized by gguf-py (as transformers' loader does), in `dtype`, a chunk of rows at a time."""
     info = next(t for t in header.tensors if t.name == name)
-    raw = np.asarray(raw_blocks(header, info))
+    raw = raw_blocks(header, info)
     kind = GGMLQuantizationType[info.type_name]
-    if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-        values = raw.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16)
-    else:
-        values = dequantize(raw, kind)
-    # a copy: the file is mapped read-only
-    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(info.shape[::-1])).to(dtype)
+    out = torch.empty(raw.shape[0], int(info.shape[0]), dtype=dtype)
+    for first in range(0, raw.shape[0], _CHUNK_ROWS):
+        part = np.asarray(raw[first : first + _CHUNK_ROWS])
+        if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            values = part.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16)
+        else:
+            values = dequantize(part, kind)
+        # a copy: the file is mapped read-only
+        out[first : first + part.shape[0]] = torch.from_numpy(np.array(values, dtype=np.float32)).to(dtype)
+    return out.reshape(info.shape[::-1])
 
 
 def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype, packed_head: bool) -> Any:
