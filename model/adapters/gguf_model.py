@@ -1,14 +1,17 @@
 """A user's own GGUF model (llama, qwen2, qwen3: what Ollama and LM Studio keep) as a chat model that decodes
 autoregressively through the bundled model's back end.
 
-The simplest honest path: transformers builds the tokenizer and the network from the file (`gguf_file=`), every
-tensor de-quantized to `spec.precision` (bf16 by default: a 1.5B model takes ~3 GB, not its file's size), and the
-network runs inside a `BlockDiffusionLM` with no adapter, so its answers are passes of the same `BlockDiffusionBackend`
-as the bundled model's: batched across answers, the KV cache kept between turns and the next prompt encoded ahead, the
-end-of-turn probe on the template's own end-of-message token. Without a draft adapter the only lossless mode is
-autoregressive: one token a pass, each the model's own greedy (or sampled) choice. The passes go through the modules'
-forward (row-exact attention) rather than the fused pass and the C kernels, which are written for the bundled Llama
-(no biases, no q/k norms, Q4_1/Q8_0 blocks).
+transformers builds the tokenizer and the network from the file (`gguf_file=`), every tensor de-quantized to
+`spec.precision` (bf16 by default), and the network runs inside a `BlockDiffusionLM` with no adapter, so its answers
+are passes of the same `BlockDiffusionBackend` as the bundled model's: batched across answers, the KV cache kept
+between turns and the next prompt encoded ahead, the end-of-turn probe on the template's own end-of-message token.
+Without a draft adapter the only lossless mode is
+autoregressive: one token a pass, each the model's own greedy (or sampled) choice.
+
+On a CPU, when the kernels read every layer's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K:
+model/gguf/blocks.py), the passes multiply by the file's own blocks through the fused pass and the C decode layer, as
+the bundled model's do (`use_int4`), and the dense copies of the linears are dropped; otherwise (F16/BF16/F32 layers,
+a GPU, `--weights bf16`) by the de-quantized weights. The embedding stays de-quantized (bf16) either way.
 
 What transformers does not read from the file is applied here: Llama 3's rope frequency factors (`rope_freqs.weight`)
 and linear rope scaling, both a division of the rotary frequencies, as llama.cpp applies them.
@@ -16,6 +19,8 @@ and linear rope scaling, both a division of the rotary frequencies, as llama.cpp
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -28,8 +33,11 @@ from model.chat.spec import ModelSpec
 from model.decoding.sampler import SamplerConfig
 from model.device import resolve_device
 from model.errors import ModelError
+from model.gguf.blocks import FORMATS, gguf_weights, unreadable
 from model.gguf.header import GGUFHeader
 from model.gguf.locate import OLLAMA_PREFIX
+from model.gguf.network import network_without_linears
+from model.runtime import quant_kernels
 
 ROPE_FACTORS = "rope_freqs.weight"
 # One token a pass: the block the answer's length is rounded to, and the pass budget of a block
@@ -44,24 +52,54 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     sampler = spec.decoding.apply(AUTOREGRESSIVE)
     device = resolve_device(spec.device)
     dtype = torch.float32 if spec.precision == "fp32" else torch.bfloat16
-    tokenizer, base = _from_file(header, dtype)
+    why_not = _why_not_own_blocks(spec, header, device, dtype)
+    tokenizer, base = _from_file(header, dtype, dense_linears=why_not is not None)
     divide_rope_frequencies(base, rope_frequency_divisors(header))
     model = BlockDiffusionLM(base, AdapterConfig(block_length=1, targets=()))
     model.eval()
     model.to(device)
+    if why_not is None:
+        model.use_int4(gguf_weights(header, base.get_output_embeddings().weight.detach()))
+        return_freed_memory()
     begin_with_bos(tokenizer, header)
     ends = end_ids(tokenizer, header)
     name = spec.source.removeprefix(OLLAMA_PREFIX) if spec.source.startswith(OLLAMA_PREFIX) else header.path.stem
-    note = (f"{name} decodes autoregressively (no draft adapter for it yet); {header.describe()}, de-quantized to "
-            f"{str(dtype).removeprefix('torch.')}")
+    weights = ("on its own blocks" if why_not is None
+               else f"de-quantized to {str(dtype).removeprefix('torch.')} ({why_not})")
+    note = f"{name} decodes autoregressively (no draft adapter for it yet); {header.describe()}, {weights}"
     chat = DiffusionChatModel(name, tokenizer, BlockDiffusionBackend(model, ends, spec.max_batch), sampler,
                               spec.system_prompt, context_length_of(base.config), note)
     chat.vocabulary()  # scanned now rather than on the first answer's critical path
     return chat
 
 
-def _from_file(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any]:
-    """transformers' tokenizer and causal LM of the file, de-quantized to `dtype`."""
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's `malloc_trim`; nothing elsewhere). Loading frees the
+    de-quantized copies of the linears in many mid-sized pieces that glibc keeps in its arenas: for SmolLM2-135M the
+    process stayed at ~870 MB after dropping them, ~560 MB after this."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _why_not_own_blocks(spec: ModelSpec, header: GGUFHeader, device: torch.device, dtype: torch.dtype) -> str | None:
+    """None when the passes can multiply by the file's own blocks, else why not (one phrase)."""
+    if spec.weights == "bf16" or dtype != torch.bfloat16:
+        return "as asked"
+    if device.type != "cpu":
+        return "the block kernels are CPU ones"
+    missing = quant_kernels.unavailable()
+    if missing is not None:
+        return missing
+    others = unreadable(header)
+    if others:
+        return f"the kernels read {', '.join(FORMATS)} layers, not {others[0]}"
+    return None
+
+
+def _from_file(header: GGUFHeader, dtype: torch.dtype, dense_linears: bool) -> tuple[Any, Any]:
+    """transformers' tokenizer and causal LM of the file, de-quantized to `dtype`; without `dense_linears`, the
+    layers' linears empty and the head too when the kernels read it (model/gguf/network.py): the packed blocks
+    serve the passes."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(header.path.parent), header.path.name
@@ -71,6 +109,11 @@ def _from_file(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any]:
         # transformers reads no head width for qwen3 (its config's default, 128, is every released Qwen3's): the
         # file's own (`attention.key_length`) for every architecture
         config.head_dim = header.head_dim
+        if not dense_linears:
+            config.tie_word_embeddings = header.tied_head
+            head = "token_embd.weight" if header.tied_head else "output.weight"
+            packed_head = next(t for t in header.tensors if t.name == head).type_name in FORMATS
+            return tokenizer, network_without_linears(header, config, dtype, packed_head)
         base = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype,
                                                     attn_implementation="sdpa")
     except (ValueError, KeyError, OSError, RuntimeError) as error:
@@ -79,6 +122,7 @@ def _from_file(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any]:
     if hasattr(base.config, "quantization_config"):
         del base.config.quantization_config
     base.hf_quantizer = None
+    base.is_quantized = False  # its dtype may change (`.float()`, as tests compare passes in fp32)
     base.eval()
     return tokenizer, base
 

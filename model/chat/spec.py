@@ -86,7 +86,8 @@ class ModelSpec:
         if gguf is None:
             return
         if self.weights == "int4":
-            raise ModelError("--weights int4 is the bundled model's: a GGUF model is loaded de-quantized (auto, bf16)")
+            raise ModelError("--weights int4 is the bundled model's: a GGUF model decodes on its own blocks (auto, "
+                             "on a CPU) or de-quantized (bf16)")
         if self.decoding.decoding not in (None, "autoregressive"):
             raise ModelError(f"{gguf.path.name} has no draft adapter: it decodes autoregressively only (drop "
                              f"--decoding {self.decoding.decoding})")

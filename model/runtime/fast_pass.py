@@ -1,4 +1,5 @@
-"""One inference pass of a block-diffusion Llama, written out without transformers' per-module machinery.
+"""One inference pass of a block-diffusion Llama (or of a Llama, Qwen2 or Qwen3 network without an adapter: a user's
+GGUF model, model/adapters/gguf_model.py), written out without transformers' per-module machinery.
 
 The bundled model's passes multiply ~270 MB of bf16 weights by 1-32 rows. On a 2-core CPU those matmuls take about
 40 ms; transformers' modules around them (per-call hooks and kwargs, a separate q, k, v, gate and up projection, and
@@ -35,8 +36,9 @@ from torch import nn
 
 from model.runtime import quant_kernels, row_exact
 from model.runtime.batching import PassRows
-from model.runtime.int4_weights import Int4Layer, Int4Linear, Int4Weights, Q8Head
+from model.runtime.int4_weights import Int4Layer, Int4Weights
 from model.runtime.noisy_rows import Suffix, noisy_suffix
+from model.runtime.packed import Head, PackedLinear
 
 if TYPE_CHECKING:
     from model.runtime.batching import SlotCache
@@ -57,7 +59,7 @@ class AdaptedModel(Protocol):
     the base Llama with its linears adapted, the adapter's targets, the int4 weights when it decodes with them, and
     its embedding of mask tokens."""
 
-    base: Any  # a transformers LlamaForCausalLM whose linears are LoRALinear
+    base: Any  # a transformers Llama (Qwen2, Qwen3) causal LM whose linears are LoRALinear, or plain when no targets
     config: Any  # its AdapterConfig (`targets`)
     int4: Int4Weights | None
 
@@ -74,6 +76,8 @@ class _LoRA:
     scale: float
 
     def delta(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.factors:  # no adapter
+            return torch.zeros(*x.shape[:-1], 0, dtype=x.dtype)
         h = x.to(self.factors[0][0].dtype)
         parts = [self.scale * ((h @ a.t()) @ b.t()) for a, b in self.factors]
         return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
@@ -91,6 +95,9 @@ class _Layer:
     o_lora: _LoRA
     gate_up_lora: _LoRA
     down_lora: _LoRA
+    qkv_bias: torch.Tensor | None  # Qwen2's q, k, v biases, side by side
+    q_norm: torch.Tensor | None  # Qwen3's RMS norm weights of each q and k head
+    k_norm: torch.Tensor | None
     int4: Int4Layer | None  # the same linears as the GGUF's int4 blocks, for decoding (model.runtime.int4_weights)
 
 
@@ -99,54 +106,76 @@ class _Layer:
 INT4_BATCH_ROWS = 8
 
 
+# What the pass computes beyond a plain Llama: Qwen2's biases on q, k and v, Qwen3's norms on q and k
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ALL_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
 def supports(model: AdaptedModel) -> bool:
-    """Whether `FastPass` computes exactly what `model`'s own forward does: a plain Llama (SmolLM2's architecture) with
-    the LoRA on every linear layer."""
+    """Whether `FastPass` computes what `model`'s own forward does: a plain Llama (SmolLM2's architecture), exactly,
+    or Qwen2 or Qwen3 (full attention, default rotary; Qwen2's biases added to the projection's rounded output, one
+    rounding more than transformers' fused bias in bf16), with the LoRA on every linear layer or no adapter at all."""
     config = model.base.config
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = getattr(config, "model_type", "")
     return (
-        getattr(config, "model_type", "") == "llama"
+        kind in ARCHITECTURES
         and getattr(config, "hidden_act", "") == "silu"
-        and not getattr(config, "attention_bias", False)
+        and not (kind != "qwen2" and getattr(config, "attention_bias", False))
         and not getattr(config, "mlp_bias", False)
+        and not getattr(config, "use_sliding_window", False)
         and rope.get("rope_type", "default") == "default"
-        and set(model.config.targets) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+        and set(model.config.targets) in (ALL_TARGETS, set())
     )
 
 
-def _fuse(modules: list[LoRALinear]) -> tuple[torch.Tensor, _LoRA]:
+def _base_linear(module: LoRALinear | nn.Linear) -> nn.Linear:
+    return module if isinstance(module, nn.Linear) else module.base
+
+
+def _fuse(modules: list[LoRALinear] | list[nn.Linear]) -> tuple[torch.Tensor, _LoRA]:
     """Stack the base weights of `modules` (same input) into one matrix whose rows the modules then view; keep
-    their LoRA factors member by member."""
-    fused = torch.cat([m.base.weight.detach() for m in modules])
+    their LoRA factors member by member (none for plain linears: a model without an adapter)."""
+    linears = [_base_linear(m) for m in modules]
+    fused = torch.cat([linear.weight.detach() for linear in linears])
     offset = 0
-    for m in modules:
-        rows = m.base.weight.shape[0]
-        m.base.weight = nn.Parameter(fused[offset : offset + rows], requires_grad=False)  # a view: no second copy
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = nn.Parameter(fused[offset : offset + rows], requires_grad=False)  # a view: no second copy
         offset += rows
-    scales = {m.scale for m in modules}
+    adapted = [m for m in modules if not isinstance(m, nn.Linear)]
+    if not adapted:
+        return fused, _LoRA((), 0.0)
+    scales = {m.scale for m in adapted}
     if len(scales) != 1:
         raise ValueError("fused LoRA members must share one scale")
-    return fused, _LoRA(tuple((m.lora_a.detach(), m.lora_b.detach()) for m in modules), scales.pop())
+    return fused, _LoRA(tuple((m.lora_a.detach(), m.lora_b.detach()) for m in adapted), scales.pop())
 
 
 def _native_lora_rank(lora: _LoRA) -> int | None:
-    """The LoRA's rank when decode_layer.c takes it (one rank, at most 4 members, members x rank at most 256)."""
+    """The LoRA's rank when decode_layer.c takes it (one rank, at most 4 members, members x rank at most 256; 0 for
+    none)."""
+    if not lora.factors:
+        return 0
     ranks = {a.shape[0] for a, _ in lora.factors}
     rank = ranks.pop() if len(ranks) == 1 else None
     return rank if rank is not None and len(lora.factors) <= 4 and len(lora.factors) * rank <= 256 else None
 
 
-def _native_linears(layer: _Layer, int4: Int4Layer) -> tuple[tuple[Int4Linear, _LoRA], ...]:
+def _native_linears(layer: _Layer, int4: Int4Layer) -> tuple[tuple[PackedLinear, _LoRA], ...]:
     """The layer's int4 linears, each with its LoRA, in the order decode_layer.c takes them: qkv, o, gate_up, down."""
     return ((int4.qkv, layer.qkv_lora), (int4.o, layer.o_lora), (int4.gate_up, layer.gate_up_lora),
             (int4.down, layer.down_lora))
 
 
-def _native_linear(weight: Int4Linear, lora: _LoRA, held: list[torch.Tensor]) -> quant_kernels.Linear:
-    """The C kernel's view of one fused linear: its int4 weight and its LoRA's factors (bf16, members stacked)."""
+def _native_linear(weight: PackedLinear, lora: _LoRA, held: list[torch.Tensor]) -> quant_kernels.Linear:
+    """The C kernel's view of one fused linear: its packed weights and its LoRA's factors (bf16, members stacked)."""
     rank = _native_lora_rank(lora)
     if rank is None:
         raise ValueError("the decode kernel needs one LoRA rank, at most 4 fused members and 256 LoRA columns")
+    members = (quant_kernels.QWeight * quant_kernels.MEMBERS)(*weight.structs)
+    if not rank:
+        return quant_kernels.Linear(members, len(weight.members), quant_kernels.LoRA())
     # bf16: the factors are read once a pass (decode_layer.c); they only act on noisy rows, which never reach the
     # clean rows' logits
     a = torch.cat([a for a, _ in lora.factors]).bfloat16().contiguous()
@@ -154,7 +183,7 @@ def _native_linear(weight: Int4Linear, lora: _LoRA, held: list[torch.Tensor]) ->
     held += [a, b]  # the kernel reads them through raw pointers: the pass holds them
     ends = torch.tensor([member_b.shape[0] for _, member_b in lora.factors]).cumsum(0).tolist()
     return quant_kernels.Linear(
-        weight.struct,
+        members, len(weight.members),
         quant_kernels.LoRA(a.data_ptr(), b.data_ptr(), rank, len(ends), (ctypes.c_int64 * 4)(*ends)),
     )
 
@@ -180,21 +209,27 @@ class FastPass:
         for layer, quantized in zip(base.model.layers, int4, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             qkv, qkv_lora = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            biases = [_base_linear(m).bias for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+            qkv_bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+            q_norm = attn.q_norm.weight.detach() if config.model_type == "qwen3" else None
+            k_norm = attn.k_norm.weight.detach() if q_norm is not None else None
             gate_up, gate_up_lora = _fuse([mlp.gate_proj, mlp.up_proj])
             _, o_lora = _fuse([attn.o_proj])
             _, down_lora = _fuse([mlp.down_proj])
             self.layers.append(_Layer(
                 layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                qkv, attn.o_proj.base.weight.detach(), gate_up, mlp.down_proj.base.weight.detach(),
-                qkv_lora, o_lora, gate_up_lora, down_lora, quantized,
+                qkv, _base_linear(attn.o_proj).weight.detach(), gate_up, _base_linear(mlp.down_proj).weight.detach(),
+                qkv_lora, o_lora, gate_up_lora, down_lora, qkv_bias, q_norm, k_norm, quantized,
             ))
         self.norm = base.model.norm.weight.detach()
         self.lm_head = base.get_output_embeddings().weight.detach()
-        self.int4_head: Q8Head | None = model.int4.head if model.int4 else None
+        self.int4_head: Head | None = model.int4.head if model.int4 else None
         rotary = base.model.rotary_emb
         self.inv_freq = rotary.inv_freq.detach().float()
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.dtype = self.lm_head.dtype
+        # a model loaded without dense linears (model/gguf/network.py) multiplies by its packed ones only
+        self.packed_only = model.int4 is not None and self.layers[0].qkv.numel() == 0
         self._held: list[torch.Tensor] = []  # what the native layers point into
         self.native = self._native_layers() if self._can_go_native() else None
 
@@ -220,6 +255,7 @@ class FastPass:
                         for (linear, _), shape in zip(_native_linears(layer, layer.int4), shapes, strict=True))
                 and all(_native_lora_rank(lora) is not None for _, lora in _native_linears(layer, layer.int4))
                 and len({lora.scale for _, lora in _native_linears(layer, layer.int4)}) == 1
+                and (layer.q_norm is None or layer.q_norm.shape == (self.head_dim,))
                 for layer in self.layers
             )
             and quant_kernels.unavailable() is None
@@ -241,10 +277,13 @@ class FastPass:
         for layer in self.layers:
             assert layer.int4 is not None
             norms = [layer.input_norm.float().contiguous(), layer.post_norm.float().contiguous()]
-            self._held += norms
+            extras = [None if t is None else t.float().contiguous() for t in (layer.qkv_bias, layer.q_norm,
+                                                                               layer.k_norm)]
+            self._held += norms + [t for t in extras if t is not None]
             layers.append(quant_kernels.Layer(
                 int(config.hidden_size), self.heads, self.kv_heads, self.head_dim, int(config.intermediate_size),
                 self.eps, self.scaling, layer.qkv_lora.scale, norms[0].data_ptr(), norms[1].data_ptr(),
+                *(None if t is None else t.data_ptr() for t in extras),
                 *(_native_linear(linear, lora, self._held) for linear, lora in _native_linears(layer, layer.int4)),
             ))
         return layers
@@ -282,14 +321,14 @@ class FastPass:
     @staticmethod
     def _linear(
         x: torch.Tensor,
-        weight: torch.Tensor | Int4Linear,
+        weight: torch.Tensor | PackedLinear,
         lora: _LoRA,
         start: int | None,
         rows: torch.Tensor | None,
     ) -> torch.Tensor:
         """`x @ weight.T` plus the LoRA on columns [start, S), masked per sequence by `rows` (start None: none)."""
-        out = weight(x) if isinstance(weight, Int4Linear) else row_exact.linear(x, weight)
-        if start is None or start >= x.shape[1]:
+        out = weight(x) if isinstance(weight, PackedLinear) else row_exact.linear(x, weight)
+        if start is None or start >= x.shape[1] or not lora.factors:
             return out
         delta = lora.delta(x[:, start:])
         if rows is not None:
@@ -330,6 +369,7 @@ class FastPass:
         # while that is cheaper (a batch is not bit-exact anyway), for a prefill when the decode kernel is cheaper
         # (`int4_prefill`)
         int4 = (b == 1 and self.int4_prefill(s)) if prefill else (b == 1 or b * s <= INT4_BATCH_ROWS)
+        int4 = int4 or self.packed_only  # no dense weights to fall back on
         if int4 and b == 1 and self.native is not None:
             first_noisy = s if start is None else start
             return self._native_pass(input_ids, position_ids, attention_bias, first_noisy, cache, logits_to_keep)
@@ -341,9 +381,15 @@ class FastPass:
             w: _Layer | Int4Layer = layer.int4 if int4 and layer.int4 is not None else layer
             x = self._rms_norm(h, layer.input_norm)
             qkv = self._linear(x, w.qkv, layer.qkv_lora, start, rows)
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias.to(qkv.dtype)
             qk, v = qkv.split((q_size + kv_size, kv_size), dim=-1)
+            qk = qk.view(b, s, self.heads + self.kv_heads, self.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q_heads, k_heads = qk.split((self.heads, self.kv_heads), dim=2)
+                qk = torch.cat([self._rms_norm(q_heads, layer.q_norm), self._rms_norm(k_heads, layer.k_norm)], dim=2)
             # queries and keys rotated in one call: the same elementwise operations as two, half the op launches
-            qk = self._rotate(qk.view(b, s, self.heads + self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            qk = self._rotate(qk.transpose(1, 2), cos, sin)
             q, k = qk.split((self.heads, self.kv_heads), dim=1)
             v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
             keys, values = cache.update(k, v, index)

@@ -24,7 +24,6 @@ The blocks are read from the GGUF once (~10 s: the reader parses the tokenizer t
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,8 @@ import torch
 
 from model.errors import ModelError
 from model.runtime import quant_kernels
+from model.runtime.packed import GROUP, Head, PackedLinear, PackedWeight
 
-GROUP = 32  # weights per Q4_1 block, and the kernel's group size
-TILE = 16  # outputs the kernel computes together (model/runtime/kernels/quant_matmul.c)
 LAYOUT = "tiles16-groups32-quads-fp16-v3"  # the packed layout's name, in the cache file's stamp
 _BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 _Q8_BLOCK_BYTES = 34  # fp16 d, 32 int8
@@ -73,23 +71,7 @@ class Q4Blocks:
         )
 
 
-def _tiles(t: torch.Tensor, n: int) -> torch.Tensor:
-    """`t` `[N, ...]` zero-padded to whole tiles of outputs, `[tiles, TILE, ...]`."""
-    tiles = -(-n // TILE)
-    padded = torch.zeros((tiles * TILE, *t.shape[1:]), dtype=t.dtype)
-    padded[:n] = t
-    return padded.view(tiles, TILE, *t.shape[1:])
-
-
-def _per_tile(scales: torch.Tensor, n: int) -> torch.Tensor:
-    """Per-group scales `[N, K / 32]` (fp16 values) as `[tiles, groups, 16]` fp16: the file's own, unrounded."""
-    half = scales.half()
-    if not torch.equal(half.float(), scales.float()):
-        raise ModelError("int4 scales must be fp16 values, as a GGUF stores them")
-    return _tiles(half, n).permute(0, 2, 1).contiguous()
-
-
-class Int4Linear:
+class Int4Linear(PackedLinear):
     """`x @ w.T` for the Q4_1 weight `w` `[out_features, in_features]`, with the C kernel (model/runtime/kernels/
     quant_matmul.c says the layout): x in bf16 or fp32, the output in x's dtype (other dtypes: fp32)."""
 
@@ -98,39 +80,21 @@ class Int4Linear:
                 and all(t.is_contiguous() and t.device.type == "cpu" for t in (nibbles, d, m))):
             raise ModelError("int4 weights need contiguous CPU uint8 nibbles and fp16 scales")
         self.nibbles, self.d, self.m = nibbles, d, m  # [tiles, groups, 4, 16, 4] uint8; [tiles, groups, 16] fp16
-        self.out_features = out_features
-        self.in_features = int(nibbles.shape[1]) * GROUP
-        self.struct = quant_kernels.Q4Weight(
-            nibbles.data_ptr(), d.data_ptr(), m.data_ptr(), out_features, self.in_features
-        )
+        in_features = int(nibbles.shape[1]) * GROUP
+        fp16 = quant_kernels.SCALES_FP16
+        super().__init__([PackedWeight(quant_kernels.PACK_NIBBLES, 0, fp16, nibbles, d, m, out_features, in_features)])
 
     @classmethod
     def from_blocks(cls, blocks: Q4Blocks) -> Int4Linear:
         n, k = blocks.q.shape
         if k % GROUP:
             raise ModelError(f"int4 weights need inputs in groups of {GROUP}, this layer has {k}")
-        q = _tiles(blocks.q, n).view(-1, TILE, k // GROUP, GROUP).permute(0, 2, 3, 1)  # [tiles, groups, 32, 16]
-
-        def quads(half: torch.Tensor) -> torch.Tensor:  # inputs 4 i + c: [tiles, groups, i, output, c]
-            return half.reshape(*half.shape[:2], 4, 4, TILE).permute(0, 1, 2, 4, 3)
-
-        low, high = quads(q[:, :, : GROUP // 2]), quads(q[:, :, GROUP // 2 :])
-        nibbles = (low | (high << 4)).to(torch.uint8).contiguous()
-
-        return cls(nibbles, _per_tile(blocks.d, n), _per_tile(blocks.m, n), n)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = _kernel_input(x, self.in_features)
-        out = flat.new_empty(flat.shape[0], self.out_features)
-        status = quant_kernels.library().q4_1_matmul(
-            flat.data_ptr(), flat.dtype == torch.bfloat16, flat.shape[0], flat.shape[0], ctypes.byref(self.struct),
-            out.data_ptr(), out.dtype == torch.bfloat16, torch.get_num_threads(),
-        )
-        _check(status)
-        return out.view(*x.shape[:-1], self.out_features)
+        packed = PackedWeight.nibbles(blocks.q, blocks.d, blocks.m)
+        assert packed.m is not None
+        return cls(packed.q, packed.d, packed.m, n)
 
 
-class Q8Head:
+class Q8Head(PackedLinear):
     """`x @ w.T` for a Q8_0 weight (the tied LM head) with the C kernel; fp32 logits. Rows from `coarse` on (of
     `x` flattened to rows) skip the activations' remainder (drafting mask rows: quant_matmul.c)."""
 
@@ -139,41 +103,16 @@ class Q8Head:
                 and all(t.is_contiguous() and t.device.type == "cpu" for t in (q, d))):
             raise ModelError("a Q8_0 head needs contiguous CPU int8 values and fp16 scales")
         self.q, self.d = q, d  # [tiles, groups, 8, 16, 4] int8; [tiles, groups, 16] fp16
-        self.out_features = out_features
-        self.in_features = int(q.shape[1]) * GROUP
+        in_features = int(q.shape[1]) * GROUP
+        fp16 = quant_kernels.SCALES_FP16
+        weight = PackedWeight(quant_kernels.PACK_BYTES, 0, fp16, q, d, None, out_features, in_features)
+        super().__init__([weight], logits=True)
 
     @classmethod
     def from_q8_0(cls, q: torch.Tensor, d: torch.Tensor) -> Q8Head:
         """`q` `[N, K]` int8 values, `d` `[N, K / 32]` their groups' scales."""
-        n, k = q.shape
-        tiled = _tiles(q, n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
-        return cls(tiled, _per_tile(d, n), n)
-
-    def __call__(self, x: torch.Tensor, coarse: int | None = None) -> torch.Tensor:
-        flat = _kernel_input(x, self.in_features)
-        out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)
-        rows = flat.shape[0]
-        status = quant_kernels.library().q8_0_matmul(
-            flat.data_ptr(), flat.dtype == torch.bfloat16, rows, rows if coarse is None else coarse,
-            self.in_features, self.out_features,
-            self.q.data_ptr(), self.d.data_ptr(), out.data_ptr(), torch.get_num_threads(),
-        )
-        _check(status)
-        return out.view(*x.shape[:-1], self.out_features)
-
-
-def _kernel_input(x: torch.Tensor, in_features: int) -> torch.Tensor:
-    if x.device.type != "cpu" or x.shape[-1] != in_features:
-        raise ModelError(f"int4 kernels take CPU rows of {in_features}, not {tuple(x.shape)} on {x.device}")
-    flat = x.reshape(-1, in_features)
-    if flat.dtype not in (torch.bfloat16, torch.float32):
-        flat = flat.float()
-    return flat.contiguous()
-
-
-def _check(status: int) -> None:
-    if status:
-        raise MemoryError("the int4 kernel could not allocate its buffers")
+        packed = PackedWeight.bytes(q, d)
+        return cls(packed.q, packed.d, q.shape[0])
 
 
 @dataclass(frozen=True)
@@ -181,17 +120,17 @@ class Int4Weights:
     """What a decoding pass multiplies by: every layer's linears, and the LM head when the file's is Q8_0."""
 
     layers: list[Int4Layer]
-    head: Q8Head | None
+    head: Head | None
 
 
 @dataclass(frozen=True)
 class Int4Layer:
     """One decoder layer's linears, fused as `model.runtime.fast_pass` runs them (q/k/v as one, gate/up as one)."""
 
-    qkv: Int4Linear
-    o: Int4Linear
-    gate_up: Int4Linear
-    down: Int4Linear
+    qkv: PackedLinear
+    o: PackedLinear
+    gate_up: PackedLinear
+    down: PackedLinear
 
 
 def _read_q4_1(tensor: Any) -> Q4Blocks:
@@ -216,7 +155,7 @@ def _read_q8_0(tensor: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(q), torch.from_numpy(d)
 
 
-def _unpermute_order(rows: int, heads: int) -> torch.Tensor:
+def unpermute_order(rows: int, heads: int) -> torch.Tensor:
     """The row order that undoes llama.cpp's rotary permutation of q and k (as transformers' GGUF loader does)."""
     half = rows // heads // 2
     return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
@@ -242,7 +181,7 @@ def read_gguf_linears(path: Path, config: Any, tensors: dict[str, Any] | None = 
                 raise ModelError(f"{path.name}: blk.{index}.{gguf_name}.weight is {kind}, int4 weights need Q4_1")
             blocks = _read_q4_1(tensor)
             if hf_name in ("q_proj", "k_proj"):
-                blocks = blocks.rows(_unpermute_order(blocks.q.shape[0], heads if hf_name == "q_proj" else kv_heads))
+                blocks = blocks.rows(unpermute_order(blocks.q.shape[0], heads if hf_name == "q_proj" else kv_heads))
             weights[hf_name] = blocks
         layers.append(weights)
     return layers

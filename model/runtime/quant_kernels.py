@@ -49,8 +49,18 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
 
-class Q4Weight(ctypes.Structure):
-    _fields_ = [("nibbles", _P), ("d", _P), ("m", _P), ("n", _I64), ("k", _I64)]
+PACK_NIBBLES, PACK_BYTES = 0, 1  # kernels.h: how a weight's values are packed
+SCALES_FP16, SCALES_FP32, SCALES_FP32_HALVES = 0, 1, 2  # and how its scales are stored
+
+
+class QWeight(ctypes.Structure):
+    _fields_ = [
+        ("packing", _I64), ("offset", _I64), ("scales", _I64), ("q", _P), ("d", _P), ("m", _P),
+        ("n", _I64), ("k", _I64),
+    ]
+
+
+MEMBERS = 3  # weights a fused linear of decode_layer.c holds side by side
 
 
 class LoRA(ctypes.Structure):
@@ -58,14 +68,14 @@ class LoRA(ctypes.Structure):
 
 
 class Linear(ctypes.Structure):
-    _fields_ = [("weight", Q4Weight), ("lora", LoRA)]
+    _fields_ = [("members", QWeight * MEMBERS), ("count", _I64), ("lora", LoRA)]
 
 
 class Layer(ctypes.Structure):
     _fields_ = [
         ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64), ("head_dim", _I64), ("intermediate", _I64),
         ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("lora_scale", ctypes.c_float),
-        ("input_norm", _P), ("post_norm", _P),
+        ("input_norm", _P), ("post_norm", _P), ("qkv_bias", _P), ("q_norm", _P), ("k_norm", _P),
         ("qkv", Linear), ("o", Linear), ("gate_up", Linear), ("down", Linear),
     ]
 
@@ -133,14 +143,13 @@ def build(target: str) -> ctypes.CDLL:
     except subprocess.SubprocessError as error:
         raise OSError(str(error)) from error
     lib = ctypes.CDLL(str(path))
-    lib.q4_1_matmul.argtypes = [
-        _P, ctypes.c_int, _I64, _I64, ctypes.POINTER(Q4Weight), _P, ctypes.c_int, ctypes.c_int,
+    lib.weight_matmul.argtypes = [
+        _P, ctypes.c_int, _I64, _I64, ctypes.POINTER(QWeight), _I64, _P, ctypes.c_int, ctypes.c_int,
     ]
-    lib.q8_0_matmul.argtypes = [_P, ctypes.c_int, _I64, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int]
     lib.decode_layer.argtypes = [
         ctypes.POINTER(Layer), _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, ctypes.c_int,
     ]
-    for function in (lib.q4_1_matmul, lib.q8_0_matmul, lib.decode_layer):
+    for function in (lib.weight_matmul, lib.decode_layer):
         function.restype = ctypes.c_int
     return lib
 

@@ -1,13 +1,15 @@
-/* One decoder layer of the bundled Llama for a decoding pass, in one call: the rows of every answer in the pass.
+/* One decoder layer of a Llama, Qwen2 or Qwen3 network for a decoding pass, in one call: the rows of every answer in
+ * the pass.
  *
  * Why: with the matmuls at memory speed, what was left of a pass was ~60 small torch operations a layer (norms,
  * rotary, cache writes, attention set-up, residual adds), ~10 ms a pass that no thread count shortens. Here they
  * are loops over a few rows, between the quantized matmuls of quant_matmul.c. Rows of several answers share each
  * weight read: a pass of four answers reads the weights once, as a pass of one does.
  *
- * The same computation as model/runtime/fast_pass.py (transformers' Llama plus the gated LoRA on the noisy rows),
- * with the residual stream, norms, rotary, attention and LoRA in fp32, and keys and values rounded to bf16 as the
- * cache holds them.
+ * The same computation as model/runtime/fast_pass.py (transformers' Llama plus the gated LoRA on the noisy rows,
+ * when the model has an adapter; Qwen2's q/k/v biases, added after the projection; Qwen3's RMS norms of each q and k
+ * head, before the rotary), with the residual stream, norms, rotary, attention and LoRA in fp32, and keys and values
+ * rounded to bf16 as the cache holds them.
  *
  * Rows: the clean rows of every answer first, then the noisy ones (the LoRA on, from `start`), the drafting mask
  * rows last (coarse matmuls, from `coarse`: quant_matmul.c). Each row names its answer's cache slot and the position
@@ -36,8 +38,11 @@ typedef struct {
     int64_t end[4];
 } LoRA;
 
+/* A fused linear: up to 3 weights side by side (q, k, v; gate, up), each in its own block format (a "Q4_K_M" file
+ * mixes them), multiplied by one quantization of the activations; and its LoRA. */
 typedef struct {
-    Q4Weight weight;
+    QWeight members[3];
+    int64_t count;
     LoRA lora;
 } Linear;
 
@@ -45,6 +50,8 @@ typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, intermediate;
     float eps, attn_scale, lora_scale;
     const float *input_norm, *post_norm;
+    const float *qkv_bias;       /* [q + 2 kv] or NULL (Qwen2's) */
+    const float *q_norm, *k_norm; /* [head_dim] each or NULL (Qwen3's) */
     Linear qkv, o, gate_up, down;
 } Layer;
 
@@ -164,11 +171,15 @@ static int lora(const LoRA *l, float scale, const float *x, int64_t rows, int64_
  * 0 on success, 1 out of memory, 2 a LoRA of more than 4 members. */
 static int linear(const Linear *l, float lora_scale, const float *x, int64_t rows, int64_t start, int64_t coarse,
                   float *y, int threads) {
-    const Q4Weight *w = &l->weight;
-    if (q4_1_rows(x, rows, coarse, w, y, threads)) return 1;
+    if (l->count < 1 || l->count > 3) return 2;
+    const int64_t k = l->members[0].k;
+    int64_t n = 0;
+    for (int64_t i = 0; i < l->count; i++) n += l->members[i].n;
+    const int status = weight_rows(x, rows, coarse, l->members, l->count, y, threads);
+    if (status) return status;
     if (!l->lora.a || start >= rows) return 0;
     if (l->lora.members > 4) return 2;
-    return lora(&l->lora, lora_scale, x + start * w->k, rows - start, w->k, w->n, y + start * w->n, threads);
+    return lora(&l->lora, lora_scale, x + start * k, rows - start, k, n, y + start * n, threads);
 }
 
 /* transformers' rotate_half rotary on each head of `x` [heads, dim], with the row's cos and sin [dim]. */
@@ -244,6 +255,12 @@ int decode_layer(const Layer *L, float *h, int64_t rows, int64_t start, int64_t 
     if ((failed = linear(&L->qkv, L->lora_scale, x, rows, start, coarse, qkv, threads))) goto done;
     for (int64_t r = 0; r < rows; r++) {
         float *row = qkv + r * qkv_n;
+        if (L->qkv_bias)
+            for (int64_t i = 0; i < qkv_n; i++) row[i] += L->qkv_bias[i];
+        if (L->q_norm) {  /* in place, head by head: each head's row is read whole before it is written */
+            rms_norm(row, L->q_norm, heads, dim, L->eps, row);
+            rms_norm(row + q_size, L->k_norm, kv_heads, dim, L->eps, row + q_size);
+        }
         rotate(row, heads + kv_heads, dim, cos + r * dim, sin + r * dim);  /* q and k are adjacent */
         for (int64_t g = 0; g < kv_heads; g++)
             for (int64_t i = 0; i < dim; i++) {

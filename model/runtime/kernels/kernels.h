@@ -4,16 +4,29 @@
 
 #include <stdint.h>
 
-/* A Q4_1 weight [n, k] in the tiled layout of quant_matmul.c */
-typedef struct {
-    const uint8_t *nibbles;
-    const uint16_t *d; /* fp16 */
-    const uint16_t *m;
-    int64_t n, k;
-} Q4Weight;
+/* How a weight's values are packed (quant_matmul.c gives the layouts; model/gguf/blocks.py maps each GGUF block
+ * type to one): 4-bit values two to a byte (Q4_0, Q4_1), or one signed byte each (Q8_0, Q5_0, Q5_1). */
+enum { PACK_NIBBLES = 0, PACK_BYTES = 1 };
+/* How its scales (and minimums) are stored: fp16 per group of 32 (the file's own: Q4_0 ... Q8_0), fp32 per group
+ * (a K-quant's super-block scale times its sub-block's 6-bit one, exact in fp32: Q4_K, Q5_K), or fp32 per 16 inputs
+ * (Q6_K's sub-blocks of 16; PACK_BYTES only). */
+enum { SCALES_FP16 = 0, SCALES_FP32 = 1, SCALES_FP32_HALVES = 2 };
 
-/* y [rows, n] = x [rows, k] @ w.T, fp32 in and out, rows from `coarse` on without the activations' remainder,
- * `threads` OpenMP threads; 0 on success, 1 out of memory. */
-int q4_1_rows(const float *x, int64_t rows, int64_t coarse, const Q4Weight *w, float *y, int threads);
+/* A weight [n, k] in the kernels' tiled layout: w = d * (q - offset) (+ m), per group of 32 inputs. */
+typedef struct {
+    int64_t packing; /* PACK_NIBBLES or PACK_BYTES */
+    int64_t offset;  /* taken off every value in the integer sums (Q4_0's 8); 0 for PACK_BYTES */
+    int64_t scales;  /* SCALES_FP16, SCALES_FP32 or SCALES_FP32_HALVES */
+    const uint8_t *q;
+    const void *d; /* [tile][group][16], or [tile][group][2][16] for halves */
+    const void *m; /* as d; NULL: no minimum */
+    int64_t n, k;
+} QWeight;
+
+/* y [rows, sum of the members' n] = x [rows, k] @ [w_0; w_1; ...].T for `members` weights of the same k, fp32 in
+ * and out; rows from `coarse` on without the activations' remainder, `threads` OpenMP threads. 0 on success, 1 out
+ * of memory, 2 an unknown packing. */
+int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, int64_t members, float *y,
+                int threads);
 
 #endif

@@ -1,4 +1,5 @@
-/* Weight-only quantized matmuls for a decoding pass: y = x @ w.T with w in the GGUF's Q4_1 or Q8_0 blocks.
+/* Weight-only quantized matmuls for a decoding pass: y = x @ w.T with w in a GGUF's own blocks (Q4_0, Q4_1, Q8_0,
+ * Q5_0, Q5_1: model/gguf/blocks.py packs them; the bundled model's Q4_1 and Q8_0: model/runtime/int4_weights.py).
  *
  * Each row's activations are split, per group of 32, into two 8-bit parts: x ~ scale * (254 * hi + lo), hi the
  * group rounded to 8 bits (scale * 254 = max |x| / 127, as llama.cpp rounds activations) and lo the remainder
@@ -7,7 +8,15 @@
  * (a fused multiply-add of the two sums as floats, each exact below 2^24: the same bits as joining them in int32,
  * without the integer multiply that competes with the dot products for their port):
  * Q4_1: y += d * scale * (254 * sum_hi + sum_lo) + m * sum(x), with sum(x) the group's fp32 sum; Q8_0: y += d *
- * scale * (...). The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's
+ * scale * (...). Q4_0 (w = d * (q - 8)) takes 8 * sum(hi) and 8 * sum(lo) off the integer sums, exactly, as
+ * llama.cpp does; Q5_0 is packed as the bytes q - 16 and Q5_1 as the bytes q with its m, through the Q8_0 kernel
+ * (a byte a weight, not 5 bits: the 5-bit values' pair sums would overflow the 16-bit sums of the nibble kernel).
+ * K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 one times the
+ * sub-block's 6-bit integer, exact in fp32 (SCALES_FP32): Q4_K through the nibble kernel, Q5_K through the byte one;
+ * Q6_K's sub-blocks of 16 each have their own scale (SCALES_FP32_HALVES): the byte kernel's two halves of a group,
+ * whose integer sums it keeps apart anyway, are each scaled by theirs. llama.cpp sums a super-block's sub-blocks in
+ * integers before one fp32 multiply; here each sub-block is joined in fp32, in order: the same rules (exact integer
+ * dot products, a row's result as if alone, every build the same bits) on a finer rounding of the activations. The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's
  * rounding) an activation is off by up to 1/254 of its group's largest, which on CPUs that prefill through these
  * kernels made the greedy answers' perplexity 1.05x the bf16 teacher's; with the remainder it is off by 1/64516.
  * The second sum costs the integer units, not memory: the weights are read once for both, and for all rows.
@@ -21,11 +30,11 @@
  * order). AVX-512 and AVX2 builds compute the same bits.
  *
  * Layout (built by model/runtime/int4_weights.py): outputs in tiles of 16, inputs in groups of 32.
- *   Q4_1: nibbles[tile][group][i in 0..3][output in 0..15][c in 0..3]
+ *   PACK_NIBBLES (Q4_1, Q4_0): nibbles[tile][group][i in 0..3][output in 0..15][c in 0..3]
  *         = q[., 32 g + 4 i + c] | q[., 32 g + 16 + 4 i + c] << 4,
- *         d[tile][group][16], m[tile][group][16] (fp16, the file's own).
- *   Q8_0: q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
- *         d[tile][group][16] (fp16).
+ *         d[tile][group][16], m[tile][group][16] (fp16, the file's own; no m for Q4_0).
+ *   PACK_BYTES (Q8_0, Q5_0, Q5_1): q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
+ *         d[tile][group][16] (fp16), and m as above for Q5_1.
  * Weights are zero-padded to whole tiles; n may end in a partial one.
  */
 
@@ -49,12 +58,12 @@ typedef struct {
     int32_t *quads;  /* [rows, groups, 16] */
     float *scale;    /* [rows, groups] */
     float *sum;      /* [rows, groups] */
-    int32_t *parts;  /* [rows, groups, 2]: sum(hi), sum(lo) */
+    int32_t *parts;  /* [rows, groups, 4]: sum(hi) over inputs 0-15, over 16-31, then sum(lo) over each half */
 } Activations;
 
 static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *out) {
     const int64_t groups = k / GROUP;
-    void *buffer = malloc((size_t)(rows * groups) * (18 * sizeof(int32_t) + 2 * sizeof(float)));
+    void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 2 * sizeof(float)));
     if (!buffer) return 1;
     out->quads = buffer;
     out->scale = (float *)(out->quads + rows * groups * 16);
@@ -78,120 +87,202 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *o
             }
             out->scale[r * groups + g] = unit / (float)RESIDUAL;
             out->sum[r * groups + g] = v_sum(v_add(x0, x1));
-            for (int part = 0; part < 2; part++) {
+            for (int part = 0; part < 4; part++) {
                 int32_t total = 0;
-                for (int i = 0; i < GROUP; i++) total += q[part * GROUP + i];
-                out->parts[(r * groups + g) * 2 + part] = total;
+                for (int i = 0; i < TILE; i++) total += q[part * TILE + i];
+                out->parts[(r * groups + g) * 4 + part] = total;
             }
         }
     return 0;
 }
 
-static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, float *y) {
+/* A group's integer sum of hi (part 0) or lo (part 1), over both halves: exact */
+static inline int32_t whole(const Activations *a, int64_t at, int part) {
+    return a->parts[at * 4 + part * 2] + a->parts[at * 4 + part * 2 + 1];
+}
+
+/* 16 outputs' scales (or minimums) of block `block` (half `half` of it, for halves), as stored */
+static inline vec16 scales_of(const void *p, int64_t block, int kind, int half) {
+    if (kind == SCALES_FP16) return v_f16((const uint16_t *)p + block * TILE);
+    if (kind == SCALES_FP32) return v_load((const float *)p + block * TILE);
+    return v_load((const float *)p + (block * 2 + half) * TILE);
+}
+
+static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, float *y, int64_t ldy) {
     const int64_t first = tile * TILE, width = n - first < TILE ? n - first : TILE;
     for (int64_t r = 0; r < rows; r++) {
         float lane[TILE];
         v_store(lane, acc[r]);
-        for (int64_t o = 0; o < width; o++) y[r * n + first + o] = lane[o];
+        for (int64_t o = 0; o < width; o++) y[r * ldy + first + o] = lane[o];
     }
 }
 
 /* One tile's outputs for rows [first, first + count), count <= ROW_BLOCK: the block's accumulators stay in
- * registers over the groups, and each group's weights are unpacked once for all of them. Always inlined with a
- * constant `count` (q4_1_block), so that the row loop unrolls and `acc` is kept out of memory. */
-static inline __attribute__((always_inline)) void q4_1_tile(const Q4Weight *w, const Activations *a, int64_t t,
-                                                            int64_t first, int count, int64_t coarse, float *y) {
+ * registers over the groups, and each group's weights are unpacked once for all of them. Always inlined with
+ * constant `count`, `with_min` (Q4_1's m) and `offset` (Q4_0's 8), so that the row loop unrolls, `acc` is kept out
+ * of memory and each format pays for its own terms only. y: the tile's member's first column, rows ldy apart. */
+static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, const Activations *a, int64_t t,
+                                                              int64_t first, int count, int64_t coarse, float *y,
+                                                              int64_t ldy, int with_min, int offset, int wide) {
     const int64_t groups = w->k / GROUP;
     vec16 acc[ROW_BLOCK];
     for (int r = 0; r < count; r++) acc[r] = v_set1(0.0f);
     for (int64_t g = 0; g < groups; g++) {
         const int64_t block = t * groups + g;
         ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
-        for (int i = 0; i < 4; i++) iv_nibbles(w->nibbles + (block * 4 + i) * 64, &low[i], &high[i]);
-        const vec16 vd = v_f16(w->d + block * TILE), vm = v_f16(w->m + block * TILE);
+        for (int i = 0; i < 4; i++) iv_nibbles(w->q + (block * 4 + i) * 64, &low[i], &high[i]);
+        const int kind = wide ? SCALES_FP32 : SCALES_FP16;
+        const vec16 vd = scales_of(w->d, block, kind, 0);
+        const vec16 vm = with_min ? scales_of(w->m, block, kind, 0) : v_set1(0.0f);
         for (int r = 0; r < count; r++) {
             const int64_t at = (first + r) * groups + g;
             const int32_t *quads = a->quads + at * 16;
             /* integer sums are exact, so how iv_group splits them does not change them */
-            const ivec16 hi = iv_group(low, high, quads);
-            const ivec16 lo = first + r < coarse ? iv_group(low, high, quads + 8) : iv_zero();
+            ivec16 hi = iv_group(low, high, quads);
+            ivec16 lo = first + r < coarse ? iv_group(low, high, quads + 8) : iv_zero();
+            if (offset) {  /* (q - offset) . x = q . x - offset * sum(x), exactly */
+                hi = iv_minus(hi, offset * whole(a, at, 0));
+                if (first + r < coarse) lo = iv_minus(lo, offset * whole(a, at, 1));
+            }
             const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
             acc[r] = v_fma(vd, v_mul(dot, v_set1(a->scale[at])), acc[r]);
-            acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
+            if (with_min) acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
         }
     }
-    store_tile(acc, count, w->n, t, y + first * w->n);
+    store_tile(acc, count, w->n, t, y + first * ldy, ldy);
 }
 
-static void q4_1_block(const Q4Weight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
-                       int64_t coarse, float *y) {
-    switch (count) {
-        case 1: q4_1_tile(w, a, t, first, 1, coarse, y); break;
-        case 2: q4_1_tile(w, a, t, first, 2, coarse, y); break;
-        case 3: q4_1_tile(w, a, t, first, 3, coarse, y); break;
-        default: q4_1_tile(w, a, t, first, ROW_BLOCK, coarse, y); break;
+#define NIBBLE_BLOCK(with_min, offset, wide)                                                                     \
+    switch (count) {                                                                                              \
+        case 1: nibble_tile(w, a, t, first, 1, coarse, y, ldy, with_min, offset, wide); break;                    \
+        case 2: nibble_tile(w, a, t, first, 2, coarse, y, ldy, with_min, offset, wide); break;                    \
+        case 3: nibble_tile(w, a, t, first, 3, coarse, y, ldy, with_min, offset, wide); break;                    \
+        default: nibble_tile(w, a, t, first, ROW_BLOCK, coarse, y, ldy, with_min, offset, wide); break;           \
     }
+
+/* Q4_1 (an m, no offset), Q4_0 (no m, an offset of 8), Q4_K (an m, fp32 scales): each its own compiled loop */
+static void q4_1_block(const QWeight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
+                       int64_t coarse, float *y, int64_t ldy) {
+    NIBBLE_BLOCK(1, 0, 0)
 }
 
-int q4_1_rows(const float *x, int64_t rows, int64_t coarse, const Q4Weight *w, float *y, int threads) {
+static void q4_0_block(const QWeight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
+                       int64_t coarse, float *y, int64_t ldy) {
+    NIBBLE_BLOCK(0, 8, 0)
+}
+
+static void q4_k_block(const QWeight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
+                       int64_t coarse, float *y, int64_t ldy) {
+    NIBBLE_BLOCK(1, 0, 1)
+}
+
+static void nibble_rows(const QWeight *w, const Activations *a, int64_t rows, int64_t coarse, float *y, int64_t ldy,
+                        int threads) {
     const int64_t tiles = (w->n + TILE - 1) / TILE;
-    if (rows <= 0) return 0;
-    Activations a;
-    if (quantize_rows(x, rows, w->k, &a)) return 1;
+    void (*block)(const QWeight *, const Activations *, int64_t, int64_t, int64_t, int64_t, float *, int64_t) =
+        w->scales != SCALES_FP16 ? q4_k_block : w->m != NULL ? q4_1_block : q4_0_block;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++)
         for (int64_t first = 0; first < rows; first += ROW_BLOCK)
-            q4_1_block(w, &a, t, first, rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK, coarse, y);
-    free(a.quads);
-    return 0;
+            block(w, a, t, first, rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK, coarse, y, ldy);
 }
 
-static int q8_0_rows(const float *x, int64_t rows, int64_t coarse, int64_t k, int64_t n, const int8_t *q,
-                     const uint16_t *d, float *y, int threads) {
-    const int64_t groups = k / GROUP, tiles = (n + TILE - 1) / TILE;
-    if (rows <= 0) return 0;
-    Activations a;
-    if (quantize_rows(x, rows, k, &a)) return 1;
+/* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' (a constant where inlined, so that
+ * Q8_0's loop is its own). Halves: the integer sums of inputs 0-15 and 16-31 kept apart, each scaled by its own. */
+static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, const Activations *a, int64_t t,
+                                                            int64_t first, int64_t count, int64_t coarse, float *y,
+                                                            int64_t ldy, int kind) {
+    const int64_t groups = w->k / GROUP;
+    const int8_t *q = (const int8_t *)w->q;
+    vec16 acc[ROW_CHUNK];
+    for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t block = t * groups + g;
+        s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
+        for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
+        const vec16 vd = scales_of(w->d, block, kind, 0);
+        const vec16 vd_b = kind == SCALES_FP32_HALVES ? scales_of(w->d, block, kind, 1) : vd;
+        const vec16 vm = w->m ? scales_of(w->m, block, kind, 0) : v_set1(0.0f);
+        for (int64_t r = 0; r < count; r++) {
+            const int64_t at = (first + r) * groups + g;
+            const int32_t *quads = a->quads + at * 16;
+            const int32_t *parts = a->parts + at * 4;
+            const vec16 scale = v_set1(a->scale[at]);
+            ivec16 c0 = iv_zero(), c1 = iv_zero(), c2 = iv_zero(), c3 = iv_zero(), lo, lo_b = iv_zero();
+            if (first + r < coarse) {
+                for (int i = 0; i < 4; i++) {
+                    c0 = s8_dot4(c0, wq[i], quads[i]);
+                    c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
+                    c2 = s8_dot4(c2, wq[i], quads[i + 8]);
+                    c3 = s8_dot4(c3, wq[i + 4], quads[i + 12]);
+                }
+                if (kind == SCALES_FP32_HALVES) {
+                    lo = iv_minus(c2, S8_BIAS * parts[2]), lo_b = iv_minus(c3, S8_BIAS * parts[3]);
+                } else {
+                    lo = iv_minus(iv_add(c2, c3), S8_BIAS * (parts[2] + parts[3]));  /* see below */
+                }
+            } else {  /* hi alone: see the header */
+                for (int i = 0; i < 2; i++) {
+                    c0 = s8_dot4(c0, wq[i], quads[i]);
+                    c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
+                    c2 = s8_dot4(c2, wq[i + 2], quads[i + 2]);
+                    c3 = s8_dot4(c3, wq[i + 6], quads[i + 6]);
+                }
+                c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
+            }
+            /* the biased weights' extra term off, exactly (S8_BIAS 0: nothing to take off) */
+            if (kind == SCALES_FP32_HALVES) {
+                const ivec16 hi = iv_minus(c0, S8_BIAS * parts[0]), hi_b = iv_minus(c1, S8_BIAS * parts[1]);
+                const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
+                const vec16 dot_b = v_fma(iv_float(hi_b), v_set1((float)RESIDUAL), iv_float(lo_b));
+                acc[r] = v_fma(vd, v_mul(dot, scale), acc[r]);
+                acc[r] = v_fma(vd_b, v_mul(dot_b, scale), acc[r]);
+            } else {
+                const ivec16 hi = iv_minus(iv_add(c0, c1), S8_BIAS * (parts[0] + parts[1]));
+                const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
+                acc[r] = v_fma(vd, v_mul(dot, scale), acc[r]);
+            }
+            if (w->m) acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
+        }
+    }
+    store_tile(acc, count, w->n, t, y + first * ldy, ldy);
+}
+
+static void byte_rows(const QWeight *w, const Activations *a, int64_t rows, int64_t coarse, float *y, int64_t ldy,
+                      int threads) {
+    const int64_t tiles = (w->n + TILE - 1) / TILE;
+    const int kind = (int)w->scales;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++)
         for (int64_t first = 0; first < rows; first += ROW_CHUNK) {
             const int64_t count = rows - first < ROW_CHUNK ? rows - first : ROW_CHUNK;
-            vec16 acc[ROW_CHUNK];
-            for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
-            for (int64_t g = 0; g < groups; g++) {
-                const int64_t block = t * groups + g;
-                s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
-                for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
-                const vec16 vd = v_f16(d + block * TILE);
-                for (int64_t r = 0; r < count; r++) {
-                    const int64_t at = (first + r) * groups + g;
-                    const int32_t *quads = a.quads + at * 16;
-                    ivec16 c0 = iv_zero(), c1 = iv_zero(), c2 = iv_zero(), c3 = iv_zero(), lo;
-                    if (first + r < coarse) {
-                        for (int i = 0; i < 4; i++) {
-                            c0 = s8_dot4(c0, wq[i], quads[i]);
-                            c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
-                            c2 = s8_dot4(c2, wq[i], quads[i + 8]);
-                            c3 = s8_dot4(c3, wq[i + 4], quads[i + 12]);
-                        }
-                        lo = iv_minus(iv_add(c2, c3), S8_BIAS * a.parts[at * 2 + 1]);  /* see below */
-                    } else {  /* hi alone: see the header */
-                        for (int i = 0; i < 2; i++) {
-                            c0 = s8_dot4(c0, wq[i], quads[i]);
-                            c1 = s8_dot4(c1, wq[i + 4], quads[i + 4]);
-                            c2 = s8_dot4(c2, wq[i + 2], quads[i + 2]);
-                            c3 = s8_dot4(c3, wq[i + 6], quads[i + 6]);
-                        }
-                        c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
-                    }
-                    /* the biased weights' extra term off, exactly (S8_BIAS 0: nothing to take off) */
-                    const ivec16 hi = iv_minus(iv_add(c0, c1), S8_BIAS * a.parts[at * 2]);
-                    const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
-                    acc[r] = v_fma(vd, v_mul(dot, v_set1(a.scale[at])), acc[r]);
-                }
-            }
-            store_tile(acc, count, n, t, y + first * n);
+            if (kind == SCALES_FP16)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16);
+            else if (kind == SCALES_FP32)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32);
+            else
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES);
         }
+}
+
+int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, int64_t members, float *y,
+                int threads) {
+    if (rows <= 0) return 0;
+    int64_t ldy = 0;
+    for (int64_t i = 0; i < members; i++) {
+        if (w[i].packing != PACK_NIBBLES && w[i].packing != PACK_BYTES) return 2;
+        if (w[i].scales < SCALES_FP16 || w[i].scales > SCALES_FP32_HALVES) return 2;
+        if (w[i].packing == PACK_NIBBLES && w[i].scales == SCALES_FP32_HALVES) return 2;
+        ldy += w[i].n;
+    }
+    Activations a;
+    if (quantize_rows(x, rows, w[0].k, &a)) return 1;  /* once for all the members */
+    for (int64_t i = 0, column = 0; i < members; column += w[i++].n) {
+        if (w[i].packing == PACK_NIBBLES)
+            nibble_rows(&w[i], &a, rows, coarse, y + column, ldy, threads);
+        else
+            byte_rows(&w[i], &a, rows, coarse, y + column, ldy, threads);
+    }
     free(a.quads);
     return 0;
 }
@@ -214,26 +305,19 @@ static void store_rows(const float *yf, int64_t count, void *y, int y_bf16) {
     }
 }
 
-/* The Python entry points: x [rows, k] and y [rows, n] in bf16 or fp32; rows from `coarse` on from hi alone.
- * 0 on success. */
-int q4_1_matmul(const void *x, int x_bf16, int64_t rows, int64_t coarse, const Q4Weight *w, void *y, int y_bf16,
-                int threads) {
+/* The Python entry point: x [rows, k] and y [rows, sum of the members' n] in bf16 or fp32; rows from `coarse` on
+ * from hi alone. 0 on success, as weight_rows. */
+int weight_matmul(const void *x, int x_bf16, int64_t rows, int64_t coarse, const QWeight *w, int64_t members,
+                  void *y, int y_bf16, int threads) {
     if (rows <= 0) return 0;
-    float *xf = fp32_rows(x, x_bf16, rows * w->k, rows * w->n);
+    int64_t n = 0;
+    for (int64_t i = 0; i < members; i++) n += w[i].n;
+    const int64_t k = w[0].k;
+    float *xf = fp32_rows(x, x_bf16, rows * k, y_bf16 ? rows * n : 0);
     if (!xf) return 1;
-    float *yf = xf + rows * w->k;
-    const int status = q4_1_rows(xf, rows, coarse, w, yf, threads);
-    store_rows(yf, rows * w->n, y, y_bf16);
-    free(xf);
-    return status;
-}
-
-int q8_0_matmul(const void *x, int x_bf16, int64_t rows, int64_t coarse, int64_t k, int64_t n, const int8_t *q,
-                const uint16_t *d, float *y, int threads) {
-    if (rows <= 0) return 0;
-    float *xf = fp32_rows(x, x_bf16, rows * k, 0);
-    if (!xf) return 1;
-    const int status = q8_0_rows(xf, rows, coarse, k, n, q, d, y, threads);
+    float *yf = y_bf16 ? xf + rows * k : (float *)y;
+    const int status = weight_rows(xf, rows, coarse, w, members, yf, threads);
+    if (y_bf16) store_rows(yf, rows * n, y, y_bf16);
     free(xf);
     return status;
 }

@@ -1,0 +1,106 @@
+"""A GGUF model's network built without de-quantizing its linear layers: for a model whose passes multiply by the
+file's own blocks (model/gguf/blocks.py), so that loading it never holds a dense copy of them.
+
+transformers' GGUF loader de-quantizes every tensor to fp32 before casting it (a 1.5B model passes through ~6 GB);
+here the network is laid out on the meta device, its linears get empty weights, and only the small tensors (norms,
+biases, Qwen3's q/k norms) and the embedding and head are de-quantized from the file (gguf-py), as transformers'
+loader would give them: llama.cpp's converter permutes only the q and k weights, which model/gguf/blocks.py puts back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize
+from torch import nn
+
+from model.errors import ModelError
+from model.gguf.blocks import raw_blocks
+from model.gguf.header import GGUFHeader
+
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+_LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+            "ffn_down": "mlp.down_proj"}
+_SKIPPED = ("rope_freqs.weight",)  # applied to the rotary frequencies (model/adapters/gguf_model.py)
+
+
+def hf_name(name: str) -> str | None:
+    """transformers' name of a GGUF tensor the network holds densely; None for the linears and skipped ones."""
+    if name in _GLOBAL:
+        return _GLOBAL[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk":
+        if parts[2] in _LAYER:
+            return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}"
+        if parts[2].removesuffix(".weight") in _LINEARS:
+            return None
+    if name in _SKIPPED:
+        return None
+    raise ModelError(f"{name}: a tensor this runtime does not place")
+
+
+_CHUNK_ROWS = 4096  # rows de-quantized at a time: a large vocabulary's embedding never whole in fp32
+
+
+def _dense(header: GGUFHeader, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor de-quantized by gguf-py (as transformers' loader does), in `dtype`, a chunk of rows at a time."""
+    info = next(t for t in header.tensors if t.name == name)
+    raw = raw_blocks(header, info)
+    kind = GGMLQuantizationType[info.type_name]
+    out = torch.empty(raw.shape[0], int(info.shape[0]), dtype=dtype)
+    for first in range(0, raw.shape[0], _CHUNK_ROWS):
+        part = np.asarray(raw[first : first + _CHUNK_ROWS])
+        if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            values = part.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16)
+        else:
+            values = dequantize(part, kind)
+        # a copy: the file is mapped read-only
+        out[first : first + part.shape[0]] = torch.from_numpy(np.array(values, dtype=np.float32)).to(dtype)
+    return out.reshape(info.shape[::-1])
+
+
+def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype, packed_head: bool) -> Any:
+    """transformers' causal LM for `config` with every layer's linears empty (`[0, in]`) and the other tensors
+    de-quantized from the file to `dtype`; the head too unless `packed_head` (then it is empty as well, or the
+    embedding when tied)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    for layer in base.model.layers:
+        for path in _LINEARS.values():
+            module: nn.Linear = layer.get_submodule(path)
+            module.weight = nn.Parameter(torch.empty(0, module.in_features, dtype=dtype), requires_grad=False)
+    rotary_type = type(base.model.rotary_emb)
+    base.to_empty(device="cpu")
+    base.model.rotary_emb = rotary_type(config=config)  # its frequencies, computed again on the CPU
+    state = {}
+    for info in header.tensors:
+        name = hf_name(info.name)
+        if name is None or (name == "lm_head.weight" and packed_head):
+            continue
+        state[name] = _dense(header, info.name, dtype)
+    if header.tied_head:
+        base.lm_head.weight = base.model.embed_tokens.weight
+    elif packed_head:
+        base.lm_head.weight = nn.Parameter(torch.empty(0, base.lm_head.in_features, dtype=dtype), requires_grad=False)
+    missing, unexpected = base.load_state_dict(state, strict=False)
+    linears = {f"model.layers.{i}.{path}.weight" for i in range(header.layers) for path in _LINEARS.values()}
+    unloaded = [key for key in missing if key not in linears and key != "lm_head.weight"]
+    if unloaded or unexpected:
+        raise ModelError(f"{header.path}: tensors missing from the file {unloaded[:3]} or not in the network "
+                         f"{unexpected[:3]}")
+    base.eval()
+    return base
+
