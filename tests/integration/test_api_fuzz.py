@@ -31,22 +31,26 @@ def server(model: ChatModel) -> RunningServer:
         yield running
 
 
-@pytest.mark.parametrize(("mode", "examples"), [(GenerationMode.POSITIVE, 40), (GenerationMode.NEGATIVE, 40)])
+# 100 valid requests: about one in eight reaches the model (the rest are refused first: a blank chat, an integer out of
+# range), so that none does is a chance of about 1e-6, where 40 missed about one run in eight
+@pytest.mark.parametrize(("mode", "examples"), [(GenerationMode.POSITIVE, 100), (GenerationMode.NEGATIVE, 40)])
 def test_no_server_errors(server: RunningServer, model: ChatModel, mode: GenerationMode, examples: int) -> None:
     document = httpx.get(f"{server.base_url}/openapi.json").json()
     # Random model ids would all stop at the 404; pin the served one so the generation path is fuzzed too.
     document["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]["enum"] = [model.name]
     # A tool message must answer an earlier call's id, which random ids never do: without this pin most valid
     # requests stop there (test_api_tools.py sends real tool results).
-    roles = document["components"]["schemas"]["Message"]["properties"]["role"]["enum"]
-    roles.remove("tool")
+    message = document["components"]["schemas"]["Message"]["properties"]
+    message["role"]["enum"].remove("tool")
+    # Random chats are mostly blank or carry calls with random (non-JSON) arguments, both refused before the model:
+    # text content must hold a character, and no calls, so that valid requests do reach the model
+    message["content"]["anyOf"][0].update(minLength=1, pattern=r"\S")
+    del message["tool_calls"]
     schema = schemathesis.openapi.from_dict(document)
     statuses: list[int] = []
 
     @given(case=schema.as_strategy(generation_mode=mode))
-    # derandomize: the same examples on every run, so the check that some reached the model cannot fail by chance
-    @settings(max_examples=examples, deadline=10_000, suppress_health_check=list(HealthCheck), database=None,
-              derandomize=True)
+    @settings(max_examples=examples, deadline=10_000, suppress_health_check=list(HealthCheck), database=None)
     def fuzz(case: schemathesis.Case) -> None:
         headers = {"Authorization": f"Bearer {TOKEN}"}  # reach the handlers behind auth (auth has its own tests)
         response = case.call(base_url=server.base_url, headers=headers, timeout=30)
