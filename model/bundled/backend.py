@@ -102,7 +102,7 @@ class BlockDiffusionBackend:
             masks = config.draft_masks if config.decoding == "self-speculative" else 0
             sequence = SpeculativeDecoding(
                 plan.prompt, plan.length, masks, self.mask_id, self.eos_ids, options.temperature, options.seed,
-                plan.guard, config.draft_branches, self.draft_policy(config), plan.grammar,
+                plan.guard, config.draft_branches, self.draft_policy(config), plan.grammar, options.draft_lead,
             )
         if plan.probe is None:
             return sequence

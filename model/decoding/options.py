@@ -83,6 +83,11 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
     # A voice turn someone is waiting to hear: a model that batches answers starts it ahead of bulk (API) work.
     interactive: bool = False
+    # Tokens at the head of the answer that a self-speculative decoding drafts whatever its draft policy judges (at
+    # most the model's `draft_masks` a pass). A voice answer's first phrase is rendered from its drafts
+    # (voice/speak/speculator.py) while its words are verified and the end of turn is confirmed: there a draft buys
+    # time to first audio, which the policy's tokens per ms do not count. 0: the policy decides every pass.
+    draft_lead: int = 0
     # The conversation this answer continues (a voice session's id): a model that batches answers keeps its cache
     # slot for it, so other conversations never overwrite what it encoded ahead.
     conversation: str | None = None
@@ -102,6 +107,8 @@ class GenerationOptions:
             raise ModelError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ModelError(f"temperature must be >= 0, got {self.temperature}")
+        if self.draft_lead < 0:
+            raise ModelError(f"draft_lead must be >= 0, got {self.draft_lead}")
         if self.tools is not None and self.response_format is not None:
             raise ModelError("an answer takes tool calls or a response_format, not both")
 

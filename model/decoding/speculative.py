@@ -100,6 +100,7 @@ class SpeculativeDecoding:
         branches: bool = True,
         policy: DraftPolicy | None = None,
         grammar: Grammar | None = None,
+        draft_lead: int = 0,
     ) -> None:
         if not prompt_ids:
             raise ModelError("the prompt is empty: nothing to condition the answer on")
@@ -117,6 +118,7 @@ class SpeculativeDecoding:
         self.grammar = grammar  # the answer's response format: its state follows `answer`
         self.branches = branches  # a block of masks after every draft (see the module docstring), when alone
         self.policy = policy  # None: `masks` every pass; else the policy's choice (up to `masks`) for lone passes
+        self.draft_lead = draft_lead  # the answer's first tokens: drafted (`masks` a pass) whatever the policy says
         self._branched = False  # whether the last feed() drafted a block after every draft
         self._fed_masks = masks  # masks per block in the last feed()
         # When the last consume() returned, and whether the answer has been alone in its passes since: a layout's cost
@@ -151,17 +153,18 @@ class SpeculativeDecoding:
         batched pass drafts nothing: on a CPU a pass of several answers is bound by the integer units, not by reading
         the weights, so every row costs about the same (bench_lm --pass-costs: 16 rows of one answer and 16 answers'
         rows cost alike), and a clean row of another answer yields a token where a draft and its mask yield half of
-        one. A folded prompt's tokens (`fold_prompt`) come first in the first pass."""
+        one. The answer's first `draft_lead` tokens are drafted alone or batched, whatever the policy says, in one
+        block after the drafts (a voice answer's first phrase is spoken from them: the cheapest rows that show it).
+        A folded prompt's tokens (`fold_prompt`) come first in the first pass."""
         masks = self.masks
         self._alone = self._alone and crowd <= 1
-        if self.policy is not None and crowd > 1:
-            masks = 0
-        elif self.policy is not None and masks:
-            masks = min(masks, self.policy.choose())
+        leading = len(self.answer) < self.draft_lead
+        if self.policy is not None and masks and not leading:
+            masks = 0 if crowd > 1 else min(masks, self.policy.choose())
         self._fed_masks = masks
         self.drafts = self.drafts[: min(masks, self.max_new_tokens - len(self.answer) - 1)]  # k + 1 new at most
         clean = (*self.lead, self.last, *self.drafts)
-        self._branched = self.branches and masks > 0 and crowd <= 1
+        self._branched = self.branches and masks > 0 and crowd <= 1 and not leading
         if not self._branched:
             return Feed(clean=clean, noisy=(self.mask_id,) * masks, drafts=True)
         after = tuple(g for g in range(len(self.lead) + 1, len(clean) + 1) for _ in range(masks))

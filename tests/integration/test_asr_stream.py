@@ -241,3 +241,48 @@ def test_partials_are_spaced_out_while_other_sessions_wait_for_the_model():
         decodes[others] = whisper.decodes
     assert decodes[3] * 2 < decodes[0]  # partials every ~1 s instead of every 0.25 s; the final still decoded
     assert decodes[3] >= 2
+
+
+class _WatchedWhisper(_ScriptedWhisper):
+    """Also notes, for each decode, the newest window's speech probability and whether the voice was still on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stage: ListenStage | None = None
+        self.at: list[tuple[float, bool]] = []
+
+    def transcribe(self, audio, **options):
+        assert self.stage is not None
+        endpointer = self.stage._endpointer
+        self.at.append((endpointer.last_probability, endpointer.position - endpointer.last_voiced_end < 512))
+        return super().transcribe(audio, **options)
+
+
+def test_no_partial_starts_while_the_voice_fades_so_the_likely_final_never_waits_behind_one(monkeypatch):
+    """A partial started in the last windows of speech is still decoding when the likely final is due; the stage
+    starts none while the speech probability is falling below FADING_PROBABILITY (unless one is long overdue)."""
+    from voice.listen import stage as stage_module
+
+    audio = np.concatenate([silence(0.5)] + [np.concatenate([load_audio_16k(CLIPS[c].path), silence(0.7)])
+                                            for c in STREAMED])
+
+    def partial_probabilities() -> list[float]:
+        whisper = _WatchedWhisper()
+        stage = ListenStage("test", recorder([]), model=LoadedModel("scripted", whisper, FairLock()))
+        whisper.stage = stage
+
+        async def run() -> None:
+            async def send(chunk: bytes) -> None:
+                await stage.accept(chunk)
+                await stage.wait_for_decodes()
+
+            await stream_pcm16(send, float32_to_pcm16(audio), rate=16000, frame_ms=32)
+            await stage.flush()
+
+        asyncio.run(run())
+        return [probability for probability, voiced in whisper.at if voiced]
+
+    fading = stage_module.FADING_PROBABILITY
+    assert all(p >= fading for p in partial_probabilities())
+    monkeypatch.setattr(stage_module, "FADING_PROBABILITY", 0.0)  # the rule off: partials start in fading windows
+    assert any(p < fading for p in partial_probabilities())

@@ -17,6 +17,7 @@ from model.decoding.draft_policy import (
     DraftPolicy,
 )
 from model.decoding.sampler import SamplerConfig
+from model.decoding.speculative import SpeculativeDecoding
 from model.runtime.batch_runner import BatchRunner
 from tests.unit.drive import decode, speculative
 from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse)
@@ -237,3 +238,42 @@ def test_with_the_adaptive_policy_a_batched_pass_drafts_nothing_and_a_fixed_layo
     assert crowded.noisy == () and crowded.clean == (7,)
     assert len(fixed.feed(crowd=4).noisy) == 3 and fixed.feed(crowd=4).drafts
     assert adaptive.feed(crowd=1).drafts  # alone, it drafts as the policy chooses (its noisy rows are drafts)
+
+
+def test_the_answers_lead_is_drafted_whatever_the_policy_says_and_the_answer_stays_the_teachers() -> None:
+    """A voice answer's first phrase is spoken from its drafts: its first `draft_lead` tokens are drafted in one block
+    after the drafts, alone or batched, even where the policy has judged that drafts do not pay; then the policy's
+    choice (here autoregressive passes) rules again. The answer is the teacher's either way."""
+    model = adapted()
+    teacher = tiny_llama()
+    runner = BatchRunner(model, max_batch=1)
+    prompt = prompts(1)[0]
+    reference = teacher_greedy(teacher, prompt, 20)
+    expected = reference[: reference.index(EOS) + 1] if EOS in reference else reference
+
+    class NeverDrafts(DraftPolicy):  # a policy that has judged, for good, that drafts do not pay here
+        def choose(self) -> int:
+            return 0
+
+    def judged() -> DraftPolicy:
+        return NeverDrafts(max_masks=3)
+
+    sequence = speculative(model, prompt, 20, masks=3, policy=judged())
+    sequence.draft_lead = 6
+    fed: list[tuple[int, int, int]] = []  # (answer tokens before the pass, mask rows, clean rows)
+    feed = sequence.feed
+
+    def watched(crowd: int = 1):
+        step = feed(crowd)
+        fed.append((len(sequence.answer), len(step.noisy), len(step.clean)))
+        return step
+
+    sequence.feed = watched  # type: ignore[method-assign]
+    oracle = OracleDrafts(sequence, reference, error_rate=0.3, seed=1)
+    assert final_tokens(decode(runner, oracle)) == expected
+    runner.close()
+    assert all(masks == 3 for done, masks, _ in fed if done < 6)  # one block of masks, never a block per draft
+    assert all(masks == 0 for done, masks, _ in fed if done >= 6) and fed[-1][0] >= 6
+
+    crowded = SpeculativeDecoding([5, 6, 7], 16, 3, mask_id=2, eos_ids=(1,), policy=judged(), draft_lead=4)
+    assert len(crowded.feed(crowd=4).noisy) == 3  # batched with other answers, the lead is drafted too

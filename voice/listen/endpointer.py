@@ -86,6 +86,7 @@ class Endpointer:
         self._candidate_start: int | None = None
         self._speech_start = 0
         self._last_voiced_end = 0
+        self.last_probability = 0.0  # the newest window's speech probability
 
     @property
     def last_voiced_end(self) -> int:
@@ -101,6 +102,7 @@ class Endpointer:
         cfg = self.config
         start, end = self.position, self.position + cfg.frame_samples
         self.position = end
+        self.last_probability = probability
         if self.speaking:
             if probability >= cfg.release_threshold:
                 self._last_voiced_end = end

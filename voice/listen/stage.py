@@ -33,6 +33,11 @@ from voice.listen.endpointer import EndpointDecision, Endpointer, EndpointerConf
 from voice.listen.transcriber import Hypothesis, StreamingTranscriber, TranscriberConfig
 from voice.listen.vad import SileroVad
 
+# A voiced window below this speech probability is the voice fading: in held-out prompts the last 1-4 windows before
+# the end of speech fall from ~0.95 through 0.4-0.7. A partial started then is still decoding when the likely final
+# (the decode the answer waits for) is due ~64 ms after the last voiced window, and the likely final waits behind it.
+FADING_PROBABILITY = 0.7
+
 
 @dataclass(frozen=True, slots=True)
 class ListenConfig:
@@ -250,9 +255,12 @@ class ListenStage:
             due = self._fed_to >= self._padded_end(ep.last_voiced_end)
         else:
             # Partials only show the words so far, and a final decode waits behind the partial in flight: while
-            # other sessions decode or wait for the shared model, each session's partials come that much less often.
+            # other sessions decode or wait for the shared model, each session's partials come that much less often,
+            # and none starts while the voice fades (the likely final may be a window away) unless one is long due.
             lock = self._model.lock
             due = self._fed_to - self._decoded_from >= step * (1 + lock.waiting + lock.locked())
+            fading = ep.last_probability < FADING_PROBABILITY
+            due = due and (not fading or self._fed_to - self._decoded_from >= 2 * step)
         if due:
             self._decode_task = asyncio.create_task(self._decode_once(), name=f"asr-decode-{self.session}")
 
