@@ -125,6 +125,7 @@ def test_a_spoken_question_is_answered_aloud_and_ctrl_c_exits_cleanly(
     # the turn's record carries the LM's end-of-turn probability (the summary line shows it)
     end_of_turn = re.search(r"LM end of turn (\d\.\d+)", summary.string)
     assert end_of_turn and 0.0 <= float(end_of_turn.group(1)) <= 1.0, summary.string
+    print(f"{model}: heard {heard!r}; {summary.string.strip()}")
     time.sleep(1.0)  # the answer's audio plays out
     # the answer is on the speaker, after the question; the speaker was silent while the user spoke
     spans = devices.speaker.voiced_spans(asked_at + 0.2)
