@@ -1,6 +1,6 @@
 """What both WebSocket protocols (/ws and /v1/realtime) share per connection, without a socket of their own: the
-state their tasks share, how a connection ends, which turns are open (for draining and the utterance watchdog), and
-the sender that drains the outbound queue onto the socket."""
+state their tasks share, how a connection ends, which turns are open (for draining and the utterance watchdog), the
+receive loop with its idle timeout and flood limit, and the sender that drains the outbound queue onto the socket."""
 
 from __future__ import annotations
 
@@ -19,14 +19,20 @@ from websockets.frames import CloseCode
 from voice import events as ev
 from voice.cancellation import cancel_and_wait
 from web import protocol
+from web.config import WebConfig
 from web.metrics import VoiceMetrics
 from web.outbound import ClientTooSlow, OutboundQueue
+from web.ratelimit import TokenBucket, Verdict
 
 log = logging.getLogger("web.connection")
 
 
 class Sends(Protocol):
     async def send(self, message: str | bytes) -> None: ...
+
+
+class Receives(Protocol):
+    async def recv(self) -> str | bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,34 @@ def track_turn(state: Connection, event: ev.Event) -> None:
             state.open_turns = {open_turn for open_turn in state.open_turns if open_turn > turn}
     if not state.open_turns:
         state.idle_turns.set()
+
+
+async def receive_frames(conn: Receives, config: WebConfig, flooding: Callable[[], None],
+                         handle: Callable[[str | bytes, float], Awaitable[CloseWith | None]]) -> CloseWith | None:
+    """Client frames -> `handle(frame, now)`, each protocol's own parsing and dispatch. The limits both protocols
+    share are kept here: nothing received for `config.idle_timeout_s` closes the socket, and frames past the message
+    rate are dropped (`flooding` tells the client, once per burst) or close it when the flood goes on. Returns how
+    to close: what `handle` returned, or the limit's close; None when the client went away."""
+    messages = TokenBucket(config.message_limit, time.monotonic())
+    while True:
+        try:
+            async with asyncio.timeout(config.idle_timeout_s):
+                data = await conn.recv()
+        except TimeoutError:
+            idle = f"idle timeout: nothing received for {config.idle_timeout_s:g} s"
+            return CloseWith(CloseCode.NORMAL_CLOSURE, idle)
+        except ConnectionClosed:
+            return None
+        now = time.monotonic()
+        decision = messages.take(1.0, now)
+        if decision.verdict is Verdict.CLOSE:
+            return CloseWith(CloseCode.POLICY_VIOLATION, "message flood: too many messages per second")
+        if decision.verdict is Verdict.DROP:
+            if decision.notify:
+                flooding()
+            continue
+        if (close := await handle(data, now)) is not None:
+            return close
 
 
 async def send_out(conn: Sends, state: Connection) -> None:

@@ -36,6 +36,7 @@ from web.connection import (
     CloseWith,
     Connection,
     cut_long_utterances,
+    receive_frames,
     run_tasks,
     send_out,
     track_turn,
@@ -342,28 +343,15 @@ class VoiceServer:
         """Client frames -> session calls. Returns how to close, or None when the client went away."""
         cfg = self.config
         limits = cfg.protocol_limits
-        now = time.monotonic()
-        messages = TokenBucket(cfg.message_limit, now)
-        audio = TokenBucket(cfg.audio_limit, now)
-        typed = TokenBucket(cfg.typed_turn_limit, now)
-        while True:
-            try:
-                async with asyncio.timeout(cfg.idle_timeout_s):
-                    data = await conn.recv()
-            except TimeoutError:
-                idle = f"idle timeout: nothing received for {cfg.idle_timeout_s:g} s"
-                return CloseWith(CloseCode.NORMAL_CLOSURE, idle)
-            except ConnectionClosed:
-                return None
-            now = time.monotonic()
-            decision = messages.take(1.0, now)
-            if decision.verdict is Verdict.CLOSE:
-                return CloseWith(CloseCode.POLICY_VIOLATION, "message flood: too many messages per second")
-            if decision.verdict is Verdict.DROP:
-                if decision.notify:
-                    flood = f"more than {cfg.max_messages_per_s:g} messages per second; frames are being dropped"
-                    _send_error(state, LimitExceeded(flood))
-                continue
+        started = time.monotonic()
+        audio = TokenBucket(cfg.audio_limit, started)
+        typed = TokenBucket(cfg.typed_turn_limit, started)
+
+        def flooding() -> None:
+            flood = f"more than {cfg.max_messages_per_s:g} messages per second; frames are being dropped"
+            _send_error(state, LimitExceeded(flood))
+
+        async def handle(data: str | bytes, now: float) -> CloseWith | None:
             try:
                 message = protocol.parse_client_message(data, limits)
                 await self._dispatch(session, state, audio, typed, message, now)
@@ -373,6 +361,9 @@ class VoiceServer:
                 raise
             except VoiceError as exc:  # ProtocolError, LimitExceeded, AudioFormatError...: this frame only
                 _send_error(state, exc)
+            return None
+
+        return await receive_frames(conn, cfg, flooding, handle)
 
     async def _dispatch(
         self,

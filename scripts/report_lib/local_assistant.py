@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from report_lib.pulse_devices import VirtualDevices
@@ -28,11 +28,12 @@ class AssistantFailed(RuntimeError):
 
 
 class LocalAssistant:
-    """`python -m web.cli ARGS` on the virtual devices; `lines` holds (monotonic time, line) of its console."""
+    """`python -m web.cli ARGS` on the virtual devices, with `env` added to theirs (`OLLAMA_MODELS`); `lines` holds
+    (monotonic time, line) of its console."""
 
-    def __init__(self, devices: VirtualDevices, args: Sequence[str]) -> None:
+    def __init__(self, devices: VirtualDevices, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         path = os.pathsep.join(filter(None, [str(ROOT), devices.env.get("PYTHONPATH", "")]))
-        env = {**devices.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        env = {**devices.env, **(env or {}), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen([sys.executable, "-m", "web.cli", *args], cwd=ROOT, env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self.lines: list[tuple[float, str]] = []

@@ -18,6 +18,7 @@ from report_lib.local_assistant import ROOT, LocalAssistant
 from report_lib.pulse_devices import PulseUnavailable, VirtualDevices, missing_parts
 from report_lib.speech_samples import LIBRIVOX_DIR
 
+from tests.integration.ollama_store import OLLAMA_MODEL, smollm2_store
 from voice.audio import float32_to_pcm16, load_audio_16k
 
 pytestmark = pytest.mark.slow
@@ -63,8 +64,10 @@ def assistant_factory(devices: VirtualDevices) -> Iterator[list[LocalAssistant]]
         assistant.kill()
 
 
-def start(devices: VirtualDevices, started: list[LocalAssistant], *args: str) -> LocalAssistant:
-    assistant = LocalAssistant(devices, ["--max-new-tokens", "24", *args])
+def start(
+    devices: VirtualDevices, started: list[LocalAssistant], *args: str, env: dict[str, str] | None = None
+) -> LocalAssistant:
+    assistant = LocalAssistant(devices, ["--max-new-tokens", "24", *args], env)
     started.append(assistant)
     assistant.wait_ready()
     # both devices are open: PulseAudio lists a stream once its server has set it up, which on a loaded machine can
@@ -101,11 +104,16 @@ def test_devices_are_listed_and_named_choices_are_checked(devices: VirtualDevice
     assert "no input device named 'no-such-mic'" in missing.stderr and "'pulse'" in missing.stderr
 
 
+@pytest.mark.parametrize("model", ["bundled", "ollama"])
 def test_a_spoken_question_is_answered_aloud_and_ctrl_c_exits_cleanly(
-    devices: VirtualDevices, assistant_factory: list[LocalAssistant]
+    devices: VirtualDevices, assistant_factory: list[LocalAssistant], model: str, tmp_path: Path
 ) -> None:
+    """The bundled model, and (issue 47) the same base GGUF named as `ollama:smollm2:135m` from an Ollama store."""
     assert devices.speaker is not None
-    assistant = start(devices, assistant_factory, "--input-device", "pulse", "--output-device", "default")
+    args, env = ["--input-device", "pulse", "--output-device", "default"], None
+    if model == "ollama":
+        args, env = [*args, "--model", OLLAMA_MODEL], smollm2_store(tmp_path / "ollama")
+    assistant = start(devices, assistant_factory, *args, env=env)
     spoken = len(devices.mic.clip_ends)
     asked_at = time.monotonic()
     devices.mic.say(speech(QUESTION))
@@ -114,6 +122,10 @@ def test_a_spoken_question_is_answered_aloud_and_ctrl_c_exits_cleanly(
     assert {"young", "man"} <= set(re.findall(r"[a-z]+", heard))
     assert assistant.wait_line(r"^assistant: (.+)", TURN_TIMEOUT_S).group(1).strip()
     summary = assistant.wait_line(r"\[voice-to-voice (\d+) ms, underruns (\d+)", TURN_TIMEOUT_S)
+    # the turn's record carries the LM's end-of-turn probability (the summary line shows it)
+    end_of_turn = re.search(r"LM end of turn (\d\.\d+)", summary.string)
+    assert end_of_turn and 0.0 <= float(end_of_turn.group(1)) <= 1.0, summary.string
+    print(f"{model}: heard {heard!r}; {summary.string.strip()}")
     time.sleep(1.0)  # the answer's audio plays out
     # the answer is on the speaker, after the question; the speaker was silent while the user spoke
     spans = devices.speaker.voiced_spans(asked_at + 0.2)

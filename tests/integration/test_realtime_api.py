@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
+from tests.integration.realtime_client import until
 from tests.integration.ws_harness import SPEECH_WORDS, load_test_engines, running_server, speech_pcm16
 from voice.audio import float32_to_pcm16, pcm16_to_float32, resample
 from voice.engines import Engines
@@ -43,16 +44,6 @@ async def stream(conn, pcm: bytes) -> None:
     for n, i in enumerate(range(0, len(pcm), step)):
         await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + step]).decode())
         await asyncio.sleep(max(0.0, start + (n + 1) * CHUNK_S - time.monotonic()))
-
-
-async def until(conn, kind: str, got: list, timeout_s: float = 120.0) -> list:
-    """Receive events into `got` until one of type `kind` arrives."""
-    async with asyncio.timeout(timeout_s):
-        async for event in conn:
-            got.append(event)
-            if event.type == kind:
-                return got
-    raise AssertionError(f"the connection ended before {kind}")
 
 
 def of(got: list, kind: str) -> list:

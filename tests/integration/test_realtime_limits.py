@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 
 import pytest
 from openai import AsyncOpenAI
 
+from tests.integration import realtime_client
 from tests.integration.scripted_session import ScriptedSession, scripted_server
 from voice import events as ev
 from voice.errors import ProtocolError
@@ -21,13 +23,7 @@ CHUNK_24K = base64.b64encode(b"\x00\x10" * 2400).decode()  # 100 ms of PCM16 at 
 HELLO = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}
 
 
-async def until(conn, kind: str, got: list, timeout_s: float = 10.0) -> list:
-    async with asyncio.timeout(timeout_s):
-        async for event in conn:
-            got.append(event)
-            if event.type == kind:
-                return got
-    raise AssertionError(f"the connection ended before {kind}")
+until = functools.partial(realtime_client.until, timeout_s=10.0)  # a scripted session answers at once
 
 
 class AnsweringSession(ScriptedSession):

@@ -82,6 +82,7 @@ def test_spoken_turn_typed_turn_and_interrupt(engines: Engines, monkeypatch: pyt
     latency = end["latency_ms"]
     assert latency["voice_to_voice"] > 0
     assert {"asr_final", "lm_first_pass", "first_audio_out"} <= latency.keys()
+    assert 0.0 <= end["stats"]["lm_end_of_turn"] <= 1.0  # the LM's end-of-turn probability, in the turn's record
     types = [m["type"] for m in spoken.messages]
     assert types.index("audio_start") < types.index("audio_end") < types.index("turn_end")
 

@@ -4,14 +4,13 @@ same whether batched with others or alone."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from test_gguf_model import answer
+from gguf_answers import answer, assert_batched_answers_equal_lone_answers
 from tiny_gguf import K_SHAPE, write_model
 
 from model.chat.engine import DiffusionChatModel
@@ -111,16 +110,4 @@ def test_layers_the_kernels_do_not_read_decode_de_quantized(tmp_path: Path) -> N
 def test_answers_through_the_c_path_batched_equal_their_lone_answers(tmp_path: Path) -> None:
     chat = load(write_model(tmp_path / "b.gguf", "qwen3", mixed, tied=False, seed=5).path)
     assert chat.backend.model.inference_pass().native is not None  # type: ignore[attr-defined]
-    texts = ["hello the world", "the he", "what is this", "a b c d e f g"]
-    alone = [answer(chat, text, 10)[1] for text in texts]
-    together: list[list[int] | None] = [None] * len(texts)
-
-    def run(index: int) -> None:
-        together[index] = answer(chat, texts[index], 10)[1]
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(texts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert together == alone
+    assert_batched_answers_equal_lone_answers(chat)

@@ -4,13 +4,13 @@ autoregressively through the bundled model's back end to the network's own greed
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from gguf_answers import answer, assert_batched_answers_equal_lone_answers
 from tiny_gguf import K_SHAPE, TinyModel, ollama_layout, write_model
 
 from model.chat import ChatMessage, GenerationOptions
@@ -49,19 +49,6 @@ def greedy(chat: DiffusionChatModel, prompt: list[int], length: int) -> list[int
             if tokens[-1] in ends:
                 break
     return tokens[len(prompt):]
-
-
-def answer(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int], list[int]]:
-    """(prompt, answer tokens, with the end token that stopped it) through the chat engine and the back end's batch
-    runner."""
-    prompt = chat.prompt_ids([ChatMessage("user", text)])
-    last = list(chat.stream_prompt(prompt, GenerationOptions(max_new_tokens=length)))[-1]
-    assert last.refinement is not None and last.done
-    tokens = list(last.refinement.tokens[: last.completion_tokens])
-    if last.finish_reason == "stop":
-        tokens.append(last.refinement.tokens[last.completion_tokens])
-        assert tokens[-1] in chat.backend.eos_ids  # type: ignore[attr-defined]
-    return prompt, tokens
 
 
 @pytest.mark.parametrize(("architecture", "qtype", "tied"), [
@@ -130,19 +117,7 @@ def test_a_model_named_through_ollama_loads_under_its_ollama_name(tmp_path: Path
 def test_concurrent_answers_share_passes_and_equal_their_lone_answers(tmp_path: Path) -> None:
     """fp32: an answer batched with others is the answer it gets alone (the qwen2 biases ride along per row)."""
     chat = load(str(write_model(tmp_path / "b.gguf", "qwen2", T.Q8_0, tied=False, seed=5).path))
-    texts = ["hello the world", "the he", "what is this", "a b c d e f g"]
-    alone = [answer(chat, text, 10)[1] for text in texts]
-    together: list[list[int] | None] = [None] * len(texts)
-
-    def run(index: int) -> None:
-        together[index] = answer(chat, texts[index], 10)[1]
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(texts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert together == alone
+    assert_batched_answers_equal_lone_answers(chat)
     assert chat.max_batch == 8
 
 

@@ -38,12 +38,14 @@ WORDS = ("Sure.", "Here", "is", "a", "fairly", "long", "answer,", "with", "sever
 
 
 class FakeLM:
-    """Commits one word per pass, `pass_s` apart; counts answers running at once."""
+    """Commits one word per pass, `pass_s` apart; counts answers running at once. Its first pass reports
+    `end_of_turn` as the LM's end-of-turn probability (None: it has none, as a remote model)."""
 
     name = "fake"
 
-    def __init__(self, pass_s: float = 0.005) -> None:
+    def __init__(self, pass_s: float = 0.005, end_of_turn: float | None = None) -> None:
         self.pass_s = pass_s
+        self.end_of_turn = end_of_turn
         self.running = 0
         self.most_at_once = 0
         self.prompts: list[list[ChatMessage]] = []
@@ -63,7 +65,7 @@ class FakeLM:
                 pieces = tuple(DraftPiece(" " + word, True) for word in WORDS[:step + 1])
                 done = step == len(WORDS) - 1
                 yield Draft(step, pieces, done=done, finish_reason="stop" if done else None,
-                            completion_tokens=step + 1)
+                            completion_tokens=step + 1, end_of_turn=self.end_of_turn if step == 0 else None)
         finally:
             with self._lock:
                 self.running -= 1
@@ -241,6 +243,22 @@ def test_a_speculative_answer_is_silent_until_the_end_of_turn_is_confirmed(make_
     assert end.answer and not end.interrupted and end.stats["early_lm"] == 1.0
     assert any(isinstance(e, AudioOut) for e in events)
     assert [m.role for m in session.dialogue.history] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize("end_of_turn", [0.75, None])
+def test_the_turn_record_keeps_the_lms_end_of_turn_probability(make_session, end_of_turn: float | None) -> None:
+    async def scenario() -> TurnEnd:
+        session = make_session(FakeLM(end_of_turn=end_of_turn))
+        _, events, collector = await started(session)
+        await session.send_text("What time is it?")
+        await asyncio.wait_for(session.wait_idle(), 10)
+        await session.close()
+        await collector
+        return next(e for e in events if isinstance(e, TurnEnd))
+
+    end = asyncio.run(scenario())
+    assert end.answer
+    assert end.stats.get("lm_end_of_turn") == end_of_turn  # absent, never guessed, when the model gives none
 
 
 def test_speech_in_the_pause_drops_the_held_answer_and_the_turn_continues_with_one_answer(make_session) -> None:

@@ -423,6 +423,8 @@ def show_turn_end(event: TurnEnd) -> None:
         underruns += (f" ({event.stats.get('audible_underflows', 0):.0f} while speaking; longest speaker callback gap "
                       f"{gap:.0f} ms, output latency {latency:.0f} ms)")  # fmt: skip
     parts.append(underruns)
+    if "lm_end_of_turn" in event.stats:
+        parts.append(f"LM end of turn {event.stats['lm_end_of_turn']:.2f}")
     if event.stats.get("input_overflows"):
         parts.append(f"microphone overflows {event.stats['input_overflows']:.0f}")
     if event.interrupted:

@@ -339,8 +339,11 @@ class AnswerRunner:
             if "lm_first_pass" not in answer.marks:
                 answer.marks["lm_first_pass"] = t_ns
                 self.event(answer, LmFirstPass(session=session, turn=answer.turn, t_ns=t_ns))
-                if draft.end_of_turn is not None and self.on_end_of_turn is not None:
-                    await self.on_end_of_turn(answer, draft.end_of_turn)
+                if draft.end_of_turn is not None:
+                    # the turn's record (TurnEnd.stats) keeps what the end-of-turn rule weighed: known only here
+                    answer.stats["lm_end_of_turn"] = draft.end_of_turn
+                    if self.on_end_of_turn is not None:
+                        await self.on_end_of_turn(answer, draft.end_of_turn)
             if draft.done:
                 answer.tokens += draft.completion_tokens
                 answer.prompt_tokens += draft.prompt_tokens

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from voice import events as ev
@@ -30,6 +29,7 @@ from web.connection import (
     CloseWith,
     Connection,
     cut_long_utterances,
+    receive_frames,
     run_tasks,
     send_out,
     track_turn,
@@ -118,28 +118,15 @@ class RealtimeConnection:
     # --- client -> session ---------------------------------------------------------------------------------------
     async def _consume(self) -> CloseWith | None:
         cfg = self.config
-        now = time.monotonic()
-        messages = TokenBucket(cfg.message_limit, now)
-        audio = TokenBucket(cfg.audio_limit, now)
-        typed = TokenBucket(cfg.typed_turn_limit, now)
-        while True:
-            try:
-                async with asyncio.timeout(cfg.idle_timeout_s):
-                    data = await self.conn.recv()
-            except TimeoutError:
-                idle = f"idle timeout: nothing received for {cfg.idle_timeout_s:g} s"
-                return CloseWith(CloseCode.NORMAL_CLOSURE, idle)
-            except ConnectionClosed:
-                return None
-            now = time.monotonic()
-            decision = messages.take(1.0, now)
-            if decision.verdict is Verdict.CLOSE:
-                return CloseWith(CloseCode.POLICY_VIOLATION, "message flood: too many messages per second")
-            if decision.verdict is Verdict.DROP:
-                if decision.notify:
-                    self._error(RealtimeError(f"more than {cfg.max_messages_per_s:g} events per second; events are "
-                                              "being dropped", "rate_limit_exceeded"))
-                continue
+        started = time.monotonic()
+        audio = TokenBucket(cfg.audio_limit, started)
+        typed = TokenBucket(cfg.typed_turn_limit, started)
+
+        def flooding() -> None:
+            self._error(RealtimeError(f"more than {cfg.max_messages_per_s:g} events per second; events are being "
+                                      "dropped", "rate_limit_exceeded"))
+
+        async def handle(data: str | bytes, now: float) -> CloseWith | None:
             try:
                 event = parse_client_event(data, self.translator.settings, cfg.max_text_chars)
                 if isinstance(event, AppendAudio):
@@ -153,7 +140,7 @@ class RealtimeConnection:
                             raise RealtimeError(f"audio arrives faster than {cfg.audio_realtime_factor:g}x real "
                                                 "time; appends are being dropped", "rate_limit_exceeded", "audio",
                                                 event.event_id)
-                        continue
+                        return None
                 before = self.translator.settings
                 actions = self.translator.client_event(event)
                 if any(isinstance(action, SendText | AnswerToolResults) for action in actions) and \
@@ -173,6 +160,9 @@ class RealtimeConnection:
                 self._error(err)
             except VoiceError as err:  # the session refused the call (a bad frame, a closed session): this frame only
                 self._error(RealtimeError(str(err), err.code))
+            return None
+
+        return await receive_frames(self.conn, cfg, flooding, handle)
 
     async def _run_actions(self, actions: list[Action]) -> None:
         session = self.session

@@ -1,0 +1,42 @@
+"""Answers of a user's GGUF model through the chat engine and the back end's batch runner, for the tests of both
+runtimes (tests/unit/test_gguf_model.py: de-quantized modules; test_gguf_fast.py: the file's own blocks)."""
+
+from __future__ import annotations
+
+import threading
+
+from model.chat import ChatMessage, GenerationOptions
+from model.chat.engine import DiffusionChatModel
+
+# Prompts of different lengths, so that answers batched together sit at different positions
+TEXTS = ("hello the world", "the he", "what is this", "a b c d e f g")
+
+
+def answer(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int], list[int]]:
+    """(prompt, answer tokens, with the end token that stopped it) through the chat engine and the back end's batch
+    runner."""
+    prompt = chat.prompt_ids([ChatMessage("user", text)])
+    last = list(chat.stream_prompt(prompt, GenerationOptions(max_new_tokens=length)))[-1]
+    assert last.refinement is not None and last.done
+    tokens = list(last.refinement.tokens[: last.completion_tokens])
+    if last.finish_reason == "stop":
+        tokens.append(last.refinement.tokens[last.completion_tokens])
+        assert tokens[-1] in chat.backend.eos_ids  # type: ignore[attr-defined]
+    return prompt, tokens
+
+
+def assert_batched_answers_equal_lone_answers(chat: DiffusionChatModel, length: int = 10) -> None:
+    """Each of `TEXTS` answered alone, then all at once from threads (their passes batched together): every answer
+    is the one it got alone."""
+    alone = [answer(chat, text, length)[1] for text in TEXTS]
+    together: list[list[int] | None] = [None] * len(TEXTS)
+
+    def run(index: int) -> None:
+        together[index] = answer(chat, TEXTS[index], length)[1]
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(TEXTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert together == alone
