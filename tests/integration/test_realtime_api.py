@@ -213,7 +213,9 @@ def test_barge_in_then_truncate_leaves_the_history_as_heard(engines: Engines) ->
     assert not of(truncated, "error"), of(truncated, "error")
     # nothing of the answer was heard (audio_end_ms 0): the history keeps the user's words and no answer
     assert [m.role for m in history] == ["user"] and "story" in history[0].content
-    transcript = of(next_turn, "conversation.item.input_audio_transcription.completed")[-1].transcript
+    # the user's words may be transcribed before the truncate is acknowledged (on a slow or loaded machine)
+    transcribed = of(answered + truncated + next_turn, "conversation.item.input_audio_transcription.completed")
+    transcript = transcribed[-1].transcript
     assert len(heard(transcript)) >= 5, transcript
     assert of(next_turn, "response.done")[0].response.status == "completed"
 
