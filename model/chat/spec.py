@@ -3,7 +3,8 @@
 Light on purpose (no torch, no transformers): a command builds and checks it before anything heavy is imported, so a
 wrong flag is refused at once. A GGUF `source` (`model.gguf.locate`) is resolved and its header read and checked
 here for the same reason: a missing Ollama name, a truncated file or an unsupported architecture stops the command
-before any model loads. Every field's default is what a user gets without the flag.
+before any model loads; gguf-py, which reading a header needs, is imported only for a source that is a GGUF. Every
+field's default is what a user gets without the flag.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from model.errors import ModelError
-from model.gguf.header import GGUFHeader
 from model.gguf.locate import open_gguf
 
 if TYPE_CHECKING:
     from model.decoding.sampler import SamplerConfig
+    from model.gguf.header import GGUFHeader
 
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHTS = ("auto", "int4", "bf16")

@@ -14,10 +14,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model.errors import ModelError
-from model.gguf.header import GGUFHeader, check_supported, read_header
+
+if TYPE_CHECKING:
+    from model.gguf.header import GGUFHeader
 
 OLLAMA_PREFIX = "ollama:"
 OLLAMA_REGISTRY = "registry.ollama.ai"
@@ -143,6 +145,10 @@ def open_gguf(source: str, environ: Mapping[str, str] | None = None) -> GGUFHead
     path = locate_gguf(source, environ)
     if path is None:
         return None
+    # Imported here, once `source` is known to be a GGUF: the header's type tables are gguf-py's, whose package
+    # imports numpy and its reader and writer (~0.3 s), which the bundled model and checkpoint folders never need.
+    from model.gguf.header import check_supported, read_header
+
     header = read_header(path)
     check_supported(header)
     return header

@@ -5,6 +5,8 @@ loads."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from tiny_gguf import ollama_layout, write_model
 from model.chat.spec import DecodingSettings, ModelSpec
 from model.errors import ModelError
 from model.gguf.locate import OllamaName, locate_gguf, manifest_blob, model_files
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +112,20 @@ def test_the_model_spec_reads_a_gguf_header_once_built(tmp_path: Path, tiny: Pat
     with pytest.raises(ModelError, match="--weights int4 is the bundled model's"):
         ModelSpec(source=str(tiny), weights="int4")
     assert ModelSpec(source=str(tiny), decoding=DecodingSettings(decoding="autoregressive")).gguf is not None
+
+
+def test_a_model_spec_that_names_no_gguf_does_not_import_gguf_py(tmp_path: Path) -> None:
+    """gguf-py (numpy, its reader and writer) costs ~0.3 s to import; the bundled model and a checkpoint folder never
+    need it. A fresh interpreter checks, since this one has imported it already."""
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    code = ("import sys\nfrom model.chat.spec import ModelSpec\n"
+            f"assert ModelSpec().gguf is None and ModelSpec(source={str(folder)!r}).gguf is None\n"
+            "print(sorted(name for name in sys.modules if name.split('.')[0] == 'gguf'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def bad_models(tmp_path: Path, tiny: Path) -> dict[str, tuple[str, str]]:
