@@ -15,7 +15,7 @@ drafting, and no EOS is taught where the teacher wrote none.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -97,9 +97,10 @@ def adapt(header: GGUFHeader, out: Path, settings: AdaptSettings, prompts: tuple
     base.to(device)
     eos = int(tokenizer.eos_token_id)
 
-    def answer(texts: Sequence[str], histories: Sequence[Exchange | None]) -> list[TeacherExample]:
-        return list(teacher_answers(base, tokenizer, texts, TEACHER_SYSTEM_PROMPT, settings.max_new_tokens,
-                                    settings.teacher_batch, histories))
+    def answer(texts: Sequence[str], histories: Sequence[Exchange | None]) -> Iterator[TeacherExample]:
+        # an iterator: each batch's answers are written as soon as they exist
+        return teacher_answers(base, tokenizer, texts, TEACHER_SYSTEM_PROMPT, settings.max_new_tokens,
+                               settings.teacher_batch, histories)
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True).strip()

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from test_gguf_model import answer
 from tiny_gguf import Shape, write_model
 
+from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.chat.spec import DecodingSettings, ModelSpec
 from model.cli import main
@@ -30,6 +30,7 @@ from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 T = GGMLQuantizationType
 PROMPTS = ["hello the world", "the the hello", "tell the thing", "what the hell", "he the", "the end"]
 HELDOUT = ["hello there", "the other the"]
+NEWLINE = 10  # ChatML's prompt ends "assistant\n": byte 10, token 10 of the tiny byte-level vocabulary
 SETTINGS = AdaptSettings(max_new_tokens=12, teacher_batch=4,
                          recipe=Recipe(batch=2, max_steps=3, save_every=2, eval_every=2, bf16=False, minutes=5))
 
@@ -77,33 +78,65 @@ def test_the_teacher_answers_under_the_voice_pipelines_prompt() -> None:
     assert TEACHER_SYSTEM_PROMPT == SPOKEN_SYSTEM_PROMPT
 
 
-@pytest.mark.skipif(available() is not None, reason=str(available()))
-def test_with_the_adapter_the_model_drafts_on_its_own_blocks_and_answers_as_autoregressive_decoding(
-    adapted: tuple[Path, Path], tmp_path: Path
-) -> None:
-    model, out = adapted
-    loud = tmp_path / "loud"  # the trained LoRA scaled up: drafts far from the model's own tokens, often wrong
-    shutil.copytree(out, loud)
+def with_weights(adapter: Path, folder: Path, lora_b_scale: float, mask_embedding: torch.Tensor | None = None) -> Path:
+    """A copy of `adapter` in `folder` whose LoRA B factors are random (`lora_b_scale` > 0) or zero, and whose mask
+    embedding is `mask_embedding` when given."""
     from safetensors.torch import load_file, save_file
 
-    weights = load_file(str(loud / "adapter.safetensors"))
+    shutil.copytree(adapter, folder)
+    weights = load_file(str(folder / "adapter.safetensors"))
     generator = torch.Generator().manual_seed(0)
     for name, tensor in weights.items():
         if "lora_b" in name:
-            weights[name] = (torch.randn(tensor.shape, generator=generator) * 0.05).to(tensor.dtype)
-    save_file(weights, str(loud / "adapter.safetensors"))
+            weights[name] = (torch.randn(tensor.shape, generator=generator) * lora_b_scale).to(tensor.dtype)
+    if mask_embedding is not None:
+        weights["mask_embedding"] = mask_embedding.float()
+    save_file(weights, str(folder / "adapter.safetensors"))
+    return folder
 
-    drafting = load_chat_model(ModelSpec(source=str(model), adapter=str(loud)))
-    plain = load_chat_model(ModelSpec(source=str(model), adapter=str(loud),
+
+def answers_per_pass(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int], float]:
+    """(answer tokens, tokens committed per pass)."""
+    prompt = chat.prompt_ids([ChatMessage("user", text)])
+    last = list(chat.stream_prompt(prompt, GenerationOptions(max_new_tokens=length)))[-1]
+    assert last.refinement is not None
+    return list(last.refinement.tokens[: last.completion_tokens]), last.completion_tokens / (last.step + 1)
+
+
+@pytest.mark.skipif(available() is not None, reason=str(available()))
+@pytest.mark.parametrize("drafts", ["wrong", "right"])
+def test_with_the_adapter_the_model_drafts_on_its_own_blocks_and_answers_as_autoregressive_decoding(
+    adapted: tuple[Path, Path], tmp_path: Path, drafts: str
+) -> None:
+    """"wrong": the trained adapter's LoRA replaced by a loud random one, so drafts are rejected and any LoRA leaking
+    into the clean rows changes the answer. "right": a model whose layers are near zero (greedy answers repeat the
+    prompt's last token) and an adapter whose masks stand for that token, so drafts are accepted and committed."""
+    model, out = adapted
+    if drafts == "wrong":
+        adapter = with_weights(out, tmp_path / "adapter", 0.05)
+    else:
+        flat = write_model(tmp_path / "flat.gguf", "llama", T.Q8_0, tied=True, seed=5, layer_scale=0.05)
+        model = flat.path
+        embedding = torch.from_numpy(flat.weights["model.embed_tokens.weight"][NEWLINE])
+        adapter = with_weights(out, tmp_path / "adapter", 0.0, embedding)
+    drafting = load_chat_model(ModelSpec(source=str(model), adapter=str(adapter)))
+    plain = load_chat_model(ModelSpec(source=str(model), adapter=str(adapter),
                                       decoding=DecodingSettings(decoding="autoregressive")))
     assert isinstance(drafting, DiffusionChatModel) and isinstance(plain, DiffusionChatModel)
     assert drafting.sampler.decoding == "self-speculative" and plain.sampler.decoding == "autoregressive"
-    assert drafting.note is not None and f"self-speculatively (draft adapter {loud})" in drafting.note
-    backend = drafting.backend.model  # type: ignore[attr-defined]
-    assert backend.int4 is not None and backend.inference_pass().native is not None  # LoRA on the packed blocks
-    assert backend.base.model.layers[0].mlp.up_proj.base.weight.numel() == 0  # no dense copy
+    assert drafting.note is not None and f"self-speculatively (draft adapter {adapter})" in drafting.note
+    network = drafting.backend.model  # type: ignore[attr-defined]
+    assert network.int4 is not None and network.inference_pass().native is not None  # the LoRA on the packed blocks
+    assert network.base.model.layers[0].mlp.up_proj.base.weight.numel() == 0  # no dense copy
+    rates = []
     for text in [*PROMPTS, *HELDOUT]:
-        assert answer(drafting, text, 24)[1] == answer(plain, text, 24)[1], text
+        tokens, rate = answers_per_pass(drafting, text, 24)
+        assert tokens == answers_per_pass(plain, text, 24)[0], text
+        rates.append(rate)
+    if drafts == "right":
+        assert min(rates) > 1.5
+    else:
+        assert max(rates) < 1.2
 
 
 def test_an_adapter_beside_the_file_is_found(adapted: tuple[Path, Path], tmp_path: Path) -> None:
@@ -123,7 +156,7 @@ def test_an_adapter_for_another_model_is_a_one_line_error(
 ) -> None:
     _, out = adapted
     other = write_model(tmp_path / "wider.gguf", "llama", T.Q8_0, shape=Shape(hidden=96, intermediate=160)).path
-    with pytest.raises(ModelError, match="does not fit wider.gguf"):
+    with pytest.raises(ModelError, match=r"does not fit wider\.gguf"):
         ModelSpec(source=str(other), adapter=str(out))
     assert main(["generate", "hello", "--model", str(other), "--adapter", str(out)]) == 2
     error = capsys.readouterr().err
