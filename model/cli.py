@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TextIO
 
 from model.chat import ChatMessage, Draft, GenerationOptions
@@ -21,6 +22,7 @@ from model.chat.spec import DecodingSettings, ModelSpec, add_model_options
 from model.decoding.sampler import DECODING_MODES
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
+from model.training.settings import AdaptSettings
 
 DIM_UNDERLINE = "\033[2;4m"
 RESET = "\033[0m"
@@ -90,8 +92,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def add_adapt_parser(commands: argparse._SubParsersAction) -> None:
-    """`dlm adapt`: its defaults are `AdaptSettings`' and `Recipe`'s (model/training/), spelled out here so that the
-    flags are checked before torch is imported."""
+    """`dlm adapt`, its defaults `AdaptSettings`' and `Recipe`'s (model/training/settings.py: no torch, so that the
+    flags are checked before anything heavy is imported)."""
+    settings = AdaptSettings()
+    recipe = settings.recipe
     adapt = commands.add_parser(
         "adapt", help="train a draft adapter for a GGUF model, so that it decodes self-speculatively",
         description="Train the gated block-diffusion draft adapter for MODEL on its own greedy answers to the "
@@ -101,15 +105,20 @@ def add_adapt_parser(commands: argparse._SubParsersAction) -> None:
     adapt.add_argument("model", help="a GGUF: FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf")
     adapt.add_argument("--out", required=True, help="the adapter's folder (also holds the teacher's answers and the "
                        "checkpoint a later run resumes from)")
-    adapt.add_argument("--minutes", type=float, default=90.0, help="stop training after this many minutes (this run)")
-    adapt.add_argument("--max-steps", type=int, default=1000, help="training steps in all (the schedule's length)")
-    adapt.add_argument("--examples", type=int, default=1000, help="training prompts the teacher answers")
-    adapt.add_argument("--heldout", type=int, default=16, help="held-out prompts the acceptance is measured on")
-    adapt.add_argument("--max-new-tokens", type=int, default=64, help="the teacher's answer budget")
-    adapt.add_argument("--batch", type=int, default=8)
-    adapt.add_argument("--lr", type=float, default=5e-4)
-    adapt.add_argument("--eval-every", type=int, default=50, help="steps between acceptance measurements")
-    adapt.add_argument("--device", choices=DEVICE_CHOICES, default="cpu",
+    adapt.add_argument("--minutes", type=float, default=recipe.minutes,
+                       help="stop training after this many minutes (this run)")
+    adapt.add_argument("--max-steps", type=int, default=recipe.max_steps,
+                       help="training steps in all (the learning rate schedule's length)")
+    adapt.add_argument("--examples", type=int, default=settings.examples, help="training prompts the teacher answers")
+    adapt.add_argument("--heldout", type=int, default=settings.heldout,
+                       help="held-out prompts the drafts' acceptance is measured on")
+    adapt.add_argument("--max-new-tokens", type=int, default=settings.max_new_tokens,
+                       help="the teacher's answer budget")
+    adapt.add_argument("--batch", type=int, default=recipe.batch, help="answers a training step")
+    adapt.add_argument("--lr", type=float, default=recipe.lr)
+    adapt.add_argument("--eval-every", type=int, default=recipe.eval_every,
+                       help="steps between measurements of the drafts' acceptance")
+    adapt.add_argument("--device", choices=DEVICE_CHOICES, default=settings.device,
                        help="where it trains (cuda: a GPU, minutes instead of hours)")
 
 
@@ -118,16 +127,17 @@ def adapt_command(args: argparse.Namespace, out: TextIO) -> None:
 
     from model.gguf.draft_adapter import beside
     from model.gguf.locate import open_gguf
-    from model.training.adapt import AdaptSettings, adapt, training_prompts
-    from model.training.recipe import Recipe, describe_acceptance
+    from model.training.adapt import adapt, training_prompts
+    from model.training.recipe import describe_acceptance
 
     header = open_gguf(args.model)
     if header is None:
         raise ModelError(f"dlm adapt takes a GGUF model, not {args.model!r}")
-    recipe = Recipe(batch=args.batch, lr=args.lr, max_steps=args.max_steps, minutes=args.minutes,
-                    eval_every=args.eval_every)
-    settings = AdaptSettings(examples=args.examples, heldout=args.heldout, max_new_tokens=args.max_new_tokens,
-                             device=args.device, recipe=recipe)
+    defaults = AdaptSettings()
+    recipe = replace(defaults.recipe, batch=args.batch, lr=args.lr, max_steps=args.max_steps, minutes=args.minutes,
+                     eval_every=args.eval_every)
+    settings = replace(defaults, examples=args.examples, heldout=args.heldout, max_new_tokens=args.max_new_tokens,
+                       device=args.device, recipe=recipe)
     folder = Path(args.out)
     result = adapt(header, folder, settings, training_prompts(settings))
     out.write(f"adapter after {result.steps} steps on {result.examples} answers written to {folder}\n"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -27,7 +27,8 @@ from model.device import resolve_device
 from model.errors import ModelError
 from model.gguf.draft_adapter import teacher_shape
 from model.gguf.header import GGUFHeader
-from model.training.recipe import Pair, Progress, Recipe, ends_with, extend_teacher_file, train_adapter
+from model.training.recipe import Pair, Progress, ends_with, extend_teacher_file, train_adapter
+from model.training.settings import AdaptSettings
 from model.training.teacher_data import (
     Exchange,
     TeacherExample,
@@ -41,20 +42,6 @@ from model.training.teacher_data import (
 # them equal): the answers an adapter drafts are the ones the assistant asks for
 TEACHER_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one short sentence."
 HELDOUT_POOL = 120  # chit-chat prompts never trained on (the bundled training's split: tests/data/heldout_prompts.txt)
-
-
-@dataclass(frozen=True, slots=True)
-class AdaptSettings:
-    """What `dlm adapt` trains: how many answers, the adapter's shape, the recipe, and where."""
-
-    examples: int = 1000  # training prompts the teacher answers
-    heldout: int = 16  # held-out prompts the drafts' acceptance is measured on
-    max_new_tokens: int = 64
-    teacher_batch: int = 16
-    block_length: int = 4
-    rank: int = 16
-    device: str = "cpu"
-    recipe: Recipe = field(default_factory=Recipe)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,33 +22,12 @@ from tqdm import tqdm
 
 from model.bundled.block_diffusion import BlockDiffusionLM
 from model.training.block_training import Batch, batch_logits, block_diffusion_loss, make_batch
+from model.training.settings import Recipe
 from model.training.teacher_data import Exchange, TeacherExample, example_row, load_examples
 
 Pair = tuple[list[int], list[int]]  # (prompt ids, teacher answer ids ending with EOS)
 # answers the teacher writes for these prompts, each after the exchange it follows (None: a first turn)
 Answerer = Callable[[Sequence[str], Sequence[Exchange | None]], Iterable[TeacherExample]]
-
-
-@dataclass(frozen=True, slots=True)
-class Recipe:
-    """The training settings; the defaults are what the shipped adapter's last round used (its adapter.json)."""
-
-    batch: int = 8
-    copies: int = 2  # noisy copies per clean pass
-    lr: float = 5e-4
-    max_steps: int = 1000
-    minutes: float = 90.0  # stop this run after this many minutes (a later run resumes)
-    bf16: bool = True  # bf16 autocast (CPU and CUDA)
-    seed: int = 1234
-    save_every: int = 50
-    drafting: bool = True  # the one-shot drafting objective self-speculative decoding needs (make_batch)
-    draft_masks: int = 3  # drafting: mask rows of a block (decoding feeds this many after a clean token)
-    near_weight: float = 0.7  # drafting: loss weight ratio of each further draft
-    eval_every: int = 50  # steps between measurements of the drafts' acceptance
-
-    def block(self, model: BlockDiffusionLM) -> int:
-        """The positions of one training block: a drafting block is `draft_masks` masks after a clean token."""
-        return self.draft_masks + 1 if self.drafting else model.config.block_length
 
 
 def learning_rate(step: int, recipe: Recipe) -> float:
@@ -106,7 +85,7 @@ def draft_acceptance(model: BlockDiffusionLM, pairs: Sequence[Pair], recipe: Rec
         raise ValueError("acceptance of drafts needs the drafting objective")
     was_training = model.training
     model.eval()
-    block = recipe.block(model)
+    block = recipe.block(model.config.block_length)
     generator = torch.Generator().manual_seed(0)
     batch = _on(make_batch(pairs, block, model.mask_id, eos, 1, generator, drafting=True), model.mask_embedding.device)
     logits = batch_logits(model, batch)
@@ -189,7 +168,7 @@ def train_adapter(
         return describe_acceptance(acceptance)
 
     model.train()
-    block = recipe.block(model)
+    block = recipe.block(model.config.block_length)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=recipe.bf16)
     deadline = time.monotonic() + recipe.minutes * 60
     order = random.Random(recipe.seed + progress.step)

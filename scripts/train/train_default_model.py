@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter
 from model.bundled.default_model import ADAPTER_DIR, load_base
-from model.training.recipe import Recipe, ends_with, extend_teacher_file, train_adapter
+from model.training.recipe import ends_with, extend_teacher_file, train_adapter
+from model.training.settings import Recipe
 from model.training.teacher_data import (
     TeacherExample,
     assistant_questions,

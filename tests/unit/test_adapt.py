@@ -23,8 +23,8 @@ from model.gguf.draft_adapter import beside
 from model.gguf.locate import open_gguf
 from model.loading import load_chat_model
 from model.runtime.int4_weights import available
-from model.training.adapt import TEACHER_SYSTEM_PROMPT, AdaptSettings, adapt
-from model.training.recipe import Recipe
+from model.training.adapt import TEACHER_SYSTEM_PROMPT, adapt
+from model.training.settings import AdaptSettings, Recipe
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
 T = GGMLQuantizationType
