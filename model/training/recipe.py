@@ -30,6 +30,15 @@ Pair = tuple[list[int], list[int]]  # (prompt ids, teacher answer ids ending wit
 Answerer = Callable[[Sequence[str], Sequence[Exchange | None]], Iterable[TeacherExample]]
 
 
+def use_bf16(recipe: Recipe, device: torch.device) -> bool:
+    """Whether steps run under bf16 autocast: as the recipe says, else on a GPU and on CPUs with native bf16 (AVX-512
+    BF16, AMX), where it is ~1.7x faster than fp32; an AVX2-only CPU emulates bf16 matmuls, and a step of the
+    SmolLM2 recipe took minutes instead of seconds."""
+    if recipe.bf16 is not None:
+        return recipe.bf16
+    return device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def learning_rate(step: int, recipe: Recipe) -> float:
     """30 warm-up steps, then a cosine down to a tenth over `max_steps`."""
     warmup = 30
@@ -169,7 +178,7 @@ def train_adapter(
 
     model.train()
     block = recipe.block(model.config.block_length)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=recipe.bf16)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(recipe, device))
     deadline = time.monotonic() + recipe.minutes * 60
     order = random.Random(recipe.seed + progress.step)
     first_step, started, seen = progress.step, time.monotonic(), 0.0

@@ -15,7 +15,7 @@ class Recipe:
     lr: float = 5e-4
     max_steps: int = 1000
     minutes: float = 90.0  # stop this run after this many minutes (a later run resumes)
-    bf16: bool = True  # bf16 autocast (CPU and CUDA)
+    bf16: bool | None = None  # bf16 autocast; None: where the device multiplies bf16 natively (`use_bf16`)
     seed: int = 1234
     save_every: int = 50
     drafting: bool = True  # the one-shot drafting objective self-speculative decoding needs (make_batch)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter
 from model.bundled.default_model import ADAPTER_DIR, load_base
-from model.training.recipe import ends_with, extend_teacher_file, train_adapter
+from model.training.recipe import ends_with, extend_teacher_file, train_adapter, use_bf16
 from model.training.settings import Recipe
 from model.training.teacher_data import (
     TeacherExample,
@@ -60,7 +60,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--minutes", type=float, default=90.0, help="stop training after this many minutes (this run)")
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast on CPU")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 autocast (default: on a GPU or a CPU with native bf16)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--save-every", type=int, default=50)
@@ -187,7 +188,7 @@ def main() -> None:
                     "noisy_copies": args.copies,
                     "lr": args.lr,
                     "examples": len(pairs),
-                    "bf16_autocast": args.bf16,
+                    "bf16_autocast": use_bf16(recipe, torch.device("cpu")),
                     "final_masked_accuracy": sum(h["acc"] for h in recent) / max(1, len(recent)),
                     "final_loss": sum(h["loss"] for h in recent) / max(1, len(recent)),
                     "teacher_system_prompt": TEACHER_SYSTEM_PROMPT,
