@@ -1,4 +1,5 @@
-"""`dlm generate "prompt"`: watch a diffusion LM write its answer, pass by pass, in the terminal.
+"""`dlm generate "prompt"`: watch a diffusion LM write its answer, pass by pass, in the terminal; `dlm adapt MODEL
+--out DIR`: train a draft adapter for a GGUF model (model/training/adapt.py).
 
 On a terminal the answer is redrawn in place after every pass: committed text in normal weight, guesses that may still
 change dim and underlined. Piped output gets one plain line per pass with guesses shown as underscores. At the end it
@@ -12,14 +13,16 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TextIO
 
 from model.chat import ChatMessage, Draft, GenerationOptions
 from model.chat.spec import WEIGHTS as WEIGHT_CHOICES
-from model.chat.spec import DecodingSettings, ModelSpec
+from model.chat.spec import DecodingSettings, ModelSpec, add_model_options
 from model.decoding.sampler import DECODING_MODES
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
+from model.training.settings import AdaptSettings
 
 DIM_UNDERLINE = "\033[2;4m"
 RESET = "\033[0m"
@@ -68,9 +71,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="answer one prompt, showing every refinement pass")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default=None,
-                     help="a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a diffusion "
-                     "checkpoint folder or hub id (default: the bundled model)")
+    add_model_options(gen)
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--block-length", type=int, default=None, help="tokens per block (default: the model's)")
     gen.add_argument("--steps", type=int, default=None, help="pass budget per block (default: block length)")
@@ -86,7 +87,63 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help="where the model runs (auto: a CUDA GPU when torch sees one, else the CPU)")
     gen.add_argument("--weights", choices=WEIGHT_CHOICES, default="auto",
                      help="the bundled model's: int4 (the GGUF's own blocks, default on a CPU) or bf16")
+    add_adapt_parser(commands)
     return parser.parse_args(argv)
+
+
+def add_adapt_parser(commands: argparse._SubParsersAction) -> None:
+    """`dlm adapt`, its defaults `AdaptSettings`' and `Recipe`'s (model/training/settings.py: no torch, so that the
+    flags are checked before anything heavy is imported)."""
+    settings = AdaptSettings()
+    recipe = settings.recipe
+    adapt = commands.add_parser(
+        "adapt", help="train a draft adapter for a GGUF model, so that it decodes self-speculatively",
+        description="Train the gated block-diffusion draft adapter for MODEL on its own greedy answers to the "
+        "project's training prompts (resumable: run it again to go on), then write adapter.safetensors and "
+        "adapter.json into --out. Keep the folder beside the file as FILE.gguf.dlm-adapter/ to have it found, or "
+        "pass it with --adapter.")
+    adapt.add_argument("model", help="a GGUF: FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf")
+    adapt.add_argument("--out", required=True, help="the adapter's folder (also holds the teacher's answers and the "
+                       "checkpoint a later run resumes from)")
+    adapt.add_argument("--minutes", type=float, default=recipe.minutes,
+                       help="stop training after this many minutes (this run)")
+    adapt.add_argument("--max-steps", type=int, default=recipe.max_steps,
+                       help="training steps in all (the learning rate schedule's length)")
+    adapt.add_argument("--examples", type=int, default=settings.examples, help="training prompts the teacher answers")
+    adapt.add_argument("--heldout", type=int, default=settings.heldout,
+                       help="held-out prompts the drafts' acceptance is measured on")
+    adapt.add_argument("--max-new-tokens", type=int, default=settings.max_new_tokens,
+                       help="the teacher's answer budget")
+    adapt.add_argument("--batch", type=int, default=recipe.batch, help="answers a training step")
+    adapt.add_argument("--lr", type=float, default=recipe.lr)
+    adapt.add_argument("--eval-every", type=int, default=recipe.eval_every,
+                       help="steps between measurements of the drafts' acceptance")
+    adapt.add_argument("--device", choices=DEVICE_CHOICES, default=settings.device,
+                       help="where it trains (cuda: a GPU, minutes instead of hours)")
+
+
+def adapt_command(args: argparse.Namespace, out: TextIO) -> None:
+    from pathlib import Path
+
+    from model.gguf.draft_adapter import beside
+    from model.gguf.locate import open_gguf
+    from model.training.adapt import adapt, training_prompts
+    from model.training.recipe import describe_acceptance
+
+    header = open_gguf(args.model)
+    if header is None:
+        raise ModelError(f"dlm adapt takes a GGUF model, not {args.model!r}")
+    defaults = AdaptSettings()
+    recipe = replace(defaults.recipe, batch=args.batch, lr=args.lr, max_steps=args.max_steps, minutes=args.minutes,
+                     eval_every=args.eval_every)
+    settings = replace(defaults, examples=args.examples, heldout=args.heldout, max_new_tokens=args.max_new_tokens,
+                       device=args.device, recipe=recipe)
+    folder = Path(args.out)
+    result = adapt(header, folder, settings, training_prompts(settings))
+    out.write(f"adapter after {result.steps} steps on {result.examples} answers written to {folder}\n"
+              f"drafts accepted by position on {settings.heldout} held-out prompts: before "
+              f"{describe_acceptance(result.before)}, now {describe_acceptance(result.after)}\n"
+              f"use it with --adapter {folder}, or keep it beside the model as {beside(header.path)}\n")
 
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
@@ -95,7 +152,8 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
         decoding=args.decoding, threshold=args.threshold, block_length=args.block_length,
         steps_per_block=args.steps, draft_masks=args.draft_masks, use_cache=not args.no_cache,
     )
-    return ModelSpec(source=args.model, device=args.device, weights=args.weights, decoding=settings)
+    return ModelSpec(source=args.model, device=args.device, weights=args.weights, decoding=settings,
+                     adapter=args.adapter)
 
 
 def generate_command(args: argparse.Namespace, spec: ModelSpec, out: TextIO) -> None:
@@ -157,8 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         # built first: a bad --model (a GGUF name that leads nowhere, an unsupported file) stops before any import
-        spec = model_spec(args)
-        generate_command(args, spec, sys.stdout)
+        if args.command == "adapt":
+            adapt_command(args, sys.stdout)
+        else:
+            spec = model_spec(args)
+            generate_command(args, spec, sys.stdout)
     except ModelError as error:
         print(f"dlm: {error}", file=sys.stderr)
         return 2

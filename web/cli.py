@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from model.chat.spec import DecodingSettings, ModelSpec
+from model.chat.spec import DecodingSettings, ModelSpec, add_model_options
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
 from voice.engines import EngineConfig, Engines, load_engines
@@ -37,9 +37,7 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
     speech = parser.add_argument_group("speech")
     tools = parser.add_argument_group("tools (run by the session; offered to the local model or passed to --llm-url)")
     added = [
-        lm.add_argument("--model",
-                        help="local LM: a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a "
-                        "diffusion checkpoint folder or hub id (default: the bundled model)"),
+        *add_model_options(lm),
         lm.add_argument("--llm-url", help="use an OpenAI-compatible endpoint instead, e.g. http://127.0.0.1:8000/v1"),
         lm.add_argument("--llm-model", help="model name at --llm-url"),
         lm.add_argument("--llm-key-env", help="environment variable that holds the API key for --llm-url"),
@@ -127,7 +125,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     if args.lm_threads < 0:
         raise SystemExit(f"voice-assistant: --lm-threads must be 0 (half the cores) or more, got {args.lm_threads}")
     settings = DecodingSettings(decoding=args.decoding, threshold=args.threshold)
-    lm = ModelSpec(source=args.model, device=args.device, weights=args.weights, decoding=settings,
+    lm = ModelSpec(source=args.model, adapter=args.adapter, device=args.device, weights=args.weights, decoding=settings,
                    max_batch=args.max_batch)
     return EngineConfig(
         lm=lm,

@@ -1,17 +1,20 @@
 """A user's own GGUF model (llama, qwen2, qwen3: what Ollama and LM Studio keep) as a chat model that decodes
-autoregressively through the bundled model's back end.
+through the bundled model's back end: self-speculatively with a draft adapter made for it (`dlm adapt`; found by
+`ModelSpec`, model/gguf/draft_adapter.py), autoregressively without.
 
 transformers builds the tokenizer and the network from the file (`gguf_file=`), every tensor de-quantized to
-`spec.precision` (bf16 by default), and the network runs inside a `BlockDiffusionLM` with no adapter, so its answers
-are passes of the same `BlockDiffusionBackend` as the bundled model's: batched across answers, the KV cache kept
-between turns and the next prompt encoded ahead, the end-of-turn probe on the template's own end-of-message token.
-Without a draft adapter the only lossless mode is
-autoregressive: one token a pass, each the model's own greedy (or sampled) choice.
+`spec.precision` (bf16 by default), and the network runs inside a `BlockDiffusionLM` (with the draft adapter's gated
+LoRA, or none), so its answers are passes of the same `BlockDiffusionBackend` as the bundled model's: batched across
+answers, the KV cache kept between turns and the next prompt encoded ahead, the end-of-turn probe on the template's own
+end-of-message token. Without a draft adapter the only lossless mode is autoregressive: one token a pass, each the
+model's own greedy (or sampled) choice; with one, the LoRA acts on the mask rows only, so the clean rows (and so every
+accepted token) are the model's own, as the bundled model's are.
 
 On a CPU, when the kernels read every layer's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K:
 model/gguf/blocks.py), the passes multiply by the file's own blocks through the fused pass and the C decode layer, as
-the bundled model's do (`use_int4`), and the dense copies of the linears are dropped; otherwise (F16/BF16/F32 layers,
-a GPU, `--weights bf16`) by the de-quantized weights. The embedding stays de-quantized (bf16) either way.
+the bundled model's do (`use_int4`, the adapter's LoRA added on the mask rows), and the dense copies of the linears
+are dropped; otherwise (F16/BF16/F32 layers, a GPU, `--weights bf16`) by the de-quantized weights. The embedding
+stays de-quantized (bf16) either way.
 
 What transformers does not read from the file is applied here: Llama 3's rope frequency factors (`rope_freqs.weight`)
 and linear rope scaling, both a division of the rotary frequencies, as llama.cpp applies them.
@@ -21,13 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from model.bundled.backend import BlockDiffusionBackend
-from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
+from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter
+from model.bundled.default_model import adapter_meta, card_sampler
 from model.chat.engine import DiffusionChatModel, context_length_of
 from model.chat.spec import ModelSpec
 from model.decoding.sampler import SamplerConfig
@@ -45,17 +50,28 @@ AUTOREGRESSIVE = SamplerConfig(block_length=1, steps_per_block=1, decoding="auto
 
 
 def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
-    """The GGUF model `spec.gguf` names (checked by `ModelSpec`), ready to answer. Raises ModelError."""
+    """The GGUF model `spec.gguf` names (checked by `ModelSpec`), ready to answer: with its draft adapter
+    (`spec.draft_adapter`) self-speculatively by default, as the bundled model; without, autoregressively.
+    Raises ModelError."""
     header = spec.gguf
     if header is None or spec.source is None:
         raise ModelError("load_gguf_chat_model needs a ModelSpec whose source is a GGUF")
-    sampler = spec.decoding.apply(AUTOREGRESSIVE)
+    adapter = spec.draft_adapter
+    own = AUTOREGRESSIVE if adapter is None else adapter_sampler(adapter)
+    sampler = spec.decoding.apply(own)
+    if adapter is not None and sampler.block_length != own.block_length:
+        raise ModelError(f"the draft adapter in {adapter} was trained with blocks of {own.block_length} tokens: leave "
+                         "--block-length unset")
     device = resolve_device(spec.device)
     dtype = torch.float32 if spec.precision == "fp32" else torch.bfloat16
     why_not = _why_not_own_blocks(spec, header, device, dtype)
     tokenizer, base = _from_file(header, dtype, dense_linears=why_not is not None)
     divide_rope_frequencies(base, rope_frequency_divisors(header))
-    model = BlockDiffusionLM(base, AdapterConfig(block_length=1, targets=()))
+    if adapter is None:
+        model = BlockDiffusionLM(base, AdapterConfig(block_length=1, targets=()))
+    else:
+        model = load_adapter(base, adapter)
+        model.cast_adapter(torch.float32)  # fp32 factors, as the bundled model's: thin matmuls run faster on a CPU
     model.eval()
     model.to(device)
     if why_not is None:
@@ -66,11 +82,33 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     name = spec.source.removeprefix(OLLAMA_PREFIX) if spec.source.startswith(OLLAMA_PREFIX) else header.path.stem
     weights = ("on its own blocks" if why_not is None
                else f"de-quantized to {str(dtype).removeprefix('torch.')} ({why_not})")
-    note = f"{name} decodes autoregressively (no draft adapter for it yet); {header.describe()}, {weights}"
+    drafts = ("no draft adapter: make one with `dlm adapt`" if adapter is None
+              else f"draft adapter {adapter}")
+    note = f"{name} decodes {decoding_words(sampler)} ({drafts}); {header.describe()}, {weights}"
     chat = DiffusionChatModel(name, tokenizer, BlockDiffusionBackend(model, ends, spec.max_batch), sampler,
                               spec.system_prompt, context_length_of(base.config), note)
+    model.inference_pass()  # the fused pass built now, not on the first answer
     chat.vocabulary()  # scanned now rather than on the first answer's critical path
     return chat
+
+
+def adapter_sampler(adapter: Path) -> SamplerConfig:
+    """A draft adapter's decoding settings: its card's (adapter.json), self-speculative by default."""
+    return card_sampler(adapter_meta(adapter))
+
+
+def decoding_words(sampler: SamplerConfig) -> str:
+    return {"autoregressive": "autoregressively", "self-speculative": "self-speculatively",
+            "diffusion": "by diffusion"}.get(sampler.decoding, sampler.decoding)
+
+
+def load_dense_teacher(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any, set[int]]:
+    """(tokenizer, causal LM, end ids) of the file with every tensor de-quantized to `dtype`: what `dlm adapt` trains
+    on (model/training/adapt.py), with the same rope, BOS and end-of-answer handling as the decoding model."""
+    tokenizer, base = _from_file(header, dtype, dense_linears=True)
+    divide_rope_frequencies(base, rope_frequency_divisors(header))
+    begin_with_bos(tokenizer, header)
+    return tokenizer, base, end_ids(tokenizer, header)
 
 
 def return_freed_memory() -> None:

@@ -154,6 +154,10 @@ class BlockDiffusionLM(nn.Module):
         unknown = [name for name in state if name not in own]
         if missing or unknown:
             raise ModelError(f"adapter does not fit this model: missing {missing[:3]}, unknown {unknown[:3]}")
+        shaped = [name for name, tensor in state.items() if tensor.shape != own[name].shape]
+        if shaped:
+            raise ModelError(f"adapter does not fit this model: {shaped[0]} is {tuple(state[shaped[0]].shape)}, the "
+                             f"model's {tuple(own[shaped[0]].shape)}")
         with torch.no_grad():
             for name, tensor in state.items():
                 own[name].copy_(tensor.to(own[name].dtype))

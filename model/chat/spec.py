@@ -9,11 +9,14 @@ field's default is what a user gets without the flag.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from model.errors import ModelError
+from model.gguf.draft_adapter import SUFFIX, find_adapter
 from model.gguf.locate import open_gguf
 
 if TYPE_CHECKING:
@@ -23,6 +26,12 @@ if TYPE_CHECKING:
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHTS = ("auto", "int4", "bf16")
 PRECISIONS = ("bf16", "fp32")
+
+
+class _ArgumentAdder(Protocol):
+    """An argparse parser or argument group."""
+
+    def add_argument(self, *names: str, **options: Any) -> argparse.Action: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,10 @@ class ModelSpec:
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
     max_batch: int | None = None  # answers decoded together in one pass, for a back end that batches (None: 8)
     system_prompt: str | None = None  # the model's own, for a chat without one (a request's own comes first)
+    # a GGUF's draft adapter folder (`dlm adapt`); None: the one beside the file, if any (model/gguf/draft_adapter.py)
+    adapter: str | None = None
     gguf: GGUFHeader | None = field(init=False, default=None, compare=False)  # the header of a GGUF `source`
+    draft_adapter: Path | None = field(init=False, default=None, compare=False)  # the adapter a GGUF decodes with
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES and not self.device.startswith("cuda:"):
@@ -85,10 +97,27 @@ class ModelSpec:
         gguf = open_gguf(self.source) if self.source is not None else None
         object.__setattr__(self, "gguf", gguf)  # frozen: set once, here
         if gguf is None:
+            if self.adapter is not None:
+                raise ModelError("--adapter is a GGUF model's draft adapter: pass the GGUF with --model")
             return
         if self.weights == "int4":
             raise ModelError("--weights int4 is the bundled model's: a GGUF model decodes on its own blocks (auto, "
                              "on a CPU) or de-quantized (bf16)")
-        if self.decoding.decoding not in (None, "autoregressive"):
+        adapter = find_adapter(gguf, self.adapter)
+        object.__setattr__(self, "draft_adapter", adapter)
+        if adapter is None and self.decoding.decoding not in (None, "autoregressive"):
             raise ModelError(f"{gguf.path.name} has no draft adapter: it decodes autoregressively only (drop "
-                             f"--decoding {self.decoding.decoding})")
+                             f"--decoding {self.decoding.decoding}, or make one with `dlm adapt`)")
+
+
+MODEL_HELP = ("a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a diffusion checkpoint folder or "
+              "hub id, or a block-diffusion adapter folder of the bundled base (default: the bundled model)")
+ADAPTER_HELP = (f"a GGUF model's draft adapter folder (made by `dlm adapt`): it then decodes self-speculatively "
+                f"(default: the FILE{SUFFIX}/ folder beside the file, if there is one; else autoregressively)")
+
+
+def add_model_options(group: _ArgumentAdder) -> list[argparse.Action]:
+    """`--model` and `--adapter`, the same on every command that loads a model (read into `ModelSpec`'s `source`
+    and `adapter`)."""
+    return [group.add_argument("--model", default=None, help=MODEL_HELP),
+            group.add_argument("--adapter", default=None, metavar="DIR", help=ADAPTER_HELP)]

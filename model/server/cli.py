@@ -16,7 +16,7 @@ import sys
 
 import uvicorn
 
-from model.chat.spec import DecodingSettings, ModelSpec
+from model.chat.spec import DecodingSettings, ModelSpec, add_model_options
 from model.errors import ModelError
 from model.server.app import create_app
 from model.server.config import ServerConfig
@@ -40,9 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlm-serve", description="OpenAI-compatible API for the diffusion LM")
     parser.add_argument("--host", default="127.0.0.1", help=f"address to bind (non-loopback needs ${API_KEY_ENV})")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model", default=None,
-                        help="a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a diffusion "
-                        "checkpoint folder or hub id, or a block-diffusion adapter folder (default: the bundled model)")
+    add_model_options(parser)
     parser.add_argument("--served-name", action="append", default=None,
                         help="model id clients use (repeatable); default: the model's own name")
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
@@ -92,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"dlm-serve: --max-batch must be at least 1, got {args.max_batch}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        spec = ModelSpec(source=args.model, device=args.device, weights=args.weights, max_batch=args.max_batch,
+        spec = ModelSpec(source=args.model, adapter=args.adapter, device=args.device, weights=args.weights,
+                         max_batch=args.max_batch,
                          decoding=DecodingSettings(decoding=args.decoding))
     except ModelError as error:  # a bad --model (or flag for it): refused before anything heavy is imported
         print(f"dlm-serve: {error}", file=sys.stderr)

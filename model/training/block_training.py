@@ -144,7 +144,7 @@ def batch_logits(model: BlockDiffusionLM, batch: Batch) -> torch.Tensor:
     b, t = batch.clean_ids.shape
     cache = DynamicCache()
     with torch.no_grad():
-        positions = torch.arange(t)[None].expand(b, t)
+        positions = torch.arange(t, device=batch.clean_ids.device)[None].expand(b, t)
         model(batch.clean_ids, positions, batch.clean_bias, torch.zeros_like(batch.clean_ids, dtype=torch.bool), cache)
     noisy = torch.ones_like(batch.noisy_ids, dtype=torch.bool)
     logits = model(batch.noisy_ids, batch.noisy_pos, batch.noisy_bias, noisy, cache)

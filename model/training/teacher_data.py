@@ -102,8 +102,8 @@ def teacher_answers(
             ids[row, width - len(e) :] = torch.tensor(e)
             attention[row, width - len(e) :] = 1
         out = model.generate(
-            input_ids=ids,
-            attention_mask=attention,
+            input_ids=ids.to(model.device),
+            attention_mask=attention.to(model.device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=pad,

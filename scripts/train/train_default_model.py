@@ -11,28 +11,23 @@ checkpointing to OUT/checkpoint.pt; (4) with --publish, the adapter and its loss
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import random
 import sys
-import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter
 from model.bundled.default_model import ADAPTER_DIR, load_base
-from model.training.block_training import block_diffusion_loss, make_batch
+from model.training.recipe import ends_with, extend_teacher_file, train_adapter, use_bf16
+from model.training.settings import Recipe
 from model.training.teacher_data import (
     TeacherExample,
     assistant_questions,
     chitchat_prompts,
-    example_row,
-    load_examples,
     split_prompts,
     teacher_answers,
 )
@@ -65,7 +60,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--minutes", type=float, default=90.0, help="stop training after this many minutes (this run)")
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast on CPU")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 autocast (default: on a GPU or a CPU with native bf16)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--save-every", type=int, default=50)
@@ -102,51 +98,33 @@ def teacher_plan(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return first, follow
 
 
-def ends_with(example: TeacherExample, eos: int) -> bool:
-    """Whether the teacher finished this answer (it ends with EOS) rather than being cut at --max-new-tokens."""
-    return bool(example.answer_ids) and example.answer_ids[-1] == eos
-
-
 def ensure_teacher_data(args: argparse.Namespace, tokenizer) -> list[TeacherExample]:
     first, follow = teacher_plan(args)
-    path = args.out / "teacher.jsonl"
-    done = load_examples(path) if path.exists() else []
-    eos = tokenizer.eos_token_id
-    todo_first, todo_follow = first[len(done) :], follow[max(0, len(done) - len(first)) :]
-    if (todo_first or todo_follow) and not args.data_as_is:
-        teacher, _ = load_base(DTYPES[args.teacher_dtype])
-        bar = tqdm(total=len(first) + len(follow), initial=len(done), desc="teacher answers")
-        with path.open("a") as f, bar:
+    teacher = None
 
-            def write(examples) -> None:
-                for ex in examples:
-                    f.write(json.dumps(example_row(ex)) + "\n")
-                    f.flush()
-                    done.append(ex)
-                    bar.update(1)
+    def answer(prompts, histories):
+        nonlocal teacher
+        teacher = teacher or load_base(DTYPES[args.teacher_dtype])[0]
+        return teacher_answers(teacher, tokenizer, prompts, TEACHER_SYSTEM_PROMPT, args.max_new_tokens,
+                               histories=histories)
 
-            write(teacher_answers(teacher, tokenizer, todo_first, TEACHER_SYSTEM_PROMPT, args.max_new_tokens))
-            # each follow-up's earlier exchange: a finished first turn, drawn with a fixed seed (resumable)
-            finished = [ex for ex in done[: len(first)] if ends_with(ex, eos)]
-            rng = random.Random(args.seed)
-            draws = [rng.choice(finished) for _ in follow][len(follow) - len(todo_follow) :]
-            histories = [(ex.prompt, tokenizer.decode(ex.answer_ids, skip_special_tokens=True).strip()) for ex in draws]
-            write(teacher_answers(teacher, tokenizer, todo_follow, TEACHER_SYSTEM_PROMPT, args.max_new_tokens,
-                                  histories=histories))
-        del teacher
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+    eos = int(tokenizer.eos_token_id)
+    done = extend_teacher_file(args.out / "teacher.jsonl", first, follow, answer, decode, eos, args.seed,
+                               write_missing=not args.data_as_is)
     finished = [ex for ex in done if ends_with(ex, eos)]
     with_history = sum(ex.history is not None for ex in finished)
-    print(f"teacher data: {len(done)} answers, {len(finished)} end with EOS (used for training; "
-          f"{with_history} after an earlier exchange)")
+    print(f"teacher data: {len(done)} answers, {len(finished)} end with EOS (used for training; {with_history} after "
+          "an earlier exchange)")
     return finished
 
 
-def learning_rate(step: int, args: argparse.Namespace) -> float:
-    warmup = 30
-    if step < warmup:
-        return args.lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, args.max_steps - warmup))
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def recipe_of(args: argparse.Namespace) -> Recipe:
+    return Recipe(batch=args.batch, copies=args.copies, lr=args.lr, max_steps=args.max_steps, minutes=args.minutes,
+                  bf16=args.bf16, seed=args.seed, save_every=args.save_every, drafting=args.drafting,
+                  draft_masks=args.draft_masks, near_weight=args.near_weight)
 
 
 def _mean(values: list[float]) -> float:
@@ -192,68 +170,11 @@ def main() -> None:
         model = load_adapter(base, args.init)  # the fp16 factors are copied into fp32 parameters
     else:
         model = BlockDiffusionLM(base, AdapterConfig(block_length=args.block_length, lora_rank=args.rank))
-    optimizer = torch.optim.AdamW(list(model.trainable_parameters()), lr=args.lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(args.seed)
-    step, history = 0, []
-    checkpoint = args.out / "checkpoint.pt"
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_adapter_state(state["adapter"])
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        step, history = state["step"], state["history"]
-        print(f"resumed from step {step}")
-
-    def save() -> None:
-        torch.save(
-            {
-                "adapter": model.adapter_state(),
-                "optimizer": optimizer.state_dict(),
-                "generator": generator.get_state(),
-                "step": step,
-                "history": history,
-                "args": {k: str(v) for k, v in vars(args).items()},
-            },
-            checkpoint.with_suffix(".tmp"),
-        )
-        checkpoint.with_suffix(".tmp").replace(checkpoint)
-        plot_losses(history, args.out / "loss_curve.png")
-
-    model.train()
-    eos = int(tokenizer.eos_token_id)
-    deadline = time.monotonic() + args.minutes * 60
-    order_rng = random.Random(args.seed + step)
-    bar = tqdm(total=args.max_steps, initial=step, desc="train")
-    started, seen_tokens, first_step = time.monotonic(), 0.0, step
-    block = args.draft_masks + 1 if args.drafting else model.config.block_length
-    while step < args.max_steps and time.monotonic() < deadline:
-        batch_pairs = order_rng.sample(pairs, args.batch)
-        batch = make_batch(batch_pairs, block, model.mask_id, eos, args.copies, generator,
-                           drafting=args.drafting, near_weight=args.near_weight)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss, stats = block_diffusion_loss(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(model.trainable_parameters()), 1.0)
-        optimizer.step()
-        step += 1
-        seen_tokens += batch.clean_ids.numel() + batch.noisy_ids.numel()
-        history.append({"step": step, "loss": stats["loss"], "acc": stats["acc"]})
-        recent = history[-50:]
-        bar.set_postfix(
-            loss=f"{sum(h['loss'] for h in recent) / len(recent):.3f}",
-            acc=f"{sum(h['acc'] for h in recent) / len(recent):.3f}",
-            tok_s=f"{seen_tokens / (time.monotonic() - started):.0f}",
-        )
-        bar.update(1)
-        if step % args.save_every == 0:
-            save()
-    bar.close()
-    if step > first_step:  # an export alone leaves the checkpoint (perhaps a running training's) untouched
-        save()
-    print(f"stopped at step {step}; checkpoint {checkpoint}")
+    recipe = recipe_of(args)
+    progress = train_adapter(model, pairs, recipe, args.out, int(tokenizer.eos_token_id),
+                             on_save=lambda p: plot_losses(p.history or [], args.out / "loss_curve.png"))
+    step, history = progress.step, progress.history or []
+    print(f"stopped at step {step}; checkpoint {args.out / 'checkpoint.pt'}")
     if args.publish:
         recent = history[-100:]
         save_adapter(
@@ -267,7 +188,7 @@ def main() -> None:
                     "noisy_copies": args.copies,
                     "lr": args.lr,
                     "examples": len(pairs),
-                    "bf16_autocast": args.bf16,
+                    "bf16_autocast": use_bf16(recipe, torch.device("cpu")),
                     "final_masked_accuracy": sum(h["acc"] for h in recent) / max(1, len(recent)),
                     "final_loss": sum(h["loss"] for h in recent) / max(1, len(recent)),
                     "teacher_system_prompt": TEACHER_SYSTEM_PROMPT,

@@ -125,10 +125,13 @@ def write_model(
     linear_rope: float | None = None,
     tokenizer: str = "gpt2",
     eos: str = "<|im_end|>",
+    layer_scale: float = 0.2,
 ) -> TinyModel:
     """A random model of `architecture` whose linear layers and embedding are stored as `qtype` (or `qtype(name)`
     per tensor, as a "Q4_K_M" file mixes them; norms, biases and rope factors F32, as llama.cpp stores them), with a
-    byte-level BPE tokenizer and ChatML (`tokenizer` "gpt2") or a sentencepiece one and Zephyr's template ("llama")."""
+    byte-level BPE tokenizer and ChatML (`tokenizer` "gpt2") or a sentencepiece one and Zephyr's template ("llama").
+    `layer_scale`: the layers' linears' standard deviation (the embedding's is 0.2); near 0, each token's own embedding
+    dominates its logits, and greedy answers repeat the prompt's last token."""
     shape = shape or Shape()
     rng = np.random.default_rng(seed)
     tokens, types = spm_vocabulary()[:2] if tokenizer == "llama" else vocabulary()
@@ -183,7 +186,8 @@ def write_model(
                 values = _unpermute(values, permute_heads)
             model.weights[hf_name] = values
             return
-        values = (rng.standard_normal((rows, cols)) * 0.2).astype(np.float32)
+        scale = 0.2 if gguf_name.startswith(("token_embd", "output")) else layer_scale
+        values = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
         stored_values = permute_for_llama(values, permute_heads) if permute_heads is not None else values
         stored, restored = _quantized(stored_values, kind)
         writer.add_tensor(gguf_name, stored, raw_dtype=kind)
