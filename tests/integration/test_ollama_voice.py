@@ -16,8 +16,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.integration.ollama_store import OLLAMA_MODEL, smollm2_store
-from tests.integration.ws_harness import SPEECH_CLIP, SPEECH_WORDS, Received, collect, speech_pcm16
-from voice.audio import stream_pcm16
+from tests.integration.ws_harness import SPEECH_CLIP, SPEECH_WORDS, Received, collect, speak_one_turn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -52,9 +51,7 @@ def test_a_spoken_turn_over_ws_is_answered_by_an_ollama_model(tmp_path: Path) ->
         async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
             received = Received()
             await collect(ws, received, until="ready")
-            sender = asyncio.create_task(stream_pcm16(ws.send, speech_pcm16(), realtime=True))
-            await collect(ws, received, until="turn_end")
-            await sender
+            await speak_one_turn(ws, received)
             return received
 
     try:

@@ -10,8 +10,13 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.integration.ws_harness import Received, collect, load_test_engines, running_server, speech_pcm16
-from voice.audio import stream_pcm16
+from tests.integration.ws_harness import (
+    Received,
+    collect,
+    load_test_engines,
+    running_server,
+    speak_one_turn,
+)
 from voice.engines import Engines
 from web.config import WebConfig
 from web.metrics import histogram_buckets
@@ -41,9 +46,7 @@ def test_health_readiness_and_metrics_follow_a_spoken_turn(engines: Engines) -> 
                 full = await http.get(base(server) + "/readyz")
                 seen["ready_full"] = (full.status_code, full.text)
                 await ws.send("{not json")  # one refused frame: an `error` the server itself sends
-                sender = asyncio.create_task(stream_pcm16(ws.send, speech_pcm16(), realtime=True))
-                await collect(ws, received, until="turn_end")
-                await sender
+                await speak_one_turn(ws, received)
                 seen["turn_end"] = received.of_type("turn_end")[0]
                 scrape = await http.get(base(server) + "/metrics")
                 seen["metrics"] = (scrape.status_code, scrape.headers["content-type"], scrape.text)

@@ -18,6 +18,7 @@ from tests.integration.ws_harness import (
     leftover_tasks,
     load_test_engines,
     running_server,
+    speak_one_turn,
     speech_pcm16,
 )
 from voice.audio import stream_pcm16
@@ -47,9 +48,7 @@ def test_spoken_turn_typed_turn_and_interrupt(engines: Engines, monkeypatch: pyt
             spoken = Received()
             await collect(ws, spoken, until="ready")  # the greeting on connect
             await collect(ws, spoken, until="ready")  # the answer to hello
-            sender = asyncio.create_task(stream_pcm16(ws.send, speech_pcm16(), realtime=True))
-            await collect(ws, spoken, until="turn_end")
-            await sender
+            await speak_one_turn(ws, spoken)
 
             typed = Received()
             await ws.send(json.dumps({"type": "text", "text": "hello how are you"}))
@@ -230,9 +229,7 @@ def test_an_utterance_over_the_limit_is_cut_and_answered(engines: Engines) -> No
         async with running_server(engines, impatient) as server, connect(url(server)) as ws:
             received = Received()
             await collect(ws, received, until="ready")
-            sender = asyncio.create_task(stream_pcm16(ws.send, speech_pcm16(), realtime=True))
-            await collect(ws, received, until="turn_end")
-            await sender
+            await speak_one_turn(ws, received)
             return received
 
     received = asyncio.run(scenario())

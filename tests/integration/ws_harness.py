@@ -96,6 +96,16 @@ async def collect(ws, received: Received, until: str | None = None, timeout_s: f
         return received
 
 
+async def speak_one_turn(ws, received: Received, pcm: bytes | None = None) -> Received:
+    """Stream `pcm` (the test clip and its silence by default) in real time and read until that turn's `turn_end`."""
+    from voice.audio import stream_pcm16
+
+    sender = asyncio.create_task(stream_pcm16(ws.send, speech_pcm16() if pcm is None else pcm, realtime=True))
+    await collect(ws, received, until="turn_end")
+    await sender
+    return received
+
+
 @asynccontextmanager
 async def running_server(engines: Engines, web_config: WebConfig | None = None) -> AsyncIterator[VoiceServer]:
     config = web_config or WebConfig(port=0)
