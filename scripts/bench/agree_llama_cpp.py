@@ -13,17 +13,22 @@ text is tests/data/heldout_prompts.txt, questions that no tuning of this project
 Reported per file (architecture and the types of its tensors): top-1 agreement (the same argmax), mean and 99th
 percentile of KL(llama.cpp || ours) in nats, each engine's perplexity of the text and ours over llama.cpp's.
 
-What the arithmetic allows. The engines multiply by the same blocks but round the activations differently:
-llama.cpp rounds each group of 32 activations to 8 bits (q8_0 / q8_1 / q8_K: off by up to 1/254 of the group's
-largest) and keeps an f16 KV cache; this runtime rounds them to ~16 bits (quant_matmul.c's remainder), keeps the
-residual stream in fp32 but the KV cache and the embedding in bf16 (8 significant bits: a relative 2^-9). Each
-rounding is a relative 1e-3 to 4e-3 on one product; summed over 30 layers of random-signed errors the logits move by
-a few hundredths of a nat where they spread over ~10. A logit noise of standard deviation s gives KL ~ s^2 / 2 over
-the tokens that carry the probability: ~1e-3 for s ~ 0.05. Top-1 flips only where the two best logits are closer than
-that noise: the near-ties, ~1 % of positions in bf16 experiments on this model (DESIGN.md). Perplexity moves by the
-mean of the log-probability differences, which cancel: well within 1 %. So: top-1 >= 0.97, mean KL <= 0.01 nat,
-perplexity ratio within 1 %. A wrong layer (a missing bias or norm, rows in the wrong order, a mis-read scale) gives
-KL of order 1 and top-1 near chance.
+What the arithmetic allows. The engines multiply by the same blocks but round differently: llama.cpp rounds each
+group of 32 activations to 8 bits before a matmul (q8_0 / q8_1 / q8_K: off by up to 1/254 of the group's largest)
+and keeps an f16 KV cache; this runtime rounds them to ~16 bits (quant_matmul.c's remainder: 1/64516) and keeps the
+residual stream in fp32, its KV cache and embedding in bf16 (a relative 2^-9). Neither is the exact network, so
+both are also compared with it: the file's tensors de-quantized by gguf-py, the network in fp32 throughout
+(transformers, one forward). Summed over a model's layers, a relative rounding of ~1e-3 a product moves the logits
+by a few hundredths; a logit noise of standard deviation s gives KL ~ s^2 / 2 (~1e-3 at s ~ 0.05) and flips the
+argmax only at near-ties, a few percent of positions in a 49k vocabulary. Perplexity moves by the mean of the
+log-probability differences, which cancel. So the criteria (`within_tolerance`): this runtime is at least as
+close to the exact network as llama.cpp is (mean KL; top-1 is reported), and the two perplexities agree within 1 %;
+the disagreement between the engines is then llama.cpp's own rounding, and its size is reported, not bounded. The
+1 % holds for a trained model on text; a tiny random network (tests/unit/tiny_gguf.py: perplexities of ~10^4 on a
+262-token vocabulary, its logits far larger than a trained model's) moves its perplexity by percents under either
+engine's rounding, so there only the closeness to the exact network is held to. A wrong layer (a
+missing bias or norm, rows in the wrong order, a mis-read scale) puts this runtime far from the exact network: KL
+of order 1, top-1 near chance.
 """
 
 from __future__ import annotations
@@ -42,10 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's model/
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
-# The tolerances the module docstring derives
-MIN_TOP1 = 0.97
-MAX_MEAN_KL = 0.01
-MAX_PPL_RATIO_OFF = 0.01
+MAX_PPL_RATIO_OFF = 0.01  # the perplexity ratio's tolerance, from the module docstring
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +65,16 @@ class Agreement:
     def ppl_ratio(self) -> float:
         return self.ppl_ours / self.ppl_reference
 
-    def within_tolerance(self) -> bool:
-        return (self.top1 >= MIN_TOP1 and self.kl_mean <= MAX_MEAN_KL
-                and abs(self.ppl_ratio - 1) <= MAX_PPL_RATIO_OFF)
+
+def closer_to_exact(ours_to_exact: Agreement, llama_cpp_to_exact: Agreement) -> bool:
+    """This runtime at least as close to the exact network as llama.cpp is, in mean KL. Not in top-1: a flip is a
+    near-tie that either rounding may tip, a coin toss at each; over a few hundred positions one engine's luck."""
+    return ours_to_exact.kl_mean <= llama_cpp_to_exact.kl_mean
+
+
+def within_tolerance(ours_to_exact: Agreement, llama_cpp_to_exact: Agreement, between: Agreement) -> bool:
+    """The module docstring's criteria: `closer_to_exact`, and the engines' perplexities within 1 %."""
+    return closer_to_exact(ours_to_exact, llama_cpp_to_exact) and abs(between.ppl_ratio - 1) <= MAX_PPL_RATIO_OFF
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -138,6 +147,20 @@ def runtime_logits(path: Path, ids: list[int]) -> tuple[np.ndarray, str]:
     return np.stack(rows), chat.note or ""
 
 
+def exact_logits(path: Path, ids: list[int]) -> np.ndarray:
+    """The exact network's logits `[len(ids) - 1, V]` predicting `ids[1:]`: every tensor of the file de-quantized by
+    gguf-py, fp32 throughout, one forward through transformers' modules (no cache, no kernels of ours)."""
+    import torch
+
+    from model.chat.spec import ModelSpec
+    from model.loading import load_chat_model
+
+    chat = load_chat_model(ModelSpec(source=str(path), precision="fp32"))
+    base = chat.backend.model.base  # type: ignore[attr-defined]
+    with torch.inference_mode():
+        return base(torch.tensor([ids])).logits[0, :-1].float().numpy()
+
+
 def llama_cpp_logits(path: Path, ids: list[int], threads: int) -> np.ndarray:
     """llama.cpp's logits `[len(ids) - 1, V]` predicting `ids[1:]`, the ids evaluated as one prompt."""
     from llama_cpp import Llama
@@ -166,14 +189,19 @@ def compare_file(path: Path, text: str, tokens: int, threads: int) -> dict[str, 
     from model.gguf.header import read_header
 
     ids = text_ids(path, text, tokens)
+    targets = np.array(ids[1:])
     started = time.perf_counter()
     ours, note = runtime_logits(path, ids)
     ours_s = time.perf_counter() - started
     reference = llama_cpp_logits(path, ids, threads)
-    found = agreement(reference, ours, np.array(ids[1:]))
+    exact = exact_logits(path, ids)
+    between = agreement(reference, ours, targets)
+    ours_to_exact, llama_cpp_to_exact = agreement(exact, ours, targets), agreement(exact, reference, targets)
     return {"file": path.name, "architecture": read_header(path).architecture, "types": linear_types(path),
-            "weights": "own blocks" if "on its own blocks" in note else "de-quantized", **asdict(found),
-            "ppl_ratio": found.ppl_ratio, "within_tolerance": found.within_tolerance(),
+            "weights": "own blocks" if "on its own blocks" in note else "de-quantized", **asdict(between),
+            "ppl_ratio": between.ppl_ratio, "ppl_exact": ours_to_exact.ppl_reference,
+            "ours_to_exact": asdict(ours_to_exact), "llama_cpp_to_exact": asdict(llama_cpp_to_exact),
+            "within_tolerance": within_tolerance(ours_to_exact, llama_cpp_to_exact, between),
             "ours_tokens_per_s": (len(ids) - 1) / ours_s}
 
 
@@ -182,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, nargs="+", required=True, help="GGUF files")
     parser.add_argument("--text", type=Path, default=HELDOUT, help="held-out text (default: %(default)s)")
     parser.add_argument("--tokens", type=int, default=512, help="positions a file, at most its context")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="both engines' (the logits do not depend on it; 1 spares a shared machine)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     try:
@@ -195,20 +224,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     text = args.text.read_text()
     rows = []
-    print(f"{'file':28} {'arch':6} {'types':34} {'top-1':>6} {'KL mean':>8} {'KL p99':>8} {'ppl ours':>9} "
-          f"{'ppl l.cpp':>9} {'ratio':>6}")
+    print(f"{'file':31} {'arch':6} {'types':24} {'top-1':>6} {'KL':>8} {'ppl ratio':>9} | vs exact: "
+          f"{'top-1 ours':>10} {'l.cpp':>6} {'KL ours':>8} {'l.cpp':>8}")
     for path in args.model:
         row = compare_file(path, text, args.tokens, args.threads)
         rows.append(row)
         types = " ".join(f"{kind}x{count}" for kind, count in row["types"].items())
-        print(f"{row['file']:28} {row['architecture']:6} {types:34} {row['top1']:6.3f} {row['kl_mean']:8.5f} "
-              f"{row['kl_p99']:8.5f} {row['ppl_ours']:9.3f} {row['ppl_reference']:9.3f} {row['ppl_ratio']:6.4f}"
+        ours, theirs = row["ours_to_exact"], row["llama_cpp_to_exact"]
+        print(f"{row['file']:31} {row['architecture']:6} {types:24} {row['top1']:6.3f} {row['kl_mean']:8.5f} "
+              f"{row['ppl_ratio']:9.4f} | {'':10}{ours['top1']:10.3f} {theirs['top1']:6.3f} "
+              f"{ours['kl_mean']:8.5f} {theirs['kl_mean']:8.5f}"
               f"{'' if row['within_tolerance'] else '  OUT OF TOLERANCE'}", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {"text": str(args.text), "tokens": args.tokens, "threads": args.threads,
-                  "tolerance": {"min_top1": MIN_TOP1, "max_mean_kl": MAX_MEAN_KL,
-                                "max_ppl_ratio_off": MAX_PPL_RATIO_OFF}, "files": rows}
+                  "tolerance": "this runtime at least as close to the exact network as llama.cpp (mean KL), "
+                               f"perplexities within {MAX_PPL_RATIO_OFF:.0%}", "files": rows}
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if all(row["within_tolerance"] for row in rows) else 3
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from bench.agree_llama_cpp import (
     HELDOUT,
-    MAX_MEAN_KL,
-    MIN_TOP1,
     agreement,
+    closer_to_exact,
+    exact_logits,
     llama_cpp_logits,
     runtime_logits,
     text_ids,
+    within_tolerance,
 )
 from gguf import GGMLQuantizationType
 from test_gguf_fast import mixed
@@ -37,9 +37,9 @@ def test_agreement_of_an_engine_with_itself_is_perfect_and_of_a_shifted_one_is_n
     targets = rng.integers(0, 40, 50)
     same = agreement(logits, logits.copy(), targets)
     assert same.top1 == 1.0 and same.kl_mean == pytest.approx(0.0, abs=1e-12) and same.ppl_ratio == pytest.approx(1)
-    assert same.within_tolerance()
     other = agreement(logits, np.roll(logits, 1, axis=-1), targets)
-    assert other.top1 < 0.2 and other.kl_mean > 1.0 and not other.within_tolerance()
+    assert other.top1 < 0.2 and other.kl_mean > 1.0
+    assert within_tolerance(same, other, same) and not within_tolerance(other, same, same)
 
 
 def test_kl_and_perplexity_are_the_textbook_ones() -> None:
@@ -53,33 +53,23 @@ def test_kl_and_perplexity_are_the_textbook_ones() -> None:
     assert found.top1 == 0.5
 
 
-def dense_logits(path: Path, ids: list[int]) -> np.ndarray:
-    """The file's network de-quantized by gguf-py, in fp32, one full forward (transformers): the reference."""
-    from model.chat.spec import ModelSpec
-    from model.loading import load_chat_model
-
-    chat = load_chat_model(ModelSpec(source=str(path), precision="fp32"))
-    with torch.no_grad():
-        return chat.backend.model.base(torch.tensor([ids])).logits[0, :-1].float().numpy()  # type: ignore[attr-defined]
-
-
 @no_kernels
 def test_the_runtime_side_on_its_own_blocks_agrees_with_the_files_de_quantized_network(tmp_path: Path) -> None:
-    """The script's runtime side (the file's blocks in the C kernels, bf16 cache, a token a pass) against gguf-py's
-    de-quantization of the same file in fp32: within the tolerance the script holds llama.cpp to."""
+    """The script's runtime side (the file's blocks in the C kernels, bf16 cache, a token a pass) against the exact
+    network (gguf-py's de-quantization of the same file, fp32): far closer than llama.cpp's 8-bit activations come
+    (its KL to the exact network is ~3e-3 on SmolLM2); a wrong layer gives KL of order 1."""
     path = write_model(tmp_path / "m.gguf", "qwen3", mixed, tied=False, seed=2).path
     ids = text_ids(path, HELDOUT.read_text(), 48)
     ours, note = runtime_logits(path, ids)
     assert "on its own blocks" in note
-    found = agreement(dense_logits(path, ids), ours, np.array(ids[1:]))
-    assert found.top1 >= MIN_TOP1 and found.kl_mean <= MAX_MEAN_KL, found
-    assert found.within_tolerance(), found
+    found = agreement(exact_logits(path, ids), ours, np.array(ids[1:]))
+    assert found.top1 >= 0.95 and found.kl_mean <= 1e-3 and abs(found.ppl_ratio - 1) <= 0.01, found
 
 
 @no_llama_cpp
 @no_kernels
 @pytest.mark.parametrize(("architecture", "file_type"), [("llama", "Q4_0"), ("qwen2", "Q4_K_M"), ("qwen3", "Q5_1")])
-def test_the_runtime_agrees_with_llama_cpp_on_files_its_quantizer_wrote(
+def test_the_runtime_is_closer_than_llama_cpp_to_the_exact_network_on_files_llama_cpps_quantizer_wrote(
     tmp_path: Path, architecture: str, file_type: str
 ) -> None:
     from bench.requantize import requantize
@@ -90,5 +80,9 @@ def test_the_runtime_agrees_with_llama_cpp_on_files_its_quantizer_wrote(
     ids = text_ids(path, HELDOUT.read_text(), 64)
     ours, note = runtime_logits(path, ids)
     assert "on its own blocks" in note
-    found = agreement(llama_cpp_logits(path, ids, threads=1), ours, np.array(ids[1:]))
-    assert found.within_tolerance(), found
+    reference, exact, targets = llama_cpp_logits(path, ids, threads=1), exact_logits(path, ids), np.array(ids[1:])
+    ours_to_exact, llama_cpp_to_exact = agreement(exact, ours, targets), agreement(exact, reference, targets)
+    # a random network's perplexity (~10^4) moves by percents under either engine's rounding: the 1 % is checked on
+    # a trained model (the README's run), closeness to the exact network here
+    assert closer_to_exact(ours_to_exact, llama_cpp_to_exact), (ours_to_exact, llama_cpp_to_exact)
+    assert agreement(reference, ours, targets).top1 >= 0.8
