@@ -1,7 +1,7 @@
 """The bundled LM side by side with llama.cpp, the engine a user would run instead, on the very GGUF we ship.
 
     python scripts/bench/bench_llama_cpp.py [--limit 120] [--threads 1,2] [--max-tokens 64] [--rounds 1] [--json PATH]
-        [--engines llama.cpp,autoregressive,self-speculative] [--weights int4|bf16]
+        [--engines llama.cpp,autoregressive,self-speculative] [--weights int4|bf16] [--model FILE]
 
 Every engine answers the same held-out prompts (tests/data/heldout_prompts.txt; nothing was tuned on them) under the
 voice system prompt, greedy, from the same token ids: llama.cpp through `llama-cpp-python` (`make install-bench`
@@ -19,6 +19,11 @@ every engine over the first one's shows how far a ratio moves from one run to th
 many self-speculative answers equal the autoregressive ones token for token
 (the exactness claim), and how many of ours equal llama.cpp's (same file, different kernels: a measure of how
 close the int4 teacher is to the file's own arithmetic). Figures are printed, never asserted.
+
+`--model FILE` runs a user's GGUF instead of the bundled model, on both sides: llama.cpp on FILE, and this runtime
+on FILE as `--model FILE` serves it (its own blocks in the C kernels on a CPU), autoregressive only (a user's model
+has no draft adapter); the prompts are written by the file's own chat template and tokenizer, and an answer ends at
+the file's end-of-turn tokens.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ def _llama_cpp_worker(conn: Connection, gguf: str, threads: int, eos: list[int])
         conn.send(Answer(ids, first, time.perf_counter() - started))
 
 
-def _runtime_worker(conn: Connection, weights: str, threads: int) -> None:
+def _runtime_worker(conn: Connection, model: str | None, weights: str, threads: int) -> None:
     import dataclasses
 
     import torch
@@ -93,9 +98,17 @@ def _runtime_worker(conn: Connection, weights: str, threads: int) -> None:
     torch.set_num_threads(threads)  # before the load: the batch runner's thread keeps the count it starts with
 
     from model.bundled.default_model import load_default_chat_model
+    from model.chat.engine import DiffusionChatModel
     from model.chat.spec import ModelSpec
+    from model.loading import load_chat_model
 
-    chat = load_default_chat_model(ModelSpec(weights=weights))
+    if model is None:
+        chat = load_default_chat_model(ModelSpec(weights=weights))
+    else:
+        loaded = load_chat_model(ModelSpec(source=model))
+        if not isinstance(loaded, DiffusionChatModel):
+            raise TypeError(f"{model}: not a model of this runtime's back end")
+        chat = loaded
     conn.send("ready")
     while (request := conn.recv()) is not None:
         prompt, max_tokens, decoding = request
@@ -144,6 +157,27 @@ def summarize(answers: list[Answer]) -> dict[str, float]:
     }
 
 
+def _tokenizer(model: Path | None) -> tuple[Path, Any, list[int]]:
+    """(the GGUF llama.cpp runs, the tokenizer that writes the prompts, the ids that end an answer): the bundled
+    model's, or `model`'s own as `--model` loads it (its template's BOS and end-of-message tokens)."""
+    from transformers import AutoTokenizer
+
+    if model is None:
+        from model.bundled.default_model import base_gguf_path, ensure_base_checkpoint
+
+        tokenizer = AutoTokenizer.from_pretrained(ensure_base_checkpoint())
+        return base_gguf_path(), tokenizer, [int(tokenizer.eos_token_id)]
+    from model.adapters.gguf_model import begin_with_bos, end_ids
+    from model.chat.spec import ModelSpec
+
+    header = ModelSpec(source=str(model)).gguf
+    if header is None:
+        raise SystemExit(f"{model}: not a GGUF file")
+    tokenizer = AutoTokenizer.from_pretrained(str(header.path.parent), gguf_file=header.path.name)
+    begin_with_bos(tokenizer, header)
+    return header.path, tokenizer, sorted(end_ids(tokenizer, header))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=120)
@@ -153,11 +187,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto", help="this runtime's")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a GGUF file to run on both engines instead of the bundled model (autoregressive)")
     args = parser.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     unknown = set(engines) - set(ENGINES)
     if unknown:
         parser.error(f"unknown engines {sorted(unknown)}: choose from {', '.join(ENGINES)}")
+    if args.model is not None:
+        if args.weights != "auto":
+            parser.error("--weights is the bundled model's: a GGUF runs on its own blocks")
+        if "self-speculative" in engines and args.engines != parser.get_default("engines"):
+            parser.error("a GGUF model has no draft adapter: it decodes autoregressively only")
+        engines = [e for e in engines if e != "self-speculative"]
     threads = [int(t) for t in args.threads.split(",")]
     if "llama.cpp" in engines:
         try:
@@ -168,13 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             if not engines:
                 return 1
 
-    from transformers import AutoTokenizer
-
-    from model.bundled.default_model import base_gguf_path, ensure_base_checkpoint
     from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
-    tokenizer = AutoTokenizer.from_pretrained(ensure_base_checkpoint())
-    eos = [int(tokenizer.eos_token_id)]
+    gguf, tokenizer, eos = _tokenizer(args.model)
     prompts = [line for line in HELDOUT.read_text().splitlines() if line.strip()][: args.limit]
     prompt_ids = [
         tokenizer.encode(tokenizer.apply_chat_template(
@@ -186,10 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     workers: dict[tuple[str, int], Worker] = {}
     if "llama.cpp" in engines:
         for t in threads:
-            workers[("llama.cpp", t)] = Worker(_llama_cpp_worker, str(base_gguf_path()), t, eos)
+            workers[("llama.cpp", t)] = Worker(_llama_cpp_worker, str(gguf), t, eos)
     runtimes: dict[int, Worker] = {}
     if any(e != "llama.cpp" for e in engines):
-        runtimes = {t: Worker(_runtime_worker, args.weights, t) for t in threads}
+        model = None if args.model is None else str(args.model)
+        runtimes = {t: Worker(_runtime_worker, model, args.weights, t) for t in threads}
 
     def ask(engine: str, t: int, ids: list[int]) -> Answer:
         if engine == "llama.cpp":
@@ -217,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         worker.close()
 
     report: dict[str, Any] = {
-        "cpu": platform.processor() or platform.machine(), "prompts": len(prompt_ids), "weights": args.weights,
+        "cpu": platform.processor() or platform.machine(), "model": str(gguf), "prompts": len(prompt_ids),
+        "weights": args.weights if args.model is None else "own blocks",
         "max_tokens": args.max_tokens, "rounds": args.rounds, "threads": {},
     }
     for t in threads:
@@ -241,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         if "llama.cpp" in engines and "autoregressive" in engines:
             same["autoregressive == llama.cpp"] = identical("autoregressive", "llama.cpp")
         report["threads"][str(t)] = {"engines": rows, "identical_answers": same, "per_round_vs_first": per_round}
-        print(f"\n{len(prompt_ids)} held-out prompts x {args.rounds} round(s), {t} thread(s), greedy, "
-              f"weights {args.weights}:")
+        print(f"\n{gguf.name}: {len(prompt_ids)} held-out prompts x {args.rounds} round(s), {t} thread(s), greedy, "
+              f"weights {report['weights']}:")
         print(f"  {'engine':18} {'decode tok/s':>12} {'vs llama.cpp':>12} {'first token p50/p95 ms':>24} {'tokens':>7}")
         for engine, row in rows.items():
             print(f"  {engine:18} {row['decode_tokens_per_s']:12.1f} {row['vs_llama_cpp']:11.2f}x "
