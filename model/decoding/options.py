@@ -83,10 +83,11 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
     # A voice turn someone is waiting to hear: a model that batches answers starts it ahead of bulk (API) work.
     interactive: bool = False
-    # Tokens at the head of the answer that a self-speculative decoding drafts whatever its draft policy judges (at
-    # most the model's `draft_masks` a pass). A voice answer's first phrase is rendered from its drafts
-    # (voice/speak/speculator.py) while its words are verified and the end of turn is confirmed: there a draft buys
-    # time to first audio, which the policy's tokens per ms do not count. 0: the policy decides every pass.
+    # Tokens at the head of the answer that a self-speculative decoding drafts whatever its draft policy chooses (at
+    # most the model's `draft_masks` a pass), where the policy finds draft rows nearly free (`DraftPolicy.lead_pays`).
+    # A voice answer's first phrase is rendered from its drafts (voice/speak/speculator.py) while its words are
+    # verified and the end of turn is confirmed: there a draft buys time to first audio, which the policy's tokens
+    # per ms do not count. 0: the policy decides every pass.
     draft_lead: int = 0
     # The conversation this answer continues (a voice session's id): a model that batches answers keeps its cache
     # slot for it, so other conversations never overwrite what it encoded ahead.

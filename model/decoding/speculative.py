@@ -153,12 +153,13 @@ class SpeculativeDecoding:
         batched pass drafts nothing: on a CPU a pass of several answers is bound by the integer units, not by reading
         the weights, so every row costs about the same (bench_lm --pass-costs: 16 rows of one answer and 16 answers'
         rows cost alike), and a clean row of another answer yields a token where a draft and its mask yield half of
-        one. The answer's first `draft_lead` tokens are drafted alone or batched, whatever the policy says, in one
-        block after the drafts (a voice answer's first phrase is spoken from them: the cheapest rows that show it).
-        A folded prompt's tokens (`fold_prompt`) come first in the first pass."""
+        one. Where the policy finds draft rows nearly free (`lead_pays`), the answer's first `draft_lead` tokens are
+        drafted alone or batched, whatever it would choose, in one block after the drafts (a voice answer's first
+        phrase is spoken from them: the cheapest rows that show it). A folded prompt's tokens (`fold_prompt`) come
+        first in the first pass."""
         masks = self.masks
         self._alone = self._alone and crowd <= 1
-        leading = len(self.answer) < self.draft_lead
+        leading = len(self.answer) < self.draft_lead and self.policy is not None and self.policy.lead_pays()
         if self.policy is not None and masks and not leading:
             masks = 0 if crowd > 1 else min(masks, self.policy.choose())
         self._fed_masks = masks

@@ -251,9 +251,12 @@ def test_the_answers_lead_is_drafted_whatever_the_policy_says_and_the_answer_sta
     reference = teacher_greedy(teacher, prompt, 20)
     expected = reference[: reference.index(EOS) + 1] if EOS in reference else reference
 
-    class NeverDrafts(DraftPolicy):  # a policy that has judged, for good, that drafts do not pay here
+    class NeverDrafts(DraftPolicy):  # judged, for good: drafts do not pay for tokens per ms, yet rows are cheap
         def choose(self) -> int:
             return 0
+
+        def lead_pays(self) -> bool:
+            return True
 
     def judged() -> DraftPolicy:
         return NeverDrafts(max_masks=3)
@@ -277,3 +280,15 @@ def test_the_answers_lead_is_drafted_whatever_the_policy_says_and_the_answer_sta
 
     crowded = SpeculativeDecoding([5, 6, 7], 16, 3, mask_id=2, eos_ids=(1,), policy=judged(), draft_lead=4)
     assert len(crowded.feed(crowd=4).noisy) == 3  # batched with other answers, the lead is drafted too
+
+
+def test_the_lead_is_drafted_only_where_one_draft_a_pass_has_been_judged_nearly_free() -> None:
+    """On a CPU where a draft row costs most of a lone step, drafting the first phrase made it commit later than the
+    speech it rendered early saved (LEAD_MAX_SHAPE); where rows share a weight read it pays."""
+    assert not DraftPolicy(max_masks=3).lead_pays()  # nothing judged yet
+    dear, cheap = DraftPolicy(max_masks=3), DraftPolicy(max_masks=3)
+    dear.seed([10.0, 17.0, 25.0, 48.0])  # the 2-core AVX2 EPYC's int4 kernels
+    cheap.seed([20.0, 20.4, 21.0, 22.0])  # a GPU pass: launch-bound, rows nearly free
+    assert not dear.lead_pays() and cheap.lead_pays()
+    lead = SpeculativeDecoding([5, 6, 7], 16, 3, mask_id=2, eos_ids=(1,), policy=dear, draft_lead=6)
+    assert lead.feed(crowd=4).noisy == ()  # batched, the policy's rule: no drafts

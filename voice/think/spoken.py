@@ -18,9 +18,10 @@ SPOKEN_SYSTEM_PROMPT = "You are a helpful voice assistant. Reply briefly, in one
 # first 2 tokens ("A: ..." five times in a row), and an end at the first sentence end after 24 tokens.
 SPOKEN_RULES = AnswerRules(no_repeat_ngram=3, end_after=24, no_copy_ngram=6, no_copy_opening=2)
 
-# The answer's first tokens are drafted whatever the model's draft policy judges of tokens per ms: the first phrase
-# (three words, voice/speak/speculator.py) is rendered from those drafts while its words are verified and the end of
-# turn is confirmed, so they buy time to first audio. Six tokens cover three words and the space that closes them.
+# The answer's first tokens are drafted whatever the model's draft policy judges of tokens per ms, where draft rows are
+# nearly free (model/decoding/draft_policy.py, LEAD_MAX_SHAPE): the first phrase (three words,
+# voice/speak/speculator.py) is rendered from those drafts while its words are verified and the end of turn is
+# confirmed, so they buy time to first audio. Six tokens cover three words and the space that closes them.
 SPOKEN_DRAFT_LEAD = 6
 
 
