@@ -65,8 +65,7 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     device = resolve_device(spec.device)
     dtype = torch.float32 if spec.precision == "fp32" else torch.bfloat16
     why_not = _why_not_own_blocks(spec, header, device, dtype)
-    tokenizer, base = _from_file(header, dtype, dense_linears=why_not is not None)
-    divide_rope_frequencies(base, rope_frequency_divisors(header))
+    tokenizer, base, ends = _network(header, dtype, dense_linears=why_not is not None)
     if adapter is None:
         model = BlockDiffusionLM(base, AdapterConfig(block_length=1, targets=()))
     else:
@@ -77,8 +76,6 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     if why_not is None:
         model.use_int4(gguf_weights(header, base.get_output_embeddings().weight.detach()))
         return_freed_memory()
-    begin_with_bos(tokenizer, header)
-    ends = end_ids(tokenizer, header)
     name = spec.source.removeprefix(OLLAMA_PREFIX) if spec.source.startswith(OLLAMA_PREFIX) else header.path.stem
     weights = ("on its own blocks" if why_not is None
                else f"de-quantized to {str(dtype).removeprefix('torch.')} ({why_not})")
@@ -105,7 +102,13 @@ def decoding_words(sampler: SamplerConfig) -> str:
 def load_dense_teacher(header: GGUFHeader, dtype: torch.dtype) -> tuple[Any, Any, set[int]]:
     """(tokenizer, causal LM, end ids) of the file with every tensor de-quantized to `dtype`: what `dlm adapt` trains
     on (model/training/adapt.py), with the same rope, BOS and end-of-answer handling as the decoding model."""
-    tokenizer, base = _from_file(header, dtype, dense_linears=True)
+    return _network(header, dtype, dense_linears=True)
+
+
+def _network(header: GGUFHeader, dtype: torch.dtype, dense_linears: bool) -> tuple[Any, Any, set[int]]:
+    """(tokenizer, causal LM, end ids) of the file (`_from_file`) with what transformers does not read from it
+    applied: the rope's frequency divisors, the BOS the file asks for, the template's end of a message."""
+    tokenizer, base = _from_file(header, dtype, dense_linears)
     divide_rope_frequencies(base, rope_frequency_divisors(header))
     begin_with_bos(tokenizer, header)
     return tokenizer, base, end_ids(tokenizer, header)
