@@ -257,10 +257,9 @@ class ListenStage:
             # Partials only show the words so far, and a final decode waits behind the partial in flight: while
             # other sessions decode or wait for the shared model, each session's partials come that much less often,
             # and none starts while the voice fades (the likely final may be a window away) unless one is long due.
-            lock = self._model.lock
-            due = self._fed_to - self._decoded_from >= step * (1 + lock.waiting + lock.locked())
-            fading = ep.last_probability < FADING_PROBABILITY
-            due = due and (not fading or self._fed_to - self._decoded_from >= 2 * step)
+            lock, fresh = self._model.lock, self._fed_to - self._decoded_from
+            due = fresh >= step * (1 + lock.waiting + lock.locked())
+            due = due and (ep.last_probability >= FADING_PROBABILITY or fresh >= 2 * step)
         if due:
             self._decode_task = asyncio.create_task(self._decode_once(), name=f"asr-decode-{self.session}")
 
