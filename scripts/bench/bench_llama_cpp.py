@@ -1,7 +1,7 @@
 """The bundled LM side by side with llama.cpp, the engine a user would run instead, on the very GGUF we ship.
 
     python scripts/bench/bench_llama_cpp.py [--limit 120] [--threads 1,2] [--max-tokens 64] [--rounds 1] [--json PATH]
-        [--engines llama.cpp,autoregressive,self-speculative] [--weights int4|bf16] [--model FILE]
+        [--engines llama.cpp,autoregressive,self-speculative] [--weights int4|bf16] [--model FILE [--adapter DIR]]
 
 Every engine answers the same held-out prompts (tests/data/heldout_prompts.txt; nothing was tuned on them) under the
 voice system prompt, greedy, from the same token ids: llama.cpp through `llama-cpp-python` (`make install-bench`
@@ -21,9 +21,10 @@ many self-speculative answers equal the autoregressive ones token for token
 close the int4 teacher is to the file's own arithmetic). Figures are printed, never asserted.
 
 `--model FILE` runs a user's GGUF instead of the bundled model, on both sides: llama.cpp on FILE, and this runtime
-on FILE as `--model FILE` serves it (its own blocks in the C kernels on a CPU), autoregressive only (a user's model
-has no draft adapter); the prompts are written by the file's own chat template and tokenizer, and an answer ends at
-the file's end-of-turn tokens.
+on FILE as `--model FILE` serves it (its own blocks in the C kernels on a CPU); the prompts are written by the file's
+own chat template and tokenizer, and an answer ends at the file's end-of-turn tokens. With a draft adapter for it
+(`dlm adapt`: `--adapter DIR`, or one kept beside the file) this runtime decodes it self-speculatively as well as
+autoregressively, same weights; without one, autoregressively only.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _llama_cpp_worker(conn: Connection, gguf: str, threads: int, eos: list[int])
         conn.send(Answer(ids, first, time.perf_counter() - started))
 
 
-def _runtime_worker(conn: Connection, model: str | None, weights: str, threads: int) -> None:
+def _runtime_worker(conn: Connection, model: str | None, adapter: str | None, weights: str, threads: int) -> None:
     import dataclasses
 
     import torch
@@ -105,7 +106,7 @@ def _runtime_worker(conn: Connection, model: str | None, weights: str, threads: 
     if model is None:
         chat = load_default_chat_model(ModelSpec(weights=weights))
     else:
-        loaded = load_chat_model(ModelSpec(source=model))
+        loaded = load_chat_model(ModelSpec(source=model, adapter=adapter))
         if not isinstance(loaded, DiffusionChatModel):
             raise TypeError(f"{model}: not a model of this runtime's back end")
         chat = loaded
@@ -178,6 +179,17 @@ def _tokenizer(model: Path | None) -> tuple[Path, Any, list[int]]:
     return header.path, tokenizer, sorted(end_ids(tokenizer, header))
 
 
+def _draft_adapter(model: Path, adapter: Path | None) -> Path | None:
+    """The draft adapter `--model model --adapter adapter` decodes with (None: autoregressively only)."""
+    from model.chat.spec import ModelSpec
+    from model.errors import ModelError
+
+    try:
+        return ModelSpec(source=str(model), adapter=None if adapter is None else str(adapter)).draft_adapter
+    except ModelError as error:
+        raise SystemExit(f"bench_llama_cpp: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=120)
@@ -188,18 +200,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", choices=("auto", "int4", "bf16"), default="auto", help="this runtime's")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--model", type=Path, default=None,
-                        help="a GGUF file to run on both engines instead of the bundled model (autoregressive)")
+                        help="a GGUF file to run on both engines instead of the bundled model")
+    parser.add_argument("--adapter", type=Path, default=None,
+                        help="--model's draft adapter (default: the one beside the file, if any)")
     args = parser.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     unknown = set(engines) - set(ENGINES)
     if unknown:
         parser.error(f"unknown engines {sorted(unknown)}: choose from {', '.join(ENGINES)}")
+    if args.adapter is not None and args.model is None:
+        parser.error("--adapter is --model's: the bundled model has its own")
+    drafts_with: Path | None = None
     if args.model is not None:
         if args.weights != "auto":
             parser.error("--weights is the bundled model's: a GGUF runs on its own blocks")
-        if "self-speculative" in engines and args.engines != parser.get_default("engines"):
-            parser.error("a GGUF model has no draft adapter: it decodes autoregressively only")
-        engines = [e for e in engines if e != "self-speculative"]
+        drafts_with = _draft_adapter(args.model, args.adapter)
+        if drafts_with is None:
+            if "self-speculative" in engines and args.engines != parser.get_default("engines"):
+                parser.error("this GGUF has no draft adapter (`dlm adapt`): it decodes autoregressively only")
+            engines = [e for e in engines if e != "self-speculative"]
     threads = [int(t) for t in args.threads.split(",")]
     if "llama.cpp" in engines:
         try:
@@ -228,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     runtimes: dict[int, Worker] = {}
     if any(e != "llama.cpp" for e in engines):
         model = None if args.model is None else str(args.model)
-        runtimes = {t: Worker(_runtime_worker, model, args.weights, t) for t in threads}
+        adapter = None if args.adapter is None else str(args.adapter)
+        runtimes = {t: Worker(_runtime_worker, model, adapter, args.weights, t) for t in threads}
 
     def ask(engine: str, t: int, ids: list[int]) -> Answer:
         if engine == "llama.cpp":
@@ -258,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "cpu": platform.processor() or platform.machine(), "model": str(gguf), "prompts": len(prompt_ids),
         "weights": args.weights if args.model is None else "own blocks",
+        "adapter": None if drafts_with is None else str(drafts_with),
         "max_tokens": args.max_tokens, "rounds": args.rounds, "threads": {},
     }
     for t in threads:
