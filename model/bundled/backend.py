@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Iterable, Iterator
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -84,6 +85,9 @@ class BlockDiffusionBackend:
     def prepare(self, tokens: list[int], cancel: threading.Event | None, conversation: str | None) -> bool:
         self.runner.prepare(tokens, cancel, conversation)
         return True
+
+    def standing_aside(self, seconds: float) -> AbstractContextManager[None]:
+        return self.runner.standing_aside(seconds)
 
     def sequence(self, plan: AnswerPlan) -> DecodingSequence:
         """This answer's decoding as a step object for the runner. Without the cache (`use_cache` False, for

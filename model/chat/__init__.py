@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -17,7 +18,7 @@ from model.decoding.refinement import Refinement
 
 __all__ = [
     "ROLES", "AnswerRules", "BatchesAnswers", "ChatMessage", "ChatModel", "ConstrainsAnswers", "Draft", "DraftPiece",
-    "GenerationOptions", "PreparesPrompts", "TokenizingChatModel",
+    "GenerationOptions", "PreparesPrompts", "StandsAside", "TokenizingChatModel",
 ]
 
 ROLES = ("system", "user", "assistant", "tool")  # "tool": a function's result (model/chat/tools.py)
@@ -133,6 +134,15 @@ class ConstrainsAnswers(Protocol):
 
     @property
     def constrains_answers(self) -> bool: ...
+
+
+@runtime_checkable
+class StandsAside(Protocol):
+    """A model that computes in this process and can hold its passes while other work of the process has someone
+    waiting on it (`DiffusionChatModel.standing_aside`: a voice answer's first phrase being synthesised, which the
+    passes slow when they share the cores); a remote model has nothing to hold."""
+
+    def standing_aside(self, seconds: float) -> AbstractContextManager[None]: ...
 
 
 @runtime_checkable

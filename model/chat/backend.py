@@ -14,8 +14,10 @@ network and how answers share it:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Generator, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -91,6 +93,10 @@ class Backend(Protocol):
         back end keeps no cache between answers."""
         ...
 
+    def standing_aside(self, seconds: float) -> AbstractContextManager[None]:
+        """While held (at most `seconds`), start no pass: other work of the process has someone waiting on it."""
+        ...
+
 
 class _Passes:
     """An answer's passes as a generator, with nothing encoded ahead."""
@@ -128,6 +134,9 @@ class OneAtATime:
 
     def prepare(self, tokens: list[int], cancel: threading.Event | None, conversation: str | None) -> bool:
         return False
+
+    def standing_aside(self, seconds: float) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()  # an answer's passes run in its caller's thread: nothing to hold
 
     def _locked(self, plan: AnswerPlan, cancel: threading.Event | None) -> Generator[Refinement, None, None]:
         if not self._lock.acquire(cancel):  # cancelled while other answers held the model: nothing was computed

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from model.chat import ChatMessage, Draft, GenerationOptions
@@ -118,6 +119,12 @@ class DiffusionChatModel:
         if not shared or not self.backend.prepare(shared, cancel, conversation):
             return []
         return shared
+
+    def standing_aside(self, seconds: float) -> AbstractContextManager[None]:
+        """While held (at most `seconds`), no pass of any answer starts (the one in flight finishes): for work of this
+        process that someone waits on and the passes would slow: on two cores Piper took about twice as long for a
+        voice answer's first phrase while the answer's next passes ran beside it (voice/speak/stage.py)."""
+        return self.backend.standing_aside(seconds)
 
     def next_prompt_prefix(self, messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[int]:
         """The tokens every prompt of `messages` plus one more user message starts with, whatever its words."""

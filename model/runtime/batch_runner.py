@@ -22,6 +22,7 @@ it: see the attention mask in model/runtime/batching.py).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import queue
 import threading
@@ -125,6 +126,7 @@ class BatchRunner:
         self._slot_used = [0] * max_batch  # when each slot was last given to a run (admission count): ties go LRU
         self._slot_owner: list[str | None] = [None] * max_batch  # the conversation whose run last had each slot
         self._admissions = 0
+        self._asides: dict[object, float] = {}  # holds of `standing_aside` and when each runs out (monotonic s)
         _RUNNERS.add(self)
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -147,6 +149,21 @@ class BatchRunner:
         waits until it is encoded."""
         return self._queue(Run(list(tokens), None, False, cancel, owner=owner))
 
+    @contextlib.contextmanager
+    def standing_aside(self, seconds: float) -> Iterator[None]:
+        """No pass or prefill starts while this is held, for at most `seconds`: the process has work someone is
+        waiting on that the passes would slow (a voice answer's first phrase being rendered: voice/speak/stage.py).
+        The pass in flight finishes; every answer then waits, so a holder keeps it short."""
+        token = object()
+        with self._condition:
+            self._asides[token] = time.monotonic() + seconds
+        try:
+            yield
+        finally:
+            with self._condition:
+                del self._asides[token]
+                self._condition.notify_all()
+
     def _queue(self, run: Run) -> Run:
         with self._condition:
             if self._closed:
@@ -162,8 +179,8 @@ class BatchRunner:
     def _loop(self) -> None:
         while True:
             with self._condition:
-                while not self._waiting and not self._active and not self._closed:
-                    self._condition.wait()
+                while not self._closed and (not (self._waiting or self._active) or self._aside_s() > 0):
+                    self._condition.wait(self._aside_s() or None)
                 if self._closed:
                     for run in [*self._waiting, *self._active]:
                         self._end(run, ModelError("the model is shutting down"))
@@ -172,6 +189,10 @@ class BatchRunner:
             fresh = [run for run in arrivals if self._encode(run)]
             urgent = [run for run in fresh if run.interactive]
             self._pass(urgent or list(self._active))
+
+    def _aside_s(self) -> float:
+        """Seconds until every `standing_aside` hold is released or runs out (0: none holds); called locked."""
+        return max(0.0, max(self._asides.values(), default=0.0) - time.monotonic())
 
     def _admit(self) -> list[Run]:
         """Move the `admission` choice of waiting runs into free slots (called locked)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -544,3 +545,23 @@ def test_conversations_taking_turns_keep_their_prompts_encoded_ahead() -> None:
             drain(run)
             assert run.reused_tokens == len(prefix), (turn, owner)
             list(runner.prepare(prefix, owner=owner))  # its next prompt starts the same way again
+
+
+def test_a_runner_standing_aside_starts_no_pass_until_released_or_out_of_time(passes: PassLog) -> None:
+    """While a voice answer's first phrase is synthesised the passes hold (voice/speak/stage.py): none starts until
+    the hold is released, and a hold never released runs out after its seconds."""
+    chat = engine()
+    runner: BatchRunner = chat.backend.runner
+    prompt, config, length, options = requests(1)[0]
+    try:
+        with runner.standing_aside(30.0):
+            held = runner.submit(sequence(chat, prompt, length, config, options))
+            time.sleep(0.3)
+            assert passes.slots == [] and held.slot is None  # not even admitted: no prefill, no pass
+        assert drain(held)[-1].done
+        started = time.monotonic()
+        with runner.standing_aside(0.2):
+            assert drain(runner.submit(sequence(chat, prompt, length, config, options)))[-1].done
+        assert time.monotonic() - started >= 0.2
+    finally:
+        stop_batching(chat)

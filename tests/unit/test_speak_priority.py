@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -80,3 +81,27 @@ def test_a_suspended_speculative_render_that_is_dropped_is_closed() -> None:
 
     voice = asyncio.run(scenario())
     assert "wrong guess" in voice.closed and "wrong guess" not in voice.finished
+
+
+def test_the_first_phrase_holds_the_language_model_until_its_first_chunk_and_no_other_phrase_does() -> None:
+    """The user waits for the first phrase's first chunk: its synthesis holds the passes (`first_audio_hold`); the
+    rest of the first phrase and every later phrase render beside them."""
+    holds: list[tuple[int, int]] = []  # per hold: chunks of phrase 0 when it began and when it ended
+    first = _Render(0, "first phrase", committed=True)
+
+    @contextlib.contextmanager
+    def hold() -> Iterator[None]:
+        began = len(first.chunks)
+        yield
+        holds.append((began, len(first.chunks)))
+
+    async def scenario() -> None:
+        stage = SpeakStage(SlowVoice(), _events, session="s", turn=1, first_audio_hold=hold)
+        stage._enqueue(first)
+        stage._enqueue(_Render(1, "second phrase", committed=True))
+        stage._feeding_done = True
+        await asyncio.wait_for(stage._render_loop(), 5)
+
+    asyncio.run(scenario())
+    assert holds == [(0, 0)]  # one hold, released as the first chunk came (before it was stored)
+    assert len(first.chunks) == 5

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from model.chat import Draft
@@ -33,6 +34,10 @@ from voice.events import (
 from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.speculator import Action, Commit, Discard, PhraseSpeculator, Render, SpeculatorConfig
 from voice.speak.tts import SpeechSynthesizer
+
+# The longest the first phrase's synthesis holds the language model's passes: Piper's first chunk of a short phrase
+# takes ~110 ms on one core of the 2-core machine (scripts/bench/bench_tts.py), ~200 ms beside the passes.
+FIRST_AUDIO_HOLD_S = 0.3
 
 
 @dataclass(slots=True)
@@ -83,7 +88,11 @@ def _next_chunk(chunks: Iterator[bytes]) -> tuple[bytes | None, int]:
 
 
 class SpeakStage:
-    """Speaks one answer. Create one per answer; `run` consumes its drafts and returns when all audio is handed out."""
+    """Speaks one answer. Create one per answer; `run` consumes its drafts and returns when all audio is handed out.
+
+    `first_audio_hold`, when given, is held while the answer's first phrase is synthesised up to its first chunk: the
+    language model's passes stand aside (`DiffusionChatModel.standing_aside`, for at most `FIRST_AUDIO_HOLD_S`), since
+    that chunk is what the user is waiting to hear and the rest of the answer is far ahead of playback anyway."""
 
     def __init__(
         self,
@@ -94,8 +103,10 @@ class SpeakStage:
         turn: int,
         config: SpeculatorConfig | None = None,
         ledger: PlaybackLedger | None = None,
+        first_audio_hold: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._synthesizer = synthesizer
+        self._first_audio_hold = first_audio_hold
         self._emit = emit
         self._session = session
         self._turn = turn
@@ -236,7 +247,9 @@ class SpeakStage:
                     self._queue.append(render)
                     return
                 started = time.perf_counter_ns()
-                chunk, cpu_ns = await self._pull(chunks)
+                hold = self._first_audio_hold if render.phrase_id == 0 and not render.chunks else None
+                with hold() if hold is not None else nullcontext():
+                    chunk, cpu_ns = await self._pull(chunks)
                 render.wall_ns += time.perf_counter_ns() - started
                 render.cpu_ns += cpu_ns
                 if chunk is None:

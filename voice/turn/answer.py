@@ -17,9 +17,10 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions, PreparesPrompts
+from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions, PreparesPrompts, StandsAside
 from model.chat.tools import Function, ToolCall, opens_calls
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
@@ -44,7 +45,7 @@ from voice.events import (
     now_ns,
 )
 from voice.speak.playback_ledger import PlaybackLedger
-from voice.speak.stage import SpeakStage
+from voice.speak.stage import FIRST_AUDIO_HOLD_S, SpeakStage
 from voice.think.lm_run import LmRun
 from voice.tools.loop import Apologise, ClientTools, HandOut, RunTools, ToolLoop, offered_options
 from voice.tools.toolbox import Toolbox, ToolsConfig
@@ -272,6 +273,7 @@ class AnswerRunner:
             turn=answer.turn,
             config=self.config.speculator,
             ledger=answer.ledger,
+            first_audio_hold=self._first_audio_hold(),
         )
         answer.sample_rate = speaker.sample_rate
         try:
@@ -293,6 +295,13 @@ class AnswerRunner:
             wasted_ms=report.wasted_ms,
             wasted_cpu_ms=report.wasted_cpu_ms,
         )
+
+    def _first_audio_hold(self) -> Callable[[], AbstractContextManager[None]] | None:
+        """What the speaker holds while the first phrase is synthesised: the local model's passes standing aside."""
+        lm = self.engines.lm
+        if not isinstance(lm, StandsAside):
+            return None
+        return lambda: lm.standing_aside(FIRST_AUDIO_HOLD_S)
 
     async def _think(self, answer: Answer, messages: list[ChatMessage], drafts: asyncio.Queue[Draft | None]) -> None:
         """The answer's words, through the tool loop (voice/tools/loop.py): each round is one LM answer; a round of
