@@ -10,7 +10,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf_answers import TEXTS, answer
-from tiny_gguf import K_SHAPE, K_TYPES, write_model
+from report_lib.gguf_parts import K_TYPES
+from tiny_gguf import K_SHAPE, write_model
 
 from model.bundled.block_diffusion import _mean_embedding
 from model.chat.engine import DiffusionChatModel
