@@ -13,8 +13,9 @@ accepted token) are the model's own, as the bundled model's are.
 On a CPU, when the kernels read every layer's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K:
 model/gguf/blocks.py), the passes multiply by the file's own blocks through the fused pass and the C decode layer, as
 the bundled model's do (`use_int4`, the adapter's LoRA added on the mask rows), and the dense copies of the linears
-are dropped; otherwise (F16/BF16/F32 layers, a GPU, `--weights bf16`) by the de-quantized weights. The embedding
-stays de-quantized (bf16) either way.
+are dropped, and the token embedding reads the rows it looks up from the file's blocks (model/gguf/embedding.py;
+a tied head of a type the kernels do not read keeps its de-quantized matrix); otherwise (F16/BF16/F32 layers, a GPU,
+`--weights bf16`) by the de-quantized weights, the embedding among them.
 
 What transformers does not read from the file is applied here: Llama 3's rope frequency factors (`rope_freqs.weight`)
 and linear rope scaling, both a division of the rotary frequencies, as llama.cpp applies them.

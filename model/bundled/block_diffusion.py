@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -111,6 +111,21 @@ class GatedLoRALinear(nn.Module):
         return out + delta
 
 
+@runtime_checkable
+class MeanRow(Protocol):
+    """An embedding that holds no dense `weight` (a GGUF's own blocks, model/gguf/embedding.py) and averages its rows
+    itself."""
+
+    def mean_row(self) -> torch.Tensor: ...
+
+
+def _mean_embedding(embed: nn.Module) -> torch.Tensor:
+    """The mean token embedding in fp32: the mask embedding's starting point (an adapter's own replaces it)."""
+    if isinstance(embed, MeanRow):
+        return embed.mean_row()
+    return embed.weight.detach().float().mean(0).clone()
+
+
 class BlockDiffusionLM(nn.Module):
     """A causal LM plus the block-diffusion adapter (gated LoRA + mask embedding)."""
 
@@ -124,8 +139,7 @@ class BlockDiffusionLM(nn.Module):
         for parameter in base.parameters():
             parameter.requires_grad_(False)
         hidden = int(base.config.hidden_size)
-        embed = base.get_input_embeddings()
-        self.mask_embedding = nn.Parameter(embed.weight.detach().float().mean(0).clone().reshape(hidden))
+        self.mask_embedding = nn.Parameter(_mean_embedding(base.get_input_embeddings()).reshape(hidden))
         self._inject_lora(config)
         self._fast_pass: FastPass | None = None
         self.int4: Int4Weights | None = None  # see `use_int4`

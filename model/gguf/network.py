@@ -2,26 +2,25 @@
 file's own blocks (model/gguf/blocks.py), so that loading it never holds a dense copy of them.
 
 transformers' GGUF loader de-quantizes every tensor to fp32 before casting it (a 1.5B model passes through ~6 GB);
-here the network is laid out on the meta device, its linears get empty weights, and only the small tensors (norms,
-biases, Qwen3's q/k norms) and the embedding and head are de-quantized from the file (gguf-py), as transformers'
-loader would give them: llama.cpp's converter permutes only the q and k weights, which model/gguf/blocks.py puts back.
+here the network is laid out on the meta device, its linears get empty weights, the token embedding reads the
+file's rows as they are looked up (model/gguf/embedding.py), and only the small tensors (norms, biases, Qwen3's q/k
+norms) and a head the kernels do not read are de-quantized from the file (gguf-py), as transformers' loader would give
+them: llama.cpp's converter permutes only the q and k weights, which model/gguf/blocks.py puts back.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
-from gguf.constants import GGMLQuantizationType
-from gguf.quants import dequantize
 from torch import nn
 
 from model.errors import ModelError
-from model.gguf.blocks import raw_blocks
-from model.gguf.header import GGUFHeader
+from model.gguf.embedding import BlockEmbedding, dense_rows
+from model.gguf.header import GGUFHeader, TensorInfo
 
-_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+_EMBEDDING = "model.embed_tokens.weight"
+_GLOBAL = {"token_embd.weight": _EMBEDDING, "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
 _LAYER = {
     "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -50,30 +49,21 @@ def hf_name(name: str) -> str | None:
     raise ModelError(f"{name}: a tensor this runtime does not place")
 
 
-_CHUNK_ROWS = 4096  # rows de-quantized at a time: a large vocabulary's embedding never whole in fp32
-
-
 def _dense(header: GGUFHeader, name: str, dtype: torch.dtype) -> torch.Tensor:
-    """The tensor de-quantized by gguf-py (as transformers' loader does), in `dtype`, a chunk of rows at a time."""
-    info = next(t for t in header.tensors if t.name == name)
-    raw = raw_blocks(header, info)
-    kind = GGMLQuantizationType[info.type_name]
-    out = torch.empty(raw.shape[0], int(info.shape[0]), dtype=dtype)
-    for first in range(0, raw.shape[0], _CHUNK_ROWS):
-        part = np.asarray(raw[first : first + _CHUNK_ROWS])
-        if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            values = part.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16)
-        else:
-            values = dequantize(part, kind)
-        # a copy: the file is mapped read-only
-        out[first : first + part.shape[0]] = torch.from_numpy(np.array(values, dtype=np.float32)).to(dtype)
-    return out.reshape(info.shape[::-1])
+    """The tensor de-quantized by gguf-py (as transformers' loader does), in `dtype`."""
+    info = _tensor(header, name)
+    return dense_rows(header, info, dtype).reshape(info.shape[::-1])
+
+
+def _tensor(header: GGUFHeader, name: str) -> TensorInfo:
+    return next(t for t in header.tensors if t.name == name)
 
 
 def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype, packed_head: bool) -> Any:
-    """transformers' causal LM for `config` with every layer's linears empty (`[0, in]`) and the other tensors
-    de-quantized from the file to `dtype`; the head too unless `packed_head` (then it is empty as well, or the
-    embedding when tied)."""
+    """transformers' causal LM for `config` with every layer's linears empty (`[0, in]`), the token embedding read
+    from the file's blocks row by row (model/gguf/embedding.py), and the other tensors de-quantized from the file to
+    `dtype`; the head too unless `packed_head` (then it is empty). A tied head the kernels do not read (F16, BF16,
+    F32) is multiplied by the dense matrix (`RowByRowHead`): that embedding stays a de-quantized copy, the head's."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -82,16 +72,20 @@ def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype,
         for path in _LINEARS.values():
             module: nn.Linear = layer.get_submodule(path)
             module.weight = nn.Parameter(torch.empty(0, module.in_features, dtype=dtype), requires_grad=False)
+    dense_embedding = header.tied_head and not packed_head
+    if not dense_embedding:
+        base.model.embed_tokens = BlockEmbedding(header, _tensor(header, "token_embd.weight"), dtype)
     rotary_type = type(base.model.rotary_emb)
     base.to_empty(device="cpu")
     base.model.rotary_emb = rotary_type(config=config)  # its frequencies, computed again on the CPU
     state = {}
     for info in header.tensors:
         name = hf_name(info.name)
-        if name is None or (name == "lm_head.weight" and packed_head):
+        if (name is None or (name == "lm_head.weight" and packed_head)
+                or (name == _EMBEDDING and not dense_embedding)):
             continue
         state[name] = _dense(header, info.name, dtype)
-    if header.tied_head:
+    if dense_embedding:
         base.lm_head.weight = base.model.embed_tokens.weight
     elif packed_head:
         base.lm_head.weight = nn.Parameter(torch.empty(0, base.lm_head.in_features, dtype=dtype), requires_grad=False)

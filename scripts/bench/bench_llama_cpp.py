@@ -13,10 +13,12 @@ thread count, the engines' order alternating), so none gets the quieter minutes 
 cached system prompt between prompts (llama.cpp's longest-prefix reuse, our slot cache).
 
 Reported per thread count and engine: decode tokens/s (tokens after the first over the time after the first token),
-first-token ms (p50 and p95: the new prompt tokens' prefill and the first token), answer tokens, and each engine's
-decode rate over llama.cpp's; with --rounds N the prompts are answered N times over, and each round's decode rate of
-every engine over the first one's shows how far a ratio moves from one run to the next on this machine. Also: how
-many self-speculative answers equal the autoregressive ones token for token
+first-token ms (p50 and p95: the new prompt tokens' prefill and the first token), answer tokens, resident memory
+after the load and after the answers (anonymous pages and mapped files' pages: llama.cpp reads the GGUF in place,
+this runtime packs its blocks, scripts/report_lib/resident.py), and each engine's decode rate over llama.cpp's;
+with --rounds N the prompts are answered N times over, and each round's decode rate of every engine over the first
+one's shows how far a ratio moves from one run to the next on this machine. Also: how many self-speculative answers
+equal the autoregressive ones token for token
 (the exactness claim), and how many of ours equal llama.cpp's (same file, different kernels: a measure of how
 close the int4 teacher is to the file's own arithmetic). Figures are printed, never asserted.
 
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
 from report_lib.passes import answer_refinements
+from report_lib.resident import resident_memory
 from report_lib.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +77,7 @@ def _llama_cpp_worker(conn: Connection, gguf: str, threads: int, eos: list[int])
     from llama_cpp import Llama
 
     llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
-    conn.send("ready")
+    conn.send(("ready", resident_memory()))
     while (request := conn.recv()) is not None:
         prompt, max_tokens = request
         started = time.perf_counter()
@@ -89,6 +92,7 @@ def _llama_cpp_worker(conn: Connection, gguf: str, threads: int, eos: list[int])
             if len(ids) >= max_tokens:
                 break
         conn.send(Answer(ids, first, time.perf_counter() - started))
+    conn.send(resident_memory())
 
 
 def _runtime_worker(conn: Connection, model: str | None, adapter: str | None, weights: str, threads: int) -> None:
@@ -110,7 +114,7 @@ def _runtime_worker(conn: Connection, model: str | None, adapter: str | None, we
         if not isinstance(loaded, DiffusionChatModel):
             raise TypeError(f"{model}: not a model of this runtime's back end")
         chat = loaded
-    conn.send("ready")
+    conn.send(("ready", resident_memory()))
     while (request := conn.recv()) is not None:
         prompt, max_tokens, decoding = request
         config = dataclasses.replace(chat.sampler, decoding=decoding)
@@ -124,6 +128,7 @@ def _runtime_worker(conn: Connection, model: str | None, adapter: str | None, we
         total = time.perf_counter() - started
         n = final.answer_length if final is not None else 0
         conn.send(Answer(list(final.tokens[:n]) if final else [], first or total, total))
+    conn.send(resident_memory())
 
 
 class Worker:
@@ -132,8 +137,10 @@ class Worker:
         self.conn, child = context.Pipe()
         self.process = context.Process(target=target, args=(child, *args), daemon=True)
         self.process.start()
-        if self.conn.recv() != "ready":
+        ready, self.memory_after_load = self.conn.recv()
+        if ready != "ready":
             raise RuntimeError("worker failed to start")
+        self.memory_after_run: dict[str, float] = {}
 
     def ask(self, *request: Any) -> Answer:
         self.conn.send(request)
@@ -141,6 +148,7 @@ class Worker:
 
     def close(self) -> None:
         self.conn.send(None)
+        self.memory_after_run = self.conn.recv()
         self.process.join(timeout=30)
 
 
@@ -283,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     for t in threads:
         rows = {e: summarize([a for run in results for a in run[t][e]]) for e in engines}
+        for engine, row in rows.items():
+            worker = workers[(engine, t)] if engine == "llama.cpp" else runtimes[t]
+            for when, memory in (("after_load", worker.memory_after_load), ("after_run", worker.memory_after_run)):
+                for name in ("rss_mb", "anonymous_mb", "file_mb"):
+                    row[f"{name.removesuffix('_mb')}_{when}_mb"] = memory.get(name, float("nan"))
         per_round = {
             e: [summarize(run[t][e])["decode_tokens_per_s"] / summarize(run[t][engines[0]])["decode_tokens_per_s"]
                 for run in results]
@@ -309,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {engine:18} {row['decode_tokens_per_s']:12.1f} {row['vs_llama_cpp']:11.2f}x "
                   f"{row['first_token_ms_p50']:14.0f} / {row['first_token_ms_p95']:5.0f} "
                   f"{row['answer_tokens_mean']:7.1f}")
+        print(f"  {'engine':18} {'resident MB after load / after the answers (anonymous + file pages)':>70}")
+        for engine, row in rows.items():
+            print(f"  {engine:18} {row['rss_after_load_mb']:15.0f} ({row['anonymous_after_load_mb']:.0f} + "
+                  f"{row['file_after_load_mb']:.0f}) / {row['rss_after_run_mb']:.0f} "
+                  f"({row['anonymous_after_run_mb']:.0f} + {row['file_after_run_mb']:.0f})")
         for name, rate in same.items():
             print(f"  identical answers, {name}: {rate:.1%}")
         if args.rounds > 1:

@@ -13,7 +13,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
-from tiny_gguf import K_SHAPE, K_TYPES, write_model
+from report_lib.gguf_parts import K_TYPES
+from tiny_gguf import K_SHAPE, write_model
 
 from model.gguf.blocks import FORMATS, Unpacked, raw_blocks, unpacked, unreadable
 from model.gguf.header import read_header

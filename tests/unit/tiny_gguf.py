@@ -15,38 +15,8 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
-from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
-
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-MERGES = ("h e", "Ġ t", "Ġt he")
-K_TYPES = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K)
-
-
-
-def byte_unicode() -> list[str]:
-    """GPT-2's printable spelling of the 256 bytes (byte-level BPE's alphabet), in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    spelled, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            spelled[byte] = chr(byte)
-        else:
-            spelled[byte] = chr(256 + extra)
-            extra += 1
-    return [spelled[byte] for byte in range(256)]
-
-
-def vocabulary() -> tuple[list[str], list[int]]:
-    """Tokens and their types: the bytes, the merged tokens of `MERGES`, then the chat's control tokens."""
-    tokens = [*byte_unicode(), *("".join(merge.split(" ")) for merge in MERGES), *SPECIALS]
-    types = [TokenType.NORMAL] * (len(tokens) - len(SPECIALS)) + [TokenType.CONTROL] * len(SPECIALS)
-    return tokens, [int(t) for t in types]
-
+from report_lib.gguf_parts import CHATML, K_TYPES, MERGES, random_blocks, vocabulary
 
 # A sentencepiece vocabulary (TinyLlama's and Llama 2's kind: `tokenizer.ggml.model` "llama"): unknown, BOS, EOS, the
 # byte fallbacks, then pieces by score; and the Zephyr template TinyLlama's chat models use (EOS ends a message)
@@ -91,19 +61,6 @@ def permute_for_llama(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's converter's reordering of q and k rows for its rotation (convert_hf_to_gguf.py, LlamaModel)."""
     return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
         weights.shape)
-
-
-def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random K-quant blocks (gguf-py cannot quantize to them) with small finite fp16 scales: `[rows, bytes]`."""
-    block, block_bytes = GGML_QUANT_SIZES[qtype]
-    data = rng.integers(0, 256, size=(rows, cols // block, block_bytes), dtype=np.uint8)
-    scale = np.full((rows, cols // block, 1), 0.01, dtype=np.float16).view(np.uint8)
-    if qtype == GGMLQuantizationType.Q6_K:
-        data[..., -2:] = scale  # d last
-    else:
-        data[..., 0:2] = scale  # d, then dmin
-        data[..., 2:4] = (scale.view(np.float16) / 2).view(np.uint8)
-    return data.reshape(rows, -1)
 
 
 def _quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray]:
