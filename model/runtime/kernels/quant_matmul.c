@@ -48,6 +48,10 @@
 /* Rows of the Q4_1 kernel whose accumulators stay in registers: a block's rows share each unpacked weight group */
 #define ROW_BLOCK 4
 
+/* Rows up to which the AVX2 byte kernel unpacks a group's weights in registers for each row, rather than into memory
+ * once for all of them */
+#define DIRECT_ROWS 2
+
 /* The weight of hi against lo: x ~ scale * (RESIDUAL * hi + lo) */
 #define RESIDUAL 254
 
@@ -59,16 +63,18 @@ typedef struct {
     float *scale;    /* [rows, groups] */
     float *sum;      /* [rows, groups] */
     int32_t *parts;  /* [rows, groups, 4]: sum(hi) over inputs 0-15, over 16-31, then sum(lo) over each half */
+    int16_t *words;  /* [rows, groups, 32]: 254 * hi + lo (254 * hi from `coarse` on), the AVX2 byte kernel's */
 } Activations;
 
-static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *out) {
+static int quantize_rows(const float *x, int64_t rows, int64_t coarse, int64_t k, Activations *out) {
     const int64_t groups = k / GROUP;
-    void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 2 * sizeof(float)));
+    void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 2 * sizeof(float) + 32 * sizeof(int16_t)));
     if (!buffer) return 1;
     out->quads = buffer;
     out->scale = (float *)(out->quads + rows * groups * 16);
     out->sum = out->scale + rows * groups;
     out->parts = (int32_t *)(out->sum + rows * groups);
+    out->words = (int16_t *)(out->parts + rows * groups * 4);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < groups; g++) {
             const float *xg = x + r * k + g * GROUP;
@@ -92,6 +98,8 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *o
                 for (int i = 0; i < TILE; i++) total += q[part * TILE + i];
                 out->parts[(r * groups + g) * 4 + part] = total;
             }
+            int16_t *words = out->words + (r * groups + g) * GROUP;
+            for (int i = 0; i < GROUP; i++) words[i] = (int16_t)(RESIDUAL * q[i] + (r < coarse ? q[GROUP + i] : 0));
         }
     return 0;
 }
@@ -187,24 +195,52 @@ static void nibble_rows(const QWeight *w, const Activations *a, int64_t rows, in
             block(w, a, t, first, rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK, coarse, y, ldy);
 }
 
-/* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' (a constant where inlined, so that
- * Q8_0's loop is its own). Halves: the integer sums of inputs 0-15 and 16-31 kept apart, each scaled by its own. */
+/* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' and `fives` the packing (constants
+ * where inlined, so that Q8_0's loop is its own). Halves: the integer sums of inputs 0-15 and 16-31 kept apart,
+ * each scaled by its own. */
 static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, const Activations *a, int64_t t,
                                                             int64_t first, int64_t count, int64_t coarse, float *y,
-                                                            int64_t ldy, int kind) {
+                                                            int64_t ldy, int kind, int fives) {
     const int64_t groups = w->k / GROUP;
-    const int8_t *q = (const int8_t *)w->q;
     vec16 acc[ROW_CHUNK];
     for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
     for (int64_t g = 0; g < groups; g++) {
         const int64_t block = t * groups + g;
-        s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
-        for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
+        const uint8_t *packed = w->q + block * (fives ? FIVES_BYTES : 512);
+        wgroup wg;  /* the group's weights for 16 outputs, unpacked once for all the rows */
+#if defined(WORD_DOTS)
+        const int direct = count <= DIRECT_ROWS;  /* or for each row in registers */
+        if (!direct && fives) wg_fives(&wg, packed, (int)w->offset);
+        if (!direct && !fives) wg_bytes(&wg, (const int8_t *)packed);
+#else
+        if (fives)
+            wg_fives(&wg, packed, (int)w->offset);
+        else
+            wg_bytes(&wg, (const int8_t *)packed);
+#endif
         const vec16 vd = scales_of(w->d, block, kind, 0);
         const vec16 vd_b = kind == SCALES_FP32_HALVES ? scales_of(w->d, block, kind, 1) : vd;
         const vec16 vm = w->m ? scales_of(w->m, block, kind, 0) : v_set1(0.0f);
         for (int64_t r = 0; r < count; r++) {
             const int64_t at = (first + r) * groups + g;
+#if defined(WORD_DOTS)
+            /* one exact int32 sum, 254 * sum(hi) + sum(lo) (hi alone for coarse rows: the words say which) */
+            const int16_t *words = a->words + at * GROUP;
+            const vec16 scale = v_set1(a->scale[at]);
+            if (kind == SCALES_FP32_HALVES) {  /* never fives */
+                const ivec16 sum = direct ? bytes_dot((const int8_t *)packed, words, 0, 4) : wg_dot(&wg, words, 0, 4);
+                const ivec16 sum_b = direct ? bytes_dot((const int8_t *)packed, words, 4, 8) : wg_dot(&wg, words, 4, 8);
+                acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
+                acc[r] = v_fma(vd_b, v_mul(iv_float(sum_b), scale), acc[r]);
+            } else {
+                const ivec16 sum = !direct ? wg_dot(&wg, words, 0, 8)
+                                   : fives ? fives_dot(packed, words, (int)w->offset)
+                                           : bytes_dot((const int8_t *)packed, words, 0, 8);
+                acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
+            }
+            (void)coarse;
+#else
+            const s8vec *wq = wg.q;  /* inputs 4i..4i+3 of the group, for 16 outputs */
             const int32_t *quads = a->quads + at * 16;
             const int32_t *parts = a->parts + at * 4;
             const vec16 scale = v_set1(a->scale[at]);
@@ -242,6 +278,7 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
                 const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
                 acc[r] = v_fma(vd, v_mul(dot, scale), acc[r]);
             }
+#endif
             if (w->m) acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
         }
     }
@@ -251,17 +288,21 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
 static void byte_rows(const QWeight *w, const Activations *a, int64_t rows, int64_t coarse, float *y, int64_t ldy,
                       int threads) {
     const int64_t tiles = (w->n + TILE - 1) / TILE;
-    const int kind = (int)w->scales;
+    const int kind = (int)w->scales, fives = w->packing == PACK_FIVES;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++)
         for (int64_t first = 0; first < rows; first += ROW_CHUNK) {
             const int64_t count = rows - first < ROW_CHUNK ? rows - first : ROW_CHUNK;
-            if (kind == SCALES_FP16)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16);
+            if (fives && kind == SCALES_FP16)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 1);
+            else if (fives)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32, 1);
+            else if (kind == SCALES_FP16)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 0);
             else if (kind == SCALES_FP32)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32);
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32, 0);
             else
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES);
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES, 0);
         }
 }
 
@@ -270,13 +311,13 @@ int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, 
     if (rows <= 0) return 0;
     int64_t ldy = 0;
     for (int64_t i = 0; i < members; i++) {
-        if (w[i].packing != PACK_NIBBLES && w[i].packing != PACK_BYTES) return 2;
+        if (w[i].packing != PACK_NIBBLES && w[i].packing != PACK_BYTES && w[i].packing != PACK_FIVES) return 2;
         if (w[i].scales < SCALES_FP16 || w[i].scales > SCALES_FP32_HALVES) return 2;
-        if (w[i].packing == PACK_NIBBLES && w[i].scales == SCALES_FP32_HALVES) return 2;
+        if (w[i].packing != PACK_BYTES && w[i].scales == SCALES_FP32_HALVES) return 2;
         ldy += w[i].n;
     }
     Activations a;
-    if (quantize_rows(x, rows, w[0].k, &a)) return 1;  /* once for all the members */
+    if (quantize_rows(x, rows, coarse, w[0].k, &a)) return 1;  /* once for all the members */
     for (int64_t i = 0, column = 0; i < members; column += w[i++].n) {
         if (w[i].packing == PACK_NIBBLES)
             nibble_rows(&w[i], &a, rows, coarse, y + column, ldy, threads);
