@@ -148,7 +148,7 @@ _FP16, _FP32, _HALVES = quant_kernels.SCALES_FP16, quant_kernels.SCALES_FP32, qu
 FORMATS: dict[str, BlockFormat] = {
     "Q4_0": BlockFormat(32, 18, _q4_0, _as_nibbles(8)),  # fp16 d, 16 bytes of nibbles; w = d (q - 8)
     "Q4_1": BlockFormat(32, 20, _q4_1, _as_nibbles(0)),  # fp16 d, m, 16 bytes of nibbles; w = d q + m
-    "Q5_0": BlockFormat(32, 22, _q5_0, _as_fives(16, _FP16)),  # fp16 d, 4 bytes of fifth bits, 16 of nibbles; d (q - 16)
+    "Q5_0": BlockFormat(32, 22, _q5_0, _as_fives(16, _FP16)),  # fp16 d, 4 bytes of fifth bits, 16 of nibbles; d(q-16)
     "Q5_1": BlockFormat(32, 24, _q5_1, _as_fives(0, _FP16)),  # fp16 d, m, fifth bits, nibbles; w = d q + m
     "Q8_0": BlockFormat(32, 34, _q8_0, _as_bytes(_FP16)),  # fp16 d, 32 int8; w = d q
     "Q4_K": BlockFormat(256, 144, _q4_k, lambda u: PackedWeight.nibbles(u.values, u.d, u.m, 0, _FP32)),
