@@ -1,5 +1,5 @@
 /* Weight-only quantized matmuls for a decoding pass: y = x @ w.T with w in a GGUF's own blocks (Q4_0, Q4_1, Q8_0,
- * Q5_0, Q5_1: model/gguf/blocks.py packs them; the bundled model's Q4_1 and Q8_0: model/runtime/int4_weights.py).
+ * Q5_0, Q5_1 and the K-quants: model/gguf/blocks.py packs them; the bundled model's Q4_1 and Q8_0: model/runtime/int4_weights.py).
  *
  * Each row's activations are split, per group of 32, into two 8-bit parts: x ~ scale * (254 * hi + lo), hi the
  * group rounded to 8 bits (scale * 254 = max |x| / 127, as llama.cpp rounds activations) and lo the remainder
@@ -9,9 +9,10 @@
  * without the integer multiply that competes with the dot products for their port):
  * Q4_1: y += d * scale * (254 * sum_hi + sum_lo) + m * sum(x), with sum(x) the group's fp32 sum; Q8_0: y += d *
  * scale * (...). Q4_0 (w = d * (q - 8)) takes 8 * sum(hi) and 8 * sum(lo) off the integer sums, exactly, as
- * llama.cpp does; Q5_0 is packed as the bytes q - 16 and Q5_1 as the bytes q with its m, through the Q8_0 kernel
- * (a byte a weight, not 5 bits: the 5-bit values' pair sums would overflow the 16-bit sums of the nibble kernel).
- * K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 one times the
+ * llama.cpp does. Q5_0, Q5_1 and Q5_K are held at their 5 bits (PACK_FIVES: the nibbles as Q4's, and a plane of
+ * fifth bits), unpacked in registers to the bytes q - offset (Q5_0's 16; Q5_1 and Q5_K keep q and add their m) and
+ * multiplied by the byte kernel, as Q8_0's (the 5-bit values' pair sums would overflow the nibble kernel's 16-bit
+ * sums). K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 one times the
  * sub-block's 6-bit integer, exact in fp32 (SCALES_FP32): Q4_K through the nibble kernel, Q5_K through the byte one;
  * Q6_K's sub-blocks of 16 each have their own scale (SCALES_FP32_HALVES): the byte kernel's two halves of a group,
  * whose integer sums it keeps apart anyway, are each scaled by theirs. llama.cpp sums a super-block's sub-blocks in
@@ -21,7 +22,16 @@
  * kernels made the greedy answers' perplexity 1.05x the bf16 teacher's; with the remainder it is off by 1/64516.
  * The second sum costs the integer units, not memory: the weights are read once for both, and for all rows.
  *
- * Coarse rows: rows from `coarse` on skip the remainder (hi alone, llama.cpp's rounding), half the integer work.
+ * The byte kernel on AVX2 (WORD_DOTS in vec16.h) adds no second sum: a row's activation is one int16 word,
+ * 254 * hi + lo (|.| <= 32385), and the group's weights are widened to int16, so one `pmaddwd` multiplies both parts
+ * (the 8-bit `pmaddubsw` has no signed x signed form: two 8-bit sums there cost twice its instructions, llama.cpp's
+ * work twice over). The group's int32 sum is exact (|.| <= 32 * 32385 * 128 < 2^31) and equals 254 * sum(hi) +
+ * sum(lo): converted to fp32 it is the one rounding that the other builds' fma of the two sums makes, the same bits.
+ * For a row or two (DIRECT_ROWS) each row widens the group in registers; for more, the group is widened into memory
+ * once and every row reads it there.
+ *
+ * Coarse rows: rows from `coarse` on skip the remainder (hi alone, llama.cpp's rounding), half the integer work (in
+ * the AVX2 byte kernel their words are 254 * hi, at the cost of a fine row, which there is llama.cpp's 8-bit one).
  * They are a drafting pass's mask rows, whose logits only propose drafts that the clean rows then verify
  * (model/decoding/speculative.py): the answer never depends on them, and a row's rounding is still its own.
  *
@@ -33,8 +43,12 @@
  *   PACK_NIBBLES (Q4_1, Q4_0): nibbles[tile][group][i in 0..3][output in 0..15][c in 0..3]
  *         = q[., 32 g + 4 i + c] | q[., 32 g + 16 + 4 i + c] << 4,
  *         d[tile][group][16], m[tile][group][16] (fp16, the file's own; no m for Q4_0).
- *   PACK_BYTES (Q8_0, Q5_0, Q5_1): q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
- *         d[tile][group][16] (fp16), and m as above for Q5_1.
+ *   PACK_BYTES (Q8_0, Q6_K): q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
+ *         d[tile][group][16] (fp16; fp32, or fp32 [tile][group][2][16] for Q6_K's halves).
+ *   PACK_FIVES (Q5_0, Q5_1, Q5_K; values q in 0..31, w = d * (q - offset) (+ m)): FIVES_BYTES (320) a tile's group,
+ *         the bytes of PACK_BYTES' group at 5 bits: with j = 4 * output + c, byte 64 i + j (i in 0..3) = the low
+ *         4 bits of quad i's q[j] | those of quad i + 4's << 4 (PACK_NIBBLES' order), and byte 256 + j = the fifth
+ *         bits of quads 0..7's q[j] as its bits 0..7 (ggml's qh, re-laid out); d and m as above.
  * Weights are zero-padded to whole tiles; n may end in a partial one.
  */
 
