@@ -153,7 +153,7 @@ FORMATS: dict[str, BlockFormat] = {
     "Q8_0": BlockFormat(32, 34, _q8_0, _as_bytes(_FP16)),  # fp16 d, 32 int8; w = d q
     "Q4_K": BlockFormat(256, 144, _q4_k, lambda u: PackedWeight.nibbles(u.values, u.d, u.m, 0, _FP32)),
     "Q5_K": BlockFormat(256, 176, _q5_k, _as_fives(0, _FP32)),  # values 0-31, at 5 bits
-    "Q6_K": BlockFormat(256, 210, _q6_k, _as_bytes(_HALVES)),  # values -32-31, a byte each, a scale per 16
+    "Q6_K": BlockFormat(256, 210, _q6_k, lambda u: PackedWeight.sixes(u.values + 32, u.d, 32)),  # -32-31, 6 bits
 }
 
 

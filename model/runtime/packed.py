@@ -52,11 +52,11 @@ def per_tile(scales: torch.Tensor, n: int, kind: int = quant_kernels.SCALES_FP16
 class PackedWeight:
     """One weight `[n, k]` as the kernel reads it: `w = d * (q - offset) (+ m)` per group of 32 inputs."""
 
-    packing: int  # quant_kernels.PACK_NIBBLES, PACK_BYTES or PACK_FIVES
+    packing: int  # quant_kernels.PACK_NIBBLES, PACK_BYTES, PACK_FIVES or PACK_SIXES
     offset: int
     scales: int  # quant_kernels.SCALES_FP16, SCALES_FP32 or SCALES_FP32_HALVES (d and m: fp16 or fp32)
     q: torch.Tensor  # nibbles [tiles, groups, 4, 16, 4] uint8, bytes [tiles, groups, 8, 16, 4] int8, or fives
-    # [tiles, groups, 320] uint8
+    # [tiles, groups, 320] uint8 (sixes 384)
     d: torch.Tensor  # [tiles, groups, 16] (or [tiles, groups, 2, 16] for halves)
     m: torch.Tensor | None  # as d, or None
     n: int
@@ -94,15 +94,29 @@ class PackedWeight:
         bytes as `bytes` lays them out, [quad i][position j] (j = 4 output + c), as nibbles and a plane of fifth bits,
         `[tiles, groups, 320]`: byte 64 i + j holds quad i's nibble low and quad i + 4's high (the `nibbles` layout),
         and byte 256 + j quad i's fifth bit as its bit i (ggml's qh, re-laid out: the kernel unpacks them to bytes)."""
+        return cls._planes(values, d, m, offset, scales, 5)
+
+    @classmethod
+    def sixes(cls, values: torch.Tensor, d: torch.Tensor, offset: int = 0,
+              scales: int = quant_kernels.SCALES_FP32_HALVES) -> PackedWeight:
+        """6-bit `values` in [0, 63] (Q6_K's, with its scale per 16 inputs) at 6 bits: `fives`' layout and a plane of
+        sixth bits after it, byte 320 + j, `[tiles, groups, 384]`."""
+        return cls._planes(values, d, None, offset, scales, 6)
+
+    @classmethod
+    def _planes(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int, scales: int,
+                bits: int) -> PackedWeight:
         n, k = _check_shape(values)
-        if values.numel() and (int(values.min()) < 0 or int(values.max()) > 31):
-            raise ModelError("5-bit packed values must be in [0, 31]")
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 1 << bits):
+            raise ModelError(f"{bits}-bit packed values must be in [0, {(1 << bits) - 1}]")
         q = tiles(values.to(torch.int32), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
         q = q.reshape(q.shape[0], q.shape[1], 8, 4 * TILE)  # [tiles, groups, quad, 64]
         nibbles = (q[:, :, :4] & 15) | ((q[:, :, 4:] & 15) << 4)
-        bits = (((q >> 4) & 1) << torch.arange(8, dtype=torch.int32).view(1, 1, 8, 1)).sum(dim=2)
-        packed = torch.cat([nibbles.flatten(2), bits], dim=2).to(torch.uint8).contiguous()
-        return cls(quant_kernels.PACK_FIVES, offset, scales, packed, per_tile(d, n, scales),
+        quad = torch.arange(8, dtype=torch.int32).view(1, 1, 8, 1)
+        planes = [(((q >> bit) & 1) << quad).sum(dim=2) for bit in range(4, bits)]
+        packed = torch.cat([nibbles.flatten(2), *planes], dim=2).to(torch.uint8).contiguous()
+        packing = quant_kernels.PACK_FIVES if bits == 5 else quant_kernels.PACK_SIXES
+        return cls(packing, offset, scales, packed, per_tile(d, n, scales),
                    None if m is None else per_tile(m, n, scales), n, k)
 
     def struct(self) -> quant_kernels.QWeight:

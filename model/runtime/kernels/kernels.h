@@ -7,9 +7,10 @@
 /* How a weight's values are packed (quant_matmul.c gives the layouts; model/gguf/blocks.py maps each GGUF block
  * type to one): 4-bit values two to a byte (Q4_0, Q4_1, Q4_K), one signed byte each (Q8_0, Q6_K), or 5-bit values
  * at 5 bits, nibbles and a plane of fifth bits (Q5_0, Q5_1, Q5_K), multiplied as bytes. */
-enum { PACK_NIBBLES = 0, PACK_BYTES = 1, PACK_FIVES = 2 };
-/* Bytes of one PACK_FIVES group of 32 inputs for 16 outputs: 256 of nibbles, 64 of fifth bits */
+enum { PACK_NIBBLES = 0, PACK_BYTES = 1, PACK_FIVES = 2, PACK_SIXES = 3 };
+/* Bytes of one group of 32 inputs for 16 outputs: 256 of nibbles and 64 of fifth bits (and 64 of sixth bits) */
 #define FIVES_BYTES 320
+#define SIXES_BYTES 384
 /* How its scales (and minimums) are stored: fp16 per group of 32 (the file's own: Q4_0 ... Q8_0), fp32 per group
  * (a K-quant's super-block scale times its sub-block's 6-bit one, exact in fp32: Q4_K, Q5_K), or fp32 per 16 inputs
  * (Q6_K's sub-blocks of 16; PACK_BYTES only). */

@@ -209,26 +209,26 @@ static void nibble_rows(const QWeight *w, const Activations *a, int64_t rows, in
             block(w, a, t, first, rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK, coarse, y, ldy);
 }
 
-/* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' and `fives` the packing (constants
- * where inlined, so that Q8_0's loop is its own). Halves: the integer sums of inputs 0-15 and 16-31 kept apart,
- * each scaled by its own. */
+/* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' and `planes` the packing (0 bytes, 5
+ * PACK_FIVES, 6 PACK_SIXES; constants where inlined, so that Q8_0's loop is its own). Halves: the integer sums of
+ * inputs 0-15 and 16-31 kept apart, each scaled by its own. */
 static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, const Activations *a, int64_t t,
                                                             int64_t first, int64_t count, int64_t coarse, float *y,
-                                                            int64_t ldy, int kind, int fives) {
+                                                            int64_t ldy, int kind, int planes) {
     const int64_t groups = w->k / GROUP;
     vec16 acc[ROW_CHUNK];
     for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
     for (int64_t g = 0; g < groups; g++) {
         const int64_t block = t * groups + g;
-        const uint8_t *packed = w->q + block * (fives ? FIVES_BYTES : 512);
+        const uint8_t *packed = w->q + block * (planes == 6 ? SIXES_BYTES : planes ? FIVES_BYTES : 512);
         wgroup wg;  /* the group's weights for 16 outputs, unpacked once for all the rows */
 #if defined(WORD_DOTS)
         const int direct = count <= DIRECT_ROWS;  /* or for each row in registers */
-        if (!direct && fives) wg_fives(&wg, packed, (int)w->offset);
-        if (!direct && !fives) wg_bytes(&wg, (const int8_t *)packed);
+        if (!direct && planes) wg_planes(&wg, packed, (int)w->offset, planes == 6);
+        if (!direct && !planes) wg_bytes(&wg, (const int8_t *)packed);
 #else
-        if (fives)
-            wg_fives(&wg, packed, (int)w->offset);
+        if (planes)
+            wg_planes(&wg, packed, (int)w->offset, planes == 6);
         else
             wg_bytes(&wg, (const int8_t *)packed);
 #endif
@@ -241,17 +241,19 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
             /* one exact int32 sum, 254 * sum(hi) + sum(lo) (hi alone for coarse rows: the words say which) */
             const int16_t *words = a->words + at * GROUP;
             const vec16 scale = v_set1(a->scale[at]);
-            if (kind == SCALES_FP32_HALVES) {  /* never fives */
-                const ivec16 sum = direct ? bytes_dot((const int8_t *)packed, words, 0, 4) : wg_dot(&wg, words, 0, 4);
-                const ivec16 sum_b = direct ? bytes_dot((const int8_t *)packed, words, 4, 8) : wg_dot(&wg, words, 4, 8);
-                acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
-                acc[r] = v_fma(vd_b, v_mul(iv_float(sum_b), scale), acc[r]);
+            const int halves = kind == SCALES_FP32_HALVES;
+            ivec16 sum, sum_b = iv_zero();
+            if (!direct) {
+                sum = wg_dot(&wg, words, 0, halves ? 4 : 8);
+                if (halves) sum_b = wg_dot(&wg, words, 4, 8);
+            } else if (planes) {
+                planes_dot(packed, words, (int)w->offset, planes == 6, halves, &sum, &sum_b);
             } else {
-                const ivec16 sum = !direct ? wg_dot(&wg, words, 0, 8)
-                                   : fives ? fives_dot(packed, words, (int)w->offset)
-                                           : bytes_dot((const int8_t *)packed, words, 0, 8);
-                acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
+                sum = bytes_dot((const int8_t *)packed, words, 0, halves ? 4 : 8);
+                if (halves) sum_b = bytes_dot((const int8_t *)packed, words, 4, 8);
             }
+            acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
+            if (halves) acc[r] = v_fma(vd_b, v_mul(iv_float(sum_b), scale), acc[r]);
             (void)coarse;
 #else
             const s8vec *wq = wg.q;  /* inputs 4i..4i+3 of the group, for 16 outputs */
@@ -302,15 +304,17 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
 static void byte_rows(const QWeight *w, const Activations *a, int64_t rows, int64_t coarse, float *y, int64_t ldy,
                       int threads) {
     const int64_t tiles = (w->n + TILE - 1) / TILE;
-    const int kind = (int)w->scales, fives = w->packing == PACK_FIVES;
+    const int kind = (int)w->scales, planes = w->packing == PACK_FIVES ? 5 : w->packing == PACK_SIXES ? 6 : 0;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++)
         for (int64_t first = 0; first < rows; first += ROW_CHUNK) {
             const int64_t count = rows - first < ROW_CHUNK ? rows - first : ROW_CHUNK;
-            if (fives && kind == SCALES_FP16)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 1);
-            else if (fives)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32, 1);
+            if (planes == 5 && kind == SCALES_FP16)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 5);
+            else if (planes == 5)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32, 5);
+            else if (planes == 6)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES, 6);
             else if (kind == SCALES_FP16)
                 byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 0);
             else if (kind == SCALES_FP32)
@@ -325,9 +329,11 @@ int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, 
     if (rows <= 0) return 0;
     int64_t ldy = 0;
     for (int64_t i = 0; i < members; i++) {
-        if (w[i].packing != PACK_NIBBLES && w[i].packing != PACK_BYTES && w[i].packing != PACK_FIVES) return 2;
-        if (w[i].scales < SCALES_FP16 || w[i].scales > SCALES_FP32_HALVES) return 2;
-        if (w[i].packing != PACK_BYTES && w[i].scales == SCALES_FP32_HALVES) return 2;
+        const int64_t packing = w[i].packing, scales = w[i].scales;
+        if (packing < PACK_NIBBLES || packing > PACK_SIXES || scales < SCALES_FP16 || scales > SCALES_FP32_HALVES)
+            return 2;
+        /* the compiled combinations: bytes with any scales, sixes with halves (Q6_K's), the others without */
+        if (packing != PACK_BYTES && (scales == SCALES_FP32_HALVES) != (packing == PACK_SIXES)) return 2;
         ldy += w[i].n;
     }
     Activations a;

@@ -137,19 +137,26 @@ static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
 }
 #endif
 /* A group's 512 weights for 16 outputs as the byte kernel's eight s8vec (inputs 4i..4i+3 each): PACK_BYTES' bytes,
- * or PACK_FIVES' nibbles and fifth bits unpacked to the bytes q - offset in registers (quant_matmul.c's layouts) */
+ * or PACK_FIVES' (PACK_SIXES') nibbles and bit planes unpacked to the bytes q - offset in registers (quant_matmul.c's
+ * layouts: bit i of a plane's byte is quad i's bit, shifted to its place within 16-bit lanes, where no bit of the
+ * neighbouring byte lands) */
 typedef struct { s8vec q[8]; } wgroup;
 static inline void wg_bytes(wgroup *g, const int8_t *p) {
     for (int i = 0; i < 8; i++) g->q[i] = s8_from(_mm512_loadu_si512((const void *)(p + 64 * i)));
 }
-static inline void wg_fives(wgroup *g, const uint8_t *p, int offset) {
+static inline void wg_planes(wgroup *g, const uint8_t *p, int offset, int sixes) {
     const __m512i bits = _mm512_loadu_si512((const void *)(p + 256)), mask = _mm512_set1_epi8(15);
-    const __m512i five = _mm512_set1_epi8(16), off = _mm512_set1_epi8((char)offset);
+    const __m512i sixth = sixes ? _mm512_loadu_si512((const void *)(p + 320)) : _mm512_setzero_si512();
+    const __m512i five = _mm512_set1_epi8(16), six = _mm512_set1_epi8(32), off = _mm512_set1_epi8((char)offset);
     for (int i = 0; i < 4; i++) {
         const __m512i raw = _mm512_loadu_si512((const void *)(p + 64 * i));
         __m512i low = _mm512_and_si512(raw, mask), high = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
         low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(bits, 4 - i), five));
         high = _mm512_or_si512(high, _mm512_and_si512(_mm512_srli_epi16(bits, i), five));
+        if (sixes) {
+            low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(sixth, 5 - i), six));
+            high = _mm512_or_si512(high, _mm512_and_si512(i ? _mm512_srli_epi16(sixth, i - 1) : _mm512_slli_epi16(sixth, 1), six));
+        }
         g->q[i] = s8_from(_mm512_sub_epi8(low, off));
         g->q[i + 4] = s8_from(_mm512_sub_epi8(high, off));
     }
@@ -280,21 +287,31 @@ static inline void wg_widen(wgroup *g, int i, int h, __m256i bytes) {
 static inline void wg_bytes(wgroup *g, const int8_t *p) {
     for (int i = 0; i < 32; i++) g->w[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
 }
-/* PACK_FIVES: nibbles and fifth bits to the bytes q - offset (bit i of a bits byte is quad i's fifth bit: shifted
- * to bit 4 within 16-bit lanes, where no bit of the neighbouring byte lands) */
-static inline void wg_fives(wgroup *g, const uint8_t *p, int offset) {
+/* PACK_FIVES (PACK_SIXES): quads i and i + 4 of outputs 8h..8h+7 as the bytes q - offset, from the nibbles and the
+ * bit planes (bit i of a plane's byte is quad i's bit: shifted to its place within 16-bit lanes, where no bit of the
+ * neighbouring byte lands) */
+static inline void planes_unpack(const uint8_t *p, int offset, int sixes, int h, int i, __m256i *low, __m256i *high) {
     const __m256i mask = _mm256_set1_epi8(15), five = _mm256_set1_epi8(16), off = _mm256_set1_epi8((char)offset);
-    for (int h = 0; h < 2; h++) {
-        const __m256i bits = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * h));
-        for (int i = 0; i < 4; i++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * i + 32 * h));
-            __m256i low = _mm256_and_si256(raw, mask), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-            low = _mm256_or_si256(low, _mm256_and_si256(_mm256_slli_epi16(bits, 4 - i), five));
-            high = _mm256_or_si256(high, _mm256_and_si256(_mm256_srli_epi16(bits, i), five));
-            wg_widen(g, i, h, _mm256_sub_epi8(low, off));
-            wg_widen(g, i + 4, h, _mm256_sub_epi8(high, off));
-        }
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * h));
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * i + 32 * h));
+    __m256i a = _mm256_and_si256(raw, mask), b = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+    a = _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(bits, 4 - i), five));
+    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_srli_epi16(bits, i), five));
+    if (sixes) {
+        const __m256i sixth = _mm256_loadu_si256((const __m256i *)(p + 320 + 32 * h)), six = _mm256_set1_epi8(32);
+        a = _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(sixth, 5 - i), six));
+        b = _mm256_or_si256(b, _mm256_and_si256(i ? _mm256_srli_epi16(sixth, i - 1) : _mm256_slli_epi16(sixth, 1), six));
     }
+    *low = _mm256_sub_epi8(a, off), *high = _mm256_sub_epi8(b, off);
+}
+static inline void wg_planes(wgroup *g, const uint8_t *p, int offset, int sixes) {
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) {
+            __m256i low, high;
+            planes_unpack(p, offset, sixes, h, i, &low, &high);
+            wg_widen(g, i, h, low);
+            wg_widen(g, i + 4, h, high);
+        }
 }
 /* A row's words of quad i, four int16, in every 64-bit lane */
 static inline __m256i wd_quad(const int16_t *words, int i) {
@@ -331,17 +348,15 @@ static inline ivec16 bytes_dot(const int8_t *p, const int16_t *words, int from, 
     }
     return wd_join(acc);
 }
-/* and from PACK_FIVES' nibbles and fifth bits (all 8 quads) */
-static inline ivec16 fives_dot(const uint8_t *p, const int16_t *words, int offset) {
-    const __m256i mask = _mm256_set1_epi8(15), five = _mm256_set1_epi8(16), off = _mm256_set1_epi8((char)offset);
-    __m256i acc[4] = WD_ZERO;
-    for (int h = 0; h < 2; h++) {
-        const __m256i bits = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * h));
+/* and from PACK_FIVES' (PACK_SIXES') nibbles and bit planes: the sums over quads 0-3 in *sum and over 4-7 in *sum_b
+ * for halves, else over all 8 in *sum */
+static inline void planes_dot(const uint8_t *p, const int16_t *words, int offset, int sixes, int halves, ivec16 *sum,
+                              ivec16 *sum_b) {
+    __m256i acc[4] = WD_ZERO, acc_b[4] = WD_ZERO;
+    for (int h = 0; h < 2; h++)
         for (int i = 0; i < 4; i++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * i + 32 * h));
-            __m256i low = _mm256_and_si256(raw, mask), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-            low = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_and_si256(_mm256_slli_epi16(bits, 4 - i), five)), off);
-            high = _mm256_sub_epi8(_mm256_or_si256(high, _mm256_and_si256(_mm256_srli_epi16(bits, i), five)), off);
+            __m256i low, high;
+            planes_unpack(p, offset, sixes, h, i, &low, &high);
             const __m256i x = wd_quad(words, i), z = wd_quad(words, i + 4);
             const __m256i pairs[4] = {
                 _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(low)), x),
@@ -349,11 +364,18 @@ static inline ivec16 fives_dot(const uint8_t *p, const int16_t *words, int offse
                 _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(high)), z),
                 _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(high, 1)), z),
             };
-            acc[2 * h] = _mm256_add_epi32(acc[2 * h], _mm256_add_epi32(pairs[0], pairs[2]));
-            acc[2 * h + 1] = _mm256_add_epi32(acc[2 * h + 1], _mm256_add_epi32(pairs[1], pairs[3]));
+            if (halves) {
+                acc[2 * h] = _mm256_add_epi32(acc[2 * h], pairs[0]);
+                acc[2 * h + 1] = _mm256_add_epi32(acc[2 * h + 1], pairs[1]);
+                acc_b[2 * h] = _mm256_add_epi32(acc_b[2 * h], pairs[2]);
+                acc_b[2 * h + 1] = _mm256_add_epi32(acc_b[2 * h + 1], pairs[3]);
+            } else {
+                acc[2 * h] = _mm256_add_epi32(acc[2 * h], _mm256_add_epi32(pairs[0], pairs[2]));
+                acc[2 * h + 1] = _mm256_add_epi32(acc[2 * h + 1], _mm256_add_epi32(pairs[1], pairs[3]));
+            }
         }
-    }
-    return wd_join(acc);
+    *sum = wd_join(acc);
+    if (halves) *sum_b = wd_join(acc_b);
 }
 #else
 #error "needs AVX-512 (BW) or AVX2 with FMA and F16C"
