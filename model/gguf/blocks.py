@@ -5,9 +5,11 @@ of reading them: about the file's size, not a bf16 copy's.
 One table, `FORMATS`, maps a block type to how its blocks unpack into integer values and scales and into which
 packing the kernels read them (as ggml's type traits map a type to its routines): a new format is one entry. The
 K-quants' sub-block scales are the super-block's fp16 scale times a 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) integer, kept
-as their exact fp32 products. Types outside the table (F16, BF16, F32 linears) are not read by the kernels: a model
-with any of them in its layers decodes with the de-quantized bf16 weights (model/adapters/gguf_model.py), and a head
-of such a type is multiplied row by row in bf16 (`RowByRowHead`).
+as their exact fp32 products. The values keep the file's bits (4, 5, 6 or 8 a value: model/runtime/packed.py); the
+scales are fp16 as in the file, or fp32 (2 bits a weight for the K-quants, where the file has ~0.5). Types outside
+the table (F16, BF16, F32 linears) are not read by the kernels: a model with any of them in its layers decodes with
+the de-quantized bf16 weights (model/adapters/gguf_model.py), and a head of such a type is multiplied row by row in
+bf16 (`RowByRowHead`).
 
 Llama files store q and k rows in llama.cpp's rotary order; they are put back in transformers' order here (as
 transformers' own GGUF loader does), so the packed weights compute the same network as the de-quantized modules.

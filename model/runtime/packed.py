@@ -3,9 +3,9 @@ multiplies by them: one or more weights of one input side by side (q, k and v as
 format, as a "Q4_K_M" file mixes them.
 
 Three packings hold every format the kernels read: 4-bit values two to a byte (Q4_1, Q4_K, and Q4_0 with its offset
-of 8 taken off in the integer sums), one signed byte a value (Q8_0, and Q6_K: a byte a weight, not the file's 6.6
-bits), and 5-bit values at 5 bits (Q5_0, Q5_1, Q5_K: the nibbles and a plane of fifth bits, which the kernel unpacks
-in registers to the bytes it multiplies: their values would overflow the nibble kernel's 16-bit sums). Scales are the
+of 8 taken off in the integer sums), one signed byte a value (Q8_0), and 5- and 6-bit values at their bits (Q5_0,
+Q5_1, Q5_K; Q6_K: the nibbles and planes of fifth and sixth bits, which the kernel unpacks in registers to the bytes
+it multiplies: their values would overflow the nibble kernel's 16-bit sums). Scales are the
 file's fp16 ones, or for the K-quants the exact fp32 products of a super-block's scale and its sub-blocks' integers
 (one a group of 32; Q6_K one per 16 inputs). The values are the file's own, re-laid out: nothing is rounded again.
 model/gguf/blocks.py maps a GGUF block type to its packing; model/runtime/int4_weights.py packs the

@@ -5,15 +5,15 @@
 #include <stdint.h>
 
 /* How a weight's values are packed (quant_matmul.c gives the layouts; model/gguf/blocks.py maps each GGUF block
- * type to one): 4-bit values two to a byte (Q4_0, Q4_1, Q4_K), one signed byte each (Q8_0, Q6_K), or 5-bit values
- * at 5 bits, nibbles and a plane of fifth bits (Q5_0, Q5_1, Q5_K), multiplied as bytes. */
+ * type to one): 4-bit values two to a byte (Q4_0, Q4_1, Q4_K), one signed byte each (Q8_0), or 5- and 6-bit values
+ * at their bits, nibbles and planes of fifth (and sixth) bits (Q5_0, Q5_1, Q5_K; Q6_K), multiplied as bytes. */
 enum { PACK_NIBBLES = 0, PACK_BYTES = 1, PACK_FIVES = 2, PACK_SIXES = 3 };
 /* Bytes of one group of 32 inputs for 16 outputs: 256 of nibbles and 64 of fifth bits (and 64 of sixth bits) */
 #define FIVES_BYTES 320
 #define SIXES_BYTES 384
 /* How its scales (and minimums) are stored: fp16 per group of 32 (the file's own: Q4_0 ... Q8_0), fp32 per group
  * (a K-quant's super-block scale times its sub-block's 6-bit one, exact in fp32: Q4_K, Q5_K), or fp32 per 16 inputs
- * (Q6_K's sub-blocks of 16; PACK_BYTES only). */
+ * (Q6_K's sub-blocks of 16; PACK_BYTES and PACK_SIXES only). */
 enum { SCALES_FP16 = 0, SCALES_FP32 = 1, SCALES_FP32_HALVES = 2 };
 
 /* A weight [n, k] in the kernels' tiled layout: w = d * (q - offset) (+ m), per group of 32 inputs. */

@@ -14,7 +14,8 @@
  * multiplied by the byte kernel, as Q8_0's (the 5-bit values' pair sums would overflow the nibble kernel's 16-bit
  * sums). K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 one times the
  * sub-block's 6-bit integer, exact in fp32 (SCALES_FP32): Q4_K through the nibble kernel, Q5_K through the byte one;
- * Q6_K's sub-blocks of 16 each have their own scale (SCALES_FP32_HALVES): the byte kernel's two halves of a group,
+ * Q6_K (held at its 6 bits, PACK_SIXES: a plane of sixth bits more, unpacked to the bytes q - 32) has sub-blocks of
+ * 16, each with its own scale (SCALES_FP32_HALVES): the byte kernel's two halves of a group,
  * whose integer sums it keeps apart anyway, are each scaled by theirs. llama.cpp sums a super-block's sub-blocks in
  * integers before one fp32 multiply; here each sub-block is joined in fp32, in order: the same rules (exact integer
  * dot products, a row's result as if alone, every build the same bits) on a finer rounding of the activations. The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's
@@ -43,12 +44,14 @@
  *   PACK_NIBBLES (Q4_1, Q4_0): nibbles[tile][group][i in 0..3][output in 0..15][c in 0..3]
  *         = q[., 32 g + 4 i + c] | q[., 32 g + 16 + 4 i + c] << 4,
  *         d[tile][group][16], m[tile][group][16] (fp16, the file's own; no m for Q4_0).
- *   PACK_BYTES (Q8_0, Q6_K): q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
- *         d[tile][group][16] (fp16; fp32, or fp32 [tile][group][2][16] for Q6_K's halves).
+ *   PACK_BYTES (Q8_0): q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
+ *         d[tile][group][16] (fp16; or fp32, or fp32 [tile][group][2][16] for halves).
  *   PACK_FIVES (Q5_0, Q5_1, Q5_K; values q in 0..31, w = d * (q - offset) (+ m)): FIVES_BYTES (320) a tile's group,
  *         the bytes of PACK_BYTES' group at 5 bits: with j = 4 * output + c, byte 64 i + j (i in 0..3) = the low
  *         4 bits of quad i's q[j] | those of quad i + 4's << 4 (PACK_NIBBLES' order), and byte 256 + j = the fifth
  *         bits of quads 0..7's q[j] as its bits 0..7 (ggml's qh, re-laid out); d and m as above.
+ *   PACK_SIXES (Q6_K; q in 0..63, w = d * (q - 32), a d per 16 inputs): SIXES_BYTES (384) a tile's group, PACK_FIVES'
+ *         and byte 320 + j = the sixth bits of quads 0..7's q[j].
  * Weights are zero-padded to whole tiles; n may end in a partial one.
  */
 
