@@ -5,9 +5,11 @@ of reading them: about the file's size, not a bf16 copy's.
 One table, `FORMATS`, maps a block type to how its blocks unpack into integer values and scales and into which
 packing the kernels read them (as ggml's type traits map a type to its routines): a new format is one entry. The
 K-quants' sub-block scales are the super-block's fp16 scale times a 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) integer, kept
-as their exact fp32 products. Types outside the table (F16, BF16, F32 linears) are not read by the kernels: a model
-with any of them in its layers decodes with the de-quantized bf16 weights (model/adapters/gguf_model.py), and a head
-of such a type is multiplied row by row in bf16 (`RowByRowHead`).
+as their exact fp32 products. The values keep the file's bits (4, 5, 6 or 8 a value: model/runtime/packed.py); the
+scales are fp16 as in the file, or fp32 (2 bits a weight for the K-quants, where the file has ~0.5). Types outside
+the table (F16, BF16, F32 linears) are not read by the kernels: a model with any of them in its layers decodes with
+the de-quantized bf16 weights (model/adapters/gguf_model.py), and a head of such a type is multiplied row by row in
+bf16 (`RowByRowHead`).
 
 Llama files store q and k rows in llama.cpp's rotary order; they are put back in transformers' order here (as
 transformers' own GGUF loader does), so the packed weights compute the same network as the de-quantized modules.
@@ -139,16 +141,21 @@ def _as_bytes(scales: int) -> Callable[[Unpacked], PackedWeight]:
     return lambda u: PackedWeight.bytes(u.values, u.d, u.m, scales)
 
 
+def _as_fives(offset: int, scales: int) -> Callable[[Unpacked], PackedWeight]:
+    """Values in [-offset, 31 - offset] at 5 bits, as `value + offset`, the offset taken off as the kernel unpacks."""
+    return lambda u: PackedWeight.fives(u.values + offset, u.d, u.m, offset, scales)
+
+
 _FP16, _FP32, _HALVES = quant_kernels.SCALES_FP16, quant_kernels.SCALES_FP32, quant_kernels.SCALES_FP32_HALVES
 FORMATS: dict[str, BlockFormat] = {
     "Q4_0": BlockFormat(32, 18, _q4_0, _as_nibbles(8)),  # fp16 d, 16 bytes of nibbles; w = d (q - 8)
     "Q4_1": BlockFormat(32, 20, _q4_1, _as_nibbles(0)),  # fp16 d, m, 16 bytes of nibbles; w = d q + m
-    "Q5_0": BlockFormat(32, 22, _q5_0, _as_bytes(_FP16)),  # fp16 d, 4 bytes of fifth bits, 16 of nibbles; d (q - 16)
-    "Q5_1": BlockFormat(32, 24, _q5_1, _as_bytes(_FP16)),  # fp16 d, m, fifth bits, nibbles; w = d q + m
+    "Q5_0": BlockFormat(32, 22, _q5_0, _as_fives(16, _FP16)),  # fp16 d, 4 bytes of fifth bits, 16 of nibbles; d(q-16)
+    "Q5_1": BlockFormat(32, 24, _q5_1, _as_fives(0, _FP16)),  # fp16 d, m, fifth bits, nibbles; w = d q + m
     "Q8_0": BlockFormat(32, 34, _q8_0, _as_bytes(_FP16)),  # fp16 d, 32 int8; w = d q
     "Q4_K": BlockFormat(256, 144, _q4_k, lambda u: PackedWeight.nibbles(u.values, u.d, u.m, 0, _FP32)),
-    "Q5_K": BlockFormat(256, 176, _q5_k, _as_bytes(_FP32)),  # values 0-31, a byte each
-    "Q6_K": BlockFormat(256, 210, _q6_k, _as_bytes(_HALVES)),  # values -32-31, a byte each, a scale per 16
+    "Q5_K": BlockFormat(256, 176, _q5_k, _as_fives(0, _FP32)),  # values 0-31, at 5 bits
+    "Q6_K": BlockFormat(256, 210, _q6_k, lambda u: PackedWeight.sixes(u.values + 32, u.d, 32)),  # -32-31, 6 bits
 }
 
 

@@ -2,9 +2,10 @@
 multiplies by them: one or more weights of one input side by side (q, k and v as one qkv), each in its own block
 format, as a "Q4_K_M" file mixes them.
 
-Two packings hold every format the kernels read: 4-bit values two to a byte (Q4_1, Q4_K, and Q4_0 with its offset
-of 8 taken off in the integer sums), and one signed byte a value (Q8_0; Q5_0, Q5_1, Q5_K and Q6_K, whose 5- and 6-bit
-values would overflow the nibble kernel's 16-bit sums: a byte a weight, not the file's 5.5-6.6 bits). Scales are the
+Three packings hold every format the kernels read: 4-bit values two to a byte (Q4_1, Q4_K, and Q4_0 with its offset
+of 8 taken off in the integer sums), one signed byte a value (Q8_0), and 5- and 6-bit values at their bits (Q5_0,
+Q5_1, Q5_K; Q6_K: the nibbles and planes of fifth and sixth bits, which the kernel unpacks in registers to the bytes
+it multiplies: their values would overflow the nibble kernel's 16-bit sums). Scales are the
 file's fp16 ones, or for the K-quants the exact fp32 products of a super-block's scale and its sub-blocks' integers
 (one a group of 32; Q6_K one per 16 inputs). The values are the file's own, re-laid out: nothing is rounded again.
 model/gguf/blocks.py maps a GGUF block type to its packing; model/runtime/int4_weights.py packs the
@@ -51,10 +52,11 @@ def per_tile(scales: torch.Tensor, n: int, kind: int = quant_kernels.SCALES_FP16
 class PackedWeight:
     """One weight `[n, k]` as the kernel reads it: `w = d * (q - offset) (+ m)` per group of 32 inputs."""
 
-    packing: int  # quant_kernels.PACK_NIBBLES or PACK_BYTES
+    packing: int  # quant_kernels.PACK_NIBBLES, PACK_BYTES, PACK_FIVES or PACK_SIXES
     offset: int
     scales: int  # quant_kernels.SCALES_FP16, SCALES_FP32 or SCALES_FP32_HALVES (d and m: fp16 or fp32)
-    q: torch.Tensor  # nibbles [tiles, groups, 4, 16, 4] uint8, or bytes [tiles, groups, 8, 16, 4] int8
+    q: torch.Tensor  # nibbles [tiles, groups, 4, 16, 4] uint8, bytes [tiles, groups, 8, 16, 4] int8, or fives
+    # [tiles, groups, 320] uint8 (sixes 384)
     d: torch.Tensor  # [tiles, groups, 16] (or [tiles, groups, 2, 16] for halves)
     m: torch.Tensor | None  # as d, or None
     n: int
@@ -83,6 +85,38 @@ class PackedWeight:
         n, k = _check_shape(values)
         tiled = tiles(values.to(torch.int8), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
         return cls(quant_kernels.PACK_BYTES, 0, scales, tiled.contiguous(), per_tile(d, n, scales),
+                   None if m is None else per_tile(m, n, scales), n, k)
+
+    @classmethod
+    def fives(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int = 0,
+              scales: int = quant_kernels.SCALES_FP16) -> PackedWeight:
+        """5-bit `values` `[N, K]` in [0, 31] (the weight `d * (value - offset) (+ m)`) at 5 bits each: a group's
+        bytes as `bytes` lays them out, [quad i][position j] (j = 4 output + c), as nibbles and a plane of fifth bits,
+        `[tiles, groups, 320]`: byte 64 i + j holds quad i's nibble low and quad i + 4's high (the `nibbles` layout),
+        and byte 256 + j quad i's fifth bit as its bit i (ggml's qh, re-laid out: the kernel unpacks them to bytes)."""
+        return cls._planes(values, d, m, offset, scales, 5)
+
+    @classmethod
+    def sixes(cls, values: torch.Tensor, d: torch.Tensor, offset: int = 0,
+              scales: int = quant_kernels.SCALES_FP32_HALVES) -> PackedWeight:
+        """6-bit `values` in [0, 63] (Q6_K's, with its scale per 16 inputs) at 6 bits: `fives`' layout and a plane of
+        sixth bits after it, byte 320 + j, `[tiles, groups, 384]`."""
+        return cls._planes(values, d, None, offset, scales, 6)
+
+    @classmethod
+    def _planes(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int, scales: int,
+                bits: int) -> PackedWeight:
+        n, k = _check_shape(values)
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 1 << bits):
+            raise ModelError(f"{bits}-bit packed values must be in [0, {(1 << bits) - 1}]")
+        q = tiles(values.to(torch.int32), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
+        q = q.reshape(q.shape[0], q.shape[1], 8, 4 * TILE)  # [tiles, groups, quad, 64]
+        nibbles = (q[:, :, :4] & 15) | ((q[:, :, 4:] & 15) << 4)
+        quad = torch.arange(8, dtype=torch.int32).view(1, 1, 8, 1)
+        planes = [(((q >> bit) & 1) << quad).sum(dim=2) for bit in range(4, bits)]
+        packed = torch.cat([nibbles.flatten(2), *planes], dim=2).to(torch.uint8).contiguous()
+        packing = quant_kernels.PACK_FIVES if bits == 5 else quant_kernels.PACK_SIXES
+        return cls(packing, offset, scales, packed, per_tile(d, n, scales),
                    None if m is None else per_tile(m, n, scales), n, k)
 
     def struct(self) -> quant_kernels.QWeight:

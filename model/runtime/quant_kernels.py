@@ -49,7 +49,7 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
 
-PACK_NIBBLES, PACK_BYTES = 0, 1  # kernels.h: how a weight's values are packed
+PACK_NIBBLES, PACK_BYTES, PACK_FIVES, PACK_SIXES = 0, 1, 2, 3  # kernels.h: how a weight's values are packed
 SCALES_FP16, SCALES_FP32, SCALES_FP32_HALVES = 0, 1, 2  # and how its scales are stored
 
 

@@ -1,5 +1,5 @@
 /* Weight-only quantized matmuls for a decoding pass: y = x @ w.T with w in a GGUF's own blocks (Q4_0, Q4_1, Q8_0,
- * Q5_0, Q5_1: model/gguf/blocks.py packs them; the bundled model's Q4_1 and Q8_0: model/runtime/int4_weights.py).
+ * Q5_0, Q5_1 and the K-quants: model/gguf/blocks.py packs them; the bundled model's Q4_1 and Q8_0: model/runtime/int4_weights.py).
  *
  * Each row's activations are split, per group of 32, into two 8-bit parts: x ~ scale * (254 * hi + lo), hi the
  * group rounded to 8 bits (scale * 254 = max |x| / 127, as llama.cpp rounds activations) and lo the remainder
@@ -9,11 +9,13 @@
  * without the integer multiply that competes with the dot products for their port):
  * Q4_1: y += d * scale * (254 * sum_hi + sum_lo) + m * sum(x), with sum(x) the group's fp32 sum; Q8_0: y += d *
  * scale * (...). Q4_0 (w = d * (q - 8)) takes 8 * sum(hi) and 8 * sum(lo) off the integer sums, exactly, as
- * llama.cpp does; Q5_0 is packed as the bytes q - 16 and Q5_1 as the bytes q with its m, through the Q8_0 kernel
- * (a byte a weight, not 5 bits: the 5-bit values' pair sums would overflow the 16-bit sums of the nibble kernel).
- * K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 one times the
+ * llama.cpp does. Q5_0, Q5_1 and Q5_K are held at their 5 bits (PACK_FIVES: the nibbles as Q4's, and a plane of
+ * fifth bits), unpacked in registers to the bytes q - offset (Q5_0's 16; Q5_1 and Q5_K keep q and add their m) and
+ * multiplied by the byte kernel, as Q8_0's (the 5-bit values' pair sums would overflow the nibble kernel's 16-bit
+ * sums). K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 one times the
  * sub-block's 6-bit integer, exact in fp32 (SCALES_FP32): Q4_K through the nibble kernel, Q5_K through the byte one;
- * Q6_K's sub-blocks of 16 each have their own scale (SCALES_FP32_HALVES): the byte kernel's two halves of a group,
+ * Q6_K (held at its 6 bits, PACK_SIXES: a plane of sixth bits more, unpacked to the bytes q - 32) has sub-blocks of
+ * 16, each with its own scale (SCALES_FP32_HALVES): the byte kernel's two halves of a group,
  * whose integer sums it keeps apart anyway, are each scaled by theirs. llama.cpp sums a super-block's sub-blocks in
  * integers before one fp32 multiply; here each sub-block is joined in fp32, in order: the same rules (exact integer
  * dot products, a row's result as if alone, every build the same bits) on a finer rounding of the activations. The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's
@@ -21,7 +23,16 @@
  * kernels made the greedy answers' perplexity 1.05x the bf16 teacher's; with the remainder it is off by 1/64516.
  * The second sum costs the integer units, not memory: the weights are read once for both, and for all rows.
  *
- * Coarse rows: rows from `coarse` on skip the remainder (hi alone, llama.cpp's rounding), half the integer work.
+ * The byte kernel on AVX2 (WORD_DOTS in vec16.h) adds no second sum: a row's activation is one int16 word,
+ * 254 * hi + lo (|.| <= 32385), and the group's weights are widened to int16, so one `pmaddwd` multiplies both parts
+ * (the 8-bit `pmaddubsw` has no signed x signed form: two 8-bit sums there cost twice its instructions, llama.cpp's
+ * work twice over). The group's int32 sum is exact (|.| <= 32 * 32385 * 128 < 2^31) and equals 254 * sum(hi) +
+ * sum(lo): converted to fp32 it is the one rounding that the other builds' fma of the two sums makes, the same bits.
+ * For a row or two (DIRECT_ROWS) each row widens the group in registers; for more, the group is widened into memory
+ * once and every row reads it there.
+ *
+ * Coarse rows: rows from `coarse` on skip the remainder (hi alone, llama.cpp's rounding), half the integer work (in
+ * the AVX2 byte kernel their words are 254 * hi, at the cost of a fine row, which there is llama.cpp's 8-bit one).
  * They are a drafting pass's mask rows, whose logits only propose drafts that the clean rows then verify
  * (model/decoding/speculative.py): the answer never depends on them, and a row's rounding is still its own.
  *
@@ -33,8 +44,14 @@
  *   PACK_NIBBLES (Q4_1, Q4_0): nibbles[tile][group][i in 0..3][output in 0..15][c in 0..3]
  *         = q[., 32 g + 4 i + c] | q[., 32 g + 16 + 4 i + c] << 4,
  *         d[tile][group][16], m[tile][group][16] (fp16, the file's own; no m for Q4_0).
- *   PACK_BYTES (Q8_0, Q5_0, Q5_1): q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
- *         d[tile][group][16] (fp16), and m as above for Q5_1.
+ *   PACK_BYTES (Q8_0): q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
+ *         d[tile][group][16] (fp16; or fp32, or fp32 [tile][group][2][16] for halves).
+ *   PACK_FIVES (Q5_0, Q5_1, Q5_K; values q in 0..31, w = d * (q - offset) (+ m)): FIVES_BYTES (320) a tile's group,
+ *         the bytes of PACK_BYTES' group at 5 bits: with j = 4 * output + c, byte 64 i + j (i in 0..3) = the low
+ *         4 bits of quad i's q[j] | those of quad i + 4's << 4 (PACK_NIBBLES' order), and byte 256 + j = the fifth
+ *         bits of quads 0..7's q[j] as its bits 0..7 (ggml's qh, re-laid out); d and m as above.
+ *   PACK_SIXES (Q6_K; q in 0..63, w = d * (q - 32), a d per 16 inputs): SIXES_BYTES (384) a tile's group, PACK_FIVES'
+ *         and byte 320 + j = the sixth bits of quads 0..7's q[j].
  * Weights are zero-padded to whole tiles; n may end in a partial one.
  */
 
@@ -48,6 +65,10 @@
 /* Rows of the Q4_1 kernel whose accumulators stay in registers: a block's rows share each unpacked weight group */
 #define ROW_BLOCK 4
 
+/* Rows up to which the AVX2 byte kernel unpacks a group's weights in registers for each row, rather than into memory
+ * once for all of them */
+#define DIRECT_ROWS 2
+
 /* The weight of hi against lo: x ~ scale * (RESIDUAL * hi + lo) */
 #define RESIDUAL 254
 
@@ -59,16 +80,18 @@ typedef struct {
     float *scale;    /* [rows, groups] */
     float *sum;      /* [rows, groups] */
     int32_t *parts;  /* [rows, groups, 4]: sum(hi) over inputs 0-15, over 16-31, then sum(lo) over each half */
+    int16_t *words;  /* [rows, groups, 32]: 254 * hi + lo (254 * hi from `coarse` on), the AVX2 byte kernel's */
 } Activations;
 
-static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *out) {
+static int quantize_rows(const float *x, int64_t rows, int64_t coarse, int64_t k, Activations *out) {
     const int64_t groups = k / GROUP;
-    void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 2 * sizeof(float)));
+    void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 2 * sizeof(float) + 32 * sizeof(int16_t)));
     if (!buffer) return 1;
     out->quads = buffer;
     out->scale = (float *)(out->quads + rows * groups * 16);
     out->sum = out->scale + rows * groups;
     out->parts = (int32_t *)(out->sum + rows * groups);
+    out->words = (int16_t *)(out->parts + rows * groups * 4);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < groups; g++) {
             const float *xg = x + r * k + g * GROUP;
@@ -92,6 +115,8 @@ static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *o
                 for (int i = 0; i < TILE; i++) total += q[part * TILE + i];
                 out->parts[(r * groups + g) * 4 + part] = total;
             }
+            int16_t *words = out->words + (r * groups + g) * GROUP;
+            for (int i = 0; i < GROUP; i++) words[i] = (int16_t)(RESIDUAL * q[i] + (r < coarse ? q[GROUP + i] : 0));
         }
     return 0;
 }
@@ -187,24 +212,54 @@ static void nibble_rows(const QWeight *w, const Activations *a, int64_t rows, in
             block(w, a, t, first, rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK, coarse, y, ldy);
 }
 
-/* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' (a constant where inlined, so that
- * Q8_0's loop is its own). Halves: the integer sums of inputs 0-15 and 16-31 kept apart, each scaled by its own. */
+/* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' and `planes` the packing (0 bytes, 5
+ * PACK_FIVES, 6 PACK_SIXES; constants where inlined, so that Q8_0's loop is its own). Halves: the integer sums of
+ * inputs 0-15 and 16-31 kept apart, each scaled by its own. */
 static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, const Activations *a, int64_t t,
                                                             int64_t first, int64_t count, int64_t coarse, float *y,
-                                                            int64_t ldy, int kind) {
+                                                            int64_t ldy, int kind, int planes) {
     const int64_t groups = w->k / GROUP;
-    const int8_t *q = (const int8_t *)w->q;
     vec16 acc[ROW_CHUNK];
     for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
     for (int64_t g = 0; g < groups; g++) {
         const int64_t block = t * groups + g;
-        s8vec wq[8];  /* inputs 4i..4i+3 of the group, for 16 outputs */
-        for (int i = 0; i < 8; i++) wq[i] = s8_load(q + (block * 8 + i) * 64);
+        const uint8_t *packed = w->q + block * (planes == 6 ? SIXES_BYTES : planes ? FIVES_BYTES : 512);
+        wgroup wg;  /* the group's weights for 16 outputs, unpacked once for all the rows */
+#if defined(WORD_DOTS)
+        const int direct = count <= DIRECT_ROWS;  /* or for each row in registers */
+        if (!direct && planes) wg_planes(&wg, packed, (int)w->offset, planes == 6);
+        if (!direct && !planes) wg_bytes(&wg, (const int8_t *)packed);
+#else
+        if (planes)
+            wg_planes(&wg, packed, (int)w->offset, planes == 6);
+        else
+            wg_bytes(&wg, (const int8_t *)packed);
+#endif
         const vec16 vd = scales_of(w->d, block, kind, 0);
         const vec16 vd_b = kind == SCALES_FP32_HALVES ? scales_of(w->d, block, kind, 1) : vd;
         const vec16 vm = w->m ? scales_of(w->m, block, kind, 0) : v_set1(0.0f);
         for (int64_t r = 0; r < count; r++) {
             const int64_t at = (first + r) * groups + g;
+#if defined(WORD_DOTS)
+            /* one exact int32 sum, 254 * sum(hi) + sum(lo) (hi alone for coarse rows: the words say which) */
+            const int16_t *words = a->words + at * GROUP;
+            const vec16 scale = v_set1(a->scale[at]);
+            const int halves = kind == SCALES_FP32_HALVES;
+            ivec16 sum, sum_b = iv_zero();
+            if (!direct) {
+                sum = wg_dot(&wg, words, 0, halves ? 4 : 8);
+                if (halves) sum_b = wg_dot(&wg, words, 4, 8);
+            } else if (planes) {
+                planes_dot(packed, words, (int)w->offset, planes == 6, halves, &sum, &sum_b);
+            } else {
+                sum = bytes_dot((const int8_t *)packed, words, 0, halves ? 4 : 8);
+                if (halves) sum_b = bytes_dot((const int8_t *)packed, words, 4, 8);
+            }
+            acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
+            if (halves) acc[r] = v_fma(vd_b, v_mul(iv_float(sum_b), scale), acc[r]);
+            (void)coarse;
+#else
+            const s8vec *wq = wg.q;  /* inputs 4i..4i+3 of the group, for 16 outputs */
             const int32_t *quads = a->quads + at * 16;
             const int32_t *parts = a->parts + at * 4;
             const vec16 scale = v_set1(a->scale[at]);
@@ -242,6 +297,7 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
                 const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
                 acc[r] = v_fma(vd, v_mul(dot, scale), acc[r]);
             }
+#endif
             if (w->m) acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
         }
     }
@@ -251,17 +307,23 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
 static void byte_rows(const QWeight *w, const Activations *a, int64_t rows, int64_t coarse, float *y, int64_t ldy,
                       int threads) {
     const int64_t tiles = (w->n + TILE - 1) / TILE;
-    const int kind = (int)w->scales;
+    const int kind = (int)w->scales, planes = w->packing == PACK_FIVES ? 5 : w->packing == PACK_SIXES ? 6 : 0;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++)
         for (int64_t first = 0; first < rows; first += ROW_CHUNK) {
             const int64_t count = rows - first < ROW_CHUNK ? rows - first : ROW_CHUNK;
-            if (kind == SCALES_FP16)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16);
+            if (planes == 5 && kind == SCALES_FP16)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 5);
+            else if (planes == 5)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32, 5);
+            else if (planes == 6)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES, 6);
+            else if (kind == SCALES_FP16)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 0);
             else if (kind == SCALES_FP32)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32);
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32, 0);
             else
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES);
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES, 0);
         }
 }
 
@@ -270,13 +332,15 @@ int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, 
     if (rows <= 0) return 0;
     int64_t ldy = 0;
     for (int64_t i = 0; i < members; i++) {
-        if (w[i].packing != PACK_NIBBLES && w[i].packing != PACK_BYTES) return 2;
-        if (w[i].scales < SCALES_FP16 || w[i].scales > SCALES_FP32_HALVES) return 2;
-        if (w[i].packing == PACK_NIBBLES && w[i].scales == SCALES_FP32_HALVES) return 2;
+        const int64_t packing = w[i].packing, scales = w[i].scales;
+        if (packing < PACK_NIBBLES || packing > PACK_SIXES || scales < SCALES_FP16 || scales > SCALES_FP32_HALVES)
+            return 2;
+        /* the compiled combinations: bytes with any scales, sixes with halves (Q6_K's), the others without */
+        if (packing != PACK_BYTES && (scales == SCALES_FP32_HALVES) != (packing == PACK_SIXES)) return 2;
         ldy += w[i].n;
     }
     Activations a;
-    if (quantize_rows(x, rows, w[0].k, &a)) return 1;  /* once for all the members */
+    if (quantize_rows(x, rows, coarse, w[0].k, &a)) return 1;  /* once for all the members */
     for (int64_t i = 0, column = 0; i < members; column += w[i++].n) {
         if (w[i].packing == PACK_NIBBLES)
             nibble_rows(&w[i], &a, rows, coarse, y + column, ldy, threads);

@@ -119,9 +119,7 @@ static inline ivec16 iv_minus(ivec16 a, int32_t kb) { return (ivec16){_mm512_sub
  * product instead of three) */
 #define S8_BIAS 128
 typedef struct { __m512i biased; } s8vec;
-static inline s8vec s8_load(const int8_t *p) {
-    return (s8vec){_mm512_xor_si512(_mm512_loadu_si512((const void *)p), _mm512_set1_epi8((char)0x80))};
-}
+static inline s8vec s8_from(__m512i w) { return (s8vec){_mm512_xor_si512(w, _mm512_set1_epi8((char)0x80))}; }
 static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
     return (ivec16){_mm512_dpbusd_epi32(acc.v, w.biased, _mm512_set1_epi32(four_bytes))};
 }
@@ -130,10 +128,7 @@ static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
  * unsigned x signed one, |w| . (x * sign(w)), whose pair sums stay within 16 bits */
 #define S8_BIAS 0
 typedef struct { __m512i abs; __mmask64 negative; } s8vec;
-static inline s8vec s8_load(const int8_t *p) {
-    const __m512i w = _mm512_loadu_si512((const void *)p);
-    return (s8vec){_mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
-}
+static inline s8vec s8_from(__m512i w) { return (s8vec){_mm512_abs_epi8(w), _mm512_movepi8_mask(w)}; }
 static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
     const __m512i x = _mm512_set1_epi32(four_bytes);
     const __m512i signed_x = _mm512_mask_sub_epi8(x, w.negative, _mm512_setzero_si512(), x);
@@ -141,6 +136,31 @@ static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
     return (ivec16){_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
 }
 #endif
+/* A group's 512 weights for 16 outputs as the byte kernel's eight s8vec (inputs 4i..4i+3 each): PACK_BYTES' bytes,
+ * or PACK_FIVES' (PACK_SIXES') nibbles and bit planes unpacked to the bytes q - offset in registers (quant_matmul.c's
+ * layouts: bit i of a plane's byte is quad i's bit, shifted to its place within 16-bit lanes, where no bit of the
+ * neighbouring byte lands) */
+typedef struct { s8vec q[8]; } wgroup;
+static inline void wg_bytes(wgroup *g, const int8_t *p) {
+    for (int i = 0; i < 8; i++) g->q[i] = s8_from(_mm512_loadu_si512((const void *)(p + 64 * i)));
+}
+static inline void wg_planes(wgroup *g, const uint8_t *p, int offset, int sixes) {
+    const __m512i bits = _mm512_loadu_si512((const void *)(p + 256)), mask = _mm512_set1_epi8(15);
+    const __m512i sixth = sixes ? _mm512_loadu_si512((const void *)(p + 320)) : _mm512_setzero_si512();
+    const __m512i five = _mm512_set1_epi8(16), six = _mm512_set1_epi8(32), off = _mm512_set1_epi8((char)offset);
+    for (int i = 0; i < 4; i++) {
+        const __m512i raw = _mm512_loadu_si512((const void *)(p + 64 * i));
+        __m512i low = _mm512_and_si512(raw, mask), high = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+        low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(bits, 4 - i), five));
+        high = _mm512_or_si512(high, _mm512_and_si512(_mm512_srli_epi16(bits, i), five));
+        if (sixes) {
+            low = _mm512_or_si512(low, _mm512_and_si512(_mm512_slli_epi16(sixth, 5 - i), six));
+            high = _mm512_or_si512(high, _mm512_and_si512(i ? _mm512_srli_epi16(sixth, i - 1) : _mm512_slli_epi16(sixth, 1), six));
+        }
+        g->q[i] = s8_from(_mm512_sub_epi8(low, off));
+        g->q[i + 4] = s8_from(_mm512_sub_epi8(high, off));
+    }
+}
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 typedef struct { __m256 lo, hi; } vec16;
 static inline vec16 v_set1(float a) { return (vec16){_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
@@ -251,18 +271,111 @@ static inline ivec16 iv_minus(ivec16 a, int32_t kb) {
     const __m256i v = _mm256_set1_epi32(kb);
     return (ivec16){_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)};
 }
-#define S8_BIAS 0 /* the sign trick: see the AVX-512 build without VNNI */
-typedef struct { __m256i abs_lo, abs_hi, w_lo, w_hi; } s8vec;
-static inline s8vec s8_load(const int8_t *p) {
-    const __m256i a = _mm256_loadu_si256((const __m256i *)p), b = _mm256_loadu_si256((const __m256i *)(p + 32));
-    return (s8vec){_mm256_abs_epi8(a), _mm256_abs_epi8(b), a, b};
+/* The byte kernel without AVX-512 (WORD_DOTS): a row's activation is one int16 a word, 254 * hi + lo (|.| <= 32385),
+ * and a group's weights are widened to int16 once per tile, so that one `pmaddwd` multiplies both parts (the sign
+ * trick's two 8-bit dot products cost twice the instructions). Its int32 pair sums are exact, and so is a group's
+ * sum, |.| <= 32 * 32385 * 128 < 2^31: the exact 254 * sum(hi) + sum(lo), which converted to fp32 is the one
+ * rounding the AVX-512 builds' fma of the two sums makes, so every build computes the same bits. */
+#define WORD_DOTS 1
+/* [quad i][m]: inputs 4i..4i+3 of outputs 4m..4m+3 as 16 int16 (output by output, 4 inputs each) */
+typedef struct { __m256i w[32]; } wgroup;
+/* 32 weight bytes (outputs 8h..8h+7 of quad i) widened into the group */
+static inline void wg_widen(wgroup *g, int i, int h, __m256i bytes) {
+    g->w[4 * i + 2 * h] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes));
+    g->w[4 * i + 2 * h + 1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1));
 }
-static inline ivec16 s8_dot4(ivec16 acc, s8vec w, int32_t four_bytes) {
-    const __m256i x = _mm256_set1_epi32(four_bytes), ones = _mm256_set1_epi16(1);
-    const __m256i lo = _mm256_maddubs_epi16(w.abs_lo, _mm256_sign_epi8(x, w.w_lo));
-    const __m256i hi = _mm256_maddubs_epi16(w.abs_hi, _mm256_sign_epi8(x, w.w_hi));
-    return (ivec16){_mm256_add_epi32(acc.lo, _mm256_madd_epi16(lo, ones)),
-                    _mm256_add_epi32(acc.hi, _mm256_madd_epi16(hi, ones))};
+static inline void wg_bytes(wgroup *g, const int8_t *p) {
+    for (int i = 0; i < 32; i++) g->w[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
+}
+/* PACK_FIVES (PACK_SIXES): quads i and i + 4 of outputs 8h..8h+7 as the bytes q - offset, from the nibbles and the
+ * bit planes (bit i of a plane's byte is quad i's bit: shifted to its place within 16-bit lanes, where no bit of the
+ * neighbouring byte lands) */
+static inline void planes_unpack(const uint8_t *p, int offset, int sixes, int h, int i, __m256i *low, __m256i *high) {
+    const __m256i mask = _mm256_set1_epi8(15), five = _mm256_set1_epi8(16), off = _mm256_set1_epi8((char)offset);
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * h));
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * i + 32 * h));
+    __m256i a = _mm256_and_si256(raw, mask), b = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+    a = _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(bits, 4 - i), five));
+    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_srli_epi16(bits, i), five));
+    if (sixes) {
+        const __m256i sixth = _mm256_loadu_si256((const __m256i *)(p + 320 + 32 * h)), six = _mm256_set1_epi8(32);
+        a = _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(sixth, 5 - i), six));
+        b = _mm256_or_si256(b, _mm256_and_si256(i ? _mm256_srli_epi16(sixth, i - 1) : _mm256_slli_epi16(sixth, 1), six));
+    }
+    *low = _mm256_sub_epi8(a, off), *high = _mm256_sub_epi8(b, off);
+}
+static inline void wg_planes(wgroup *g, const uint8_t *p, int offset, int sixes) {
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) {
+            __m256i low, high;
+            planes_unpack(p, offset, sixes, h, i, &low, &high);
+            wg_widen(g, i, h, low);
+            wg_widen(g, i + 4, h, high);
+        }
+}
+/* A row's words of quad i, four int16, in every 64-bit lane */
+static inline __m256i wd_quad(const int16_t *words, int i) {
+    int64_t four;
+    memcpy(&four, words + 4 * i, sizeof four);
+    return _mm256_set1_epi64x(four);
+}
+/* Each `pmaddwd` lane holds one output's pair sum (inputs 0-1 or 2-3 of a quad): the four accumulators of outputs
+ * 4m..4m+3 joined by `phaddd` into [o0 o1 o4 o5 | o2 o3 o6 o7] (and o8...), then put in order */
+static inline ivec16 wd_join(const __m256i acc[4]) {
+    const __m256i a = _mm256_hadd_epi32(acc[0], acc[1]), b = _mm256_hadd_epi32(acc[2], acc[3]);
+    return (ivec16){_mm256_permute4x64_epi64(a, 0xD8), _mm256_permute4x64_epi64(b, 0xD8)};
+}
+#define WD_ZERO {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()}
+/* The exact int32 sums of quads [from, to) of the group's weights times a row's words, for 16 outputs in order */
+static inline ivec16 wg_dot(const wgroup *g, const int16_t *words, int from, int to) {
+    __m256i acc[4] = WD_ZERO;
+    for (int i = from; i < to; i++) {
+        const __m256i x = wd_quad(words, i);
+        for (int m = 0; m < 4; m++) acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(g->w[4 * i + m], x));
+    }
+    return wd_join(acc);
+}
+/* The same sums for one row straight from PACK_BYTES' bytes, widened in registers: for a row or two, where widening
+ * the group into memory first costs more than widening it again */
+static inline ivec16 bytes_dot(const int8_t *p, const int16_t *words, int from, int to) {
+    __m256i acc[4] = WD_ZERO;
+    for (int i = from; i < to; i++) {
+        const __m256i x = wd_quad(words, i);
+        for (int m = 0; m < 4; m++) {
+            const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 64 * i + 16 * m)));
+            acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(w, x));
+        }
+    }
+    return wd_join(acc);
+}
+/* and from PACK_FIVES' (PACK_SIXES') nibbles and bit planes: the sums over quads 0-3 in *sum and over 4-7 in *sum_b
+ * for halves, else over all 8 in *sum */
+static inline void planes_dot(const uint8_t *p, const int16_t *words, int offset, int sixes, int halves, ivec16 *sum,
+                              ivec16 *sum_b) {
+    __m256i acc[4] = WD_ZERO, acc_b[4] = WD_ZERO;
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) {
+            __m256i low, high;
+            planes_unpack(p, offset, sixes, h, i, &low, &high);
+            const __m256i x = wd_quad(words, i), z = wd_quad(words, i + 4);
+            const __m256i pairs[4] = {
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(low)), x),
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(low, 1)), x),
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(high)), z),
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(high, 1)), z),
+            };
+            if (halves) {
+                acc[2 * h] = _mm256_add_epi32(acc[2 * h], pairs[0]);
+                acc[2 * h + 1] = _mm256_add_epi32(acc[2 * h + 1], pairs[1]);
+                acc_b[2 * h] = _mm256_add_epi32(acc_b[2 * h], pairs[2]);
+                acc_b[2 * h + 1] = _mm256_add_epi32(acc_b[2 * h + 1], pairs[3]);
+            } else {
+                acc[2 * h] = _mm256_add_epi32(acc[2 * h], _mm256_add_epi32(pairs[0], pairs[2]));
+                acc[2 * h + 1] = _mm256_add_epi32(acc[2 * h + 1], _mm256_add_epi32(pairs[1], pairs[3]));
+            }
+        }
+    *sum = wd_join(acc);
+    if (halves) *sum_b = wd_join(acc_b);
 }
 #else
 #error "needs AVX-512 (BW) or AVX2 with FMA and F16C"
