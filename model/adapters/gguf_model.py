@@ -154,7 +154,7 @@ def _from_file(header: GGUFHeader, dtype: torch.dtype, dense_linears: bool) -> t
         if not dense_linears:
             config.tie_word_embeddings = header.tied_head
             head = "token_embd.weight" if header.tied_head else "output.weight"
-            packed_head = next(t for t in header.tensors if t.name == head).type_name in FORMATS
+            packed_head = header.tensor(head).type_name in FORMATS
             return tokenizer, network_without_linears(header, config, dtype, packed_head)
         base = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype,
                                                     attn_implementation="sdpa")

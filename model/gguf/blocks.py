@@ -173,9 +173,6 @@ def unpacked(header: GGUFHeader, info: TensorInfo) -> Unpacked:
     return block.unpack(np.asarray(raw).reshape(raw.shape[0], -1, block.block_bytes))
 
 
-def _tensor(header: GGUFHeader, name: str) -> TensorInfo:
-    return next(t for t in header.tensors if t.name == name)
-
 
 def unreadable(header: GGUFHeader) -> list[str]:
     """The layers' linear weights whose type the kernels do not read ("blk.0.ffn_down.weight Q4_K"): none, and
@@ -187,7 +184,7 @@ def unreadable(header: GGUFHeader) -> list[str]:
 
 
 def _unpacked_weight(header: GGUFHeader, name: str, heads: int | None) -> tuple[str, Unpacked]:
-    info = _tensor(header, name)
+    info = header.tensor(name)
     weight = unpacked(header, info)
     if heads is not None:  # llama.cpp's rotary order of q and k rows, undone
         weight = weight.rows(unpermute_order(weight.values.shape[0], heads))
@@ -229,7 +226,7 @@ def gguf_weights(header: GGUFHeader, dense_head: torch.Tensor) -> Int4Weights:
     them, and the head: its own blocks when the kernels read them, else `dense_head` row by row."""
     layers = [Int4Layer(*(_linear(header, i, parts) for parts in FUSED.values())) for i in range(header.layers)]
     name = "token_embd.weight" if header.tied_head else "output.weight"
-    info = _tensor(header, name)
+    info = header.tensor(name)
     if info.type_name in FORMATS:
         head: PackedLinear | RowByRowHead = PackedLinear([FORMATS[info.type_name].pack(unpacked(header, info))],
                                                          logits=True)

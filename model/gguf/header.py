@@ -69,6 +69,13 @@ class GGUFHeader:
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", frozenset(t.name for t in self.tensors))
 
+    def tensor(self, name: str) -> TensorInfo:
+        """The tensor called `name` (KeyError when the file has none)."""
+        found = next((t for t in self.tensors if t.name == name), None)
+        if found is None:
+            raise KeyError(name)
+        return found
+
     @property
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", ""))

@@ -17,7 +17,7 @@ from torch import nn
 
 from model.errors import ModelError
 from model.gguf.embedding import BlockEmbedding, dense_rows
-from model.gguf.header import GGUFHeader, TensorInfo
+from model.gguf.header import GGUFHeader
 
 _EMBEDDING = "model.embed_tokens.weight"
 _GLOBAL = {"token_embd.weight": _EMBEDDING, "output_norm.weight": "model.norm.weight",
@@ -51,12 +51,9 @@ def hf_name(name: str) -> str | None:
 
 def _dense(header: GGUFHeader, name: str, dtype: torch.dtype) -> torch.Tensor:
     """The tensor de-quantized by gguf-py (as transformers' loader does), in `dtype`."""
-    info = _tensor(header, name)
+    info = header.tensor(name)
     return dense_rows(header, info, dtype).reshape(info.shape[::-1])
 
-
-def _tensor(header: GGUFHeader, name: str) -> TensorInfo:
-    return next(t for t in header.tensors if t.name == name)
 
 
 def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype, packed_head: bool) -> Any:
@@ -74,7 +71,7 @@ def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype,
             module.weight = nn.Parameter(torch.empty(0, module.in_features, dtype=dtype), requires_grad=False)
     dense_embedding = header.tied_head and not packed_head
     if not dense_embedding:
-        base.model.embed_tokens = BlockEmbedding(header, _tensor(header, "token_embd.weight"), dtype)
+        base.model.embed_tokens = BlockEmbedding(header, header.tensor("token_embd.weight"), dtype)
     rotary_type = type(base.model.rotary_emb)
     base.to_empty(device="cpu")
     base.model.rotary_emb = rotary_type(config=config)  # its frequencies, computed again on the CPU

@@ -46,7 +46,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def weight_of(path: Path, name: str = "blk.0.ffn_down.weight") -> tuple[Unpacked, np.ndarray, str]:
     """(the tensor unpacked, gguf-py's de-quantization of it, its type)."""
     header = read_header(path)
-    info = next(t for t in header.tensors if t.name == name)
+    info = header.tensor(name)
     expected = dequantize(np.asarray(raw_blocks(header, info)), T[info.type_name]).reshape(info.shape[::-1])
     return unpacked(header, info), expected.astype(np.float32), info.type_name
 

@@ -30,7 +30,7 @@ def test_looked_up_rows_equal_the_de_quantized_copys_rows(tmp_path: Path, kind: 
     path = write_model(tmp_path / f"{kind}.gguf", "qwen2", lambda name: T[kind] if "token_embd" in name else T.Q8_0,
                        shape=K_SHAPE if T[kind] in K_TYPES else None, seed=2).path
     header = read_header(path)
-    info = next(t for t in header.tensors if t.name == "token_embd.weight")
+    info = header.tensor("token_embd.weight")
     assert info.type_name == kind
     dense = dense_rows(header, info, torch.bfloat16)
     embedding = BlockEmbedding(header, info, torch.bfloat16)
@@ -68,7 +68,7 @@ def test_a_model_on_its_own_blocks_holds_no_dense_embedding_and_answers_as_with_
     dense_chat = load_chat_model(ModelSpec(source=str(path)))
     assert isinstance(dense_chat, DiffusionChatModel)
     header = read_header(path)
-    info = next(t for t in header.tensors if t.name == "token_embd.weight")
+    info = header.tensor("token_embd.weight")
     dense_base = dense_chat.backend.model.base  # type: ignore[attr-defined]
     dense_base.model.embed_tokens = torch.nn.Embedding.from_pretrained(dense_rows(header, info, torch.bfloat16))
     assert [answer(dense_chat, text, 8)[1] for text in TEXTS] == own

@@ -41,8 +41,8 @@ def test_a_small_shape_is_written_with_its_types_vocabulary_and_weights_of_a_tra
     assert (header.token_id("bos"), header.token_id("eos")) == (2000 - len(SPECIALS), 1999)
     types = Counter(t.type_name for t in header.tensors)
     assert types == Counter({"Q4_K": 8 * 7 - 2 * 4, "Q6_K": 2 * 4 + 1, "F32": 8 * 5 + 1})  # layers 0, 3, 6, 7 more bits
-    embedding = next(t for t in header.tensors if t.name == "token_embd.weight")
+    embedding = header.tensor("token_embd.weight")
     values = dense_rows(header, embedding, torch.float32)
     assert torch.isfinite(values).all() and 0.005 < float(values.std()) < 0.1
-    down = next(t for t in header.tensors if t.name == "blk.3.ffn_down.weight")
+    down = header.tensor("blk.3.ffn_down.weight")
     assert 0.005 < float(np.std(dense_rows(header, down, torch.float32).numpy())) < 0.1
