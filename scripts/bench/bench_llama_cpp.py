@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     runtimes: dict[int, Worker] = {}
     if any(e != "llama.cpp" for e in engines):
         model = None if args.model is None else str(args.model)
-        adapter = None if args.adapter is None else str(args.adapter)
+        adapter = None if drafts_with is None else str(drafts_with)  # the one the report names
         runtimes = {t: Worker(_runtime_worker, model, adapter, args.weights, t) for t in threads}
 
     def ask(engine: str, t: int, ids: list[int]) -> Answer:

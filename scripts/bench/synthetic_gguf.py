@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 
-from report_lib.gguf_parts import CHATML, MERGES, random_blocks, vocabulary
+from report_lib.gguf_parts import add_bpe_tokenizer, random_blocks, vocabulary
 
 T = GGMLQuantizationType
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,14 +92,7 @@ def write(shape: ModelShape, mix: str, path: Path, seed: int) -> None:
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(shape.vocab)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(list(MERGES))
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML)
+    add_bpe_tokenizer(writer, tokens, types)
 
     def linear(name: str, rows: int, cols: int) -> None:
         kind = tensor_type(name, cols, mix, shape)

@@ -8,7 +8,7 @@ built from these: scripts/ must not import tests/, and tests already import scri
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.constants import GGML_QUANT_SIZES
 
 CHATML = (
@@ -51,6 +51,19 @@ def vocabulary(size: int | None = None) -> tuple[list[str], list[int]]:
     tokens = [*words, *SPECIALS]
     types = [TokenType.NORMAL] * len(words) + [TokenType.CONTROL] * len(SPECIALS)
     return tokens, [int(t) for t in types]
+
+
+def add_bpe_tokenizer(writer: GGUFWriter, tokens: list[str], types: list[int], eos: str = "<|im_end|>") -> None:
+    """`vocabulary`'s tokens as a byte-level BPE tokenizer with `MERGES`, ChatML's template, `<|endoftext|>` as BOS
+    (never added) and `eos` as EOS, as llama.cpp's converter writes a Qwen2.5 file's."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(list(MERGES))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index(eos))
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
 
 
 def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator,

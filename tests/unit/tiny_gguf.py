@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
 from gguf.quants import dequantize, quantize
-from report_lib.gguf_parts import CHATML, K_TYPES, MERGES, random_blocks, vocabulary
+from report_lib.gguf_parts import K_TYPES, add_bpe_tokenizer, random_blocks, vocabulary
 
 # A sentencepiece vocabulary (TinyLlama's and Llama 2's kind: `tokenizer.ggml.model` "llama"): unknown, BOS, EOS, the
 # byte fallbacks, then pieces by score; and the Zephyr template TinyLlama's chat models use (EOS ends a message)
@@ -124,14 +124,7 @@ def write_model(
         writer.add_add_bos_token(True)
         writer.add_chat_template(ZEPHYR)
     else:
-        writer.add_tokenizer_model("gpt2")
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_token_merges(list(MERGES))
-        writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-        writer.add_eos_token_id(tokens.index(eos))
-        writer.add_add_bos_token(False)
-        writer.add_chat_template(CHATML)
+        add_bpe_tokenizer(writer, tokens, types, eos)
 
     def linear(gguf_name: str, hf_name: str, rows: int, cols: int, permute_heads: int | None = None) -> None:
         kind = qtype(gguf_name) if callable(qtype) else qtype
