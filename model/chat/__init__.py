@@ -152,7 +152,8 @@ class PreparesPrompts(Protocol):
 
     def prepare(
         self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None, conversation: str | None = None,
-        system_prompt: str | None = None,
+        system_prompt: str | None = None, words: str = "",
     ) -> list[int]:
-        """Queue the encoding; `cancel` drops it while it still waits. Returns the tokens queued."""
+        """Queue the encoding (with `words`, the next user message's known start); `cancel` drops it while it still
+        waits. Returns the tokens queued."""
         ...

@@ -105,17 +105,19 @@ class DiffusionChatModel:
 
     def prepare(
         self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None, conversation: str | None = None,
-        system_prompt: str | None = None,
+        system_prompt: str | None = None, words: str = "",
     ) -> list[int]:
         """Encode, while the model is idle, the part of the next prompt that does not depend on the user's next
         words: `messages` (what the next answer will see before them) and the user header. A voice session calls it
         when an answer ends, so the next turn's prefill, on its critical path, encodes only the new words (turn 2-10
         of a conversation re-encoded 57-87 tokens: the one-exchange history window slides every turn), into the
-        cache slot kept for `conversation` (`GenerationOptions.conversation`). `cancel` drops it if it is still
-        waiting. `system_prompt` is the one the next answer will ask for (`GenerationOptions.system_prompt`).
-        Returns the tokens queued (none when the back end keeps no cache between answers)."""
+        cache slot kept for `conversation` (`GenerationOptions.conversation`), and again while the user speaks, with
+        the `words` the recogniser has committed so far (the next message starts with them): the answer's first pass
+        then encodes only the last words and the template's tail. `cancel` drops it if it is still waiting.
+        `system_prompt` is the one the next answer will ask for (`GenerationOptions.system_prompt`). Returns the
+        tokens queued (none when the back end keeps no cache between answers)."""
         self.vocabulary()  # scanned here, while idle, rather than on the next answer's critical path
-        shared = self.next_prompt_prefix(messages, system_prompt)
+        shared = self.next_prompt_prefix(messages, system_prompt, words)
         if not shared or not self.backend.prepare(shared, cancel, conversation):
             return []
         return shared
@@ -126,10 +128,13 @@ class DiffusionChatModel:
         voice answer's first phrase while the answer's next passes ran beside it (voice/speak/stage.py)."""
         return self.backend.standing_aside(seconds)
 
-    def next_prompt_prefix(self, messages: Sequence[ChatMessage], system_prompt: str | None = None) -> list[int]:
-        """The tokens every prompt of `messages` plus one more user message starts with, whatever its words."""
-        one = self.prompt_ids([*messages, ChatMessage("user", "a")], system_prompt)
-        other = self.prompt_ids([*messages, ChatMessage("user", "b")], system_prompt)
+    def next_prompt_prefix(self, messages: Sequence[ChatMessage], system_prompt: str | None = None,
+                           words: str = "") -> list[int]:
+        """The tokens every prompt of `messages` plus one more user message starts with, whatever its words after
+        `words` (the message's known start; a word after them begins with a space)."""
+        start = f"{words.strip()} " if words.strip() else ""
+        one = self.prompt_ids([*messages, ChatMessage("user", f"{start}a")], system_prompt)
+        other = self.prompt_ids([*messages, ChatMessage("user", f"{start}b")], system_prompt)
         return one[: common_prefix(one, other)]
 
     def check_context(self, prompt_tokens: int, max_new_tokens: int, limit: int | None = None) -> None:

@@ -472,6 +472,9 @@ def test_a_prompt_prepared_ahead_is_reused_by_the_answer_that_follows() -> None:
     assert question_ids[: len(shared)] == shared == other_ids[: len(shared)]  # the history and the user header ...
     assert question_ids[len(shared)] != other_ids[len(shared)]  # ... and nothing of the user's words
     assert len(shared) > len(chat.prompt_ids(history[:1]))
+    begun = chat.next_prompt_prefix(history, words=" What ")  # the words a partial transcript committed so far
+    assert question_ids[: len(begun)] == begun and len(begun) > len(shared)  # ... are encoded too
+    assert chat.next_prompt_prefix(history, words="Why")[: len(begun)] != begun
 
     prefix, rest = prompts(2, seed=9)  # the tiny model's own vocabulary
     question = prefix + rest

@@ -433,11 +433,13 @@ class PreparingLM(FakeLM):
     def __init__(self) -> None:
         super().__init__()
         self.prepared: list[tuple[list[ChatMessage], threading.Event | None]] = []
+        self.words: list[str] = []  # the user's words each prepare was given
         self.conversations: list[str | None] = []  # of every prepare and answer, in order
 
     def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None,
-                conversation: str | None = None, system_prompt: str | None = None) -> list[int]:
+                conversation: str | None = None, system_prompt: str | None = None, words: str = "") -> list[int]:
         self.prepared.append((list(messages), cancel))
+        self.words.append(words)
         self.conversations.append(conversation)
         return []
 
@@ -471,6 +473,31 @@ def test_the_next_prompt_is_prepared_at_the_start_and_after_every_turn(make_sess
     assert messages[0].content == "What is the capital of France?"
     assert messages[1].content == " ".join(WORDS)
     assert lm.prompts[0][-1].content == "What is the capital of France?"
+
+
+def test_the_words_committed_while_the_user_speaks_are_prepared_ahead_of_the_answer(make_session) -> None:
+    """Each partial whose committed words grew has the LM encode them (the next message starts with them), with the
+    turn's earlier segments before them; nothing while an answer to the turn is in flight."""
+    async def scenario() -> PreparingLM:
+        lm = PreparingLM()
+        session = make_session(lm, detector=FakeDetector(complete=True))
+        listen, _events, collector = await started(session)
+        await listen.emit(SpeechStart(session="s", turn=0, t_ns=now_ns()))
+        for committed in ("", "Remind me", "Remind me", "Remind me to call"):
+            await listen.emit(Transcript(session="s", turn=0, text=f"{committed} Sam", committed=committed,
+                                         final=False))
+        await listen.emit(Transcript(session="s", turn=0, text="Remind me to call Sam", committed="Remind me to call",
+                                     final=False, likely_final=True))
+        await until(lambda: len(lm.prompts) == 1)  # the early answer: in flight, so nothing more is prepared
+        await listen.emit(Transcript(session="s", turn=0, text="Remind me to call Sam at", committed="Remind me to "
+                                     "call Sam", final=False))
+        await session.close()
+        await collector
+        return lm
+
+    lm = asyncio.run(scenario())
+    assert lm.words == ["", "Remind me", "Remind me to call"]  # the session's start, then each growth once
+    assert all(messages == [] for messages, _ in lm.prepared)  # the history before the words: none yet
 
 
 @pytest.mark.parametrize("spoke_on", [False, True])
@@ -564,9 +591,9 @@ class PromptedLM(PreparingLM):
         self.system_prompts: list[tuple[str, str | None]] = []
 
     def prepare(self, messages: Sequence[ChatMessage], cancel: threading.Event | None = None,
-                conversation: str | None = None, system_prompt: str | None = None) -> list[int]:
+                conversation: str | None = None, system_prompt: str | None = None, words: str = "") -> list[int]:
         self.system_prompts.append(("prepare", system_prompt))
-        return super().prepare(messages, cancel, conversation, system_prompt)
+        return super().prepare(messages, cancel, conversation, system_prompt, words)
 
     def stream_chat(self, messages: Sequence[ChatMessage], options: GenerationOptions,
                     cancel: threading.Event | None = None) -> Iterator[Draft]:

@@ -220,11 +220,11 @@ class AnswerRunner:
         if answer.resume(resumed):
             self._emit(Resume(session=self.session_id, turn=answer.turn, t_ns=resumed))
 
-    def prepare_next(self, history: list[ChatMessage]) -> None:
+    def prepare_next(self, history: list[ChatMessage], words: str = "") -> None:
         """Have the LM encode the next prompt's known part (`history`, the messages it will see before the user's
-        next words, and the user header) while the user speaks, so the next answer's prefill encodes only the new
-        words (`DiffusionChatModel.prepare`; a remote LM has no such step). A prepare still waiting when the next
-        answer starts is dropped (`drop_prepared`)."""
+        next words, the user header and the `words` the user is known to have begun with) while the user speaks, so
+        the next answer's first pass encodes only the rest (`DiffusionChatModel.prepare`; a remote LM has no such
+        step). A prepare still waiting when the next answer starts is dropped (`drop_prepared`)."""
         lm = self.engines.lm
         if not isinstance(lm, PreparesPrompts):
             return
@@ -233,7 +233,7 @@ class AnswerRunner:
         try:
             offered = self._offered(self.toolbox.offered if self.toolbox is not None else ())
             lm.prepare(history, self._prepared, conversation=self.session_id,
-                       system_prompt=offered_options(self.options, offered).system_prompt)
+                       system_prompt=offered_options(self.options, offered).system_prompt, words=words)
         except ModelError as error:  # only a speed-up: the answer encodes its whole prompt instead
             log.warning("could not encode the next prompt ahead: %s", error)
 

@@ -368,6 +368,14 @@ class TurnTaking:
     def answer_id(self) -> int | None:
         return self._answer.answer_id if self._answer is not None else None
 
+    @property
+    def words_so_far(self) -> str | None:
+        """The words of the user's turn before the segment being spoken ("" in its first), while the user speaks and
+        no answer to the turn is in flight: what the turn's next answer will begin its message with. None otherwise."""
+        if self.state is not State.USER_SPEAKING or self._answer is not None:
+            return None
+        return self._user.text if self._user is not None else ""
+
     def handle(self, event: TurnEvent) -> list[TurnAction]:
         """Apply one event; return what the shell must do, in order."""
         match event:

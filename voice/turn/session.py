@@ -111,6 +111,7 @@ class Session:
         self._announcements: deque[str] = deque()  # due timers' words, said once nobody holds the floor
         self._timer_watch: asyncio.Task[None] | None = None
         self._tools_warm: asyncio.Task[object] | None = None
+        self._prepared_words = ""  # the user's words the last prepare encoded ahead
         self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio, self.toolbox)
         self._answers.on_end_of_turn = self._on_lm_end_of_turn
         self._answer: Answer | None = None
@@ -348,6 +349,8 @@ class Session:
             case Transcript(final=False):
                 self._emit(replace(event, turn=core.user_turn))
                 await self._dispatch(PartialTranscript(event.text, event.likely_final, event.t_ns))
+                if not event.likely_final:
+                    self._prepare_words(event.committed)
             case Transcript():
                 actions = core.handle(FinalTranscript(event.text, event.t_ns, listen.last_segment_audio))
                 self._emit(replace(event, turn=core.user_turn))
@@ -493,10 +496,22 @@ class Session:
         self.dialogue.add_tool_messages([ChatMessage("tool", output) for output in results])
         self._prepare_next_prompt()
 
-    def _prepare_next_prompt(self) -> None:
-        """The LM encodes what the next answer will see before the user's next words while the user speaks."""
+    def _prepare_next_prompt(self, words: str = "") -> None:
+        """The LM encodes what the next answer will see before the user's next words while the user speaks (and the
+        `words` already committed of them)."""
+        self._prepared_words = words
         if not self._closed:
-            self._answers.prepare_next(self._records.messages_with("")[:-1])
+            self._answers.prepare_next(self._records.messages_with("")[:-1], words)
+
+    def _prepare_words(self, committed: str) -> None:
+        """Words the recogniser committed while the user speaks are the start of the next answer's message: the LM
+        encodes them now, idle, not in the answer's first pass (~4.7 ms a token on one core of the 2-core machine)."""
+        before = self.core.machine.words_so_far
+        if before is None or not committed.strip():
+            return
+        words = f"{before} {committed.strip()}".strip()
+        if words != self._prepared_words:
+            self._prepare_next_prompt(words)
 
     def _update_idle(self) -> None:
         """After every transition: whether the session is idle, and whether the core needs the clock."""
