@@ -144,11 +144,19 @@ def _q5_k(b: np.ndarray) -> Unpacked:
 def _q6_k(b: np.ndarray) -> Unpacked:
     """128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 elements), fp16 d last."""
     rows, blocks = b.shape[:2]
-    low = (b[..., :128].reshape(rows, blocks, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)) & 0xF
-    high = (b[..., 128:192].reshape(rows, blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1))
-    values = (low.reshape(rows, blocks, 8, 32) | ((high & 3).reshape(rows, blocks, 8, 32) << 4)).astype(np.int16) - 32
+    # in place where it can be: a head's temporaries stay at a byte a value
+    low = b[..., :128].reshape(rows, blocks, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+    low &= 0xF
+    high = b[..., 128:192].reshape(rows, blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
+    high &= 3
+    high <<= 4
+    low = low.reshape(rows, -1)
+    low |= high.reshape(rows, -1)
+    del high
+    values = torch.from_numpy(low).to(torch.int16)
+    values -= 32
     scales = torch.from_numpy(b[..., 192:208].copy().view(np.int8).astype(np.int16)).reshape(rows, -1)
-    return Unpacked(_values(b, values), _fp16(b, 208), None, SubScales(scales, None))
+    return Unpacked(values, _fp16(b, 208), None, SubScales(scales, None))
 
 
 def _as_nibbles(offset: int) -> Callable[[Unpacked], PackedWeight]:

@@ -151,12 +151,16 @@ class PackedWeight:
         n, k = _check_shape(values)
         if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 1 << bits):
             raise ModelError(f"{bits}-bit packed values must be in [0, {(1 << bits) - 1}]")
-        q = tiles(values.to(torch.int32), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
+        # a byte a value throughout: a large head's temporaries stay near its own size
+        q = tiles(values.to(torch.uint8), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
         q = q.reshape(q.shape[0], q.shape[1], 8, 4 * TILE)  # [tiles, groups, quad, 64]
-        nibbles = (q[:, :, :4] & 15) | ((q[:, :, 4:] & 15) << 4)
-        quad = torch.arange(8, dtype=torch.int32).view(1, 1, 8, 1)
-        planes = [(((q >> bit) & 1) << quad).sum(dim=2) for bit in range(4, bits)]
-        packed = torch.cat([nibbles.flatten(2), *planes], dim=2).to(torch.uint8).contiguous()
+        packed = torch.empty(q.shape[0], q.shape[1], 256 + 64 * (bits - 4), dtype=torch.uint8)
+        packed[..., :256] = ((q[:, :, :4] & 15) | ((q[:, :, 4:] & 15) << 4)).flatten(2)
+        for plane, bit in enumerate(range(4, bits)):
+            bits_of = packed[..., 256 + 64 * plane : 320 + 64 * plane]
+            bits_of.zero_()
+            for quad in range(8):
+                bits_of |= ((q[:, :, quad] >> bit) & 1) << quad
         packing = quant_kernels.PACK_FIVES if bits == 5 else quant_kernels.PACK_SIXES
         kind, d, m, tiled_sub = _scales(d, m, sub, n, k)
         return cls(packing, offset, kind, packed, d, m, n, k, tiled_sub)
