@@ -15,12 +15,11 @@ from gguf.quants import Q4_K
 
 from model.gguf.blocks import FORMATS
 from model.runtime.int4_weights import available
-from model.runtime.packed import GROUP, TILE, PackedLinear
+from model.runtime.packed import GROUP, SUPER, TILE, PackedLinear
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 
 F32 = np.float32
-SUPER = 256  # inputs of a K-quant's super-block
 D_AT = {"Q4_K": 0, "Q5_K": 0, "Q6_K": 208}  # where a super-block's fp16 d lies (Q4_K and Q5_K: dmin after it)
 
 
