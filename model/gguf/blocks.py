@@ -4,9 +4,10 @@ of reading them: about the file's size, not a bf16 copy's.
 
 One table, `FORMATS`, maps a block type to how its blocks unpack into integer values and scales and into which
 packing the kernels read them (as ggml's type traits map a type to its routines): a new format is one entry. The
-K-quants' sub-block scales are the super-block's fp16 scale times a 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) integer, kept
-as their exact fp32 products. The values keep the file's bits (4, 5, 6 or 8 a value: model/runtime/packed.py); the
-scales are fp16 as in the file, or fp32 (2 bits a weight for the K-quants, where the file has ~0.5). Types outside
+K-quants' sub-block scales are the super-block's fp16 scale times a 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) integer:
+both are kept as the file holds them (`SubScales`) and the kernel forms their products, exact in fp32. The values
+keep the file's bits (4, 5, 6 or 8 a value: model/runtime/packed.py) and the scales about the file's ~0.5 bit a
+weight (fp16 per 32 for the others, fp16 per 256 and a byte per sub-block for the K-quants). Types outside
 the table (F16, BF16, F32 linears) are not read by the kernels: a model with any of them in its layers decodes with
 the de-quantized bf16 weights (model/adapters/gguf_model.py), and a head of such a type is multiplied row by row in
 bf16 (`RowByRowHead`).
@@ -24,10 +25,11 @@ import numpy as np
 import torch
 from gguf.quants import Q4_K
 
+from model.errors import ModelError
 from model.gguf.header import GGUFHeader, TensorInfo
-from model.runtime import quant_kernels, row_exact
+from model.runtime import row_exact
 from model.runtime.int4_weights import Int4Layer, Int4Weights, unpermute_order
-from model.runtime.packed import PackedLinear, PackedWeight
+from model.runtime.packed import PackedLinear, PackedWeight, SubScales
 
 # The GGUF's tensor names of one layer's linears, in the fused pass's groups (model/runtime/fast_pass.py)
 FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
@@ -36,15 +38,30 @@ FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up"
 
 @dataclass(frozen=True, slots=True)
 class Unpacked:
-    """A weight's blocks as integers: `w[n, 32 g + j] = d[n, g] * values[n, 32 g + j] (+ m[n, g])` (Q6_K: d per
-    16 inputs, `[N, K / 16]`)."""
+    """A weight's blocks as integers: `w[n, 32 g + j] = d[n, g] * values[n, 32 g + j] (+ m[n, g])`; a K-quant's
+    `d` and `m` are per super-block of 256 inputs and a group's scale (minimum) is that times `sub`'s integer (Q6_K:
+    one per 16 inputs, no m)."""
 
     values: torch.Tensor  # [N, K] int16
-    d: torch.Tensor  # [N, K / 32] fp32
-    m: torch.Tensor | None
+    d: torch.Tensor  # [N, K / 32] fp32 holding fp16 values (K-quants: [N, K / 256])
+    m: torch.Tensor | None  # as d
+    sub: SubScales | None = None  # K-quants
 
     def rows(self, order: torch.Tensor) -> Unpacked:
-        return Unpacked(self.values[order], self.d[order], None if self.m is None else self.m[order])
+        return Unpacked(self.values[order], self.d[order], None if self.m is None else self.m[order],
+                        None if self.sub is None else self.sub.rows(order))
+
+    @staticmethod
+    def stacked(members: list[Unpacked]) -> Unpacked:
+        """Weights of one format and input, one after another along the output."""
+
+        def cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+            return None if parts[0] is None else torch.cat([p for p in parts if p is not None])
+
+        subs = [w.sub for w in members if w.sub is not None]
+        sub = SubScales(torch.cat([s.scale for s in subs]), cat([s.min for s in subs])) if subs else None
+        return Unpacked(torch.cat([w.values for w in members]), torch.cat([w.d for w in members]),
+                        cat([w.m for w in members]), sub)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +115,16 @@ def _q8_0(b: np.ndarray) -> Unpacked:
     return Unpacked(_values(b, b[..., 2:].copy().view(np.int8)), _fp16(b, 0), None)
 
 
-def _super_scales(b: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K's and Q5_K's per-sub-block scales and minimums, `d * scale` and `-dmin * min` (exact in fp32):
-    `[N, blocks * 8]` each."""
-    rows, blocks = b.shape[:2]
+def _super_scales(b: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, SubScales]:
+    """Q4_K's and Q5_K's scales as the file holds them: d and minus dmin per super-block `[N, blocks]` (a group's
+    minimum is `-dmin * min`), and the 6-bit scales and minimums `[N, blocks * 8]`."""
+    rows = b.shape[0]
     scale, low = Q4_K.get_scale_min(b[..., 4:16].reshape(-1, 12))
-    d = _fp16(b, 0)[..., None] * torch.from_numpy(scale.reshape(rows, blocks, 8).astype(np.float32))
-    m = _fp16(b, 2)[..., None] * torch.from_numpy(low.reshape(rows, blocks, 8).astype(np.float32))
-    return d.reshape(rows, -1), (-m).reshape(rows, -1)
+
+    def integers(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a.reshape(rows, -1).astype(np.int16))
+
+    return _fp16(b, 0), -_fp16(b, 2), SubScales(integers(scale), integers(low))
 
 
 def _q4_k(b: np.ndarray) -> Unpacked:
@@ -125,37 +144,51 @@ def _q5_k(b: np.ndarray) -> Unpacked:
 def _q6_k(b: np.ndarray) -> Unpacked:
     """128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 elements), fp16 d last."""
     rows, blocks = b.shape[:2]
-    low = (b[..., :128].reshape(rows, blocks, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)) & 0xF
-    high = (b[..., 128:192].reshape(rows, blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1))
-    values = (low.reshape(rows, blocks, 8, 32) | ((high & 3).reshape(rows, blocks, 8, 32) << 4)).astype(np.int16) - 32
-    scales = torch.from_numpy(b[..., 192:208].copy().view(np.int8).astype(np.float32))
-    return Unpacked(_values(b, values), (_fp16(b, 208)[..., None] * scales).reshape(rows, -1), None)
+    # in place where it can be: a head's temporaries stay at a byte a value
+    low = b[..., :128].reshape(rows, blocks, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+    low &= 0xF
+    high = b[..., 128:192].reshape(rows, blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
+    high &= 3
+    high <<= 4
+    low = low.reshape(rows, -1)
+    low |= high.reshape(rows, -1)
+    del high
+    values = torch.from_numpy(low).to(torch.int16)
+    values -= 32
+    scales = torch.from_numpy(b[..., 192:208].copy().view(np.int8).astype(np.int16)).reshape(rows, -1)
+    return Unpacked(values, _fp16(b, 208), None, SubScales(scales, None))
 
 
 def _as_nibbles(offset: int) -> Callable[[Unpacked], PackedWeight]:
     """Values in [-offset, 15 - offset] as the nibbles `value + offset`, the offset taken off in the kernel's sums."""
-    return lambda u: PackedWeight.nibbles(u.values + offset, u.d, u.m, offset)
+    return lambda u: PackedWeight.nibbles(u.values + offset, u.d, u.m, offset, u.sub)
 
 
-def _as_bytes(scales: int) -> Callable[[Unpacked], PackedWeight]:
-    return lambda u: PackedWeight.bytes(u.values, u.d, u.m, scales)
+def _as_bytes(u: Unpacked) -> PackedWeight:
+    return PackedWeight.bytes(u.values, u.d, u.m, u.sub)
 
 
-def _as_fives(offset: int, scales: int) -> Callable[[Unpacked], PackedWeight]:
+def _as_fives(offset: int) -> Callable[[Unpacked], PackedWeight]:
     """Values in [-offset, 31 - offset] at 5 bits, as `value + offset`, the offset taken off as the kernel unpacks."""
-    return lambda u: PackedWeight.fives(u.values + offset, u.d, u.m, offset, scales)
+    return lambda u: PackedWeight.fives(u.values + offset, u.d, u.m, offset, u.sub)
 
 
-_FP16, _FP32, _HALVES = quant_kernels.SCALES_FP16, quant_kernels.SCALES_FP32, quant_kernels.SCALES_FP32_HALVES
+def _as_sixes(u: Unpacked) -> PackedWeight:
+    """Q6_K's values in [-32, 31] at 6 bits, as `value + 32`."""
+    if u.sub is None:
+        raise ModelError("6-bit packed weights are Q6_K's, with its sub-block scales")
+    return PackedWeight.sixes(u.values + 32, u.d, u.sub, 32)
+
+
 FORMATS: dict[str, BlockFormat] = {
     "Q4_0": BlockFormat(32, 18, _q4_0, _as_nibbles(8)),  # fp16 d, 16 bytes of nibbles; w = d (q - 8)
     "Q4_1": BlockFormat(32, 20, _q4_1, _as_nibbles(0)),  # fp16 d, m, 16 bytes of nibbles; w = d q + m
-    "Q5_0": BlockFormat(32, 22, _q5_0, _as_fives(16, _FP16)),  # fp16 d, 4 bytes of fifth bits, 16 of nibbles; d(q-16)
-    "Q5_1": BlockFormat(32, 24, _q5_1, _as_fives(0, _FP16)),  # fp16 d, m, fifth bits, nibbles; w = d q + m
-    "Q8_0": BlockFormat(32, 34, _q8_0, _as_bytes(_FP16)),  # fp16 d, 32 int8; w = d q
-    "Q4_K": BlockFormat(256, 144, _q4_k, lambda u: PackedWeight.nibbles(u.values, u.d, u.m, 0, _FP32)),
-    "Q5_K": BlockFormat(256, 176, _q5_k, _as_fives(0, _FP32)),  # values 0-31, at 5 bits
-    "Q6_K": BlockFormat(256, 210, _q6_k, lambda u: PackedWeight.sixes(u.values + 32, u.d, 32)),  # -32-31, 6 bits
+    "Q5_0": BlockFormat(32, 22, _q5_0, _as_fives(16)),  # fp16 d, 4 bytes of fifth bits, 16 of nibbles; d (q - 16)
+    "Q5_1": BlockFormat(32, 24, _q5_1, _as_fives(0)),  # fp16 d, m, fifth bits, nibbles; w = d q + m
+    "Q8_0": BlockFormat(32, 34, _q8_0, _as_bytes),  # fp16 d, 32 int8; w = d q
+    "Q4_K": BlockFormat(256, 144, _q4_k, _as_nibbles(0)),  # values 0-15, sub-block scales and minimums
+    "Q5_K": BlockFormat(256, 176, _q5_k, _as_fives(0)),  # values 0-31, at 5 bits
+    "Q6_K": BlockFormat(256, 210, _q6_k, _as_sixes),  # -32-31, at 6 bits, a scale per 16
 }
 
 
@@ -198,10 +231,7 @@ def _linear(header: GGUFHeader, layer: int, parts: tuple[str, ...]) -> PackedLin
     weights = [_unpacked_weight(header, f"blk.{layer}.{part}.weight", heads.get(part)) for part in parts]
     kinds = {kind for kind, _ in weights}
     if len(kinds) == 1:
-        members = [w for _, w in weights]
-        stacked = Unpacked(torch.cat([w.values for w in members]), torch.cat([w.d for w in members]),
-                           None if members[0].m is None else torch.cat([w.m for w in members if w.m is not None]))
-        return PackedLinear([FORMATS[kinds.pop()].pack(stacked)])
+        return PackedLinear([FORMATS[kinds.pop()].pack(Unpacked.stacked([w for _, w in weights]))])
     return PackedLinear([FORMATS[kind].pack(w) for kind, w in weights])
 
 

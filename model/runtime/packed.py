@@ -6,9 +6,10 @@ Three packings hold every format the kernels read: 4-bit values two to a byte (Q
 of 8 taken off in the integer sums), one signed byte a value (Q8_0), and 5- and 6-bit values at their bits (Q5_0,
 Q5_1, Q5_K; Q6_K: the nibbles and planes of fifth and sixth bits, which the kernel unpacks in registers to the bytes
 it multiplies: their values would overflow the nibble kernel's 16-bit sums). Scales are the
-file's fp16 ones, or for the K-quants the exact fp32 products of a super-block's scale and its sub-blocks' integers
-(one a group of 32; Q6_K one per 16 inputs). The values are the file's own, re-laid out: nothing is rounded again.
-model/gguf/blocks.py maps a GGUF block type to its packing; model/runtime/int4_weights.py packs the
+file's fp16 ones, per group of 32; the K-quants keep theirs as the file does too (`SubScales`): a super-block's fp16
+scale (and minimum) per 256 inputs and its sub-blocks' small integers, whose products the kernel forms exactly, so
+that a K-quant costs about its file's bits a weight. The values and scales are the file's own, re-laid out: nothing is
+rounded again. model/gguf/blocks.py maps a GGUF block type to its packing; model/runtime/int4_weights.py packs the
 bundled model's Q4_1 and Q8_0.
 """
 
@@ -24,6 +25,7 @@ from model.runtime import quant_kernels
 
 GROUP = 32  # inputs a block's scale covers, and the kernel's group size
 TILE = 16  # outputs the kernel computes together
+SUPER = 256  # inputs of a K-quant's super-block: its fp16 scale (and minimum) covers 8 groups
 
 
 def tiles(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -34,38 +36,79 @@ def tiles(t: torch.Tensor, n: int) -> torch.Tensor:
     return padded.view(count, TILE, *t.shape[1:])
 
 
-def per_tile(scales: torch.Tensor, n: int, kind: int = quant_kernels.SCALES_FP16) -> torch.Tensor:
-    """Per-group scales `[N, K / 32]` as `[tiles, groups, 16]`: fp16 (values the file holds as fp16, unrounded) or
-    fp32; for SCALES_FP32_HALVES, per 16 inputs `[N, K / 16]` as `[tiles, groups, 2, 16]` fp32."""
-    if kind == quant_kernels.SCALES_FP32_HALVES:
-        halves = tiles(scales.float().reshape(scales.shape[0], -1, 2), n)  # [tiles, 16, groups, 2]
-        return halves.permute(0, 2, 3, 1).contiguous()
-    if kind == quant_kernels.SCALES_FP32:
-        return tiles(scales.float(), n).permute(0, 2, 1).contiguous()
+def per_tile(scales: torch.Tensor, n: int) -> torch.Tensor:
+    """fp16 scales `[N, G]` (per group of 32, or per K-quant super-block) as `[tiles, G, 16]`: values the file holds
+    as fp16, unrounded."""
     half = scales.half()
     if not torch.equal(half.float(), scales.float()):
         raise ModelError("packed weights' fp16 scales must be fp16 values, as a GGUF stores them")
     return tiles(half, n).permute(0, 2, 1).contiguous()
 
 
+@dataclass(frozen=True, slots=True)
+class SubScales:
+    """A K-quant's sub-block scales as its file's integers, under the super-blocks' fp16 `d` (and minimum `m`) of
+    its weight: a group's scale is `d * scale` (and its minimum `m * min`), which the kernel forms, exact in fp32 (11
+    bits times at most 8). Q4_K, Q5_K: a 6-bit scale and minimum per 32 inputs; Q6_K: an int8 scale per 16 inputs
+    (halves, no minimum)."""
+
+    scale: torch.Tensor  # [N, K / 32] integers in [0, 63], or [N, K / 16] in [-128, 127] for halves
+    min: torch.Tensor | None  # [N, K / 32] in [0, 63]; None: halves
+
+    @property
+    def kind(self) -> int:
+        return quant_kernels.SCALES_K_HALVES if self.min is None else quant_kernels.SCALES_K
+
+    def rows(self, order: torch.Tensor) -> SubScales:
+        return SubScales(self.scale[order], None if self.min is None else self.min[order])
+
+    def per_tile(self, n: int) -> torch.Tensor:
+        """`[tiles, groups, 2, 16]` int8: per group the 16 outputs' scales then minimums (halves: the scales of
+        inputs 0-15 then of 16-31), the kernel's `sub`."""
+        pairs = (self.scale.reshape(self.scale.shape[0], -1, 2) if self.min is None
+                 else torch.stack([self.scale, self.min], dim=-1))  # [N, groups, 2]
+        if pairs.numel() and (int(pairs.min()) < -128 or int(pairs.max()) > 127):
+            raise ModelError("a K-quant's sub-block scales must be 8-bit integers")
+        return tiles(pairs.to(torch.int8), n).permute(0, 2, 3, 1).contiguous()
+
+
+def _scales(d: torch.Tensor, m: torch.Tensor | None, sub: SubScales | None, n: int, k: int,
+            ) -> tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(scales kind, d, m, sub) in the kernel's layout: fp16 per group `[N, K / 32]`, or with `sub` the
+    super-blocks' `[N, K / 256]` and the sub-blocks' integers."""
+    if sub is None:
+        return quant_kernels.SCALES_FP16, per_tile(d, n), None if m is None else per_tile(m, n), None
+    groups = k // GROUP
+    scale_groups = groups * 2 if sub.min is None else groups
+    if (k % SUPER or d.shape[1] != k // SUPER or (m is None) != (sub.min is None)
+            or (m is not None and m.shape[1] != k // SUPER) or sub.scale.shape[1] != scale_groups
+            or (sub.min is not None and sub.min.shape[1] != groups)):
+        raise ModelError("a K-quant needs whole super-blocks of 256 inputs, a d (and m) per super-block and its "
+                         "sub-blocks' integers")
+    return sub.kind, per_tile(d, n), None if m is None else per_tile(m, n), sub.per_tile(n)
+
+
 @dataclass(frozen=True)
 class PackedWeight:
-    """One weight `[n, k]` as the kernel reads it: `w = d * (q - offset) (+ m)` per group of 32 inputs."""
+    """One weight `[n, k]` as the kernel reads it: `w = d * (q - offset) (+ m)` per group of 32 inputs (K-quants:
+    per group `d * sub scale` and `m * sub min`, or per 16 inputs for halves)."""
 
     packing: int  # quant_kernels.PACK_NIBBLES, PACK_BYTES, PACK_FIVES or PACK_SIXES
     offset: int
-    scales: int  # quant_kernels.SCALES_FP16, SCALES_FP32 or SCALES_FP32_HALVES (d and m: fp16 or fp32)
+    scales: int  # quant_kernels.SCALES_FP16, SCALES_K or SCALES_K_HALVES
     q: torch.Tensor  # nibbles [tiles, groups, 4, 16, 4] uint8, bytes [tiles, groups, 8, 16, 4] int8, or fives
     # [tiles, groups, 320] uint8 (sixes 384)
-    d: torch.Tensor  # [tiles, groups, 16] (or [tiles, groups, 2, 16] for halves)
+    d: torch.Tensor  # [tiles, groups, 16] fp16 (K-quants: [tiles, super-blocks, 16])
     m: torch.Tensor | None  # as d, or None
     n: int
     k: int
+    sub: torch.Tensor | None = None  # K-quants: [tiles, groups, 2, 16] int8 (SubScales.per_tile)
 
     @classmethod
     def nibbles(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int = 0,
-                scales: int = quant_kernels.SCALES_FP16) -> PackedWeight:
-        """4-bit `values` `[N, K]` in [0, 15] with their groups' scales `[N, K / 32]` (and minimums)."""
+                sub: SubScales | None = None) -> PackedWeight:
+        """4-bit `values` `[N, K]` in [0, 15] with their groups' scales `[N, K / 32]` (and minimums), or a K-quant's
+        super-blocks' `[N, K / 256]` and `sub`."""
         n, k = _check_shape(values)
         q = tiles(values, n).view(-1, TILE, k // GROUP, GROUP).permute(0, 2, 3, 1)  # [tiles, groups, 32, 16]
 
@@ -74,56 +117,60 @@ class PackedWeight:
 
         low, high = quads(q[:, :, : GROUP // 2]), quads(q[:, :, GROUP // 2 :])
         nibbles = (low | (high << 4)).to(torch.uint8).contiguous()
-        return cls(quant_kernels.PACK_NIBBLES, offset, scales, nibbles, per_tile(d, n, scales),
-                   None if m is None else per_tile(m, n, scales), n, k)
+        kind, d, m, tiled_sub = _scales(d, m, sub, n, k)
+        return cls(quant_kernels.PACK_NIBBLES, offset, kind, nibbles, d, m, n, k, tiled_sub)
 
     @classmethod
     def bytes(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None,
-              scales: int = quant_kernels.SCALES_FP16) -> PackedWeight:
-        """Values `[N, K]` in [-127, 127] with their groups' scales `[N, K / 32]` (or halves' `[N, K / 16]`) and
-        minimums."""
+              sub: SubScales | None = None) -> PackedWeight:
+        """Values `[N, K]` in [-127, 127] with their groups' scales `[N, K / 32]` and minimums (or a K-quant's, as
+        `nibbles`)."""
         n, k = _check_shape(values)
         tiled = tiles(values.to(torch.int8), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
-        return cls(quant_kernels.PACK_BYTES, 0, scales, tiled.contiguous(), per_tile(d, n, scales),
-                   None if m is None else per_tile(m, n, scales), n, k)
+        kind, d, m, tiled_sub = _scales(d, m, sub, n, k)
+        return cls(quant_kernels.PACK_BYTES, 0, kind, tiled.contiguous(), d, m, n, k, tiled_sub)
 
     @classmethod
     def fives(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int = 0,
-              scales: int = quant_kernels.SCALES_FP16) -> PackedWeight:
+              sub: SubScales | None = None) -> PackedWeight:
         """5-bit `values` `[N, K]` in [0, 31] (the weight `d * (value - offset) (+ m)`) at 5 bits each: a group's
         bytes as `bytes` lays them out, [quad i][position j] (j = 4 output + c), as nibbles and a plane of fifth bits,
         `[tiles, groups, 320]`: byte 64 i + j holds quad i's nibble low and quad i + 4's high (the `nibbles` layout),
         and byte 256 + j quad i's fifth bit as its bit i (ggml's qh, re-laid out: the kernel unpacks them to bytes)."""
-        return cls._planes(values, d, m, offset, scales, 5)
+        return cls._planes(values, d, m, offset, sub, 5)
 
     @classmethod
-    def sixes(cls, values: torch.Tensor, d: torch.Tensor, offset: int = 0,
-              scales: int = quant_kernels.SCALES_FP32_HALVES) -> PackedWeight:
-        """6-bit `values` in [0, 63] (Q6_K's, with its scale per 16 inputs) at 6 bits: `fives`' layout and a plane of
-        sixth bits after it, byte 320 + j, `[tiles, groups, 384]`."""
-        return cls._planes(values, d, None, offset, scales, 6)
+    def sixes(cls, values: torch.Tensor, d: torch.Tensor, sub: SubScales, offset: int = 0) -> PackedWeight:
+        """6-bit `values` in [0, 63] (Q6_K's: its super-blocks' `d` `[N, K / 256]` and a scale per 16 inputs in
+        `sub`) at 6 bits: `fives`' layout and a plane of sixth bits after it, byte 320 + j, `[tiles, groups, 384]`."""
+        return cls._planes(values, d, None, offset, sub, 6)
 
     @classmethod
-    def _planes(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int, scales: int,
-                bits: int) -> PackedWeight:
+    def _planes(cls, values: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, offset: int,
+                sub: SubScales | None, bits: int) -> PackedWeight:
         n, k = _check_shape(values)
         if values.numel() and (int(values.min()) < 0 or int(values.max()) >= 1 << bits):
             raise ModelError(f"{bits}-bit packed values must be in [0, {(1 << bits) - 1}]")
-        q = tiles(values.to(torch.int32), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
+        # a byte a value throughout: a large head's temporaries stay near its own size
+        q = tiles(values.to(torch.uint8), n).view(-1, TILE, k // GROUP, GROUP // 4, 4).permute(0, 2, 3, 1, 4)
         q = q.reshape(q.shape[0], q.shape[1], 8, 4 * TILE)  # [tiles, groups, quad, 64]
-        nibbles = (q[:, :, :4] & 15) | ((q[:, :, 4:] & 15) << 4)
-        quad = torch.arange(8, dtype=torch.int32).view(1, 1, 8, 1)
-        planes = [(((q >> bit) & 1) << quad).sum(dim=2) for bit in range(4, bits)]
-        packed = torch.cat([nibbles.flatten(2), *planes], dim=2).to(torch.uint8).contiguous()
+        packed = torch.empty(q.shape[0], q.shape[1], 256 + 64 * (bits - 4), dtype=torch.uint8)
+        packed[..., :256] = ((q[:, :, :4] & 15) | ((q[:, :, 4:] & 15) << 4)).flatten(2)
+        for plane, bit in enumerate(range(4, bits)):
+            bits_of = packed[..., 256 + 64 * plane : 320 + 64 * plane]
+            bits_of.zero_()
+            for quad in range(8):
+                bits_of |= ((q[:, :, quad] >> bit) & 1) << quad
         packing = quant_kernels.PACK_FIVES if bits == 5 else quant_kernels.PACK_SIXES
-        return cls(packing, offset, scales, packed, per_tile(d, n, scales),
-                   None if m is None else per_tile(m, n, scales), n, k)
+        kind, d, m, tiled_sub = _scales(d, m, sub, n, k)
+        return cls(packing, offset, kind, packed, d, m, n, k, tiled_sub)
 
     def struct(self) -> quant_kernels.QWeight:
         """The C kernel's view (raw pointers into these tensors: keep this weight alive while it is used)."""
         return quant_kernels.QWeight(
             self.packing, self.offset, self.scales, self.q.data_ptr(), self.d.data_ptr(),
-            None if self.m is None else self.m.data_ptr(), self.n, self.k,
+            None if self.m is None else self.m.data_ptr(), None if self.sub is None else self.sub.data_ptr(),
+            self.n, self.k,
         )
 
 
@@ -173,4 +220,5 @@ class PackedLinear:
         return out.view(*x.shape[:-1], self.out_features)
 
     def bytes_held(self) -> int:
-        return sum(t.numel() * t.element_size() for m in self.members for t in (m.q, m.d, m.m) if t is not None)
+        return sum(t.numel() * t.element_size() for m in self.members for t in (m.q, m.d, m.m, m.sub)
+                   if t is not None)

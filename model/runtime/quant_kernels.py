@@ -50,12 +50,12 @@ _I64 = ctypes.c_int64
 
 
 PACK_NIBBLES, PACK_BYTES, PACK_FIVES, PACK_SIXES = 0, 1, 2, 3  # kernels.h: how a weight's values are packed
-SCALES_FP16, SCALES_FP32, SCALES_FP32_HALVES = 0, 1, 2  # and how its scales are stored
+SCALES_FP16, SCALES_K, SCALES_K_HALVES = 0, 1, 2  # and how its scales are stored
 
 
 class QWeight(ctypes.Structure):
     _fields_ = [
-        ("packing", _I64), ("offset", _I64), ("scales", _I64), ("q", _P), ("d", _P), ("m", _P),
+        ("packing", _I64), ("offset", _I64), ("scales", _I64), ("q", _P), ("d", _P), ("m", _P), ("sub", _P),
         ("n", _I64), ("k", _I64),
     ]
 

@@ -53,9 +53,14 @@ def weight_of(path: Path, name: str = "blk.0.ffn_down.weight") -> tuple[Unpacked
 
 def values(weight: Unpacked) -> torch.Tensor:
     n, k = weight.values.shape
-    groups = weight.d.shape[1]  # of 32, or of 16 (Q6_K)
-    w = weight.values.float().view(n, groups, k // groups) * weight.d[..., None]
-    return (w if weight.m is None else w + weight.m[..., None]).view(n, k)
+    d, m = weight.d, weight.m
+    if weight.sub is not None:  # a K-quant: a sub-block's scale is its super-block's times its integer, exact
+        d = d.repeat_interleave(weight.sub.scale.shape[1] // d.shape[1], dim=1) * weight.sub.scale.float()
+        if m is not None and weight.sub.min is not None:
+            m = m.repeat_interleave(weight.sub.min.shape[1] // m.shape[1], dim=1) * weight.sub.min.float()
+    groups = d.shape[1]  # of 32, or of 16 (Q6_K)
+    w = weight.values.float().view(n, groups, k // groups) * d[..., None]
+    return (w if m is None else w + m[..., None]).view(n, k)
 
 
 @pytest.mark.parametrize("kind", sorted(FORMATS))

@@ -12,15 +12,19 @@
  * llama.cpp does. Q5_0, Q5_1 and Q5_K are held at their 5 bits (PACK_FIVES: the nibbles as Q4's, and a plane of
  * fifth bits), unpacked in registers to the bytes q - offset (Q5_0's 16; Q5_1 and Q5_K keep q and add their m) and
  * multiplied by the byte kernel, as Q8_0's (the 5-bit values' pair sums would overflow the nibble kernel's 16-bit
- * sums). K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 one times the
- * sub-block's 6-bit integer, exact in fp32 (SCALES_FP32): Q4_K through the nibble kernel, Q5_K through the byte one;
- * Q6_K (held at its 6 bits, PACK_SIXES: a plane of sixth bits more, unpacked to the bytes q - 32) has sub-blocks of
- * 16, each with its own scale (SCALES_FP32_HALVES): the byte kernel's two halves of a group,
- * whose integer sums it keeps apart anyway, are each scaled by theirs. llama.cpp sums a super-block's sub-blocks in
+ * sums). K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 d (and -dmin)
+ * times the sub-block's 6-bit integer (SCALES_K), both kept as the file holds them and multiplied per group, once for
+ * all the rows: the product is exact in fp32 (11 bits times 6), so it costs a widen, a convert and a multiply of 16
+ * lanes, and the scales cost the file's bits a weight, not two fp32 a group (the super-block's fp16 are converted
+ * once per 8 groups). Q4_K goes through the nibble kernel, Q5_K through the byte one; Q6_K (held at its 6 bits,
+ * PACK_SIXES: a plane of sixth bits more, unpacked to the bytes q - 32) has sub-blocks of 16, each with its own int8
+ * scale under the fp16 d (SCALES_K_HALVES): the byte kernel's two halves of a group, whose integer sums it keeps
+ * apart anyway, are each scaled by theirs (8 bits times 11, exact too). llama.cpp sums a super-block's sub-blocks in
  * integers before one fp32 multiply; here each sub-block is joined in fp32, in order: the same rules (exact integer
- * dot products, a row's result as if alone, every build the same bits) on a finer rounding of the activations. The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's
- * rounding) an activation is off by up to 1/254 of its group's largest, which on CPUs that prefill through these
- * kernels made the greedy answers' perplexity 1.05x the bf16 teacher's; with the remainder it is off by 1/64516.
+ * dot products, a row's result as if alone, every build the same bits) on a finer rounding of the activations.
+ * The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's rounding) an
+ * activation is off by up to 1/254 of its group's largest, which on CPUs that prefill through these kernels made
+ * the greedy answers' perplexity 1.05x the bf16 teacher's; with the remainder it is off by 1/64516.
  * The second sum costs the integer units, not memory: the weights are read once for both, and for all rows.
  *
  * The byte kernel on AVX2 (WORD_DOTS in vec16.h) adds no second sum: a row's activation is one int16 word,
@@ -45,13 +49,20 @@
  *         = q[., 32 g + 4 i + c] | q[., 32 g + 16 + 4 i + c] << 4,
  *         d[tile][group][16], m[tile][group][16] (fp16, the file's own; no m for Q4_0).
  *   PACK_BYTES (Q8_0): q[tile][group][i in 0..7][output in 0..15][c in 0..3] = q[., 32 g + 4 i + c] (int8),
- *         d[tile][group][16] (fp16; or fp32, or fp32 [tile][group][2][16] for halves).
+ *         d[tile][group][16] (fp16; or a K-quant's scales, below).
  *   PACK_FIVES (Q5_0, Q5_1, Q5_K; values q in 0..31, w = d * (q - offset) (+ m)): FIVES_BYTES (320) a tile's group,
  *         the bytes of PACK_BYTES' group at 5 bits: with j = 4 * output + c, byte 64 i + j (i in 0..3) = the low
  *         4 bits of quad i's q[j] | those of quad i + 4's << 4 (PACK_NIBBLES' order), and byte 256 + j = the fifth
  *         bits of quads 0..7's q[j] as its bits 0..7 (ggml's qh, re-laid out); d and m as above.
  *   PACK_SIXES (Q6_K; q in 0..63, w = d * (q - 32), a d per 16 inputs): SIXES_BYTES (384) a tile's group, PACK_FIVES'
  *         and byte 320 + j = the sixth bits of quads 0..7's q[j].
+ *   K-quants' scales (Q4_K with PACK_NIBBLES, Q5_K with PACK_FIVES, Q6_K with PACK_SIXES; k whole super-blocks of
+ *         256 inputs, 8 groups): d[tile][super-block][16] and m[tile][super-block][16] fp16, the file's d and minus
+ *         its dmin (no m for Q6_K), and sub[tile][group][2][16] int8, the 16 outputs' sub-block scales then their
+ *         minimums (SCALES_K: Q4_K's and Q5_K's 6-bit ones), or the scales of inputs 0-15 then of 16-31
+ *         (SCALES_K_HALVES: Q6_K's): a group's scale is d * sub[0], its minimum m * sub[1]. 16 lanes are one load
+ *         (32 bytes of fp16, 16 of int8) at a multiple of its size: 40 bytes a tile's group of 512 weights (Q6_K
+ *         36), 0.63 (0.56) bits a weight, where the file has 0.5 (0.56).
  * Weights are zero-padded to whole tiles; n may end in a partial one.
  */
 
@@ -126,11 +137,15 @@ static inline int32_t whole(const Activations *a, int64_t at, int part) {
     return a->parts[at * 4 + part * 2] + a->parts[at * 4 + part * 2 + 1];
 }
 
-/* 16 outputs' scales (or minimums) of block `block` (half `half` of it, for halves), as stored */
-static inline vec16 scales_of(const void *p, int64_t block, int kind, int half) {
-    if (kind == SCALES_FP16) return v_f16((const uint16_t *)p + block * TILE);
-    if (kind == SCALES_FP32) return v_load((const float *)p + block * TILE);
-    return v_load((const float *)p + (block * 2 + half) * TILE);
+/* 16 outputs' fp16 scales (or minimums) of block `block` (tile t's group g: t * groups + g) as fp32: a group's own,
+ * or a K-quant's super-block's (`block` any of its groups) */
+static inline vec16 fp16_of(const void *p, int64_t block) { return v_f16((const uint16_t *)p + block * TILE); }
+static inline vec16 super_of(const void *p, int64_t block) { return fp16_of(p, block / SUPER_GROUPS); }
+
+/* A K-quant group's 16 scales (`which` 0) or minimums (1; halves: the second half's scales): the super-block's
+ * `super` times the sub-block's integers, exact in fp32 */
+static inline vec16 sub_of(vec16 super, const int8_t *sub, int64_t block, int which) {
+    return v_mul(super, v_bytes(sub + (block * 2 + which) * TILE));
 }
 
 static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, float *y, int64_t ldy) {
@@ -144,21 +159,23 @@ static void store_tile(const vec16 *acc, int64_t rows, int64_t n, int64_t tile, 
 
 /* One tile's outputs for rows [first, first + count), count <= ROW_BLOCK: the block's accumulators stay in
  * registers over the groups, and each group's weights are unpacked once for all of them. Always inlined with
- * constant `count`, `with_min` (Q4_1's m) and `offset` (Q4_0's 8), so that the row loop unrolls, `acc` is kept out
- * of memory and each format pays for its own terms only. y: the tile's member's first column, rows ldy apart. */
+ * constant `count`, `with_min` (Q4_1's m), `offset` (Q4_0's 8) and `k_quant` (Q4_K's SCALES_K), so that the row loop
+ * unrolls, `acc` is kept out of memory and each format pays for its own terms only. y: the tile's member's first
+ * column, rows ldy apart. */
 static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, const Activations *a, int64_t t,
                                                               int64_t first, int count, int64_t coarse, float *y,
-                                                              int64_t ldy, int with_min, int offset, int wide) {
+                                                              int64_t ldy, int with_min, int offset, int k_quant) {
     const int64_t groups = w->k / GROUP;
     vec16 acc[ROW_BLOCK];
     for (int r = 0; r < count; r++) acc[r] = v_set1(0.0f);
+    vec16 super_d = v_set1(0.0f), super_m = v_set1(0.0f);  /* a K-quant's super-block d and -dmin, as fp32 */
     for (int64_t g = 0; g < groups; g++) {
         const int64_t block = t * groups + g;
         ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
         for (int i = 0; i < 4; i++) iv_nibbles(w->q + (block * 4 + i) * 64, &low[i], &high[i]);
-        const int kind = wide ? SCALES_FP32 : SCALES_FP16;
-        const vec16 vd = scales_of(w->d, block, kind, 0);
-        const vec16 vm = with_min ? scales_of(w->m, block, kind, 0) : v_set1(0.0f);
+        if (k_quant && g % SUPER_GROUPS == 0) super_d = super_of(w->d, block), super_m = super_of(w->m, block);
+        const vec16 vd = k_quant ? sub_of(super_d, w->sub, block, 0) : fp16_of(w->d, block);
+        const vec16 vm = !with_min ? v_set1(0.0f) : k_quant ? sub_of(super_m, w->sub, block, 1) : fp16_of(w->m, block);
         for (int r = 0; r < count; r++) {
             const int64_t at = (first + r) * groups + g;
             const int32_t *quads = a->quads + at * 16;
@@ -177,15 +194,15 @@ static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, 
     store_tile(acc, count, w->n, t, y + first * ldy, ldy);
 }
 
-#define NIBBLE_BLOCK(with_min, offset, wide)                                                                     \
+#define NIBBLE_BLOCK(with_min, offset, k_quant)                                                                   \
     switch (count) {                                                                                              \
-        case 1: nibble_tile(w, a, t, first, 1, coarse, y, ldy, with_min, offset, wide); break;                    \
-        case 2: nibble_tile(w, a, t, first, 2, coarse, y, ldy, with_min, offset, wide); break;                    \
-        case 3: nibble_tile(w, a, t, first, 3, coarse, y, ldy, with_min, offset, wide); break;                    \
-        default: nibble_tile(w, a, t, first, ROW_BLOCK, coarse, y, ldy, with_min, offset, wide); break;           \
+        case 1: nibble_tile(w, a, t, first, 1, coarse, y, ldy, with_min, offset, k_quant); break;                 \
+        case 2: nibble_tile(w, a, t, first, 2, coarse, y, ldy, with_min, offset, k_quant); break;                 \
+        case 3: nibble_tile(w, a, t, first, 3, coarse, y, ldy, with_min, offset, k_quant); break;                 \
+        default: nibble_tile(w, a, t, first, ROW_BLOCK, coarse, y, ldy, with_min, offset, k_quant); break;        \
     }
 
-/* Q4_1 (an m, no offset), Q4_0 (no m, an offset of 8), Q4_K (an m, fp32 scales): each its own compiled loop */
+/* Q4_1 (an m, no offset), Q4_0 (no m, an offset of 8), Q4_K (an m, SCALES_K): each its own compiled loop */
 static void q4_1_block(const QWeight *w, const Activations *a, int64_t t, int64_t first, int64_t count,
                        int64_t coarse, float *y, int64_t ldy) {
     NIBBLE_BLOCK(1, 0, 0)
@@ -213,14 +230,15 @@ static void nibble_rows(const QWeight *w, const Activations *a, int64_t rows, in
 }
 
 /* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' and `planes` the packing (0 bytes, 5
- * PACK_FIVES, 6 PACK_SIXES; constants where inlined, so that Q8_0's loop is its own). Halves: the integer sums of
- * inputs 0-15 and 16-31 kept apart, each scaled by its own. */
+ * PACK_FIVES, 6 PACK_SIXES; constants where inlined, so that Q8_0's loop is its own). Halves (SCALES_K_HALVES): the
+ * integer sums of inputs 0-15 and 16-31 kept apart, each scaled by its own. */
 static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, const Activations *a, int64_t t,
                                                             int64_t first, int64_t count, int64_t coarse, float *y,
                                                             int64_t ldy, int kind, int planes) {
     const int64_t groups = w->k / GROUP;
     vec16 acc[ROW_CHUNK];
     for (int64_t r = 0; r < count; r++) acc[r] = v_set1(0.0f);
+    vec16 super_d = v_set1(0.0f), super_m = v_set1(0.0f);  /* a K-quant's super-block d and -dmin, as fp32 */
     for (int64_t g = 0; g < groups; g++) {
         const int64_t block = t * groups + g;
         const uint8_t *packed = w->q + block * (planes == 6 ? SIXES_BYTES : planes ? FIVES_BYTES : 512);
@@ -235,16 +253,21 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
         else
             wg_bytes(&wg, (const int8_t *)packed);
 #endif
-        const vec16 vd = scales_of(w->d, block, kind, 0);
-        const vec16 vd_b = kind == SCALES_FP32_HALVES ? scales_of(w->d, block, kind, 1) : vd;
-        const vec16 vm = w->m ? scales_of(w->m, block, kind, 0) : v_set1(0.0f);
+        if (kind != SCALES_FP16 && g % SUPER_GROUPS == 0) {
+            super_d = super_of(w->d, block);
+            if (w->m) super_m = super_of(w->m, block);
+        }
+        const vec16 vd = kind == SCALES_FP16 ? fp16_of(w->d, block) : sub_of(super_d, w->sub, block, 0);
+        const vec16 vd_b = kind == SCALES_K_HALVES ? sub_of(super_d, w->sub, block, 1) : vd;
+        const vec16 vm = !w->m ? v_set1(0.0f) : kind == SCALES_FP16 ? fp16_of(w->m, block)
+                                                                   : sub_of(super_m, w->sub, block, 1);
         for (int64_t r = 0; r < count; r++) {
             const int64_t at = (first + r) * groups + g;
 #if defined(WORD_DOTS)
             /* one exact int32 sum, 254 * sum(hi) + sum(lo) (hi alone for coarse rows: the words say which) */
             const int16_t *words = a->words + at * GROUP;
             const vec16 scale = v_set1(a->scale[at]);
-            const int halves = kind == SCALES_FP32_HALVES;
+            const int halves = kind == SCALES_K_HALVES;
             ivec16 sum, sum_b = iv_zero();
             if (!direct) {
                 sum = wg_dot(&wg, words, 0, halves ? 4 : 8);
@@ -271,7 +294,7 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
                     c2 = s8_dot4(c2, wq[i], quads[i + 8]);
                     c3 = s8_dot4(c3, wq[i + 4], quads[i + 12]);
                 }
-                if (kind == SCALES_FP32_HALVES) {
+                if (kind == SCALES_K_HALVES) {
                     lo = iv_minus(c2, S8_BIAS * parts[2]), lo_b = iv_minus(c3, S8_BIAS * parts[3]);
                 } else {
                     lo = iv_minus(iv_add(c2, c3), S8_BIAS * (parts[2] + parts[3]));  /* see below */
@@ -286,7 +309,7 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
                 c0 = iv_add(c0, c2), c1 = iv_add(c1, c3), lo = iv_zero();
             }
             /* the biased weights' extra term off, exactly (S8_BIAS 0: nothing to take off) */
-            if (kind == SCALES_FP32_HALVES) {
+            if (kind == SCALES_K_HALVES) {
                 const ivec16 hi = iv_minus(c0, S8_BIAS * parts[0]), hi_b = iv_minus(c1, S8_BIAS * parts[1]);
                 const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
                 const vec16 dot_b = v_fma(iv_float(hi_b), v_set1((float)RESIDUAL), iv_float(lo_b));
@@ -315,15 +338,15 @@ static void byte_rows(const QWeight *w, const Activations *a, int64_t rows, int6
             if (planes == 5 && kind == SCALES_FP16)
                 byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 5);
             else if (planes == 5)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32, 5);
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_K, 5);
             else if (planes == 6)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES, 6);
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_K_HALVES, 6);
             else if (kind == SCALES_FP16)
                 byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP16, 0);
-            else if (kind == SCALES_FP32)
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32, 0);
+            else if (kind == SCALES_K)
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_K, 0);
             else
-                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_FP32_HALVES, 0);
+                byte_tile(w, a, t, first, count, coarse, y, ldy, SCALES_K_HALVES, 0);
         }
 }
 
@@ -333,10 +356,14 @@ int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, 
     int64_t ldy = 0;
     for (int64_t i = 0; i < members; i++) {
         const int64_t packing = w[i].packing, scales = w[i].scales;
-        if (packing < PACK_NIBBLES || packing > PACK_SIXES || scales < SCALES_FP16 || scales > SCALES_FP32_HALVES)
+        if (packing < PACK_NIBBLES || packing > PACK_SIXES || scales < SCALES_FP16 || scales > SCALES_K_HALVES)
             return 2;
         /* the compiled combinations: bytes with any scales, sixes with halves (Q6_K's), the others without */
-        if (packing != PACK_BYTES && (scales == SCALES_FP32_HALVES) != (packing == PACK_SIXES)) return 2;
+        if (packing != PACK_BYTES && (scales == SCALES_K_HALVES) != (packing == PACK_SIXES)) return 2;
+        /* a K-quant: whole super-blocks, its integers, and a minimum exactly when SCALES_K */
+        if (scales != SCALES_FP16 &&
+            (w[i].k % (SUPER_GROUPS * GROUP) || !w[i].sub || (scales == SCALES_K) != (w[i].m != NULL)))
+            return 2;
         ldy += w[i].n;
     }
     Activations a;

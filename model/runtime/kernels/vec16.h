@@ -207,10 +207,10 @@ static inline void v_nibbles(const uint8_t *p, vec16 *low, vec16 *high) {
     *low = (vec16){_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), _mm256_cvtepi32_ps(_mm256_and_si256(b, mask))};
     *high = (vec16){_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4))};
 }
+/* each half widened straight from memory (`vpmovsxbd ymm, m64`): no shift between the halves */
 static inline vec16 v_bytes(const int8_t *p) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
-    return (vec16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
-                   _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))};
+    return (vec16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))),
+                   _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))))};
 }
 static inline vec16 v_bf16(const uint16_t *p) {
     const __m128i a = _mm_loadu_si128((const __m128i *)p), b = _mm_loadu_si128((const __m128i *)(p + 8));
