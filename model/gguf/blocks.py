@@ -199,11 +199,25 @@ def raw_blocks(header: GGUFHeader, info: TensorInfo) -> np.ndarray:
                      shape=(rows, info.size // rows))
 
 
-def unpacked(header: GGUFHeader, info: TensorInfo) -> Unpacked:
-    """A tensor of a `FORMATS` type as integers and scales, in the file's row order."""
+def unpacked(header: GGUFHeader, info: TensorInfo, rows: slice = slice(None)) -> Unpacked:
+    """A tensor of a `FORMATS` type (its `rows`) as integers and scales, in the file's row order."""
     block = FORMATS[info.type_name]
-    raw = raw_blocks(header, info)
+    raw = raw_blocks(header, info)[rows]
     return block.unpack(np.asarray(raw).reshape(raw.shape[0], -1, block.block_bytes))
+
+
+# Rows of a large tensor (a head of 150k rows) unpacked and packed at a time: the integers take 2 bytes a value and the
+# packing's temporaries as much again, so a whole 1.5B model's Q6_K head at once peaked at 1.8 GB over its 195 MB
+PACK_ROWS = 8192
+
+
+def packed(header: GGUFHeader, info: TensorInfo) -> PackedWeight:
+    """A tensor of a `FORMATS` type in the kernels' layout, `PACK_ROWS` rows at a time (the same tensors as at
+    once: the layout is tile after tile)."""
+    block, count = FORMATS[info.type_name], raw_blocks(header, info).shape[0]
+    parts = [block.pack(unpacked(header, info, slice(start, start + PACK_ROWS)))
+             for start in range(0, count, PACK_ROWS)]
+    return parts[0] if len(parts) == 1 else PackedWeight.joined(parts)
 
 
 
@@ -258,8 +272,7 @@ def gguf_weights(header: GGUFHeader, dense_head: torch.Tensor) -> Int4Weights:
     name = "token_embd.weight" if header.tied_head else "output.weight"
     info = header.tensor(name)
     if info.type_name in FORMATS:
-        head: PackedLinear | RowByRowHead = PackedLinear([FORMATS[info.type_name].pack(unpacked(header, info))],
-                                                         logits=True)
+        head: PackedLinear | RowByRowHead = PackedLinear([packed(header, info)], logits=True)
     else:
         head = RowByRowHead(dense_head)
     return Int4Weights(layers, head)

@@ -165,6 +165,23 @@ class PackedWeight:
         kind, d, m, tiled_sub = _scales(d, m, sub, n, k)
         return cls(packing, offset, kind, packed, d, m, n, k, tiled_sub)
 
+    @classmethod
+    def joined(cls, parts: list[PackedWeight]) -> PackedWeight:
+        """One weight of `parts` packed from consecutive rows of it (each but the last a whole number of tiles): the
+        kernel's layout is tile after tile, so their tensors follow one another."""
+        first = parts[0]
+        if any(p.n % TILE for p in parts[:-1]) or any(
+            (p.packing, p.offset, p.scales, p.k) != (first.packing, first.offset, first.scales, first.k) for p in parts
+        ):
+            raise ModelError("joined weights are one format's consecutive whole tiles")
+
+        def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+            return None if tensors[0] is None else torch.cat(tensors)  # type: ignore[arg-type]
+
+        q = torch.cat([p.q for p in parts])
+        return cls(first.packing, first.offset, first.scales, q, torch.cat([p.d for p in parts]),
+                   cat([p.m for p in parts]), sum(p.n for p in parts), first.k, cat([p.sub for p in parts]))
+
     def struct(self) -> quant_kernels.QWeight:
         """The C kernel's view (raw pointers into these tensors: keep this weight alive while it is used)."""
         return quant_kernels.QWeight(

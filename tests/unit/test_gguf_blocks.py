@@ -16,7 +16,8 @@ from gguf.quants import dequantize
 from report_lib.gguf_parts import K_TYPES
 from tiny_gguf import K_SHAPE, write_model
 
-from model.gguf.blocks import FORMATS, Unpacked, raw_blocks, unpacked, unreadable
+from model.gguf import blocks as blocks_module
+from model.gguf.blocks import FORMATS, Unpacked, packed, raw_blocks, unpacked, unreadable
 from model.gguf.header import read_header
 from model.runtime import quant_kernels
 from model.runtime.int4_weights import Int4Linear, Q4Blocks, available, check_rows_independent
@@ -129,3 +130,20 @@ def test_other_cpus_builds_compute_the_same_bits_for_every_format(files: dict[st
     monkeypatch.setattr(quant_kernels, "_load", lambda: (built, None))
     for linear, x, expected in zip(linears, inputs, here, strict=True):
         assert torch.equal(linear(x, coarse=5), expected)
+
+
+@pytest.mark.parametrize("kind", sorted(FORMATS))
+def test_a_tensor_packed_in_chunks_of_rows_is_the_tensor_packed_at_once(
+    files: dict[str, Path], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head is packed `PACK_ROWS` rows at a time (the load's peak memory); the kernel gets the same tensors."""
+    header = read_header(files[kind])
+    info = header.tensor("blk.0.ffn_down.weight")
+    whole = FORMATS[kind].pack(unpacked(header, info))
+    monkeypatch.setattr(blocks_module, "PACK_ROWS", 16)
+    assert whole.n > 16  # several chunks
+    chunked = packed(header, info)
+    assert (chunked.n, chunked.k, chunked.packing, chunked.scales) == (whole.n, whole.k, whole.packing, whole.scales)
+    for name in ("q", "d", "m", "sub"):
+        a, b = getattr(chunked, name), getattr(whole, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
