@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_sweep import rows_and_coarse
 
 from model.errors import ModelError
 from model.runtime.int4_weights import available, check_rows_independent
@@ -55,15 +56,8 @@ def test_five_and_six_bit_packings_give_the_byte_packings_bits(bits: int, offset
     bytes_ = PackedLinear([PackedWeight.bytes(q - offset, d, m, sub)], logits=True)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(5))
     x[:, ::GROUP] *= 30.0
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            for rows in (1, 2, 3, 9):
-                for coarse in sorted({0, 1, rows // 2, rows}):
-                    assert torch.equal(fives(x[:rows], coarse=coarse), bytes_(x[:rows], coarse=coarse)), (rows, coarse)
-    finally:
-        torch.set_num_threads(threads)
+    for rows, coarse in rows_and_coarse():
+        assert torch.equal(fives(x[:rows], coarse=coarse), bytes_(x[:rows], coarse=coarse)), (rows, coarse)
     if sub is not None:  # a sub-block's scale (minimum) is its super-block's times its integer
         d = d.repeat_interleave(sub.scale.shape[1] // d.shape[1], dim=1) * sub.scale.float()
         if m is not None and sub.min is not None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from gguf.quants import Q4_K
+from kernel_sweep import rows_and_coarse
 
 from model.gguf.blocks import FORMATS
 from model.runtime.int4_weights import available
@@ -109,16 +110,9 @@ def test_k_quants_give_the_bits_of_their_exact_fp32_group_scales(kind: str) -> N
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(7))
     x[:, ::GROUP] *= 30.0
     x[3, :GROUP] = 0.0  # a group of zeros
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            for rows in (1, 2, 3, 9):
-                for coarse in sorted({0, 1, rows // 2, rows}):
-                    expected = kernel_reference(x[:rows].numpy(), weight.values.numpy(), d, m, coarse)
-                    assert torch.equal(linear(x[:rows], coarse=coarse), torch.from_numpy(expected)), (rows, coarse)
-    finally:
-        torch.set_num_threads(threads)
+    for rows, coarse in rows_and_coarse():
+        expected = kernel_reference(x[:rows].numpy(), weight.values.numpy(), d, m, coarse)
+        assert torch.equal(linear(x[:rows], coarse=coarse), torch.from_numpy(expected)), (rows, coarse)
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K"])
