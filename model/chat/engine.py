@@ -132,7 +132,8 @@ class DiffusionChatModel:
                            words: str = "") -> list[int]:
         """The tokens every prompt of `messages` plus one more user message starts with, whatever its words after
         `words` (the message's known start; a word after them begins with a space)."""
-        start = f"{words.strip()} " if words.strip() else ""
+        words = words.strip()
+        start = f"{words} " if words else ""
         one = self.prompt_ids([*messages, ChatMessage("user", f"{start}a")], system_prompt)
         other = self.prompt_ids([*messages, ChatMessage("user", f"{start}b")], system_prompt)
         return one[: common_prefix(one, other)]

@@ -29,7 +29,7 @@ from model.errors import ModelError
 from model.gguf.header import GGUFHeader, TensorInfo
 from model.runtime import row_exact
 from model.runtime.int4_weights import Int4Layer, Int4Weights, unpermute_order
-from model.runtime.packed import PackedLinear, PackedWeight, SubScales
+from model.runtime.packed import PackedLinear, PackedWeight, SubScales, cat_present
 
 # The GGUF's tensor names of one layer's linears, in the fused pass's groups (model/runtime/fast_pass.py)
 FUSED = {"qkv": ("attn_q", "attn_k", "attn_v"), "o": ("attn_output",), "gate_up": ("ffn_gate", "ffn_up"),
@@ -54,14 +54,10 @@ class Unpacked:
     @staticmethod
     def stacked(members: list[Unpacked]) -> Unpacked:
         """Weights of one format and input, one after another along the output."""
-
-        def cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-            return None if parts[0] is None else torch.cat([p for p in parts if p is not None])
-
         subs = [w.sub for w in members if w.sub is not None]
-        sub = SubScales(torch.cat([s.scale for s in subs]), cat([s.min for s in subs])) if subs else None
+        sub = SubScales(torch.cat([s.scale for s in subs]), cat_present([s.min for s in subs])) if subs else None
         return Unpacked(torch.cat([w.values for w in members]), torch.cat([w.d for w in members]),
-                        cat([w.m for w in members]), sub)
+                        cat_present([w.m for w in members]), sub)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,11 @@ TILE = 16  # outputs the kernel computes together
 SUPER = 256  # inputs of a K-quant's super-block: its fp16 scale (and minimum) covers 8 groups
 
 
+def cat_present(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The parts of an optional tensor (minimums, sub-scales) one after another: None when the first has none."""
+    return None if parts[0] is None else torch.cat([p for p in parts if p is not None])
+
+
 def tiles(t: torch.Tensor, n: int) -> torch.Tensor:
     """`t` `[N, ...]` zero-padded to whole tiles of outputs, `[tiles, TILE, ...]`."""
     count = -(-n // TILE)
@@ -174,13 +179,10 @@ class PackedWeight:
             (p.packing, p.offset, p.scales, p.k) != (first.packing, first.offset, first.scales, first.k) for p in parts
         ):
             raise ModelError("joined weights are one format's consecutive whole tiles")
-
-        def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
-            return None if tensors[0] is None else torch.cat(tensors)  # type: ignore[arg-type]
-
         q = torch.cat([p.q for p in parts])
         return cls(first.packing, first.offset, first.scales, q, torch.cat([p.d for p in parts]),
-                   cat([p.m for p in parts]), sum(p.n for p in parts), first.k, cat([p.sub for p in parts]))
+                   cat_present([p.m for p in parts]), sum(p.n for p in parts), first.k,
+                   cat_present([p.sub for p in parts]))
 
     def struct(self) -> quant_kernels.QWeight:
         """The C kernel's view (raw pointers into these tensors: keep this weight alive while it is used)."""
