@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's model/
+sys.path.insert(0, str(ROOT / "scripts"))  # report_lib, which tiny_gguf imports
 sys.path.insert(0, str(ROOT / "tests" / "unit"))  # tiny_gguf: the tests' writer of tiny models
 
 # The file types asked of the quantizer (llama.cpp's LLAMA_FTYPE_MOSTLY_* names), one per block type the kernels read
