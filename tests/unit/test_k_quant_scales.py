@@ -3,8 +3,9 @@ sub-block scales kept as the file's integers under the super-blocks' fp16 `d` an
 
 Those products are exact in fp32 (an 11-bit fp16 mantissa times a 6- or 8-bit integer), so the kernel must give
 the very bits of the same computation on fp32 group scales. The reference here does that computation in numpy, in
-the kernel's order of fp32 operations (quant_matmul.c's header): the activations' two 8-bit parts, exact integer
-sums, then per group `acc = fma(d * sc, dot * scale, acc)` and `acc = fma(-dmin * min, sum(x), acc)`."""
+the kernel's order of fp32 operations (quant_matmul.c's header): the activations' 8-bit hi alone on every row (a
+K-quant's rule: llama.cpp's own q8_K is coarser still), exact integer sums, then per group
+`acc = fma(d * sc, dot * scale, acc)` and `acc = fma(-dmin * min, unit * sum(hi), acc)`."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 def kernel_reference(x: np.ndarray, values: np.ndarray, d: np.ndarray, m: np.ndarray | None,
                      coarse: int) -> np.ndarray:
     """What the kernel computes for rows `x` `[rows, k]` fp32 and weights `values` `[n, k]` (q - offset) with fp32
-    scales `d` per 32 inputs or per 16 (halves) and minimums `m` per 32, rows from `coarse` on without the remainder."""
+    scales `d` per 32 inputs or per 16 (halves) and minimums `m` per 32, rows from `coarse` on without the remainder (their
+    minimum term on the rounded activations' sum)."""
     rows, k = x.shape
     groups = k // GROUP
     g = x.reshape(rows, groups, GROUP).astype(F32)
@@ -85,6 +87,7 @@ def kernel_reference(x: np.ndarray, values: np.ndarray, d: np.ndarray, m: np.nda
     for width in (8, 4, 2):  # the kernels' reduction tree
         total = total[..., :width] + total[..., width:]
     total = total[..., 0] + total[..., 1]
+    total[coarse:] = (hi.sum(-1).astype(F32) * unit[..., 0])[coarse:]
     parts = d.shape[1] // groups  # 1, or 2 for halves
     words = (254 * hi.astype(np.int64) + lo.astype(np.int64)).reshape(rows, groups, parts, -1)
     weights = values.astype(np.int64).reshape(values.shape[0], groups, parts, -1)
@@ -101,7 +104,8 @@ def kernel_reference(x: np.ndarray, values: np.ndarray, d: np.ndarray, m: np.nda
 @pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K"])
 def test_k_quants_give_the_bits_of_their_exact_fp32_group_scales(kind: str) -> None:
     """A partial tile, three super-blocks, 1-9 rows, drafting rows and 1-2 threads: the kernel's bits are the
-    reference's on the exact fp32 products of the file's scales."""
+    reference's on the exact fp32 products of the file's scales, every row from hi alone whatever rows the caller
+    calls drafting."""
     n, k = 3 * TILE + 5, 3 * SUPER
     blocks = random_k_blocks(kind, n, k, seed=len(kind) + ord(kind[1]))
     weight = FORMATS[kind].unpack(blocks)
@@ -111,7 +115,7 @@ def test_k_quants_give_the_bits_of_their_exact_fp32_group_scales(kind: str) -> N
     x[:, ::GROUP] *= 30.0
     x[3, :GROUP] = 0.0  # a group of zeros
     for rows, coarse in rows_and_coarse():
-        expected = kernel_reference(x[:rows].numpy(), weight.values.numpy(), d, m, coarse)
+        expected = kernel_reference(x[:rows].numpy(), weight.values.numpy(), d, m, coarse=0)
         assert torch.equal(linear(x[:rows], coarse=coarse), torch.from_numpy(expected)), (rows, coarse)
 
 

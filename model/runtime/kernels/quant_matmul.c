@@ -7,21 +7,21 @@
  * integer sums (VNNI `vpdpbusd`, or the same sums from `pmaddubsw` on CPUs without it), joined in one rounding
  * (a fused multiply-add of the two sums as floats, each exact below 2^24: the same bits as joining them in int32,
  * without the integer multiply that competes with the dot products for their port):
- * Q4_1: y += d * scale * (254 * sum_hi + sum_lo) + m * sum(x), with sum(x) the group's fp32 sum; Q8_0: y += d *
- * scale * (...). Q4_0 (w = d * (q - 8)) takes 8 * sum(hi) and 8 * sum(lo) off the integer sums, exactly, as
- * llama.cpp does. Q5_0, Q5_1 and Q5_K are held at their 5 bits (PACK_FIVES: the nibbles as Q4's, and a plane of
+ * Q4_1: y += d * scale * (254 * sum_hi + sum_lo) + m * sum(x), with sum(x) the group's fp32 sum (coarse rows: below);
+ * Q8_0: y += d * scale * (...). Q4_0 (w = d * (q - 8)) takes 8 * sum(hi) and 8 * sum(lo) off the integer sums, exactly,
+ * as llama.cpp does. Q5_0, Q5_1 and Q5_K are held at their 5 bits (PACK_FIVES: the nibbles as Q4's, and a plane of
  * fifth bits), unpacked in registers to the bytes q - offset (Q5_0's 16; Q5_1 and Q5_K keep q and add their m) and
  * multiplied by the byte kernel, as Q8_0's (the 5-bit values' pair sums would overflow the nibble kernel's 16-bit
- * sums). K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 d (and -dmin)
- * times the sub-block's 6-bit integer (SCALES_K), both kept as the file holds them and multiplied per group, once for
- * all the rows: the product is exact in fp32 (11 bits times 6), so it costs a widen, a convert and a multiply of 16
- * lanes, and the scales cost the file's bits a weight, not two fp32 a group (the super-block's fp16 are converted
- * once per 8 groups). Q4_K goes through the nibble kernel, Q5_K through the byte one; Q6_K (held at its 6 bits,
- * PACK_SIXES: a plane of sixth bits more, unpacked to the bytes q - 32) has sub-blocks of 16, each with its own int8
- * scale under the fp16 d (SCALES_K_HALVES): the byte kernel's two halves of a group, whose integer sums it keeps
- * apart anyway, are each scaled by theirs (8 bits times 11, exact too). llama.cpp sums a super-block's sub-blocks in
- * integers before one fp32 multiply; here each sub-block is joined in fp32, in order: the same rules (exact integer
- * dot products, a row's result as if alone, every build the same bits) on a finer rounding of the activations.
+ * sums). K-quants: a sub-block of 32 is a group whose scale (and minimum) is the super-block's fp16 d (and -dmin) times
+ * the sub-block's 6-bit integer (SCALES_K), both kept as the file holds them and multiplied per group, once for all the
+ * rows: the product is exact in fp32 (11 bits times 6), so it costs a widen, a convert and a multiply of 16 lanes, and
+ * the scales cost the file's bits a weight, not two fp32 a group (the super-block's fp16 are converted once per 8
+ * groups). Q4_K goes through the nibble kernel, Q5_K through the byte one; Q6_K (held at its 6 bits, PACK_SIXES: a
+ * plane of sixth bits more, unpacked to the bytes q - 32) has sub-blocks of 16, each with its own int8 scale under the
+ * fp16 d (SCALES_K_HALVES): the byte kernel's two halves of a group, whose integer sums it keeps apart anyway, are each
+ * scaled by theirs (8 bits times 11, exact too). llama.cpp sums a super-block's sub-blocks in integers before one fp32
+ * multiply; here each sub-block is joined in fp32, in order: the same rules (exact integer dot products, a row's result
+ * as if alone, every build the same bits) on a finer rounding of the activations.
  * The remainder is what keeps the answers the bf16 teacher's quality: with hi alone (llama.cpp's rounding) an
  * activation is off by up to 1/254 of its group's largest, which on CPUs that prefill through these kernels made
  * the greedy answers' perplexity 1.05x the bf16 teacher's; with the remainder it is off by 1/64516.
@@ -35,10 +35,17 @@
  * For a row or two (DIRECT_ROWS) each row widens the group in registers; for more, the group is widened into memory
  * once and every row reads it there.
  *
- * Coarse rows: rows from `coarse` on skip the remainder (hi alone, llama.cpp's rounding), half the integer work (in
- * the AVX2 byte kernel their words are 254 * hi, at the cost of a fine row, which there is llama.cpp's 8-bit one).
+ * Coarse rows: rows from `coarse` on skip the remainder (hi alone, llama.cpp's rounding), half the integer work (the
+ * AVX2 byte kernel multiplies their hi bytes by `pmaddubsw`, as llama.cpp does, rather than words: ug_dot in vec16.h).
+ * Their minimum term (Q4_1, Q5_1, Q4_K, Q5_K) takes the sum of the rounded activations, unit * sum(hi), as llama.cpp's
+ * does: then each activation's rounding error meets its weight, w = d q + m, and not d q alone (q in 0..15 or 0..31,
+ * never centred), which made a K-quant file's error 3-4x llama.cpp's in KL (tiny qwen2 Q4_K_M: 0.149 against 0.040).
  * They are a drafting pass's mask rows, whose logits only propose drafts that the clean rows then verify
  * (model/decoding/speculative.py): the answer never depends on them, and a row's rounding is still its own.
+ * K-quants (Q4_K, Q5_K, Q6_K) take every row coarse: llama.cpp rounds their activations per 256 (q8_K), so hi per 32
+ * is finer than the rounding the file was made for, and the remainder would double the integer work of a user's
+ * model (a 1.5B Q4_K_M file's decoding is bound by it on one AVX2 core). The bundled model's Q4_1 and Q8_0, and the
+ * other formats, keep it on clean rows: it holds the bundled teacher's perplexity (below).
  *
  * Exactness: a row's output never depends on the other rows, the row count or the thread count. Every output
  * element is computed by one thread, in one fixed order (exact integer sums, then fp32 over the groups in
@@ -90,18 +97,20 @@ typedef struct {
     int32_t *quads;  /* [rows, groups, 16] */
     float *scale;    /* [rows, groups] */
     float *sum;      /* [rows, groups] */
+    float *hi_sum;   /* [rows, groups]: the sum of hi as the activations it stands for, unit * sum(hi) (coarse rows') */
     int32_t *parts;  /* [rows, groups, 4]: sum(hi) over inputs 0-15, over 16-31, then sum(lo) over each half */
     int16_t *words;  /* [rows, groups, 32]: 254 * hi + lo (254 * hi from `coarse` on), the AVX2 byte kernel's */
 } Activations;
 
 static int quantize_rows(const float *x, int64_t rows, int64_t coarse, int64_t k, Activations *out) {
     const int64_t groups = k / GROUP;
-    void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 2 * sizeof(float) + 32 * sizeof(int16_t)));
+    void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 3 * sizeof(float) + 32 * sizeof(int16_t)));
     if (!buffer) return 1;
     out->quads = buffer;
     out->scale = (float *)(out->quads + rows * groups * 16);
     out->sum = out->scale + rows * groups;
-    out->parts = (int32_t *)(out->sum + rows * groups);
+    out->hi_sum = out->sum + rows * groups;
+    out->parts = (int32_t *)(out->hi_sum + rows * groups);
     out->words = (int16_t *)(out->parts + rows * groups * 4);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < groups; g++) {
@@ -126,6 +135,8 @@ static int quantize_rows(const float *x, int64_t rows, int64_t coarse, int64_t k
                 for (int i = 0; i < TILE; i++) total += q[part * TILE + i];
                 out->parts[(r * groups + g) * 4 + part] = total;
             }
+            const int32_t *parts = out->parts + (r * groups + g) * 4;
+            out->hi_sum[r * groups + g] = (float)(parts[0] + parts[1]) * unit;
             int16_t *words = out->words + (r * groups + g) * GROUP;
             for (int i = 0; i < GROUP; i++) words[i] = (int16_t)(RESIDUAL * q[i] + (r < coarse ? q[GROUP + i] : 0));
         }
@@ -188,7 +199,7 @@ static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, 
             }
             const vec16 dot = v_fma(iv_float(hi), v_set1((float)RESIDUAL), iv_float(lo));
             acc[r] = v_fma(vd, v_mul(dot, v_set1(a->scale[at])), acc[r]);
-            if (with_min) acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
+            if (with_min) acc[r] = v_fma(vm, v_set1(first + r < coarse ? a->sum[at] : a->hi_sum[at]), acc[r]);
         }
     }
     store_tile(acc, count, w->n, t, y + first * ldy, ldy);
@@ -229,6 +240,10 @@ static void nibble_rows(const QWeight *w, const Activations *a, int64_t rows, in
             block(w, a, t, first, rows - first < ROW_BLOCK ? rows - first : ROW_BLOCK, coarse, y, ldy);
 }
 
+/* ug (WORD_DOTS) is filled whenever the block has a coarse row (fine < count), which GCC cannot follow into the row
+ * loop's `r >= fine` */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 /* The byte kernel's rows [first, first + count) of tile t: `kind` the scales' and `planes` the packing (0 bytes, 5
  * PACK_FIVES, 6 PACK_SIXES; constants where inlined, so that Q8_0's loop is its own). Halves (SCALES_K_HALVES): the
  * integer sums of inputs 0-15 and 16-31 kept apart, each scaled by its own. */
@@ -244,9 +259,15 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
         const uint8_t *packed = w->q + block * (planes == 6 ? SIXES_BYTES : planes ? FIVES_BYTES : 512);
         wgroup wg;  /* the group's weights for 16 outputs, unpacked once for all the rows */
 #if defined(WORD_DOTS)
-        const int direct = count <= DIRECT_ROWS;  /* or for each row in registers */
+        /* the block's fine rows multiply words (each widening the group in registers, or all reading it widened
+         * once), its coarse rows hi's bytes (the group unpacked once for them) */
+        const int64_t fine = coarse <= first ? 0 : coarse - first < count ? coarse - first : count;
+        const int direct = fine <= DIRECT_ROWS;
         if (!direct && planes) wg_planes(&wg, packed, (int)w->offset, planes == 6);
         if (!direct && !planes) wg_bytes(&wg, (const int8_t *)packed);
+        ugroup ug;
+        if (fine < count && planes) ug_planes(&ug, packed, planes == 6);
+        if (fine < count && !planes) ug_bytes(&ug, (const int8_t *)packed);
 #else
         if (planes)
             wg_planes(&wg, packed, (int)w->offset, planes == 6);
@@ -264,12 +285,25 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
         for (int64_t r = 0; r < count; r++) {
             const int64_t at = (first + r) * groups + g;
 #if defined(WORD_DOTS)
-            /* one exact int32 sum, 254 * sum(hi) + sum(lo) (hi alone for coarse rows: the words say which) */
+            /* one exact int32 sum, 254 * sum(hi) + sum(lo), or hi's alone (a coarse row), times 254 in fp32:
+             * exact too, so the same bits */
             const int16_t *words = a->words + at * GROUP;
             const vec16 scale = v_set1(a->scale[at]);
             const int halves = kind == SCALES_K_HALVES;
             ivec16 sum, sum_b = iv_zero();
-            if (!direct) {
+            if (r >= fine) {
+                const int32_t *parts = a->parts + at * 4, offset = planes ? (int32_t)w->offset : 0;
+                ug_dot(&ug, a->quads + at * 16, halves, &sum, &sum_b);
+                if (halves) {
+                    sum = iv_minus(sum, offset * parts[0]);
+                    sum_b = iv_minus(sum_b, offset * parts[1]);
+                } else {
+                    sum = iv_minus(sum, offset * (parts[0] + parts[1]));
+                }
+                const vec16 residual = v_set1((float)RESIDUAL);
+                acc[r] = v_fma(vd, v_mul(v_mul(iv_float(sum), residual), scale), acc[r]);
+                if (halves) acc[r] = v_fma(vd_b, v_mul(v_mul(iv_float(sum_b), residual), scale), acc[r]);
+            } else if (!direct) {
                 sum = wg_dot(&wg, words, 0, halves ? 4 : 8);
                 if (halves) sum_b = wg_dot(&wg, words, 4, 8);
             } else if (planes) {
@@ -278,9 +312,10 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
                 sum = bytes_dot((const int8_t *)packed, words, 0, halves ? 4 : 8);
                 if (halves) sum_b = bytes_dot((const int8_t *)packed, words, 4, 8);
             }
-            acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
-            if (halves) acc[r] = v_fma(vd_b, v_mul(iv_float(sum_b), scale), acc[r]);
-            (void)coarse;
+            if (r < fine) {
+                acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
+                if (halves) acc[r] = v_fma(vd_b, v_mul(iv_float(sum_b), scale), acc[r]);
+            }
 #else
             const s8vec *wq = wg.q;  /* inputs 4i..4i+3 of the group, for 16 outputs */
             const int32_t *quads = a->quads + at * 16;
@@ -321,11 +356,13 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
                 acc[r] = v_fma(vd, v_mul(dot, scale), acc[r]);
             }
 #endif
-            if (w->m) acc[r] = v_fma(vm, v_set1(a->sum[at]), acc[r]);
+            if (w->m) acc[r] = v_fma(vm, v_set1(first + r < coarse ? a->sum[at] : a->hi_sum[at]), acc[r]);
         }
     }
     store_tile(acc, count, w->n, t, y + first * ldy, ldy);
 }
+
+#pragma GCC diagnostic pop
 
 static void byte_rows(const QWeight *w, const Activations *a, int64_t rows, int64_t coarse, float *y, int64_t ldy,
                       int threads) {
@@ -369,10 +406,11 @@ int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, 
     Activations a;
     if (quantize_rows(x, rows, coarse, w[0].k, &a)) return 1;  /* once for all the members */
     for (int64_t i = 0, column = 0; i < members; column += w[i++].n) {
+        const int64_t fine = w[i].scales == SCALES_FP16 ? coarse : 0;  /* K-quants: every row coarse (header) */
         if (w[i].packing == PACK_NIBBLES)
-            nibble_rows(&w[i], &a, rows, coarse, y + column, ldy, threads);
+            nibble_rows(&w[i], &a, rows, fine, y + column, ldy, threads);
         else
-            byte_rows(&w[i], &a, rows, coarse, y + column, ldy, threads);
+            byte_rows(&w[i], &a, rows, fine, y + column, ldy, threads);
     }
     free(a.quads);
     return 0;

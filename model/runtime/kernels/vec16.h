@@ -287,11 +287,11 @@ static inline void wg_widen(wgroup *g, int i, int h, __m256i bytes) {
 static inline void wg_bytes(wgroup *g, const int8_t *p) {
     for (int i = 0; i < 32; i++) g->w[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * i)));
 }
-/* PACK_FIVES (PACK_SIXES): quads i and i + 4 of outputs 8h..8h+7 as the bytes q - offset, from the nibbles and the
+/* PACK_FIVES (PACK_SIXES): quads i and i + 4 of outputs 8h..8h+7 as the unsigned bytes q, from the nibbles and the
  * bit planes (bit i of a plane's byte is quad i's bit: shifted to its place within 16-bit lanes, where no bit of the
  * neighbouring byte lands) */
-static inline void planes_unpack(const uint8_t *p, int offset, int sixes, int h, int i, __m256i *low, __m256i *high) {
-    const __m256i mask = _mm256_set1_epi8(15), five = _mm256_set1_epi8(16), off = _mm256_set1_epi8((char)offset);
+static inline void planes_raw(const uint8_t *p, int sixes, int h, int i, __m256i *low, __m256i *high) {
+    const __m256i mask = _mm256_set1_epi8(15), five = _mm256_set1_epi8(16);
     const __m256i bits = _mm256_loadu_si256((const __m256i *)(p + 256 + 32 * h));
     const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 64 * i + 32 * h));
     __m256i a = _mm256_and_si256(raw, mask), b = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
@@ -302,7 +302,13 @@ static inline void planes_unpack(const uint8_t *p, int offset, int sixes, int h,
         a = _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(sixth, 5 - i), six));
         b = _mm256_or_si256(b, _mm256_and_si256(i ? _mm256_srli_epi16(sixth, i - 1) : _mm256_slli_epi16(sixth, 1), six));
     }
-    *low = _mm256_sub_epi8(a, off), *high = _mm256_sub_epi8(b, off);
+    *low = a, *high = b;
+}
+/* and as the bytes q - offset */
+static inline void planes_unpack(const uint8_t *p, int offset, int sixes, int h, int i, __m256i *low, __m256i *high) {
+    const __m256i off = _mm256_set1_epi8((char)offset);
+    planes_raw(p, sixes, h, i, low, high);
+    *low = _mm256_sub_epi8(*low, off), *high = _mm256_sub_epi8(*high, off);
 }
 static inline void wg_planes(wgroup *g, const uint8_t *p, int offset, int sixes) {
     for (int h = 0; h < 2; h++)
@@ -376,6 +382,53 @@ static inline void planes_dot(const uint8_t *p, const int16_t *words, int offset
         }
     *sum = wd_join(acc);
     if (halves) *sum_b = wd_join(acc_b);
+}
+/* A coarse row (hi alone) needs no words: its sums are `pmaddubsw`'s, unsigned weight bytes times hi's signed ones, as
+ * llama.cpp's AVX2 kernels form them. PACK_FIVES' and PACK_SIXES' q are taken before the offset (the caller takes
+ * off offset * sum(hi), exactly), and two quads' pair sums are added in 16 bits (at most 2 * 2 * 63 * 127 = 32004)
+ * before one widening; PACK_BYTES' |w| multiplies hi given w's sign (a pair sum at most 2 * 128 * 127), each quad
+ * widened alone. The same exact integers as the words' product for fewer instructions, and the group is unpacked
+ * once for all the coarse rows. u[2 quad + h]: a quad's inputs for outputs 8h..8h+7 (sign[.]: PACK_BYTES' w). */
+typedef struct { __m256i u[16], sign[16]; int signs; } ugroup;
+static inline void ug_planes(ugroup *g, const uint8_t *p, int sixes) {
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) planes_raw(p, sixes, h, i, &g->u[2 * i + h], &g->u[2 * (i + 4) + h]);
+    g->signs = 0;
+}
+static inline void ug_bytes(ugroup *g, const int8_t *p) {
+    for (int j = 0; j < 16; j++) {  /* quad j / 2's outputs 8 (j % 2) on: 32 bytes at 64 quad + 32 h = 32 j */
+        g->sign[j] = _mm256_loadu_si256((const __m256i *)(p + 32 * j));
+        g->u[j] = _mm256_abs_epi8(g->sign[j]);
+    }
+    g->signs = 1;
+}
+/* The exact int32 sums of a row's hi (`quads`: its 8 quads of bytes) times the group's weights, for 16 outputs in
+ * order: over inputs 0-15 in *sum and 16-31 in *sum_b for halves, else all 32 in *sum */
+static inline void ug_dot(const ugroup *g, const int32_t *quads, int halves, ivec16 *sum, ivec16 *sum_b) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
+                         {_mm256_setzero_si256(), _mm256_setzero_si256()}};  /* [inputs 0-15 or 16-31][h] */
+    for (int i = 0; i < 8; i += 2) {
+        const __m256i x = _mm256_set1_epi32(quads[i]), z = _mm256_set1_epi32(quads[i + 1]);
+        for (int h = 0; h < 2; h++) {
+            const int a = 2 * i + h, b = 2 * (i + 1) + h;
+            __m256i wide;
+            if (g->signs) {
+                const __m256i pa = _mm256_maddubs_epi16(g->u[a], _mm256_sign_epi8(x, g->sign[a]));
+                const __m256i pb = _mm256_maddubs_epi16(g->u[b], _mm256_sign_epi8(z, g->sign[b]));
+                wide = _mm256_add_epi32(_mm256_madd_epi16(pa, ones), _mm256_madd_epi16(pb, ones));
+            } else {
+                const __m256i pa = _mm256_maddubs_epi16(g->u[a], x), pb = _mm256_maddubs_epi16(g->u[b], z);
+                wide = _mm256_madd_epi16(_mm256_add_epi16(pa, pb), ones);
+            }
+            acc[i / 4][h] = _mm256_add_epi32(acc[i / 4][h], wide);
+        }
+    }
+    if (halves) {
+        *sum = (ivec16){acc[0][0], acc[0][1]}, *sum_b = (ivec16){acc[1][0], acc[1][1]};
+    } else {
+        *sum = (ivec16){_mm256_add_epi32(acc[0][0], acc[1][0]), _mm256_add_epi32(acc[0][1], acc[1][1])};
+    }
 }
 #else
 #error "needs AVX-512 (BW) or AVX2 with FMA and F16C"
