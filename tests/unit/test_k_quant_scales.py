@@ -70,8 +70,8 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 def kernel_reference(x: np.ndarray, values: np.ndarray, d: np.ndarray, m: np.ndarray | None,
                      coarse: int) -> np.ndarray:
     """What the kernel computes for rows `x` `[rows, k]` fp32 and weights `values` `[n, k]` (q - offset) with fp32
-    scales `d` per 32 inputs or per 16 (halves) and minimums `m` per 32, rows from `coarse` on without the remainder (their
-    minimum term on the rounded activations' sum)."""
+    scales `d` per 32 inputs or per 16 (halves) and minimums `m` per 32, rows from `coarse` on without the remainder
+    (their minimum term on the rounded activations' sum)."""
     rows, k = x.shape
     groups = k // GROUP
     g = x.reshape(rows, groups, GROUP).astype(F32)
