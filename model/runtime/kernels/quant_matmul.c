@@ -99,10 +99,10 @@ typedef struct {
     float *sum;      /* [rows, groups] */
     float *hi_sum;   /* [rows, groups]: the sum of hi as the activations it stands for, unit * sum(hi) (coarse rows') */
     int32_t *parts;  /* [rows, groups, 4]: sum(hi) over inputs 0-15, over 16-31, then sum(lo) over each half */
-    int16_t *words;  /* [rows, groups, 32]: 254 * hi + lo (254 * hi from `coarse` on), the AVX2 byte kernel's */
+    int16_t *words;  /* [rows, groups, 32]: 254 * hi + lo, the AVX2 byte kernel's (its fine rows') */
 } Activations;
 
-static int quantize_rows(const float *x, int64_t rows, int64_t coarse, int64_t k, Activations *out) {
+static int quantize_rows(const float *x, int64_t rows, int64_t k, Activations *out) {
     const int64_t groups = k / GROUP;
     void *buffer = malloc((size_t)(rows * groups) * (20 * sizeof(int32_t) + 3 * sizeof(float) + 32 * sizeof(int16_t)));
     if (!buffer) return 1;
@@ -138,7 +138,7 @@ static int quantize_rows(const float *x, int64_t rows, int64_t coarse, int64_t k
             const int32_t *parts = out->parts + (r * groups + g) * 4;
             out->hi_sum[r * groups + g] = (float)(parts[0] + parts[1]) * unit;
             int16_t *words = out->words + (r * groups + g) * GROUP;
-            for (int i = 0; i < GROUP; i++) words[i] = (int16_t)(RESIDUAL * q[i] + (r < coarse ? q[GROUP + i] : 0));
+            for (int i = 0; i < GROUP; i++) words[i] = (int16_t)(RESIDUAL * q[i] + q[GROUP + i]);
         }
     return 0;
 }
@@ -293,16 +293,13 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
             ivec16 sum, sum_b = iv_zero();
             if (r >= fine) {
                 const int32_t *parts = a->parts + at * 4, offset = planes ? (int32_t)w->offset : 0;
-                ug_dot(&ug, a->quads + at * 16, halves, &sum, &sum_b);
+                ug_dot(&ug, a->quads + at * 16, !planes, halves, &sum, &sum_b);
                 if (halves) {
                     sum = iv_minus(sum, offset * parts[0]);
                     sum_b = iv_minus(sum_b, offset * parts[1]);
                 } else {
                     sum = iv_minus(sum, offset * (parts[0] + parts[1]));
                 }
-                const vec16 residual = v_set1((float)RESIDUAL);
-                acc[r] = v_fma(vd, v_mul(v_mul(iv_float(sum), residual), scale), acc[r]);
-                if (halves) acc[r] = v_fma(vd_b, v_mul(v_mul(iv_float(sum_b), residual), scale), acc[r]);
             } else if (!direct) {
                 sum = wg_dot(&wg, words, 0, halves ? 4 : 8);
                 if (halves) sum_b = wg_dot(&wg, words, 4, 8);
@@ -312,10 +309,10 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
                 sum = bytes_dot((const int8_t *)packed, words, 0, halves ? 4 : 8);
                 if (halves) sum_b = bytes_dot((const int8_t *)packed, words, 4, 8);
             }
-            if (r < fine) {
-                acc[r] = v_fma(vd, v_mul(iv_float(sum), scale), acc[r]);
-                if (halves) acc[r] = v_fma(vd_b, v_mul(iv_float(sum_b), scale), acc[r]);
-            }
+            vec16 dot = iv_float(sum), dot_b = iv_float(sum_b);
+            if (r >= fine) dot = v_mul(dot, v_set1((float)RESIDUAL)), dot_b = v_mul(dot_b, v_set1((float)RESIDUAL));
+            acc[r] = v_fma(vd, v_mul(dot, scale), acc[r]);
+            if (halves) acc[r] = v_fma(vd_b, v_mul(dot_b, scale), acc[r]);
 #else
             const s8vec *wq = wg.q;  /* inputs 4i..4i+3 of the group, for 16 outputs */
             const int32_t *quads = a->quads + at * 16;
@@ -404,7 +401,7 @@ int weight_rows(const float *x, int64_t rows, int64_t coarse, const QWeight *w, 
         ldy += w[i].n;
     }
     Activations a;
-    if (quantize_rows(x, rows, coarse, w[0].k, &a)) return 1;  /* once for all the members */
+    if (quantize_rows(x, rows, w[0].k, &a)) return 1;  /* once for all the members */
     for (int64_t i = 0, column = 0; i < members; column += w[i++].n) {
         const int64_t fine = w[i].scales == SCALES_FP16 ? coarse : 0;  /* K-quants: every row coarse (header) */
         if (w[i].packing == PACK_NIBBLES)

@@ -389,22 +389,20 @@ static inline void planes_dot(const uint8_t *p, const int16_t *words, int offset
  * before one widening; PACK_BYTES' |w| multiplies hi given w's sign (a pair sum at most 2 * 128 * 127), each quad
  * widened alone. The same exact integers as the words' product for fewer instructions, and the group is unpacked
  * once for all the coarse rows. u[2 quad + h]: a quad's inputs for outputs 8h..8h+7 (sign[.]: PACK_BYTES' w). */
-typedef struct { __m256i u[16], sign[16]; int signs; } ugroup;
+typedef struct { __m256i u[16], sign[16]; } ugroup;
 static inline void ug_planes(ugroup *g, const uint8_t *p, int sixes) {
     for (int h = 0; h < 2; h++)
         for (int i = 0; i < 4; i++) planes_raw(p, sixes, h, i, &g->u[2 * i + h], &g->u[2 * (i + 4) + h]);
-    g->signs = 0;
 }
 static inline void ug_bytes(ugroup *g, const int8_t *p) {
     for (int j = 0; j < 16; j++) {  /* quad j / 2's outputs 8 (j % 2) on: 32 bytes at 64 quad + 32 h = 32 j */
         g->sign[j] = _mm256_loadu_si256((const __m256i *)(p + 32 * j));
         g->u[j] = _mm256_abs_epi8(g->sign[j]);
     }
-    g->signs = 1;
 }
-/* The exact int32 sums of a row's hi (`quads`: its 8 quads of bytes) times the group's weights, for 16 outputs in
- * order: over inputs 0-15 in *sum and 16-31 in *sum_b for halves, else all 32 in *sum */
-static inline void ug_dot(const ugroup *g, const int32_t *quads, int halves, ivec16 *sum, ivec16 *sum_b) {
+/* The exact int32 sums of a row's hi (`quads`: its 8 quads of bytes) times the group's weights (`signs`: ug_bytes'),
+ * for 16 outputs in order: over inputs 0-15 in *sum and 16-31 in *sum_b for halves, else all 32 in *sum */
+static inline void ug_dot(const ugroup *g, const int32_t *quads, int signs, int halves, ivec16 *sum, ivec16 *sum_b) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
                          {_mm256_setzero_si256(), _mm256_setzero_si256()}};  /* [inputs 0-15 or 16-31][h] */
@@ -413,7 +411,7 @@ static inline void ug_dot(const ugroup *g, const int32_t *quads, int halves, ive
         for (int h = 0; h < 2; h++) {
             const int a = 2 * i + h, b = 2 * (i + 1) + h;
             __m256i wide;
-            if (g->signs) {
+            if (signs) {
                 const __m256i pa = _mm256_maddubs_epi16(g->u[a], _mm256_sign_epi8(x, g->sign[a]));
                 const __m256i pb = _mm256_maddubs_epi16(g->u[b], _mm256_sign_epi8(z, g->sign[b]));
                 wide = _mm256_add_epi32(_mm256_madd_epi16(pa, ones), _mm256_madd_epi16(pb, ones));
