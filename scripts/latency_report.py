@@ -175,7 +175,8 @@ def _model_info(engines: Any, config: Any, adapter_dir: Path | None) -> dict[str
         "sampler": str(sampler) if sampler is not None else "remote",
         "max new tokens": config.generation.max_new_tokens,
         "ASR": getattr(engines.asr, "name", "?"),
-        "TTS": f"Piper, {engines.tts.sample_rate} Hz, {engines.tts.config.threads} thread(s)",
+        "TTS": f"Piper, {engines.tts.sample_rate} Hz, {engines.tts.config.threads} thread(s), "
+                f"{engines.tts.config.lead_threads} for a first phrase",
         "speculator": str(asdict(config.speculator)),
         "load seconds": {key: round(value, 1) for key, value in engines.load_seconds.items()},
     }

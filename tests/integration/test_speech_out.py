@@ -88,6 +88,20 @@ def test_short_phrase_gives_pcm16_at_the_voice_rate(synthesizer: PiperSynthesize
     assert list(synthesizer.synthesize("🎉 **")) == []  # nothing speakable: no audio
 
 
+def test_a_lead_synthesis_runs_on_its_own_threads_and_speaks_the_same_length(synthesizer: PiperSynthesizer) -> None:
+    """`lead` (a first phrase while the LM stands aside) uses the voice's second session on `lead_threads`: the same
+    voice, so the same amount of speech (Piper's noise makes the samples differ from run to run)."""
+    config = synthesizer.config
+    assert config.lead_threads == 2 != config.threads
+    sessions = {lead: (synthesizer._lead_voice if lead else synthesizer._voice).session for lead in (False, True)}
+    assert sessions[True] is not sessions[False]
+    assert sessions[True].get_session_options().intra_op_num_threads == 2
+    lengths = [sum(len(c) for c in synthesizer.synthesize("Hello, how are you?", lead=lead)) for lead in (False, True)]
+    assert abs(lengths[1] - lengths[0]) < 0.25 * lengths[0]
+    same = PiperSynthesizer.load(TTSConfig(lead_threads=config.threads))  # nothing to gain: no second session
+    assert same._lead_voice is same._voice
+
+
 def test_synthesis_stops_between_chunks_when_cancelled(synthesizer: PiperSynthesizer) -> None:
     import threading
 

@@ -74,7 +74,7 @@ class FakeLM:
 class FakeTTS:
     sample_rate = 16000
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None) -> Iterator[bytes]:
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
         for _ in text.split():
             if cancel is not None and cancel.is_set():
                 return

@@ -19,8 +19,10 @@ class SlowVoice:
     def __init__(self) -> None:
         self.finished: list[str] = []
         self.closed: list[str] = []
+        self.leads: list[tuple[str, bool]] = []  # (text, lead) per synthesis started
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None) -> Iterator[bytes]:
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
+        self.leads.append((text, lead))
         try:
             for _ in range(5):
                 if cancel is not None and cancel.is_set():
@@ -84,8 +86,9 @@ def test_a_suspended_speculative_render_that_is_dropped_is_closed() -> None:
 
 
 def test_the_first_phrase_holds_the_language_model_until_its_first_chunk_and_no_other_phrase_does() -> None:
-    """The user waits for the first phrase's first chunk: its synthesis holds the passes (`first_audio_hold`); the
-    rest of the first phrase and every later phrase render beside them."""
+    """The user waits for the first phrase's first chunk: its synthesis holds the passes (`first_audio_hold`) and is
+    a `lead` synthesis (the cores the passes left); the rest of the first phrase and every later phrase render beside
+    them."""
     holds: list[tuple[int, int]] = []  # per hold: chunks of phrase 0 when it began and when it ended
     first = _Render(0, "first phrase", committed=True)
 
@@ -95,13 +98,19 @@ def test_the_first_phrase_holds_the_language_model_until_its_first_chunk_and_no_
         yield
         holds.append((began, len(first.chunks)))
 
-    async def scenario() -> None:
-        stage = SpeakStage(SlowVoice(), _events, session="s", turn=1, first_audio_hold=hold)
-        stage._enqueue(first)
+    async def scenario(phrase: _Render, with_hold: bool) -> SlowVoice:
+        voice = SlowVoice()
+        stage = SpeakStage(voice, _events, session="s", turn=1, first_audio_hold=hold if with_hold else None)
+        stage._enqueue(phrase)
         stage._enqueue(_Render(1, "second phrase", committed=True))
         stage._feeding_done = True
         await asyncio.wait_for(stage._render_loop(), 5)
+        return voice
 
-    asyncio.run(scenario())
+    voice = asyncio.run(scenario(first, with_hold=True))
     assert holds == [(0, 0)]  # one hold, released as the first chunk came (before it was stored)
     assert len(first.chunks) == 5
+    assert voice.leads == [("first phrase", True), ("second phrase", False)]
+    # nothing stands aside: no phrase may take the other cores
+    voice = asyncio.run(scenario(_Render(0, "first phrase", committed=True), with_hold=False))
+    assert voice.leads == [("first phrase", False), ("second phrase", False)]

@@ -36,7 +36,8 @@ from voice.speak.speculator import Action, Commit, Discard, PhraseSpeculator, Re
 from voice.speak.tts import SpeechSynthesizer
 
 # The longest the first phrase's synthesis holds the language model's passes: Piper's first chunk of a short phrase
-# takes ~110 ms on one core of the 2-core machine (scripts/bench/bench_tts.py), ~200 ms beside the passes.
+# takes ~60 ms on the 2-core machine's both cores (a `lead` synthesis, scripts/bench/bench_tts.py), ~110 ms a turn
+# in the session (tts_first_chunk in scripts/heard_latency.py).
 FIRST_AUDIO_HOLD_S = 0.3
 
 
@@ -92,7 +93,8 @@ class SpeakStage:
 
     `first_audio_hold`, when given, is held while the answer's first phrase is synthesised up to its first chunk: the
     language model's passes stand aside (`DiffusionChatModel.standing_aside`, for at most `FIRST_AUDIO_HOLD_S`), since
-    that chunk is what the user is waiting to hear and the rest of the answer is far ahead of playback anyway."""
+    that chunk is what the user is waiting to hear and the rest of the answer is far ahead of playback anyway. That
+    phrase is then a `lead` synthesis, which may use the cores the passes left."""
 
     def __init__(
         self,
@@ -239,7 +241,8 @@ class SpeakStage:
         the queue with its synthesis kept) as soon as a committed phrase waits: someone is listening for that one."""
         if render.chunk_source is None:
             render.started_ns = now_ns()
-            render.chunk_source = self._synthesizer.synthesize(render.text, render.cancel)
+            lead = render.phrase_id == 0 and self._first_audio_hold is not None  # rendered while the LM stands aside
+            render.chunk_source = self._synthesizer.synthesize(render.text, render.cancel, lead=lead)
         chunks = render.chunk_source
         try:
             while not render.cancel.is_set():

@@ -39,13 +39,19 @@ class TTSConfig:
     voice: Path | None = None  # a Piper .onnx model; its config defaults to the same path + ".json"
     voice_config: Path | None = None
     threads: int = 1  # ONNX intra-op threads: 1 leaves the other core to the language model
+    # ... for a `lead` render: a voice answer's first phrase, which the user is waiting for and during which the
+    # language model's passes stand aside (voice/speak/stage.py). On the 2-core EPYC a short first phrase's first
+    # chunk takes p50 59 ms on 2 threads against 105 on 1 (`scripts/bench/bench_tts.py --skip-speculation`), and
+    # heard voice-to-voice fell by a median 34 ms a turn (scripts/heard_latency.py, 2 x 30 held-out turns, paired).
+    # Costs a second ONNX session of the voice (~+70 MB) when it differs from `threads`.
+    lead_threads: int = 2
     chunk_ms: int = 200  # size of the PCM slices handed out
     length_scale: float | None = None  # speaking rate (< 1 faster); None keeps the voice's own
     normalize: bool = True  # run `normalize_for_speech` on each phrase
 
     def __post_init__(self) -> None:
-        if self.threads < 1:
-            raise ValueError("threads must be at least 1")
+        if self.threads < 1 or self.lead_threads < 1:
+            raise ValueError("threads and lead_threads must be at least 1")
         if self.chunk_ms < 10:
             raise ValueError("chunk_ms must be at least 10")
 
@@ -56,7 +62,10 @@ class SpeechSynthesizer(Protocol):
     @property
     def sample_rate(self) -> int: ...
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None) -> Iterator[bytes]: ...
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
+        """PCM16 chunks of `text`; `lead`: the render someone is waiting for while other work stands aside, which
+        may use more cores."""
+        ...
 
 
 def default_voice_paths() -> tuple[Path, Path]:
@@ -86,8 +95,9 @@ def resolve_voice_paths(config: TTSConfig) -> tuple[Path, Path]:
 class PiperSynthesizer:
     """A loaded Piper voice. Thread-safe: ONNX Runtime sessions may run concurrently and Piper locks espeak-ng."""
 
-    def __init__(self, voice: PiperVoice, config: TTSConfig) -> None:
+    def __init__(self, voice: PiperVoice, config: TTSConfig, lead_voice: PiperVoice | None = None) -> None:
         self._voice = voice
+        self._lead_voice = lead_voice or voice  # the same voice on `config.lead_threads`
         self._config = config
         self._synthesis = SynthesisConfig(length_scale=config.length_scale)
         self._chunk_samples = max(1, voice.config.sample_rate * config.chunk_ms // 1000)
@@ -100,19 +110,11 @@ class PiperSynthesizer:
             piper_config = PiperConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
             raise TTSError(f"Piper voice config {config_path} is not a valid voice config: {error!r}") from error
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = config.threads
-        options.inter_op_num_threads = 1
-        # onnxruntime's arena keeps the peak of the longest phrase ever rendered: one 60-digit number held +350 MiB
-        # for the rest of a session (found by a 60-turn soak). Without it the buffers go back to the heap.
-        options.enable_cpu_mem_arena = False
-        try:
-            session = onnxruntime.InferenceSession(str(model_path), sess_options=options,
-                                                   providers=["CPUExecutionProvider"])
-        except _ORT_ERRORS as error:
-            message = f"Piper voice model {model_path} could not be loaded (corrupt or not ONNX): {error}"
-            raise TTSError(message) from error
-        return cls(PiperVoice(session=session, config=piper_config), config)
+        voice = PiperVoice(session=_session(model_path, config.threads), config=piper_config)
+        lead = None
+        if config.lead_threads != config.threads:
+            lead = PiperVoice(session=_session(model_path, config.lead_threads), config=piper_config)
+        return cls(voice, config, lead)
 
     @property
     def sample_rate(self) -> int:
@@ -122,14 +124,16 @@ class PiperSynthesizer:
     def config(self) -> TTSConfig:
         return self._config
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None) -> Iterator[bytes]:
-        """PCM16 LE mono chunks for `text` (normalised for speech first). Nothing is yielded when no speakable text
-        is left. Stops before the next model call once `cancel` is set, or whenever the caller stops pulling."""
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
+        """PCM16 LE mono chunks for `text` (normalised for speech first), on `config.lead_threads` when `lead`.
+        Nothing is yielded when no speakable text is left. Stops before the next model call once `cancel` is set,
+        or whenever the caller stops pulling."""
         spoken = normalize_for_speech(text) if self._config.normalize else text.strip()
         if not spoken:
             return
         step = self._chunk_samples * 2
-        sentences = iter(self._voice.synthesize(spoken, syn_config=self._synthesis))
+        voice = self._lead_voice if lead else self._voice
+        sentences = iter(voice.synthesize(spoken, syn_config=self._synthesis))
         while cancel is None or not cancel.is_set():
             try:
                 chunk = next(sentences, None)
@@ -140,6 +144,19 @@ class PiperSynthesizer:
             pcm = chunk.audio_int16_bytes
             for start in range(0, len(pcm), step):
                 yield pcm[start : start + step]
+
+
+def _session(model_path: Path, threads: int) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # onnxruntime's arena keeps the peak of the longest phrase ever rendered: one 60-digit number held +350 MiB
+    # for the rest of a session (found by a 60-turn soak). Without it the buffers go back to the heap.
+    options.enable_cpu_mem_arena = False
+    try:
+        return onnxruntime.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+    except _ORT_ERRORS as error:
+        raise TTSError(f"Piper voice model {model_path} could not be loaded (corrupt or not ONNX): {error}") from error
 
 
 _LOADED: dict[TTSConfig, PiperSynthesizer] = {}
