@@ -317,25 +317,29 @@ class BatchRunner:
 
     @contextlib.contextmanager
     def _team(self, runs: list[Run], sequences: list[DecodingSequence]) -> Iterator[None]:
-        """The pass's threads: `lead_threads` while it makes some answer's lead and the cores are spare (an idle core
-        beside the passes: `SpareCores`), else torch's (one a core the LM is given: voice/engines.py). On the 2-core
-        EPYC a lone row takes 7.4 ms on two threads against 12.5 on one, and a voice answer's first phrase was
-        committed ~20 ms sooner (scripts/heard_latency.py, paired); with another process on the second core a
-        two-thread team waits at every step, hence the check. The wider pass is not one the draft policy may time
-        (`TimesItsPasses`): its costs are those of the usual team."""
-        threads = torch.get_num_threads()
+        """The pass's threads: `lead_threads` while it makes some answer's lead and those cores are spare
+        (`SpareCores`: nothing but this turn's own work ran on them just before), else torch's (one a core the LM is
+        given: voice/engines.py). On the 2-core EPYC a lone row takes 7.4 ms on two threads against 12.5 on one, and
+        a voice answer's first phrase was committed ~20 ms sooner (scripts/heard_latency.py, paired); with another
+        process on the second core a two-thread team waits at every step, hence the check. A wider pass is not one
+        the draft policy may time (`TimesItsPasses`): its costs are those of the usual team. Every pass is handed
+        over to what follows (the next pass, or the first phrase's render that the passes stand aside for)."""
+        gauge = SpareCores.shared()
+        threads = team = torch.get_num_threads()
         wide = min(self.lead_threads, usable_cores())
-        if wide <= threads or not any(run.passes < run.lead for run in runs) or not SpareCores.shared().allows(wide):
-            yield
-            return
-        for sequence in sequences:
-            if isinstance(sequence, TimesItsPasses):
-                sequence.untimed()
-        torch.set_num_threads(wide)
+        if wide > threads and any(run.passes < run.lead for run in runs) and gauge.allows(wide):
+            team = wide
+            for sequence in sequences:
+                if isinstance(sequence, TimesItsPasses):
+                    sequence.untimed()
+            torch.set_num_threads(team)
+        started = time.monotonic()
         try:
             yield
         finally:
-            torch.set_num_threads(threads)
+            gauge.handed_over(started, time.monotonic(), team)
+            if team != threads:
+                torch.set_num_threads(threads)
 
     def _end(self, run: Run, error: BaseException | None) -> None:
         with self._condition:

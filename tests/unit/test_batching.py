@@ -595,15 +595,20 @@ class Spare:
 
     def __init__(self, spare: bool) -> None:
         self.spare = spare
+        self.handovers: list[int] = []  # the team of each pass handed over
 
     def allows(self, threads: int) -> bool:
         return self.spare
+
+    def handed_over(self, start: float, end: float, threads: int = 1) -> None:
+        assert start <= end
+        self.handovers.append(threads)
 
 
 def test_a_leads_passes_run_on_the_wider_team_only_where_the_cores_are_spare(monkeypatch: pytest.MonkeyPatch) -> None:
     """An answer's lead (its first `lead` tokens: its first `lead` passes at most) is decoded on `lead_threads` when the
     cores are spare, and those passes are not timed for the draft policy; every other pass keeps torch's threads (one,
-    here). The answer is the same either way."""
+    here). Every pass hands its cores over to what follows. The answer is the same either way."""
     from model.runtime import batch_runner
     from model.spare_cores import SpareCores, usable_cores
 
@@ -622,12 +627,14 @@ def test_a_leads_passes_run_on_the_wider_team_only_where_the_cores_are_spare(mon
     prompt, config = prompts(1, seed=21)[0], MODES["autoregressive"]
     answers = {}
     for spare, lead in ((True, 3), (False, 3), (True, 0)):
-        monkeypatch.setattr(SpareCores, "shared", classmethod(lambda cls, spare=spare: Spare(spare)))
+        gauge = Spare(spare)
+        monkeypatch.setattr(SpareCores, "shared", classmethod(lambda cls, gauge=gauge: gauge))
         teams.clear()
         wrapped = Untimed(sequence(chat, prompt, 8, config))
         answers[spare, lead] = stream(iter(drain(runner.submit(wrapped, lead=lead))))
         wide = spare and lead > 0
         assert teams == [2] * 3 * wide + [1] * (8 - 3 * wide), (spare, lead)  # one token a pass: 3 passes lead
         assert wrapped.untimed_passes == [0, 1, 2] * wide
+        assert gauge.handovers == teams  # every pass handed over to the next, with its team
         assert torch.get_num_threads() == 1  # given back
     assert answers[True, 3] == answers[False, 3] == answers[True, 0]

@@ -9,23 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from model.spare_cores import CpuSample, SpareCores, read_sample, spare_cores, usable_cores
+from model.spare_cores import CpuSample, Handover, SpareCores, read_sample, spare_cores, usable_cores
 
 
-def test_spare_cores_are_the_idle_ones_and_one_core_of_this_processs_own_work() -> None:
+def test_spare_cores_are_the_idle_ones_and_those_of_the_work_that_handed_over() -> None:
     # 2 cores over the window back from the newest sample to the latest one at least the window older
-    quiet = [CpuSample(0.0, 10.0, 5.0), CpuSample(0.25, 10.5, 5.0), CpuSample(0.5, 11.0, 5.0)]
-    assert spare_cores(quiet, 2, 0.5) == pytest.approx(2.0)  # nothing ran
-    assert spare_cores(quiet, 2, 0.4) == pytest.approx(2.0)  # back to 0.0: the latest sample at least 0.4 s older
-    assert spare_cores(quiet, 2, 1.0) is None  # no sample that old: nothing known
-    assert spare_cores([], 2, 0.1) is None
-    ours = [CpuSample(0.0, 10.0, 5.0), CpuSample(0.5, 10.5, 5.5)]  # one core idle, the other ran this process
-    assert spare_cores(ours, 2, 0.5) == pytest.approx(2.0)  # our own one core (the passes that stand aside) is spare
-    ours_twice = [CpuSample(0.0, 10.0, 5.0), CpuSample(0.5, 10.0, 6.0)]  # both cores ran this process
-    assert spare_cores(ours_twice, 2, 0.5) == pytest.approx(1.0)  # the second of ours (another decode) is not
-    another = [CpuSample(0.0, 10.0, 5.0), CpuSample(0.5, 10.0, 5.5)]  # another process on the second core
-    assert spare_cores(another, 2, 0.5) == pytest.approx(1.0)
-    assert spare_cores([CpuSample(0.0, 5.0, 0.0), CpuSample(1.0, 4.9, 0.0)], 2, 0.5) == 0.0  # clipped
+    quiet = [CpuSample(0.0, 10.0), CpuSample(0.25, 10.5), CpuSample(0.5, 11.0)]
+    assert spare_cores(quiet, 2, (), 0.5) == pytest.approx(2.0)  # nothing ran
+    assert spare_cores(quiet, 2, (), 0.4) == pytest.approx(2.0)  # back to 0.0: the latest sample at least 0.4 s older
+    assert spare_cores(quiet, 2, (), 1.0) is None  # no sample that old: nothing known
+    assert spare_cores([], 2, (), 0.1) is None
+    one_busy = [CpuSample(0.0, 10.0), CpuSample(0.5, 10.5)]  # one core idle, the other busy all along
+    assert spare_cores(one_busy, 2, (), 0.5) == pytest.approx(1.0)  # another process, or other work of ours
+    passes = [Handover(0.0, 0.25, 1), Handover(0.25, 0.5, 1)]  # ... the LM's passes, which hand over
+    assert spare_cores(one_busy, 2, passes, 0.5) == pytest.approx(2.0)
+    # a hand-over counts only for the part of it inside the window: a decode that ended before it held nothing
+    assert spare_cores(one_busy, 2, [Handover(-1.0, 0.25, 1)], 0.5) == pytest.approx(1.5)
+    both_busy = [CpuSample(0.0, 10.0), CpuSample(0.5, 10.0)]
+    assert spare_cores(both_busy, 2, [Handover(0.0, 0.5, 2)], 0.5) == pytest.approx(2.0)  # a wide pass of ours
+    assert spare_cores(both_busy, 2, passes, 0.5) == pytest.approx(1.0)  # the LM beside something else
+    assert spare_cores([CpuSample(0.0, 5.0), CpuSample(1.0, 4.9)], 2, (), 0.5) == 0.0  # clipped
 
 
 def test_read_sample_parses_the_cpu_line_and_an_unreadable_file_knows_nothing(tmp_path: Path) -> None:
