@@ -106,6 +106,12 @@ class SpareCores:
                 cls._shared = cls()
             return cls._shared
 
+    @classmethod
+    def running(cls) -> SpareCores | None:
+        """The process's sampler if something started it (a process that serves voice: voice/engines.py), else None:
+        a process of API answers or benchmarks runs no sampler thread."""
+        return cls._shared
+
     def handed_over(self, start: float, end: float, threads: int = 1) -> None:
         """Work of `threads` threads ran from `start` to `end` (monotonic seconds) on the way to what comes next."""
         with self._lock:

@@ -320,11 +320,14 @@ class BatchRunner:
         """The pass's threads: `lead_threads` while it makes some answer's lead and those cores are spare
         (`SpareCores`: nothing but this turn's own work ran on them just before), else torch's (one a core the LM is
         given: voice/engines.py). On the 2-core EPYC a lone row takes 7.4 ms on two threads against 12.5 on one, and
-        a voice answer's first phrase was committed ~20 ms sooner (scripts/heard_latency.py, paired); with another
-        process on the second core a two-thread team waits at every step, hence the check. A wider pass is not one
-        the draft policy may time (`TimesItsPasses`): its costs are those of the usual team. Every pass is handed
-        over to what follows (the next pass, or the first phrase's render that the passes stand aside for)."""
-        gauge = SpareCores.shared()
+        heard voice-to-voice fell by a median 11 ms a turn (scripts/heard_latency.py, 2 x 30 held-out turns, paired);
+        with another process on the second core a two-thread team waits at every step, hence the check. A wider pass
+        is not one the draft policy may time (`TimesItsPasses`): its costs are those of the usual team. Every pass is
+        handed over to what follows (the next pass, or the first phrase's render that the passes stand aside for)."""
+        gauge = SpareCores.running()
+        if gauge is None:  # no voice served here (voice/engines.py starts it): no lead to hurry, no render to hand to
+            yield
+            return
         threads = team = torch.get_num_threads()
         wide = min(self.lead_threads, usable_cores())
         if wide > threads and any(run.passes < run.lead for run in runs) and gauge.allows(wide):

@@ -628,7 +628,7 @@ def test_a_leads_passes_run_on_the_wider_team_only_where_the_cores_are_spare(mon
     answers = {}
     for spare, lead in ((True, 3), (False, 3), (True, 0)):
         gauge = Spare(spare)
-        monkeypatch.setattr(SpareCores, "shared", classmethod(lambda cls, gauge=gauge: gauge))
+        monkeypatch.setattr(SpareCores, "running", classmethod(lambda cls, gauge=gauge: gauge))
         teams.clear()
         wrapped = Untimed(sequence(chat, prompt, 8, config))
         answers[spare, lead] = stream(iter(drain(runner.submit(wrapped, lead=lead))))
@@ -638,3 +638,7 @@ def test_a_leads_passes_run_on_the_wider_team_only_where_the_cores_are_spare(mon
         assert gauge.handovers == teams  # every pass handed over to the next, with its team
         assert torch.get_num_threads() == 1  # given back
     assert answers[True, 3] == answers[False, 3] == answers[True, 0]
+    monkeypatch.setattr(SpareCores, "running", classmethod(lambda cls: None))  # no voice served: no sampler, no lead
+    teams.clear()
+    drain(runner.submit(sequence(chat, prompt, 8, config), lead=3))
+    assert teams == [1] * 8
