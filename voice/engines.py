@@ -14,6 +14,7 @@ from model.chat import ChatModel
 from model.chat.spec import ModelSpec
 from model.device import resolve_device
 from model.errors import ModelError
+from model.spare_cores import SpareCores
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.turn_detector import SmartTurn, load_turn_detector
 from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
@@ -74,6 +75,7 @@ def load_chat(config: EngineConfig) -> ChatModel:
 def load_engines(config: EngineConfig | None = None) -> Engines:
     """Load all three models (raises ASRError, TTSError or ModelError with a clear message)."""
     config = config or EngineConfig()
+    SpareCores.shared()  # sampling from now on: a first phrase's render and passes find a window of history to judge
     seconds: dict[str, float] = {}
     started = time.monotonic()
     asr = load_model(config.asr_model, device=resolve_device(config.device).type)

@@ -79,7 +79,9 @@ class BlockDiffusionBackend:
                              "to 0")
 
     def answer(self, plan: AnswerPlan, cancel: threading.Event | None) -> _RunPasses:
-        run = self.runner.submit(self.sequence(plan), plan.options.interactive, cancel, plan.options.conversation)
+        options = plan.options
+        run = self.runner.submit(self.sequence(plan), options.interactive, cancel, options.conversation,
+                                 lead=options.draft_lead if options.interactive else 0)
         return _RunPasses(run)
 
     def prepare(self, tokens: list[int], cancel: threading.Event | None, conversation: str | None) -> bool:

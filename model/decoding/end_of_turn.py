@@ -29,7 +29,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from model.decoding.refinement import Refinement
-from model.decoding.step import Feed, FoldingSequence
+from model.decoding.step import Feed, FoldingSequence, TimesItsPasses
 
 
 def message_tail(with_words: Sequence[int], words: Sequence[int]) -> tuple[int, ...] | None:
@@ -90,6 +90,10 @@ class EndOfTurnProbe:
 
     def feed(self, crowd: int = 1) -> Feed:
         return self.inner.feed(crowd)
+
+    def untimed(self) -> None:
+        if isinstance(self.inner, TimesItsPasses):
+            self.inner.untimed()
 
     def consume(
         self, clean_logits: torch.Tensor, noisy_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False

@@ -87,7 +87,8 @@ class GenerationOptions:
     # most the model's `draft_masks` a pass), where the policy finds draft rows nearly free (`DraftPolicy.lead_pays`).
     # A voice answer's first phrase is rendered from its drafts (voice/speak/speculator.py) while its words are
     # verified and the end of turn is confirmed: there a draft buys time to first audio, which the policy's tokens
-    # per ms do not count. 0: the policy decides every pass.
+    # per ms do not count. 0: the policy decides every pass. An interactive answer's passes up to these tokens also
+    # run on a wider team of threads where the cores are spare (model/runtime/batch_runner.py `_team`).
     draft_lead: int = 0
     # The conversation this answer continues (a voice session's id): a model that batches answers keeps its cache
     # slot for it, so other conversations never overwrite what it encoded ahead.

@@ -171,6 +171,10 @@ class SpeculativeDecoding:
         after = tuple(g for g in range(len(self.lead) + 1, len(clean) + 1) for _ in range(masks))
         return Feed(clean=clean, noisy=(self.mask_id,) * len(after), after=after, drafts=True)
 
+    def untimed(self) -> None:
+        """The pass just fed is not a usual one (`TimesItsPasses`): the step it ends is not timed for the policy."""
+        self._alone = False
+
     def consume(
         self, clean_logits: torch.Tensor, mask_logits: torch.Tensor, elapsed_s: float, cancelled: bool = False
     ) -> tuple[Refinement, int]:

@@ -82,6 +82,15 @@ class DecodingSequence(Protocol):
 
 
 @runtime_checkable
+class TimesItsPasses(Protocol):
+    """A sequence that times its lone passes to learn what each layout costs (the draft policy's, speculative.py).
+    `untimed()` after `feed`: this pass runs on another team of threads than usual (the runner's lead passes), so its
+    time says nothing about the usual costs."""
+
+    def untimed(self) -> None: ...
+
+
+@runtime_checkable
 class FoldsPrompt(Protocol):
     """A sequence whose first pass can also encode the prompt's uncached tokens before its last one (as many as the
     runner's `FOLD_LIMIT`) instead of a prefill of their own. Every decoding policy's sequence can."""

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 import torch
 
 from model.decoding.refinement import Refinement
-from model.decoding.step import DecodingSequence, FoldsPrompt, ReadsPromptRow
+from model.decoding.step import DecodingSequence, FoldsPrompt, ReadsPromptRow, TimesItsPasses
 from model.errors import GenerationCancelled, ModelError
 from model.runtime.batching import SlotCache, batched_pass, common_prefix, keep, prefill
+from model.spare_cores import SpareCores, usable_cores
 
 log = logging.getLogger(__name__)
 _RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
@@ -52,6 +53,7 @@ def _stop_runners() -> None:
 
 
 DEFAULT_MAX_BATCH = 8
+LEAD_THREADS = 2  # the team of passes that make a lead someone is waiting for (`BatchRunner._team`)
 # A prompt whose uncached part is at most this long is encoded by its answer's first pass instead of a prefill of its
 # own (a voice turn's new words: one forward less on the critical path). Rows of a pass stay within 32 (24 + the
 # last token + drafting masks), where a bf16 row comes out the same whatever shares its pass
@@ -75,6 +77,7 @@ class Run:
     cancel: threading.Event | None
     arrived: float = field(default_factory=time.perf_counter)
     owner: str | None = None  # the conversation it continues (see `BatchRunner._slot_preference`)
+    lead: int = 0  # its first tokens that someone waits for (see `BatchRunner.submit`)
     reused_tokens: int = 0  # prompt tokens found already in the slot's cache
     slot: int | None = None
     passes: int = 0
@@ -110,11 +113,13 @@ def admission(waiting: list[Run], free: int, busy: bool = False) -> list[Run]:
 class BatchRunner:
     """Drives every submitted sequence of one `BlockDiffusionLM` in batched passes, on its own thread."""
 
-    def __init__(self, model: torch.nn.Module, max_batch: int = DEFAULT_MAX_BATCH, reuse_prompt_cache: bool = True):
+    def __init__(self, model: torch.nn.Module, max_batch: int = DEFAULT_MAX_BATCH, reuse_prompt_cache: bool = True,
+                 lead_threads: int = LEAD_THREADS):
         if max_batch < 1:
             raise ModelError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model
         self.max_batch = max_batch
+        self.lead_threads = lead_threads  # the team of a lead's passes (`_team`), where that many cores are spare
         self.reuse_prompt_cache = reuse_prompt_cache
         self.cache = SlotCache(max_batch)
         self._condition = threading.Condition()
@@ -139,9 +144,11 @@ class BatchRunner:
             thread.join(timeout_s)
 
     def submit(self, sequence: DecodingSequence, interactive: bool = False, cancel: threading.Event | None = None,
-               owner: str | None = None) -> Run:
-        """Queue `sequence`; `owner` names the conversation it continues (its cache slot is kept for it)."""
-        return self._queue(Run(sequence.cached_prompt, sequence, interactive, cancel, owner=owner))
+               owner: str | None = None, lead: int = 0) -> Run:
+        """Queue `sequence`; `owner` names the conversation it continues (its cache slot is kept for it). `lead`: its
+        first tokens someone is waiting for (a voice answer's first phrase); the passes that make them (its first
+        `lead`: every pass yields a token) run on `lead_threads` where those cores are spare (`_team`)."""
+        return self._queue(Run(sequence.cached_prompt, sequence, interactive, cancel, owner=owner, lead=lead))
 
     def prepare(self, tokens: list[int], cancel: threading.Event | None = None, owner: str | None = None) -> Run:
         """Encode `tokens` into a slot when the runner is idle, without an answer (a run without a sequence), for
@@ -284,7 +291,8 @@ class BatchRunner:
         started = time.perf_counter()
         try:
             feeds = [sequence.feed(len(runs)) for sequence in sequences]
-            logits = batched_pass(self.model, self.cache, [run.slot for run in runs], feeds)
+            with self._team(runs, sequences):
+                logits = batched_pass(self.model, self.cache, [run.slot for run in runs], feeds)
         except Exception as error:  # a failed forward ends the answers in it, never the runner
             log.exception("batched pass failed")
             for run in runs:
@@ -306,6 +314,35 @@ class BatchRunner:
                 ended.append((run, None))
         for run, error in ended:
             self._end(run, error)
+
+    @contextlib.contextmanager
+    def _team(self, runs: list[Run], sequences: list[DecodingSequence]) -> Iterator[None]:
+        """The pass's threads: `lead_threads` while it makes some answer's lead and those cores are spare
+        (`SpareCores`: nothing but this turn's own work ran on them just before), else torch's (one a core the LM is
+        given: voice/engines.py). On the 2-core EPYC a lone row takes 7.4 ms on two threads against 12.5 on one, and
+        heard voice-to-voice fell by a median 11 ms a turn (scripts/heard_latency.py, 2 x 30 held-out turns, paired);
+        with another process on the second core a two-thread team waits at every step, hence the check. A wider pass
+        is not one the draft policy may time (`TimesItsPasses`): its costs are those of the usual team. Every pass is
+        handed over to what follows (the next pass, or the first phrase's render that the passes stand aside for)."""
+        gauge = SpareCores.running()
+        if gauge is None:  # no voice served here (voice/engines.py starts it): no lead to hurry, no render to hand to
+            yield
+            return
+        threads = team = torch.get_num_threads()
+        wide = min(self.lead_threads, usable_cores())
+        if wide > threads and any(run.passes < run.lead for run in runs) and gauge.allows(wide):
+            team = wide
+            for sequence in sequences:
+                if isinstance(sequence, TimesItsPasses):
+                    sequence.untimed()
+            torch.set_num_threads(team)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            gauge.handed_over(started, time.monotonic(), team)
+            if team != threads:
+                torch.set_num_threads(threads)
 
     def _end(self, run: Run, error: BaseException | None) -> None:
         with self._condition:

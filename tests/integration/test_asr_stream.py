@@ -282,7 +282,19 @@ def test_no_partial_starts_while_the_voice_fades_so_the_likely_final_never_waits
         asyncio.run(run())
         return [probability for probability, voiced in whisper.at if voiced]
 
+    from model.spare_cores import SpareCores
+
+    handovers: list[tuple[float, float, int]] = []
+
+    class Gauge:
+        def handed_over(self, start: float, end: float, threads: int = 1) -> None:
+            handovers.append((start, end, threads))
+
+    monkeypatch.setattr(SpareCores, "shared", classmethod(lambda cls: Gauge()))
     fading = stage_module.FADING_PROBABILITY
     assert all(p >= fading for p in partial_probabilities())
+    # each likely final, which an answer follows, handed its core over (model/spare_cores.py)
+    assert len(handovers) >= len(STREAMED)  # a pause inside a segment gives a likely final too
+    assert all(start < end and threads == 1 for start, end, threads in handovers)
     monkeypatch.setattr(stage_module, "FADING_PROBABILITY", 0.0)  # the rule off: partials start in fading windows
     assert any(p < fading for p in partial_probabilities())

@@ -568,3 +568,77 @@ def test_a_runner_standing_aside_starts_no_pass_until_released_or_out_of_time(pa
         assert time.monotonic() - started >= 0.2
     finally:
         stop_batching(chat)
+
+
+class Untimed:
+    """A real sequence that notes which of its passes the runner marked untimed (`TimesItsPasses`)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.cached_prompt = inner.cached_prompt
+        self.passes = 0
+        self.untimed_passes: list[int] = []
+
+    def feed(self, crowd: int = 1) -> Feed:
+        return self.inner.feed(crowd)
+
+    def untimed(self) -> None:
+        self.untimed_passes.append(self.passes)
+
+    def consume(self, clean, noisy, elapsed_s, cancelled=False):
+        self.passes += 1
+        return self.inner.consume(clean, noisy, elapsed_s, cancelled)
+
+
+class Spare:
+    """What `SpareCores.shared()` answers in these tests."""
+
+    def __init__(self, spare: bool) -> None:
+        self.spare = spare
+        self.handovers: list[int] = []  # the team of each pass handed over
+
+    def allows(self, threads: int) -> bool:
+        return self.spare
+
+    def handed_over(self, start: float, end: float, threads: int = 1) -> None:
+        assert start <= end
+        self.handovers.append(threads)
+
+
+def test_a_leads_passes_run_on_the_wider_team_only_where_the_cores_are_spare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer's lead (its first `lead` tokens: its first `lead` passes at most) is decoded on `lead_threads` when the
+    cores are spare, and those passes are not timed for the draft policy; every other pass keeps torch's threads (one,
+    here). Every pass hands its cores over to what follows. The answer is the same either way."""
+    from model.runtime import batch_runner
+    from model.spare_cores import SpareCores, usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("one core: no wider team to take")
+    teams: list[int] = []
+    real = batch_runner.batched_pass
+
+    def recording(*args, **kwargs):
+        teams.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batch_runner, "batched_pass", recording)
+    chat = engine()
+    runner: BatchRunner = chat.backend.runner
+    prompt, config = prompts(1, seed=21)[0], MODES["autoregressive"]
+    answers = {}
+    for spare, lead in ((True, 3), (False, 3), (True, 0)):
+        gauge = Spare(spare)
+        monkeypatch.setattr(SpareCores, "running", classmethod(lambda cls, gauge=gauge: gauge))
+        teams.clear()
+        wrapped = Untimed(sequence(chat, prompt, 8, config))
+        answers[spare, lead] = stream(iter(drain(runner.submit(wrapped, lead=lead))))
+        wide = spare and lead > 0
+        assert teams == [2] * 3 * wide + [1] * (8 - 3 * wide), (spare, lead)  # one token a pass: 3 passes lead
+        assert wrapped.untimed_passes == [0, 1, 2] * wide
+        assert gauge.handovers == teams  # every pass handed over to the next, with its team
+        assert torch.get_num_threads() == 1  # given back
+    assert answers[True, 3] == answers[False, 3] == answers[True, 0]
+    monkeypatch.setattr(SpareCores, "running", classmethod(lambda cls: None))  # no voice served: no sampler, no lead
+    teams.clear()
+    drain(runner.submit(sequence(chat, prompt, 8, config), lead=3))
+    assert teams == [1] * 8

@@ -292,3 +292,30 @@ def test_the_lead_is_drafted_only_where_one_draft_a_pass_has_been_judged_nearly_
     assert not dear.lead_pays() and cheap.lead_pays()
     lead = SpeculativeDecoding([5, 6, 7], 16, 3, mask_id=2, eos_ids=(1,), policy=dear, draft_lead=6)
     assert lead.feed(crowd=4).noisy == ()  # batched, the policy's rule: no drafts
+
+
+def test_a_pass_the_runner_marks_untimed_is_not_timed_for_the_policy() -> None:
+    """A lead's pass on a wider team of threads (model/runtime/batch_runner.py `_team`) says nothing about what a
+    layout costs on the usual team: `untimed()` after `feed` keeps its step out of the policy's costs, not out of
+    its acceptance counts."""
+    import torch
+
+    observed: list[float | None] = []
+
+    class Recording(DraftPolicy):
+        def observe(self, masks: int, drafted: int, accepted: int, pass_ms: float | None) -> None:
+            observed.append(pass_ms)
+            super().observe(masks, drafted, accepted, pass_ms)
+
+    decoding = SpeculativeDecoding([5, 6, 7], 16, 3, mask_id=2, eos_ids=(1,), policy=Recording(3))
+    decoding.policy.seed([10.0, 30.0, 40.0, 50.0])  # drafting judged dear: lone autoregressive passes
+    logits = torch.zeros(1, 12)
+    for untimed in (False, False, True, False):
+        decoding.feed()
+        if untimed:
+            decoding.untimed()
+        logits[0] = 0.0
+        logits[0, 9] = 1.0  # never an end token
+        decoding.consume(logits, torch.zeros(0, 12), 0.01)
+    assert observed[0] is None and observed[1] is not None  # the first step has no start; the second is timed
+    assert observed[2] is None and observed[3] is not None

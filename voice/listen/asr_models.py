@@ -49,6 +49,7 @@ class LoadedModel:
     model: object  # faster_whisper.WhisperModel (imported lazily: loading it pulls in CTranslate2)
     lock: FairLock
     placement: str = "cpu int8"  # where it decodes: "cpu int8" or "cuda float16" (`load_model`)
+    threads: int = 1  # CTranslate2's CPU threads
 
 
 def _package_dir(module: str) -> Path | None:
@@ -197,7 +198,7 @@ def load_model(
                 raise ASRError(
                     f"could not load ASR model {resolved.name!r} from {resolved.source}{hint}: {err}"
                 ) from err
-        loaded = LoadedModel(resolved.name, model, FairLock(), placement)
+        loaded = LoadedModel(resolved.name, model, FairLock(), placement, cpu_threads)
         _loaded[key] = loaded
         return loaded
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.spare_cores import SpareCores
 from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
 from voice.errors import VoiceError
 from voice.events import Emit, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
@@ -296,7 +298,11 @@ class ListenStage:
         with self._model.lock.urgently() if likely_final else self._model.lock:
             for chunk in chunks:
                 self._transcriber.insert_audio(chunk)
-            return self._transcriber.process(force=True, as_final=likely_final)
+            started = time.monotonic()
+            hypothesis = self._transcriber.process(force=True, as_final=likely_final)
+            if likely_final:  # the answer follows it: its cores are the answer's first passes' (model/spare_cores.py)
+                SpareCores.shared().handed_over(started, time.monotonic(), self._model.threads)
+            return hypothesis
 
     def _locked_finish(self, chunks: list[np.ndarray]) -> Hypothesis:
         with self._model.lock.urgently():

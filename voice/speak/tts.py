@@ -19,6 +19,7 @@ import onnxruntime
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from piper import PiperConfig, PiperVoice, SynthesisConfig
 
+from model.spare_cores import SpareCores
 from voice.errors import TTSError
 from voice.speak.text_normalize import normalize_for_speech
 
@@ -40,10 +41,11 @@ class TTSConfig:
     voice_config: Path | None = None
     threads: int = 1  # ONNX intra-op threads: 1 leaves the other core to the language model
     # ... for a `lead` render: a voice answer's first phrase, which the user is waiting for and during which the
-    # language model's passes stand aside (voice/speak/stage.py). On the 2-core EPYC a short first phrase's first
-    # chunk takes p50 59 ms on 2 threads against 105 on 1 (`scripts/bench/bench_tts.py --skip-speculation`), and
-    # heard voice-to-voice fell by a median 34 ms a turn (scripts/heard_latency.py, 2 x 30 held-out turns, paired).
-    # Costs a second ONNX session of the voice (~+70 MB) when it differs from `threads`.
+    # language model's passes stand aside (voice/speak/stage.py), when that many cores are spare (model/spare_cores.py:
+    # with another process on the second core, two threads took 167 ms against 97 on one). On the 2-core EPYC a short
+    # first phrase's first chunk takes p50 59 ms on 2 threads against 105 on 1 (`scripts/bench/bench_tts.py
+    # --skip-speculation`), and heard voice-to-voice fell by a median 34 ms a turn (scripts/heard_latency.py, 2 x 30
+    # held-out turns, paired). Costs a second ONNX session of the voice (~+70 MB) when it differs from `threads`.
     lead_threads: int = 2
     chunk_ms: int = 200  # size of the PCM slices handed out
     length_scale: float | None = None  # speaking rate (< 1 faster); None keeps the voice's own
@@ -125,14 +127,16 @@ class PiperSynthesizer:
         return self._config
 
     def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
-        """PCM16 LE mono chunks for `text` (normalised for speech first), on `config.lead_threads` when `lead`.
+        """PCM16 LE mono chunks for `text` (normalised for speech first), on `config.lead_threads` when `lead` and
+        those cores are spare.
         Nothing is yielded when no speakable text is left. Stops before the next model call once `cancel` is set,
         or whenever the caller stops pulling."""
         spoken = normalize_for_speech(text) if self._config.normalize else text.strip()
         if not spoken:
             return
         step = self._chunk_samples * 2
-        voice = self._lead_voice if lead else self._voice
+        wide = lead and self._lead_voice is not self._voice and SpareCores.shared().allows(self._config.lead_threads)
+        voice = self._lead_voice if wide else self._voice
         sentences = iter(voice.synthesize(spoken, syn_config=self._synthesis))
         while cancel is None or not cancel.is_set():
             try:
