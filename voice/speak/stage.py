@@ -36,7 +36,7 @@ from voice.speak.speculator import Action, Commit, Discard, PhraseSpeculator, Re
 from voice.speak.tts import SpeechSynthesizer
 
 # The longest the first phrase's synthesis holds the language model's passes: Piper's first chunk of a short phrase
-# takes ~60 ms on the 2-core machine's both cores (a `lead` synthesis, scripts/bench/bench_tts.py), ~110 ms a turn
+# takes ~60 ms on both cores of the 2-core machine (a `lead` synthesis, scripts/bench/bench_tts.py), ~110 ms a turn
 # in the session (tts_first_chunk in scripts/heard_latency.py).
 FIRST_AUDIO_HOLD_S = 0.3
 

@@ -128,9 +128,8 @@ class PiperSynthesizer:
 
     def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
         """PCM16 LE mono chunks for `text` (normalised for speech first), on `config.lead_threads` when `lead` and
-        those cores are spare.
-        Nothing is yielded when no speakable text is left. Stops before the next model call once `cancel` is set,
-        or whenever the caller stops pulling."""
+        those cores are spare. Nothing is yielded when no speakable text is left. Stops before the next model call
+        once `cancel` is set, or whenever the caller stops pulling."""
         spoken = normalize_for_speech(text) if self._config.normalize else text.strip()
         if not spoken:
             return
