@@ -7,6 +7,12 @@ would deliver them, 20 ms chunks, each followed by silence) and measures per tur
 - detected -> final: final Transcript time - SpeechEnd.detected_ns (the recogniser's share after the decision).
 Then, unpaced, the real-time factor of the streaming loop (VAD on every window, a decode every `partial_step_s`).
 
+`--window-sweep 8,6,5,4` instead decodes, once per encoder margin, every recording with a transcript that tuning
+may use (LibriVox, the cards, alsa-utils' channel names; never the held-out prompts of scripts/heard_latency.py),
+each cut as the listener cuts a segment in eight ways (0.1 or 0.3 s before the speech, 32-200 ms after it), and
+prints WER and decode time per margin: the window's margin is what a turn's final decode costs, and tiny.en starts to
+loop on short windows.
+
 `--conversation` instead plays the clips (LibriVox and the short card commands, each with 0.3 s of leading silence)
 as one continuous conversation through the whole assistant in real time (file mode: turn after turn, each answered)
 and compares the streaming final transcripts with offline faster-whisper on the same audio.
@@ -15,6 +21,7 @@ Figures, not a test: the CPU is shared, so the load average is printed with them
 
     python scripts/bench/bench_asr.py --threads 2 --repeats 3 --json artifacts/bench_asr.json
     python scripts/bench/bench_asr.py --conversation --repeats 2 --json artifacts/bench_asr_conversation.json
+    python scripts/bench/bench_asr.py --window-sweep 8,6,5,4,3
 """
 
 from __future__ import annotations
@@ -133,6 +140,61 @@ def summarize(rows: list[dict], max_audio_s: float) -> dict:
 
 
 LEADING_SILENCE_S = 0.3
+ALSA_DIR = Path("/usr/share/sounds/alsa")  # alsa-utils' channel names ("Front_Left.wav"), said by one voice
+SWEEP_LEADS_S = (0.1, 0.3)
+SWEEP_PADS_S = (0.032, 0.064, 0.128, 0.2)
+
+
+def speech_bounds(audio: np.ndarray, quiet_db: float = 35.0) -> tuple[int, int]:
+    """First and one-past-last sample of the 10 ms frames within `quiet_db` of the loudest one."""
+    frame = 160
+    frames = audio[: audio.size // frame * frame].reshape(-1, frame)
+    level = 10 * np.log10(np.maximum((frames**2).mean(axis=1), 1e-12))
+    loud = np.flatnonzero(level > level.max() - quiet_db)
+    return int(loud[0]) * frame, (int(loud[-1]) + 1) * frame
+
+
+def sweep_segments() -> list[tuple[np.ndarray, str]]:
+    """Each tuning recording cut as a segment would be: some audio before the speech, some after (silence added
+    where the recording ends sooner)."""
+    recordings = [(load_audio_16k(clip.path), clip.text) for clip in librivox_clips() + card_clips()]
+    recordings += [(load_audio_16k(path), path.stem.replace("_", " ")) for path in sorted(ALSA_DIR.glob("*.wav"))
+                   if path.stem != "Noise"]
+    segments = []
+    for audio, text in recordings:
+        start, end = speech_bounds(audio)
+        for lead in SWEEP_LEADS_S:
+            for pad in SWEEP_PADS_S:
+                stop = end + int(pad * 16000)
+                cut = audio[max(0, start - int(lead * 16000)) : stop]
+                segments.append((np.concatenate([cut, np.zeros(max(0, stop - audio.size), np.float32)]), text))
+    return segments
+
+
+def window_sweep(margins: list[float], threads: int) -> list[dict]:
+    """WER and decode time of a final decode (no word times, as the listener's) per encoder margin."""
+    from voice.listen.transcriber import decode_words
+
+    segments = sweep_segments()
+    if not segments:
+        sys.exit("no speech clips: install the Debian package pocketsphinx-testdata (make system-packages)")
+    model = load_model(None, threads).model
+    config = TranscriberConfig()
+    decode_words(model, segments[0][0], config, window_margin_s=margins[0], word_times=False)  # warm-up
+    rows = []
+    for margin in margins:
+        texts, seconds = [], []
+        for audio, _ in segments:
+            started = time.perf_counter()
+            words, _ = decode_words(model, audio, config, window_margin_s=margin, word_times=False)
+            seconds.append(time.perf_counter() - started)
+            texts.append("".join(word.text for word in words))
+        wer = word_error_rate(zip([text for _, text in segments], texts, strict=True))
+        rows.append({"margin_s": margin, "segments": len(segments), "wer": wer,
+                     "decode_ms_p50": 1000 * statistics.median(seconds)})
+        print(f"audio + {margin:g} s: WER {100 * wer:.1f} % on {len(segments)} segments, decode p50 "
+              f"{rows[-1]['decode_ms_p50']:.0f} ms", flush=True)
+    return rows
 
 
 def conversation_wer(repeats: int, folder: Path) -> dict:
@@ -181,8 +243,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--conversation", action="store_true",
                         help="WER of the whole assistant's streaming finals over one conversation, vs offline")
+    parser.add_argument("--window-sweep", default=None, metavar="S,S,...",
+                        help="WER and decode time of finals per encoder margin (comma-separated seconds)")
     args = parser.parse_args()
 
+    if args.window_sweep:
+        load_before = os.getloadavg()[0]
+        rows = window_sweep([float(value) for value in args.window_sweep.split(",")], args.threads)
+        print(f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"window_sweep": rows}, indent=2))
+        return
     if args.conversation:
         load_before = os.getloadavg()[0]
         figures = conversation_wer(args.repeats, Path("artifacts/bench_asr_conversation"))

@@ -51,12 +51,12 @@ class TranscriberConfig:
     beam_size: int = 1
     partial_step_s: float = 0.25
     # Encoder window beyond the audio for partials / finals (None: Whisper's full 30 s, as offline decoding does).
-    # Finals: on 48 clips (synthesised questions and pocketsphinx-testdata) the full window gave 5.1 % WER at 573 ms
-    # a clip (one CTranslate2 thread), 10 s 5.1 % at 149 ms, 8 s 4.5 % at 126 ms (real speech 12.0 vs 14.1 %), 6 s
-    # 5.1 % at 102 ms but 15.2 % on the real speech, 2 s +3 points. The final decode is what the answer waits for
-    # (scripts/bench/bench_asr.py: speech end -> final p50 595 ms on the full window, 344 ms with 10 s).
+    # The final decode is what the answer waits for; its cost grows with the window (tiny.en, one thread, a 1-2 s
+    # turn: 10 s window ~140 ms, 6-7 s ~105 ms). `python scripts/bench/bench_asr.py --window-sweep 8,6,5,4` (144
+    # segments of tuning recordings, each cut eight ways): audio + 8 s 13.8 % WER at 140 ms a decode, + 6 s 11.6 %
+    # at 112, + 5 s 11.6 % at 103, + 4 s 13.0 % at 90. The full 30 s window costs ~4x the 10 s one.
     partial_margin_s: float | None = 2.0
-    final_margin_s: float | None = 8.0
+    final_margin_s: float | None = 5.0
     trim_after_s: float = 10.0
     force_trim_after_s: float = 20.0
     max_prompt_chars: int = 200
