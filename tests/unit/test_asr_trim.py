@@ -142,3 +142,57 @@ def test_a_decode_that_is_one_sentence_said_twice_keeps_it_once() -> None:
     assert len(drop_repeated_sentence(spoken("Hi. Hi. Hi."))) == 1
     for kept in ("5, 5, 5, 5,", "Ten of clubs. Seven of clubs.", "no no no", "I said it. I said it again."):
         assert drop_repeated_sentence(spoken(kept)) == spoken(kept), kept
+
+
+def test_a_decode_that_loops_is_told_from_one_that_repeats_a_word_once() -> None:
+    from voice.listen.transcriber import repeat_themselves
+
+    def spoken(text: str) -> list[Word]:
+        return [Word(f" {w}", i * 0.3, i * 0.3 + 0.2) for i, w in enumerate(text.split())]
+
+    for loop in ("F F F", "Press 1-4 Press 1-4 Press 1", "minute, minute, minute, minute", "Press Press",
+                 "Press 1 to enter a number number number"):
+        assert repeat_themselves(spoken(loop)), loop
+    for words_ in ("Folder 9.", "Press star to cancel.", "eight of spades four of clubs seven of hearts", "no",
+                   "that that is", "Please press 1 to mute or unmute yourself, 2 to lock or unlock the conference."):
+        assert not repeat_themselves(spoken(words_)), words_
+
+
+class WindowedWhisper(ScriptedWhisper):
+    """A model whose encoder window can be cut (`encoder_frames`), as `windowed_model_class` makes: it loops on any
+    window shorter than 8 s of frames beyond the audio, and hears the words on a wider one."""
+
+    encoder_frames: int | None = None
+
+    def __init__(self) -> None:
+        super().__init__(self._hear)
+        self.windows: list[int | None] = []
+
+    def transcribe(self, audio, **options):
+        self.windows.append(self.encoder_frames)
+        return super().transcribe(audio, **options)
+
+    def _hear(self, seconds: float, n: int) -> list[Word]:
+        if self.encoder_frames is not None and self.encoder_frames < (seconds + 8) * 100:
+            return [Word(" F", 0.0, 0.2), Word(" F", 0.3, 0.5), Word(" F", 0.6, 0.8)]
+        return [Word(" Folder", 0.0, 0.4), Word(" 9.", 0.5, 0.9)]
+
+
+def test_a_final_that_loops_is_decoded_again_on_the_wider_window_and_a_partial_is_not() -> None:
+    import numpy as np
+
+    from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig
+
+    model = WindowedWhisper()
+    transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0, loop_margin_s=8.0))
+    transcriber.insert_audio(np.zeros(16000, dtype=np.float32))
+    partial = transcriber.process(force=True)
+    assert partial is not None and partial.text == "F F F" and model.decodes == 1  # partials: no second decode
+    transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
+    likely = transcriber.process(force=True, as_final=True)
+    assert likely is not None and likely.text == "Folder 9."
+    assert model.windows[1:] == [700, 1000]  # 1.5 s + 5 s, then 1.5 s + 8 s, in whole seconds
+    assert transcriber.finish().text == "Folder 9." and model.decodes == 3  # the final reuses that decode
+    never = StreamingTranscriber(WindowedWhisper(), TranscriberConfig(final_margin_s=5.0, loop_margin_s=None))
+    never.insert_audio(np.zeros(16000, dtype=np.float32))
+    assert never.finish().text == "F F F"

@@ -57,6 +57,10 @@ class TranscriberConfig:
     # at 112, + 5 s 11.6 % at 103, + 4 s 13.0 % at 90. The full 30 s window costs ~4x the 10 s one.
     partial_margin_s: float | None = 2.0
     final_margin_s: float | None = 5.0
+    # A final that repeats itself ("F F F", "minute, minute, minute") is decoded again on audio + this much: on short
+    # windows tiny.en can loop on a short utterance (on a one-word card at + 4 s; on held-out prompts at + 5 s, where
+    # + 8 s heard "Folder 9."), and the wider window's words are kept (None: never)
+    loop_margin_s: float | None = 8.0
     trim_after_s: float = 10.0
     force_trim_after_s: float = 20.0
     max_prompt_chars: int = 200
@@ -94,8 +98,10 @@ def decode_options(config: TranscriberConfig) -> dict[str, Any]:
 
 def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offset_s: float = 0.0,
                  prompt: str | None = None, window_margin_s: float | None = None,
-                 word_times: bool = True) -> tuple[list[Word], list[float]]:
-    """Decode `audio` once; return its words and segment end times, shifted by `offset_s` into turn time.
+                 word_times: bool = True, loop_margin_s: float | None = None) -> tuple[list[Word], list[float]]:
+    """Decode `audio` once (twice when its words `repeat_themselves` and `loop_margin_s` is a wider window than
+    `window_margin_s`: that decode's words are returned); return its words and segment end times, shifted by
+    `offset_s` into turn time.
 
     `window_margin_s` shows the encoder only the audio plus that margin instead of Whisper's 30 s window (see
     `voice.listen.asr_models.windowed_model_class`); ignored by a model without `encoder_frames`. Without
@@ -128,7 +134,24 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
     finally:
         if windowed:
             model.encoder_frames = None
-    return drop_repeated_sentence(words), segment_ends
+    words = drop_repeated_sentence(words)
+    wider = windowed and loop_margin_s is not None and loop_margin_s > window_margin_s  # type: ignore[operator]
+    if wider and repeat_themselves(words):
+        return decode_words(model, audio, config, offset_s, prompt, loop_margin_s, word_times)
+    return words, segment_ends
+
+
+def repeat_themselves(words: list[Word]) -> bool:
+    """Whether a decode looks like a loop: one word or phrase said over and over ("F F F", "Press 1-4 Press 1-4
+    Press 1": the whole decode, at least twice, its last word possibly cut short by the token cap), or one word three
+    times in a row inside it."""
+    keys = [word.key for word in words]
+    last = len(keys) - 1
+    for period in range(1, len(keys) // 2 + 1):
+        looped = all(keys[i] == keys[i % period] for i in range(period, last))
+        if looped and keys[last] and keys[last % period].startswith(keys[last]):
+            return True
+    return any(keys[i] == keys[i + 1] == keys[i + 2] for i in range(len(keys) - 2))
 
 
 def drop_repeated_sentence(words: list[Word]) -> list[Word]:
@@ -217,7 +240,7 @@ class StreamingTranscriber:
         if new_samples <= 0 or (not force and new_samples < self.config.partial_step_s * TARGET_RATE):
             return None
         if as_final:
-            words = self._decode(self.config.final_margin_s, word_times=False)
+            words = self._decode(self.config.final_margin_s, word_times=False, final=True)
             committed = join_words(self._agreement.committed)
             return Hypothesis(committed, join_words([*self._words_before_buffer(), *words]), False,
                               self._decoded_to / TARGET_RATE)
@@ -237,7 +260,7 @@ class StreamingTranscriber:
         if self._total == 0:
             return Hypothesis("", "", True, 0.0)
         if self._total > self._decoded_to or self._last_margin_s != self.config.final_margin_s or not self.decodes:
-            words = self._decode(self.config.final_margin_s, word_times=False)
+            words = self._decode(self.config.final_margin_s, word_times=False, final=True)
         else:
             words = self._last_words
         before = self._words_before_buffer()
@@ -253,13 +276,15 @@ class StreamingTranscriber:
         start = self._last_decode_start_s
         return [word for word in self._agreement.committed if word.end <= start + 0.05] if start > 0 else []
 
-    def _decode(self, margin_s: float | None, word_times: bool = True) -> list[Word]:
+    def _decode(self, margin_s: float | None, word_times: bool = True, final: bool = False) -> list[Word]:
+        """One decode of the buffer; a `final` one (the likely final's, the segment's) is checked for loops."""
         if self._chunks:
             self._buffer = np.concatenate([self._buffer, *self._chunks])
             self._chunks = []
         offset_s = self._buffer_start / TARGET_RATE
+        loop_margin_s = self.config.loop_margin_s if final else None
         words, self._segment_ends = decode_words(self.model, self._buffer, self.config, offset_s, self._prompt(),
-                                                 margin_s, word_times)
+                                                 margin_s, word_times, loop_margin_s)
         self._last_margin_s = margin_s
         self._last_decode_start_s = offset_s
         self._decoded_to = self._total
