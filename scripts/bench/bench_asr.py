@@ -10,9 +10,9 @@ Then, unpaced, the real-time factor of the streaming loop (VAD on every window, 
 `--window-sweep 8,6,5,4` instead decodes, once per encoder margin, every recording with a transcript that tuning
 may use (LibriVox, the cards, alsa-utils' channel names; never the held-out prompts of scripts/heard_latency.py),
 each cut as the listener cuts a segment in eight ways (0.1 or 0.3 s before the speech, 32-200 ms after it), and
-prints WER, decodes that loop and decode time per margin, each decode once (without the transcriber's recheck of a
-loop on a wider window): the window's margin is what a turn's final decode costs, and tiny.en loops more on short
-windows.
+prints WER, decodes that loop or hear nothing, and decode time per margin, each decode once (without the
+transcriber's recheck of those on a wider window): the window's margin is what a turn's final decode costs, and
+tiny.en loops more on short windows.
 
 `--conversation` instead plays the clips (LibriVox and the short card commands, each with 0.3 s of leading silence)
 as one continuous conversation through the whole assistant in real time (file mode: turn after turn, each answered)
@@ -190,12 +190,12 @@ def window_sweep(margins: list[float], threads: int) -> list[dict]:
             words, _ = decode_words(model, audio, config, window_margin_s=margin, word_times=False)
             seconds.append(time.perf_counter() - started)
             texts.append("".join(word.text for word in words))
-            loops += repeat_themselves(words)
+            loops += not words or repeat_themselves(words)
         wer = word_error_rate(zip([text for _, text in segments], texts, strict=True))
         rows.append({"margin_s": margin, "segments": len(segments), "wer": wer, "loops": loops,
                      "decode_ms_p50": 1000 * statistics.median(seconds)})
-        print(f"audio + {margin:g} s: WER {100 * wer:.1f} % on {len(segments)} segments, {loops} decodes that loop "
-              f"(the transcriber decodes those again on + {config.loop_margin_s} s), decode p50 "
+        print(f"audio + {margin:g} s: WER {100 * wer:.1f} % on {len(segments)} segments, {loops} decodes that loop or "
+              f"hear nothing (the transcriber decodes those again on + {config.recheck_margin_s} s), decode p50 "
               f"{rows[-1]['decode_ms_p50']:.0f} ms", flush=True)
     return rows
 

@@ -184,7 +184,7 @@ def test_a_final_that_loops_is_decoded_again_on_the_wider_window_and_a_partial_i
     from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig
 
     model = WindowedWhisper()
-    transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0, loop_margin_s=8.0))
+    transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0, recheck_margin_s=8.0))
     transcriber.insert_audio(np.zeros(16000, dtype=np.float32))
     partial = transcriber.process(force=True)
     assert partial is not None and partial.text == "F F F" and model.decodes == 1  # partials: no second decode
@@ -193,6 +193,32 @@ def test_a_final_that_loops_is_decoded_again_on_the_wider_window_and_a_partial_i
     assert likely is not None and likely.text == "Folder 9."
     assert model.windows[1:] == [700, 1000]  # 1.5 s + 5 s, then 1.5 s + 8 s, in whole seconds
     assert transcriber.finish().text == "Folder 9." and model.decodes == 3  # the final reuses that decode
-    never = StreamingTranscriber(WindowedWhisper(), TranscriberConfig(final_margin_s=5.0, loop_margin_s=None))
+    never = StreamingTranscriber(WindowedWhisper(), TranscriberConfig(final_margin_s=5.0, recheck_margin_s=None))
     never.insert_audio(np.zeros(16000, dtype=np.float32))
     assert never.finish().text == "F F F"
+
+
+class DroppingWhisper(WindowedWhisper):
+    """Hears nothing on a narrow window (faster-whisper's no-speech rule dropped the segment), the words on a wide one;
+    `silent` hears nothing on any window (a cough)."""
+
+    def __init__(self, silent: bool = False) -> None:
+        super().__init__()
+        self.silent = silent
+
+    def _hear(self, seconds: float, n: int) -> list[Word]:
+        words = super()._hear(seconds, n)
+        return [] if self.silent or words[0].text == " F" else words
+
+
+def test_a_final_that_hears_nothing_is_decoded_again_on_the_wider_window() -> None:
+    import numpy as np
+
+    from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig
+
+    for silent, text in ((False, "Folder 9."), (True, "")):
+        model = DroppingWhisper(silent)
+        transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0, recheck_margin_s=8.0))
+        transcriber.insert_audio(np.zeros(24000, dtype=np.float32))
+        assert transcriber.finish().text == text
+        assert model.windows == [700, 1000]

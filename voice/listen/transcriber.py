@@ -57,10 +57,12 @@ class TranscriberConfig:
     # at 112, + 5 s 11.6 % at 103, + 4 s 13.0 % at 90. The full 30 s window costs ~4x the 10 s one.
     partial_margin_s: float | None = 2.0
     final_margin_s: float | None = 5.0
-    # A final that repeats itself ("F F F", "minute, minute, minute") is decoded again on audio + this much: on short
-    # windows tiny.en can loop on a short utterance (on a one-word card at + 4 s; on held-out prompts at + 5 s, where
-    # + 8 s heard "Folder 9."), and the wider window's words are kept (None: never)
-    loop_margin_s: float | None = 8.0
+    # A final that repeats itself ("F F F", "minute, minute, minute") or comes back empty is decoded again on audio +
+    # this much, and that decode's words kept (None: never). On short windows tiny.en loops more (a one-word card at
+    # + 4 s; held-out prompts at + 5 s, where + 8 s heard "Folder 9."), and faster-whisper's no-speech rule drops
+    # more words: "In valid choice." at + 5 s had no-speech probability 0.64 and mean log-probability -1.24, past
+    # its 0.6 and -1.0, and the turn went unanswered (1 turn in ~50 of held-out prompts); + 8 s kept it.
+    recheck_margin_s: float | None = 8.0
     trim_after_s: float = 10.0
     force_trim_after_s: float = 20.0
     max_prompt_chars: int = 200
@@ -98,10 +100,10 @@ def decode_options(config: TranscriberConfig) -> dict[str, Any]:
 
 def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offset_s: float = 0.0,
                  prompt: str | None = None, window_margin_s: float | None = None,
-                 word_times: bool = True, loop_margin_s: float | None = None) -> tuple[list[Word], list[float]]:
-    """Decode `audio` once (twice when its words `repeat_themselves` and `loop_margin_s` is a wider window than
-    `window_margin_s`: that decode's words are returned); return its words and segment end times, shifted by
-    `offset_s` into turn time.
+                 word_times: bool = True, recheck_margin_s: float | None = None) -> tuple[list[Word], list[float]]:
+    """Decode `audio` once (twice when its words `repeat_themselves` or are none and `recheck_margin_s` is a wider
+    window than `window_margin_s`: that decode's words are returned); return its words and segment end times,
+    shifted by `offset_s` into turn time.
 
     `window_margin_s` shows the encoder only the audio plus that margin instead of Whisper's 30 s window (see
     `voice.listen.asr_models.windowed_model_class`); ignored by a model without `encoder_frames`. Without
@@ -135,9 +137,9 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
         if windowed:
             model.encoder_frames = None
     words = drop_repeated_sentence(words)
-    wider = windowed and loop_margin_s is not None and loop_margin_s > window_margin_s  # type: ignore[operator]
-    if wider and repeat_themselves(words):
-        return decode_words(model, audio, config, offset_s, prompt, loop_margin_s, word_times)
+    wider = windowed and recheck_margin_s is not None and recheck_margin_s > window_margin_s  # type: ignore[operator]
+    if wider and (not words or repeat_themselves(words)):
+        return decode_words(model, audio, config, offset_s, prompt, recheck_margin_s, word_times)
     return words, segment_ends
 
 
@@ -277,14 +279,15 @@ class StreamingTranscriber:
         return [word for word in self._agreement.committed if word.end <= start + 0.05] if start > 0 else []
 
     def _decode(self, margin_s: float | None, word_times: bool = True, final: bool = False) -> list[Word]:
-        """One decode of the buffer; a `final` one (the likely final's, the segment's) is checked for loops."""
+        """One decode of the buffer; a `final` one (the likely final's, the segment's) is rechecked when it loops or
+        hears nothing (`TranscriberConfig.recheck_margin_s`)."""
         if self._chunks:
             self._buffer = np.concatenate([self._buffer, *self._chunks])
             self._chunks = []
         offset_s = self._buffer_start / TARGET_RATE
-        loop_margin_s = self.config.loop_margin_s if final else None
+        recheck_margin_s = self.config.recheck_margin_s if final else None
         words, self._segment_ends = decode_words(self.model, self._buffer, self.config, offset_s, self._prompt(),
-                                                 margin_s, word_times, loop_margin_s)
+                                                 margin_s, word_times, recheck_margin_s)
         self._last_margin_s = margin_s
         self._last_decode_start_s = offset_s
         self._decoded_to = self._total
