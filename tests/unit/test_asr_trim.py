@@ -140,7 +140,11 @@ def test_a_decode_that_is_one_sentence_said_twice_keeps_it_once() -> None:
 
     assert [w.text for w in drop_repeated_sentence(spoken("10 of close. 10 of close."))] == [" 10", " of", " close."]
     assert len(drop_repeated_sentence(spoken("Hi. Hi. Hi."))) == 1
-    for kept in ("5, 5, 5, 5,", "Ten of clubs. Seven of clubs.", "no no no", "I said it. I said it again."):
+    cut_shorts = ("8 of spades 4 of close 7 of hearts. 8 of spades 4 of close", "Thank you for your patience. Thank")
+    for cut_short in cut_shorts:
+        assert drop_repeated_sentence(spoken(cut_short)) == spoken(cut_short.split(". ")[0] + "."), cut_short
+    for kept in ("5, 5, 5, 5,", "Ten of clubs. Seven of clubs.", "no no no", "I said it. I said it again.",
+                 "Yes. Yes, please.", "Stop."):
         assert drop_repeated_sentence(spoken(kept)) == spoken(kept), kept
 
 

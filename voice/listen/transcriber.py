@@ -158,14 +158,17 @@ def repeat_themselves(words: list[Word]) -> bool:
 
 def drop_repeated_sentence(words: list[Word]) -> list[Word]:
     """One sentence said once, when a decode is nothing but that sentence two or more times over ("10 of clubs. 10 of
-    clubs."): tiny.en writes such repeats on a short utterance followed by its window's silence (3 of the 5 card
+    clubs."), the last time possibly cut short by the token cap ("8 of spades 4 of close 7 of hearts. 8 of spades 4
+    of close"): tiny.en writes such repeats on a short utterance followed by its window's silence (3 of the 5 card
     commands in a conversation, depending on where the segment's end fell), and no one asks an assistant the same
     sentence twice in one breath. A repeated word without a sentence end between ("5, 5") is kept."""
     keys = [word.key for word in words]
-    for period in range(1, len(words) // 2 + 1):
-        if len(words) % period or keys != keys[:period] * (len(words) // period):
+    last = len(keys) - 1
+    for period in range(1, len(keys)):
+        if not words[period - 1].text.rstrip().endswith((".", "?", "!")):
             continue
-        if words[period - 1].text.rstrip().endswith((".", "?", "!")):
+        looped = all(keys[i] == keys[i % period] for i in range(period, last))
+        if looped and keys[last] and keys[last % period].startswith(keys[last]):
             return words[:period]
     return words
 
