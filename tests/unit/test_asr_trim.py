@@ -140,7 +140,11 @@ def test_a_decode_that_is_one_sentence_said_twice_keeps_it_once() -> None:
 
     assert [w.text for w in drop_repeated_sentence(spoken("10 of close. 10 of close."))] == [" 10", " of", " close."]
     assert len(drop_repeated_sentence(spoken("Hi. Hi. Hi."))) == 1
-    for kept in ("5, 5, 5, 5,", "Ten of clubs. Seven of clubs.", "no no no", "I said it. I said it again."):
+    cut_shorts = ("8 of spades 4 of close 7 of hearts. 8 of spades 4 of close", "Thank you for your patience. Thank")
+    for cut_short in cut_shorts:
+        assert drop_repeated_sentence(spoken(cut_short)) == spoken(cut_short.split(". ")[0] + "."), cut_short
+    for kept in ("5, 5, 5, 5,", "Ten of clubs. Seven of clubs.", "no no no", "I said it. I said it again.",
+                 "Yes. Yes, please.", "Stop."):
         assert drop_repeated_sentence(spoken(kept)) == spoken(kept), kept
 
 
@@ -178,47 +182,53 @@ class WindowedWhisper(ScriptedWhisper):
         return [Word(" Folder", 0.0, 0.4), Word(" 9.", 0.5, 0.9)]
 
 
-def test_a_final_that_loops_is_decoded_again_on_the_wider_window_and_a_partial_is_not() -> None:
+def test_a_final_that_loops_is_decoded_again_on_the_full_window_and_a_partial_is_not() -> None:
     import numpy as np
 
     from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig
 
     model = WindowedWhisper()
-    transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0, recheck_margin_s=8.0))
+    transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0))
     transcriber.insert_audio(np.zeros(16000, dtype=np.float32))
     partial = transcriber.process(force=True)
     assert partial is not None and partial.text == "F F F" and model.decodes == 1  # partials: no second decode
     transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
     likely = transcriber.process(force=True, as_final=True)
     assert likely is not None and likely.text == "Folder 9."
-    assert model.windows[1:] == [700, 1000]  # 1.5 s + 5 s, then 1.5 s + 8 s, in whole seconds
+    assert model.windows[1:] == [700, None]  # 1.5 s + 5 s in whole seconds, then the full window
     assert transcriber.finish().text == "Folder 9." and model.decodes == 3  # the final reuses that decode
-    never = StreamingTranscriber(WindowedWhisper(), TranscriberConfig(final_margin_s=5.0, recheck_margin_s=None))
+    never = StreamingTranscriber(WindowedWhisper(), TranscriberConfig(final_margin_s=5.0, recheck_finals=False))
     never.insert_audio(np.zeros(16000, dtype=np.float32))
     assert never.finish().text == "F F F"
 
 
 class DroppingWhisper(WindowedWhisper):
-    """Hears nothing on a narrow window (faster-whisper's no-speech rule dropped the segment), the words on a wide one;
-    `silent` hears nothing on any window (a cough)."""
+    """Hears the words on a partial's window (5 s) and on the full one, nothing in between (faster-whisper's
+    no-speech rule dropped the segment); `silent` hears nothing on any window (a cough)."""
 
     def __init__(self, silent: bool = False) -> None:
         super().__init__()
         self.silent = silent
 
     def _hear(self, seconds: float, n: int) -> list[Word]:
-        words = super()._hear(seconds, n)
-        return [] if self.silent or words[0].text == " F" else words
+        frames = self.encoder_frames
+        if self.silent or (frames is not None and frames > 500):
+            return []
+        return [Word(" Folder", 0.0, 0.4), Word(" 9.", 0.5, 0.9)]
 
 
-def test_a_final_that_hears_nothing_is_decoded_again_on_the_wider_window() -> None:
+def test_a_final_that_hears_nothing_is_decoded_again_on_the_full_window_if_a_partial_heard_words() -> None:
     import numpy as np
 
     from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig
 
-    for silent, text in ((False, "Folder 9."), (True, "")):
+    for silent, partial, text, windows in ((False, True, "Folder 9.", [500, 700, None]), (True, True, "", [500, 700]),
+                                           (False, False, "", [700])):
         model = DroppingWhisper(silent)
-        transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0, recheck_margin_s=8.0))
-        transcriber.insert_audio(np.zeros(24000, dtype=np.float32))
+        transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0))
+        transcriber.insert_audio(np.zeros(16000, dtype=np.float32))
+        if partial:
+            transcriber.process(force=True)
+        transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
         assert transcriber.finish().text == text
-        assert model.windows == [700, 1000]
+        assert model.windows == windows, (silent, partial)

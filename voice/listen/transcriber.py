@@ -57,12 +57,14 @@ class TranscriberConfig:
     # at 112, + 5 s 11.6 % at 103, + 4 s 13.0 % at 90. The full 30 s window costs ~4x the 10 s one.
     partial_margin_s: float | None = 2.0
     final_margin_s: float | None = 5.0
-    # A final that repeats itself ("F F F", "minute, minute, minute") or comes back empty is decoded again on audio +
-    # this much, and that decode's words kept (None: never). On short windows tiny.en loops more (a one-word card at
-    # + 4 s; held-out prompts at + 5 s, where + 8 s heard "Folder 9."), and faster-whisper's no-speech rule drops
-    # more words: "In valid choice." at + 5 s had no-speech probability 0.64 and mean log-probability -1.24, past
-    # its 0.6 and -1.0, and the turn went unanswered (1 turn in ~50 of held-out prompts); + 8 s kept it.
-    recheck_margin_s: float | None = 8.0
+    # A final that repeats itself ("F F F", "minute, minute, minute") or comes back empty is decoded again as offline
+    # faster-whisper decodes (on `recheck_margin_s`; None: Whisper's full 30 s window), and that decode's words kept.
+    # On short windows tiny.en loops more (a one-word card at + 4 s; held-out prompts at + 5 s, where + 8 s heard
+    # "Folder 9."), and faster-whisper's no-speech rule drops more words: "In valid choice." at + 5 s (no-speech
+    # probability 0.64, mean log-probability -1.24, past its 0.6 and -1.0) and "extension." at + 5 s and + 8 s, each a
+    # held-out turn left unanswered (about 1 in 30); the full window heard both. It costs ~4x a decode, on those only.
+    recheck_finals: bool = True
+    recheck_margin_s: float | None = None
     trim_after_s: float = 10.0
     force_trim_after_s: float = 20.0
     max_prompt_chars: int = 200
@@ -100,10 +102,8 @@ def decode_options(config: TranscriberConfig) -> dict[str, Any]:
 
 def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offset_s: float = 0.0,
                  prompt: str | None = None, window_margin_s: float | None = None,
-                 word_times: bool = True, recheck_margin_s: float | None = None) -> tuple[list[Word], list[float]]:
-    """Decode `audio` once (twice when its words `repeat_themselves` or are none and `recheck_margin_s` is a wider
-    window than `window_margin_s`: that decode's words are returned); return its words and segment end times,
-    shifted by `offset_s` into turn time.
+                 word_times: bool = True) -> tuple[list[Word], list[float]]:
+    """Decode `audio` once; return its words and segment end times, shifted by `offset_s` into turn time.
 
     `window_margin_s` shows the encoder only the audio plus that margin instead of Whisper's 30 s window (see
     `voice.listen.asr_models.windowed_model_class`); ignored by a model without `encoder_frames`. Without
@@ -136,11 +136,12 @@ def decode_words(model: Any, audio: np.ndarray, config: TranscriberConfig, offse
     finally:
         if windowed:
             model.encoder_frames = None
-    words = drop_repeated_sentence(words)
-    wider = windowed and recheck_margin_s is not None and recheck_margin_s > window_margin_s  # type: ignore[operator]
-    if wider and (not words or repeat_themselves(words)):
-        return decode_words(model, audio, config, offset_s, prompt, recheck_margin_s, word_times)
-    return words, segment_ends
+    return drop_repeated_sentence(words), segment_ends
+
+
+def _wider(window_margin_s: float | None, than_s: float | None) -> bool:
+    """Whether a window of audio + `window_margin_s` (None: the full window) is wider than one of + `than_s`."""
+    return than_s is not None and (window_margin_s is None or window_margin_s > than_s)
 
 
 def repeat_themselves(words: list[Word]) -> bool:
@@ -158,14 +159,17 @@ def repeat_themselves(words: list[Word]) -> bool:
 
 def drop_repeated_sentence(words: list[Word]) -> list[Word]:
     """One sentence said once, when a decode is nothing but that sentence two or more times over ("10 of clubs. 10 of
-    clubs."): tiny.en writes such repeats on a short utterance followed by its window's silence (3 of the 5 card
+    clubs."), the last time possibly cut short by the token cap ("8 of spades 4 of close 7 of hearts. 8 of spades 4
+    of close"): tiny.en writes such repeats on a short utterance followed by its window's silence (3 of the 5 card
     commands in a conversation, depending on where the segment's end fell), and no one asks an assistant the same
     sentence twice in one breath. A repeated word without a sentence end between ("5, 5") is kept."""
     keys = [word.key for word in words]
-    for period in range(1, len(words) // 2 + 1):
-        if len(words) % period or keys != keys[:period] * (len(words) // period):
+    last = len(keys) - 1
+    for period in range(1, len(keys)):
+        if not words[period - 1].text.rstrip().endswith((".", "?", "!")):
             continue
-        if words[period - 1].text.rstrip().endswith((".", "?", "!")):
+        looped = all(keys[i] == keys[i % period] for i in range(period, last))
+        if looped and keys[last] and keys[last % period].startswith(keys[last]):
             return words[:period]
     return words
 
@@ -213,6 +217,7 @@ class StreamingTranscriber:
         self._last_words: list[Word] = []
         self._last_margin_s: float | None = None
         self._last_decode_start_s = 0.0
+        self._heard_words = False  # some decode of this turn heard words
         self.decodes = 0
 
     @property
@@ -280,20 +285,30 @@ class StreamingTranscriber:
 
     def _decode(self, margin_s: float | None, word_times: bool = True, final: bool = False) -> list[Word]:
         """One decode of the buffer; a `final` one (the likely final's, the segment's) is rechecked when it loops or
-        hears nothing (`TranscriberConfig.recheck_margin_s`)."""
+        hears nothing (`TranscriberConfig.recheck_finals`)."""
         if self._chunks:
             self._buffer = np.concatenate([self._buffer, *self._chunks])
             self._chunks = []
         offset_s = self._buffer_start / TARGET_RATE
-        recheck_margin_s = self.config.recheck_margin_s if final else None
-        words, self._segment_ends = decode_words(self.model, self._buffer, self.config, offset_s, self._prompt(),
-                                                 margin_s, word_times, recheck_margin_s)
+        config, prompt = self.config, self._prompt()
+        words, self._segment_ends = decode_words(self.model, self._buffer, config, offset_s, prompt, margin_s,
+                                                 word_times)
+        wider = isinstance(self.model, WindowedEncoder) and _wider(config.recheck_margin_s, margin_s)
+        if final and config.recheck_finals and wider and self._doubtful(words):
+            words, self._segment_ends = decode_words(self.model, self._buffer, config, offset_s, prompt,
+                                                     config.recheck_margin_s, word_times)
+        self._heard_words = self._heard_words or bool(words)
         self._last_margin_s = margin_s
         self._last_decode_start_s = offset_s
         self._decoded_to = self._total
         self._last_words = words
         self.decodes += 1
         return words
+
+    def _doubtful(self, words: list[Word]) -> bool:
+        """A final decode to check on a wider window: it loops, or hears nothing where an earlier decode of the
+        segment heard words (a cough stays one decode)."""
+        return repeat_themselves(words) if words else self._heard_words
 
     def _prompt(self) -> str | None:
         """Committed words that lie before the buffer: the context Whisper no longer hears."""
