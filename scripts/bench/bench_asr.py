@@ -195,7 +195,7 @@ def window_sweep(margins: list[float], threads: int) -> list[dict]:
         rows.append({"margin_s": margin, "segments": len(segments), "wer": wer, "loops": loops,
                      "decode_ms_p50": 1000 * statistics.median(seconds)})
         print(f"audio + {margin:g} s: WER {100 * wer:.1f} % on {len(segments)} segments, {loops} decodes that loop or "
-              f"hear nothing (the transcriber decodes those again on the full window), decode p50 "
+              f"hear nothing (the transcriber decodes those again on wider windows), decode p50 "
               f"{rows[-1]['decode_ms_p50']:.0f} ms", flush=True)
     return rows
 

@@ -182,7 +182,7 @@ class WindowedWhisper(ScriptedWhisper):
         return [Word(" Folder", 0.0, 0.4), Word(" 9.", 0.5, 0.9)]
 
 
-def test_a_final_that_loops_is_decoded_again_on_the_full_window_and_a_partial_is_not() -> None:
+def test_a_final_that_loops_is_decoded_again_on_a_wider_window_and_a_partial_is_not() -> None:
     import numpy as np
 
     from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig
@@ -195,9 +195,9 @@ def test_a_final_that_loops_is_decoded_again_on_the_full_window_and_a_partial_is
     transcriber.insert_audio(np.zeros(8000, dtype=np.float32))
     likely = transcriber.process(force=True, as_final=True)
     assert likely is not None and likely.text == "Folder 9."
-    assert model.windows[1:] == [700, None]  # 1.5 s + 5 s in whole seconds, then the full window
+    assert model.windows[1:] == [700, 1000]  # 1.5 s + 5 s, then + 8 s, in whole seconds
     assert transcriber.finish().text == "Folder 9." and model.decodes == 3  # the final reuses that decode
-    never = StreamingTranscriber(WindowedWhisper(), TranscriberConfig(final_margin_s=5.0, recheck_finals=False))
+    never = StreamingTranscriber(WindowedWhisper(), TranscriberConfig(final_margin_s=5.0, recheck_margins_s=()))
     never.insert_audio(np.zeros(16000, dtype=np.float32))
     assert never.finish().text == "F F F"
 
@@ -217,13 +217,14 @@ class DroppingWhisper(WindowedWhisper):
         return [Word(" Folder", 0.0, 0.4), Word(" 9.", 0.5, 0.9)]
 
 
-def test_a_final_that_hears_nothing_is_decoded_again_on_the_full_window_if_a_partial_heard_words() -> None:
+def test_a_final_that_hears_nothing_is_decoded_again_on_wider_windows_if_a_partial_heard_words() -> None:
     import numpy as np
 
     from voice.listen.transcriber import StreamingTranscriber, TranscriberConfig
 
-    for silent, partial, text, windows in ((False, True, "Folder 9.", [500, 700, None]), (True, True, "", [500, 700]),
-                                           (False, False, "", [700])):
+    cases = ((False, True, "Folder 9.", [500, 700, 1000, None]), (True, True, "", [500, 700]),
+             (False, False, "", [700]))
+    for silent, partial, text, windows in cases:
         model = DroppingWhisper(silent)
         transcriber = StreamingTranscriber(model, TranscriberConfig(final_margin_s=5.0))
         transcriber.insert_audio(np.zeros(16000, dtype=np.float32))

@@ -57,14 +57,14 @@ class TranscriberConfig:
     # at 112, + 5 s 11.6 % at 103, + 4 s 13.0 % at 90. The full 30 s window costs ~4x the 10 s one.
     partial_margin_s: float | None = 2.0
     final_margin_s: float | None = 5.0
-    # A final that repeats itself ("F F F", "minute, minute, minute") or comes back empty is decoded again as offline
-    # faster-whisper decodes (on `recheck_margin_s`; None: Whisper's full 30 s window), and that decode's words kept.
-    # On short windows tiny.en loops more (a one-word card at + 4 s; held-out prompts at + 5 s, where + 8 s heard
-    # "Folder 9."), and faster-whisper's no-speech rule drops more words: "In valid choice." at + 5 s (no-speech
-    # probability 0.64, mean log-probability -1.24, past its 0.6 and -1.0) and "extension." at + 5 s and + 8 s, each a
-    # held-out turn left unanswered (about 1 in 30); the full window heard both. It costs ~4x a decode, on those only.
-    recheck_finals: bool = True
-    recheck_margin_s: float | None = None
+    # A final that repeats itself ("F F F", "minute, minute, minute") or hears nothing where a partial heard words is
+    # decoded again on each of these windows in turn (None: Whisper's full 30 s one, as offline decoding), while it
+    # stays so; the last decode's words are kept. On short windows tiny.en loops more (a one-word card at + 4 s;
+    # held-out prompts at + 5 s, where + 8 s heard "Folder 9."), and faster-whisper's no-speech rule drops more words:
+    # "In valid choice." at + 5 s (no-speech probability 0.64, mean log-probability -1.24, past its 0.6 and -1.0) and
+    # "extension." at + 5 s and + 8 s, each a held-out turn left unanswered (about 1 in 30); the full window heard
+    # both. Rechecking loops on the full window at once (~4x a decode) held 16 of 60 held-out turns past 1 s.
+    recheck_margins_s: tuple[float | None, ...] = (8.0, None)
     trim_after_s: float = 10.0
     force_trim_after_s: float = 20.0
     max_prompt_chars: int = 200
@@ -285,7 +285,7 @@ class StreamingTranscriber:
 
     def _decode(self, margin_s: float | None, word_times: bool = True, final: bool = False) -> list[Word]:
         """One decode of the buffer; a `final` one (the likely final's, the segment's) is rechecked when it loops or
-        hears nothing (`TranscriberConfig.recheck_finals`)."""
+        hears nothing (`TranscriberConfig.recheck_margins_s`)."""
         if self._chunks:
             self._buffer = np.concatenate([self._buffer, *self._chunks])
             self._chunks = []
@@ -293,10 +293,12 @@ class StreamingTranscriber:
         config, prompt = self.config, self._prompt()
         words, self._segment_ends = decode_words(self.model, self._buffer, config, offset_s, prompt, margin_s,
                                                  word_times)
-        wider = isinstance(self.model, WindowedEncoder) and _wider(config.recheck_margin_s, margin_s)
-        if final and config.recheck_finals and wider and self._doubtful(words):
-            words, self._segment_ends = decode_words(self.model, self._buffer, config, offset_s, prompt,
-                                                     config.recheck_margin_s, word_times)
+        windowed = isinstance(self.model, WindowedEncoder)
+        for wider in config.recheck_margins_s if final and windowed else ():
+            if not _wider(wider, margin_s) or not self._doubtful(words):
+                continue
+            words, self._segment_ends = decode_words(self.model, self._buffer, config, offset_s, prompt, wider,
+                                                     word_times)
         self._heard_words = self._heard_words or bool(words)
         self._last_margin_s = margin_s
         self._last_decode_start_s = offset_s
