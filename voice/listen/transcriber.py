@@ -144,16 +144,20 @@ def _wider(window_margin_s: float | None, than_s: float | None) -> bool:
     return than_s is not None and (window_margin_s is None or window_margin_s > than_s)
 
 
+def _said_over(keys: list[str], period: int) -> bool:
+    """Whether `keys` are their first `period` said again and again to the end, the last one possibly cut short (the
+    token cap stopped the decode inside it)."""
+    last = len(keys) - 1
+    looped = all(keys[i] == keys[i % period] for i in range(period, last))
+    return looped and bool(keys[last]) and keys[last % period].startswith(keys[last])
+
+
 def repeat_themselves(words: list[Word]) -> bool:
     """Whether a decode looks like a loop: one word or phrase said over and over ("F F F", "Press 1-4 Press 1-4
-    Press 1": the whole decode, at least twice, its last word possibly cut short by the token cap), or one word three
-    times in a row inside it."""
+    Press 1": the whole decode, at least twice), or one word three times in a row inside it."""
     keys = [word.key for word in words]
-    last = len(keys) - 1
-    for period in range(1, len(keys) // 2 + 1):
-        looped = all(keys[i] == keys[i % period] for i in range(period, last))
-        if looped and keys[last] and keys[last % period].startswith(keys[last]):
-            return True
+    if any(_said_over(keys, period) for period in range(1, len(keys) // 2 + 1)):
+        return True
     return any(keys[i] == keys[i + 1] == keys[i + 2] for i in range(len(keys) - 2))
 
 
@@ -164,12 +168,8 @@ def drop_repeated_sentence(words: list[Word]) -> list[Word]:
     commands in a conversation, depending on where the segment's end fell), and no one asks an assistant the same
     sentence twice in one breath. A repeated word without a sentence end between ("5, 5") is kept."""
     keys = [word.key for word in words]
-    last = len(keys) - 1
     for period in range(1, len(keys)):
-        if not words[period - 1].text.rstrip().endswith((".", "?", "!")):
-            continue
-        looped = all(keys[i] == keys[i % period] for i in range(period, last))
-        if looped and keys[last] and keys[last % period].startswith(keys[last]):
+        if words[period - 1].text.rstrip().endswith((".", "?", "!")) and _said_over(keys, period):
             return words[:period]
     return words
 
