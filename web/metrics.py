@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from voice import events as ev
 from voice.latency import STAGE_NAMES
+from web.protocol import latency_on_wire
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Voice-to-voice and its stages on two cores span ~30 ms (a speculative TTS hit) to several seconds (a held turn
@@ -61,12 +62,13 @@ class VoiceMetrics:
     def observe(self, event: ev.Event) -> None:
         """Fold one session event into the metrics."""
         match event:
-            case ev.TurnEnd(interrupted=interrupted, latency_ms=latency, stats=stats):
+            case ev.TurnEnd(interrupted=interrupted, latency_ms=exact, stats=stats):
                 self.turns.labels(interrupted=str(interrupted).lower()).inc()
-                if "voice_to_voice" in latency:
+                latency = latency_on_wire(exact)  # the figures the turn's client was sent, bucketed as it would
+                if latency.get("voice_to_voice") is not None:
                     self.voice_to_voice.observe(latency["voice_to_voice"] / 1000)
                 for stage in STAGE_NAMES:
-                    if stage in latency:
+                    if latency.get(stage) is not None:
                         self.stage.labels(stage=stage).observe(latency[stage] / 1000)
                 self.phrases.labels(result="hit").inc(stats.get("hits", 0.0))
                 self.phrases.labels(result="miss").inc(stats.get("misses", 0.0))

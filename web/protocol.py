@@ -283,7 +283,7 @@ def encode_event(event: ev.Event) -> str | bytes | None:
                     "answer": event.answer,
                     "spoken": event.spoken,
                     "interrupted": event.interrupted,
-                    "latency_ms": {k: _finite(v, 1) for k, v in event.latency_ms.items()},
+                    "latency_ms": latency_on_wire(event.latency_ms),
                     "stats": {k: _finite(v, 4) for k, v in event.stats.items()},
                 }
             )
@@ -306,6 +306,12 @@ def _finite(value: float, digits: int = 3) -> float | None:
     if value is None or isinstance(value, bool) or not math.isfinite(value):
         return None
     return round(float(value), digits)
+
+
+def latency_on_wire(latency_ms: dict[str, float]) -> dict[str, float | None]:
+    """A turn's stage latencies as its client receives them in `turn_end`: ms to 0.1 ms, null for a mark that never
+    happened. The metrics count the same figures, so a turn held exactly 1.5 s falls in one bucket for both."""
+    return {name: _finite(value, 1) for name, value in latency_ms.items()}
 
 
 def _dumps(payload: dict[str, Any]) -> str:

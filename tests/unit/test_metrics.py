@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from voice import events as ev
 from web.metrics import LATENCY_BUCKETS, VoiceMetrics, bucket_index, histogram_buckets, histogram_quantile
+from web.protocol import encode_event
 
 
 def turn_end(turn: int, voice_to_voice_ms: float, hits: float = 2.0, misses: float = 1.0) -> ev.TurnEnd:
@@ -35,6 +37,17 @@ def test_turn_ends_and_errors_fold_into_counters_and_histograms() -> None:
     buckets = histogram_buckets(text, "voice_to_voice_seconds")
     assert dict(buckets)[0.7] == 2 and dict(buckets)[2.0] == 3 and buckets[-1] == (math.inf, 3)
     assert histogram_buckets(text, "voice_stage_seconds", {"stage": "lm_first_pass"})[-1][1] == 3
+
+
+def test_a_turn_is_counted_at_the_figure_its_client_was_sent() -> None:
+    # a turn held the 1.5 s hold ends a few microseconds past it; its client reads 1500.0 ms in turn_end, and a
+    # dashboard's bucket must be the one that figure falls in (the cluster test's check of the load test's samples)
+    metrics = VoiceMetrics()
+    held = turn_end(0, 1500.04)
+    metrics.observe(held)
+    sent = json.loads(encode_event(held))["latency_ms"]["voice_to_voice"]
+    buckets = dict(histogram_buckets(metrics.render().decode(), "voice_to_voice_seconds"))
+    assert sent == 1500.0 and buckets[1.5] == 1 and bucket_index(sent / 1000) == LATENCY_BUCKETS.index(1.5)
 
 
 def test_two_servers_do_not_share_metrics() -> None:
