@@ -103,3 +103,34 @@ def test_the_voice_lm_takes_half_the_cores(monkeypatch: pytest.MonkeyPatch, core
 
     monkeypatch.setattr(engines.os, "cpu_count", lambda: cores)
     assert engines.default_lm_threads() == threads
+
+
+BLAS_SPIN = """
+import sys, time
+import numpy as np
+
+if sys.argv[1] == "kept":
+    from voice.engines import keep_numpy_blas_on_its_caller
+
+    keep_numpy_blas_on_its_caller()
+mel, frames = np.ones((80, 201)), np.ones((201, 801))  # Smart Turn's mel product
+wall, cpu = time.perf_counter(), time.process_time()
+while time.perf_counter() - wall < 0.6:
+    mel @ frames
+    time.sleep(0.005)  # the caller idles between products, as a voice process does
+print((time.process_time() - cpu) / (time.perf_counter() - wall))
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a BLAS pool needs two cores to spin beside its caller")
+def test_numpy_blas_leaves_no_thread_spinning_after_its_products():
+    """The process's CPU time per wall second while it makes small products and idles between them: OpenBLAS's pool
+    left spinning shows as a second core's worth (Whisper's decode beside Smart Turn took twice its time)."""
+    def cores_busy(mode: str) -> float:
+        return float(subprocess.run([sys.executable, "-c", BLAS_SPIN, mode], capture_output=True, text=True,
+                                    timeout=120, cwd=ROOT, check=True).stdout)
+
+    free = cores_busy("free")
+    if free < 0.6:
+        pytest.skip(f"numpy's BLAS here does not spin after a product ({free:.2f} cores busy without the limit)")
+    assert cores_busy("kept") < 0.4
