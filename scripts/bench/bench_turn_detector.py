@@ -42,6 +42,7 @@ from report_lib.turn_cases import (
     word_cuts,
 )
 
+from voice.engines import keep_numpy_blas_on_its_caller
 from voice.listen.turn_detector import (
     SAMPLE_RATE,
     SmartTurn,
@@ -146,6 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     trailing = [int(value) for value in args.trailing_ms.split(",")]
 
+    keep_numpy_blas_on_its_caller()  # as in a voice process: the CPU figures are what a call costs there
     config = TurnDetectorConfig()
     detector = SmartTurn.load(config)
     recordings = load_recordings(piper=not args.no_piper)

@@ -126,7 +126,7 @@ def find_smart_turn_model() -> Path | None:
 class TurnDetectorConfig:
     """`model_path` None means the file packaged in pipecat-ai; `threshold` on the complete-probability (the model's
     own 0.5); `max_seconds` of audio the model hears (at most its 8 s window); `threads` 1 so it never competes with
-    the ASR and the LM for the other core (one call costs about 0.1 s of CPU on this 2-core machine)."""
+    the ASR and the LM for the other core (one call costs about 50 ms of CPU on a 2-core AMD EPYC Zen 4)."""
 
     model_path: Path | None = None
     threshold: float = 0.5

@@ -1,4 +1,4 @@
-"""The turn detector's requests as a session runs them: each call in a worker thread (about 0.1 s of CPU), and the
+"""The turn detector's requests as a session runs them: each call in a worker thread (about 50 ms of CPU), and the
 waits a paused turn keeps for their probabilities. The I/O half of the detector schedule: it executes `AskDetector`,
 `AwaitVerdict` and `DropVerdict` (voice/turn/detector_schedule.py) and reports each probability back as
 `DetectorAnswered`; whether a verdict still applies, and what it means for the turn, the session core decides

@@ -2,7 +2,7 @@
 without I/O beside the turn-taking machine, driven by events and answering with actions, so the tests can follow a
 pause's verdict without a model, a thread or a clock.
 
-The detector costs about 0.1 s of CPU a call. It is asked as early as the answer is: when the listener starts the
+The detector costs about 50 ms of CPU a call. It is asked as early as the answer is: when the listener starts the
 segment's likely final decode (64 ms of silence after the speech), on the audio the segment will have if the user
 stays silent, in the slack before the segment ends instead of beside the answer's first LM passes. When the segment
 then ends (the final transcript, the turn paused), that *early verdict* is the turn's verdict if it was judged for
