@@ -133,10 +133,13 @@ class ListenStage:
 
     @property
     def silence_ms(self) -> float:
-        """Milliseconds of audio since the last voiced sample, on the stream's own clock (0 while speech goes on)."""
-        if self._endpointer.speaking:
-            return 0.0
-        return max(0, self._received - self._endpointer.last_voiced_end) * 1000 / TARGET_RATE
+        """Milliseconds of audio since the last voiced sample, on the stream's own clock: 0 while the newest VAD window
+        is voiced, then growing, inside the open segment (whose end the endpointer decides at `min_silence_ms`) as
+        after it."""
+        ep = self._endpointer
+        if ep.speaking:
+            return (ep.position - ep.last_voiced_end) * 1000 / TARGET_RATE
+        return max(0, self._received - ep.last_voiced_end) * 1000 / TARGET_RATE
 
     async def flush(self) -> None:
         """End of stream: close a segment still open (no trailing silence needed) and wait for its final transcript."""
