@@ -13,6 +13,7 @@ from voice.turn.machine import (
     AnswerFinished,
     CancelAnswer,
     ClientInterrupt,
+    FinishTurn,
     LmTurnVerdict,
     PauseOutput,
     ReleaseAnswer,
@@ -69,22 +70,34 @@ def test_the_early_verdict_judges_the_pause_and_releases_the_answer_without_aski
 
 @pytest.mark.parametrize("full_duplex", [True, False])
 def test_an_answer_released_on_its_likely_final_is_timed_at_its_segments_end(full_duplex: bool) -> None:
-    """Both verdicts call the likely final complete: released 200 ms after the last word in full duplex, where the
-    segment's end still comes to complete the turn's record; half duplex waits for that end (the microphone is not
-    heard once the answer plays)."""
+    """Both verdicts call the likely final complete: released 200 ms after the last word in full duplex, timed then
+    from the likely final's last voiced sample (the segment's end adds the endpoint's moment); half duplex waits for
+    that end (the microphone is not heard once the answer plays)."""
     core = SessionCore(TurnTakingConfig(), DetectorSchedule(threshold=0.5, max_seconds=8.0), full_duplex=full_duplex)
     segment = audio(1.0)
-    drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(segment), DetectorAnswered(1, 0.9))
+    drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(segment, speech_end_ns=4_000), DetectorAnswered(1, 0.9))
     assert drive(core, PartialTranscript("What time is it?", likely_final=True, t_ns=5_000)) == [
         StartAnswer(1, 1, "What time is it?", held=True)]
     released = drive(core, LmTurnVerdict(1, 0.9), Silence(220.0))
-    assert released == ([ReleaseAnswer(1)] if full_duplex else [])
+    assert released == ([MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}), ReleaseAnswer(1)] if full_duplex
+                        else [])
     drive(core, UserSpeechEnded(1000.0, t_ns=4_000, detected_ns=6_000))
     final = drive(core, FinalTranscript("What time is it?", t_ns=7_000, segment=segment.copy()))
     # the verdict on the likely final is the pause's too: no second call either way
     assert final == [MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}, 6_000)]
     assert drive(core, Silence(340.0)) == ([] if full_duplex else [ReleaseAnswer(1)])
     assert core.state is State.ANSWERING
+
+
+def test_an_answer_released_on_its_likely_final_keeps_its_timing_if_it_ends_before_the_segment() -> None:
+    core = with_detector()
+    drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(audio(1.0), speech_end_ns=4_000), DetectorAnswered(1, 0.9))
+    drive(core, PartialTranscript("Thanks.", likely_final=True, t_ns=5_000), LmTurnVerdict(1, 0.9))
+    assert drive(core, Silence(220.0), AnswerAudio(1), AnswerFinished(1)) == [
+        MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}), ReleaseAnswer(1), FinishTurn(1, 1, 1, 0)]
+    drive(core, UserSpeechEnded(1000.0, t_ns=4_000, detected_ns=6_000))
+    assert drive(core, FinalTranscript("Thanks.", t_ns=7_000, segment=audio(1.0))) == []  # the turn is over
+    assert core.state is State.LISTENING
 
 
 def test_speech_drops_the_pauses_verdicts_before_the_machine_hears_it() -> None:

@@ -91,9 +91,11 @@ class FinalTranscript:
 
 @dataclass(frozen=True, slots=True)
 class LikelyFinalDecoding:
-    """The listener starts the open segment's likely final decode; `segment` is its audio if the user stays silent."""
+    """The listener starts the open segment's likely final decode; `segment` is its audio if the user stays silent,
+    `speech_end_ns` when its last voiced sample arrived."""
 
     segment: np.ndarray = field(compare=False)
+    speech_end_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,7 @@ class SessionCore:
         self._detector = detector  # None: no turn detector, the silence rule alone ends a pause
         self._segment_end: tuple[int, int] | None = None  # (last voiced sample, decided) of the latest segment
         self._likely_final_ns: int | None = None  # when the likely final the current answer started from came
+        self._likely_speech_end_ns: int | None = None  # when the last voiced sample of that likely final's audio came
 
     @property
     def state(self) -> State:
@@ -174,6 +177,21 @@ class SessionCore:
 
     def handle(self, event: SessionEvent) -> list[SessionAction]:
         """Apply one event; return what the shell must do, in order."""
+        released = self.machine.released_early
+        actions = self._handle(event)
+        if not released and self.machine.released_early:  # the answer goes out before its segment's end
+            actions = [*self._likely_final_marks(), *actions]
+        return actions
+
+    def _likely_final_marks(self) -> list[SessionAction]:
+        """The turn's timing when its answer is released on the likely final: its audio may even have played out
+        before the segment's end (whose `MarkTurn` then adds the endpoint's moment)."""
+        if self._likely_speech_end_ns is None or self._likely_final_ns is None:
+            return []
+        marks = {"speech_end": self._likely_speech_end_ns, "asr_final": self._likely_final_ns}
+        return [MarkTurn(self.machine.user_turn, marks)]
+
+    def _handle(self, event: SessionEvent) -> list[SessionAction]:
         machine = self.machine
         match event:
             case UserSpeechStarted():
@@ -188,7 +206,8 @@ class SessionCore:
                 return self._partial(event)
             case FinalTranscript():
                 return self._final(event)
-            case LikelyFinalDecoding(segment=segment):
+            case LikelyFinalDecoding(segment=segment, speech_end_ns=speech_end_ns):
+                self._likely_speech_end_ns = speech_end_ns
                 forget = machine.handle(LikelyVerdict(None))  # the last likely final's verdict judged other audio
                 return [*forget, *self._schedule(LikelyFinalHeard(machine.user_turn, segment))]
             case DetectorAnswered():
