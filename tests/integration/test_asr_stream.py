@@ -298,3 +298,25 @@ def test_no_partial_starts_while_the_voice_fades_so_the_likely_final_never_waits
     assert all(start < end and threads == 1 for start, end, threads in handovers)
     monkeypatch.setattr(stage_module, "FADING_PROBABILITY", 0.0)  # the rule off: partials start in fading windows
     assert any(p < fading for p in partial_probabilities())
+
+
+def test_the_silence_after_the_last_word_counts_before_the_endpointer_ends_the_segment():
+    """The listener's silence grows from the first quiet VAD window on, inside the open segment too: the session may
+    release an answer before the segment's end (voice/turn/machine.py), on this count."""
+    audio = np.concatenate([silence(0.5), load_audio_16k(CLIPS["0880"].path), silence(0.6)])
+    events: list[Event] = []
+    stage = ListenStage("test", recorder(events), model=LoadedModel("scripted", _ScriptedWhisper(), FairLock()))
+    before_end: list[float] = []
+
+    async def run() -> None:
+        async def send(chunk: bytes) -> None:
+            await stage.accept(chunk)
+            if any(isinstance(e, SpeechStart) for e in events) and not any(isinstance(e, SpeechEnd) for e in events):
+                before_end.append(stage.silence_ms)
+
+        await stream_pcm16(send, float32_to_pcm16(audio), rate=16000, frame_ms=32)
+
+    asyncio.run(run())
+    assert any(isinstance(e, SpeechEnd) for e in events)
+    assert before_end[0] == 0.0 and 250 <= max(before_end) < 352  # counted up to the segment's end at 320 ms
+    assert stage.silence_ms >= 560  # and on after it, as before

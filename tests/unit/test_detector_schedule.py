@@ -37,14 +37,23 @@ def run(events: list[DetectorEvent], max_seconds: float = 8.0) -> list[list[Dete
 def test_the_early_verdict_is_the_pauses_verdict_when_the_audio_is_the_same() -> None:
     segment = audio(1.0)
     steps = run([LikelyFinalHeard(1, segment), TurnPaused(1, segment.copy()), DetectorAnswered(1, 0.9)])
-    assert steps == [[AskDetector(1, segment)], [AwaitVerdict(1, 1)], [DeliverVerdict(TurnVerdict(True, 0.9))]]
+    # awaited from the likely final on; answered after the pause took it: the pause's verdict
+    assert steps == [[AskDetector(1, segment), AwaitVerdict(1, 1)], [], [DeliverVerdict(TurnVerdict(True, 0.9))]]
     assert np.array_equal(steps[0][0].audio, segment)  # type: ignore[union-attr]
+
+
+def test_an_early_verdict_goes_to_the_machine_at_once_and_to_the_pause_from_memory() -> None:
+    segment = audio(1.0)
+    steps = run([LikelyFinalHeard(1, segment), DetectorAnswered(1, 0.2), TurnPaused(1, segment.copy())])
+    verdict = TurnVerdict(False, 0.2)
+    assert steps[1:] == [[DeliverVerdict(verdict, likely_final=True)], [DeliverVerdict(verdict)]]
 
 
 def test_a_segment_that_grew_after_the_likely_final_is_judged_again() -> None:
     early, grown = audio(0.5), audio(1.0)
     steps = run([LikelyFinalHeard(1, early), TurnPaused(1, grown), DetectorAnswered(2, 0.2)])
-    assert steps == [[AskDetector(1, early)], [DropVerdict(1), AskDetector(2, grown), AwaitVerdict(2, 1)],
+    assert steps == [[AskDetector(1, early), AwaitVerdict(1, 1)],
+                     [DropVerdict(1), AskDetector(2, grown), AwaitVerdict(2, 1)],
                      [DeliverVerdict(TurnVerdict(False, 0.2))]]
     assert len(steps[1][1].audio) == RATE  # type: ignore[union-attr]
 
@@ -58,7 +67,7 @@ def test_an_early_verdict_of_another_turn_does_not_apply() -> None:
 def test_speech_makes_every_verdict_of_the_pause_moot() -> None:
     segment = audio(1.0)
     steps = run([
-        LikelyFinalHeard(1, segment), TurnPaused(1, segment),  # request 1, awaited
+        LikelyFinalHeard(1, segment), TurnPaused(1, segment),  # request 1, awaited for the pause
         LikelyFinalHeard(1, audio(0.3)),  # the user spoke on and paused again: request 2, early
         UserSpoke(),
         DetectorAnswered(1, 0.9),  # arrives after the speech: dropped
@@ -69,7 +78,8 @@ def test_speech_makes_every_verdict_of_the_pause_moot() -> None:
 
 def test_a_new_likely_final_replaces_the_early_verdict_before_it() -> None:
     steps = run([LikelyFinalHeard(1, audio(0.5)), LikelyFinalHeard(1, audio(0.7)), ScheduleClosed()])
-    assert steps == [[AskDetector(1, audio(0.5))], [DropVerdict(1), AskDetector(2, audio(0.7))], [DropVerdict(2)]]
+    assert steps == [[AskDetector(1, audio(0.5)), AwaitVerdict(1, 1)],
+                     [DropVerdict(1), AskDetector(2, audio(0.7)), AwaitVerdict(2, 1)], [DropVerdict(2)]]
 
 
 def test_the_detector_hears_the_turns_earlier_segments_and_at_most_max_seconds() -> None:

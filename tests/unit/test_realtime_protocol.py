@@ -197,6 +197,23 @@ def test_a_spoken_turn_with_server_vad_becomes_the_realtime_sequence() -> None:
     assert len({e["event_id"] for e in out}) == len(out)
 
 
+def test_an_answer_released_before_the_segment_ends_waits_for_its_user_item_to_be_committed() -> None:
+    """The session may release an answer on its likely final, before the segment's end: the protocol's order stays
+    speech_stopped, committed, the user item, then the response."""
+    t = translator()
+    early = [*t.session_event(ev.SpeechStart(session=S, turn=1)), *t.session_event(ev.LmStarted(session=S, turn=1))]
+    pcm = np.zeros(2205, "<i2").tobytes()
+    early += t.session_event(ev.AudioStart(session=S, turn=1, sample_rate=22050))
+    early += t.session_event(ev.AudioOut(session=S, turn=1, pcm=pcm, sample_rate=22050, phrase_id=0))
+    assert types(early) == ["input_audio_buffer.speech_started"]
+    stopped = types(t.session_event(ev.SpeechEnd(session=S, turn=1, detected_ns=0)))
+    assert stopped[:3] == ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+                           "conversation.item.added"]
+    assert stopped[3:] == ["response.created", "response.output_item.added", "conversation.item.added",
+                           "response.content_part.added", "response.output_audio.delta"]
+    assert "response.done" in types(answer(t, 1, started=True))
+
+
 def test_transcription_off_sends_no_transcription_events() -> None:
     t = translator(transcription=False)
     assert "conversation.item.input_audio_transcription.completed" not in types(spoken_turn(t, 1))

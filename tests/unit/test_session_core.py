@@ -13,6 +13,8 @@ from voice.turn.machine import (
     AnswerFinished,
     CancelAnswer,
     ClientInterrupt,
+    FinishTurn,
+    LmTurnVerdict,
     PauseOutput,
     ReleaseAnswer,
     Silence,
@@ -54,15 +56,48 @@ def drive(core: SessionCore, *events) -> list:
 def test_the_early_verdict_judges_the_pause_and_releases_the_answer_without_asking_again() -> None:
     core = with_detector()
     segment = audio(1.0)
-    assert drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(segment)) == [AskDetector(1, segment)]
+    assert drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(segment)) == [
+        AskDetector(1, segment), AwaitVerdict(1, 1)]
     assert drive(core, PartialTranscript("Is it raining?", likely_final=True, t_ns=5_000)) == [
         StartAnswer(1, 1, "Is it raining?", held=True)]
     assert drive(core, UserSpeechEnded(1000.0, t_ns=4_000, detected_ns=6_000)) == []
-    # the pause takes the verdict already asked for on this very audio: no second call
+    # the pause takes the verdict already asked for (and awaited) on this very audio: no second call
     assert drive(core, FinalTranscript("Is it raining?", t_ns=7_000, segment=segment.copy())) == [
-        MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}, 6_000), AwaitVerdict(1, 1)]
+        MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}, 6_000)]
     assert drive(core, Silence(250.0)) == []  # no verdict yet: the 600 ms silence rule
     assert drive(core, DetectorAnswered(1, 0.9)) == [ReleaseAnswer(1)]  # complete: 200 ms of silence is enough
+
+
+@pytest.mark.parametrize("full_duplex", [True, False])
+def test_an_answer_released_on_its_likely_final_is_timed_at_its_segments_end(full_duplex: bool) -> None:
+    """Both verdicts call the likely final complete: released 200 ms after the last word in full duplex, timed then
+    from the likely final's last voiced sample (the segment's end adds the endpoint's moment); half duplex waits for
+    that end (the microphone is not heard once the answer plays)."""
+    core = SessionCore(TurnTakingConfig(), DetectorSchedule(threshold=0.5, max_seconds=8.0), full_duplex=full_duplex)
+    segment = audio(1.0)
+    drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(segment, speech_end_ns=4_000), DetectorAnswered(1, 0.9))
+    assert drive(core, PartialTranscript("What time is it?", likely_final=True, t_ns=5_000)) == [
+        StartAnswer(1, 1, "What time is it?", held=True)]
+    released = drive(core, LmTurnVerdict(1, 0.9), Silence(220.0))
+    assert released == ([MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}), ReleaseAnswer(1)] if full_duplex
+                        else [])
+    drive(core, UserSpeechEnded(1000.0, t_ns=4_000, detected_ns=6_000))
+    final = drive(core, FinalTranscript("What time is it?", t_ns=7_000, segment=segment.copy()))
+    # the verdict on the likely final is the pause's too: no second call either way
+    assert final == [MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}, 6_000)]
+    assert drive(core, Silence(340.0)) == ([] if full_duplex else [ReleaseAnswer(1)])
+    assert core.state is State.ANSWERING
+
+
+def test_an_answer_released_on_its_likely_final_keeps_its_timing_if_it_ends_before_the_segment() -> None:
+    core = with_detector()
+    drive(core, UserSpeechStarted(0.0), LikelyFinalDecoding(audio(1.0), speech_end_ns=4_000), DetectorAnswered(1, 0.9))
+    drive(core, PartialTranscript("Thanks.", likely_final=True, t_ns=5_000), LmTurnVerdict(1, 0.9))
+    assert drive(core, Silence(220.0), AnswerAudio(1), AnswerFinished(1)) == [
+        MarkTurn(1, {"speech_end": 4_000, "asr_final": 5_000}), ReleaseAnswer(1), FinishTurn(1, 1, 1, 0)]
+    drive(core, UserSpeechEnded(1000.0, t_ns=4_000, detected_ns=6_000))
+    assert drive(core, FinalTranscript("Thanks.", t_ns=7_000, segment=audio(1.0))) == []  # the turn is over
+    assert core.state is State.LISTENING
 
 
 def test_speech_drops_the_pauses_verdicts_before_the_machine_hears_it() -> None:
@@ -75,7 +110,8 @@ def test_speech_drops_the_pauses_verdicts_before_the_machine_hears_it() -> None:
         DropVerdict(1), CancelAnswer(1, 1, "user_continued", clear=False, ends_turn=False, speculations=1, dropped=1)]
     assert drive(core, DetectorAnswered(1, 0.9)) == []  # it came after the speech: moot
     assert core.state is State.USER_SPEAKING
-    assert drive(core, LikelyFinalDecoding(audio(0.5)), SessionClosed()) == [AskDetector(2, audio(0.5)), DropVerdict(2)]
+    assert drive(core, LikelyFinalDecoding(audio(0.5)), SessionClosed()) == [
+        AskDetector(2, audio(0.5)), AwaitVerdict(2, 1), DropVerdict(2)]
 
 
 def test_the_detector_is_asked_only_for_a_pause() -> None:
@@ -106,12 +142,12 @@ def test_the_likely_final_is_judged_for_the_turn_its_words_will_open() -> None:
     drive(core, TextTyped("Tell me a story.", t_ns=1), AnswerAudio(1))
     segment = audio(1.0)
     assert drive(core, UserSpeechStarted(9000.0)) == [PauseOutput(1, 1)]
-    assert drive(core, LikelyFinalDecoding(segment)) == [AskDetector(1, segment)]
+    assert drive(core, LikelyFinalDecoding(segment)) == [AskDetector(1, segment), AwaitVerdict(1, 2)]
     assert drive(core, PartialTranscript("Stop", likely_final=True, t_ns=10)) == [
         CancelAnswer(1, 1, "barge_in", clear=True, ends_turn=True), StartAnswer(2, 2, "Stop", held=True)]
     drive(core, UserSpeechEnded(9500.0, t_ns=20, detected_ns=30))
     assert drive(core, FinalTranscript("Stop", t_ns=40, segment=segment.copy())) == [
-        MarkTurn(2, {"speech_end": 20, "asr_final": 10}, 30), AwaitVerdict(1, 2)]
+        MarkTurn(2, {"speech_end": 20, "asr_final": 10}, 30)]
 
 
 def test_a_turn_is_timed_by_its_last_segment_and_the_transcript_its_answer_started_from() -> None:

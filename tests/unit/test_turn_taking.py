@@ -13,6 +13,8 @@ from voice.turn.machine import (
     ClockTick,
     EndSegment,
     FinishTurn,
+    LikelyVerdict,
+    LmTurnVerdict,
     PauseOutput,
     ReleaseAnswer,
     ResumeOutput,
@@ -312,6 +314,65 @@ def test_a_voice_coming_back_inside_the_segment_drops_the_likely_answer():
     assert start == [StartAnswer(2, 1, "I was wondering what the weather will be", held=True)]
     assert drive(machine, UserSpeechEnded(2000), UserFinal("I was wondering what the weather will be")) == []
     assert machine.state is State.USER_PAUSED
+
+
+def test_a_likely_final_both_signals_call_complete_is_released_before_its_segment_ends():
+    machine = TurnTaking()
+    # as they come: the detector's verdict on the likely final's audio, its transcript, the LM's verdict
+    drive(machine, UserSpeechStarted(0), LikelyVerdict(0.9), UserLikelyFinal("What time is it?"))
+    assert drive(machine, LmTurnVerdict(1, 0.9), Silence(150)) == []  # the rule's short wait is 200 ms
+    assert drive(machine, Silence(200)) == [ReleaseAnswer(1)]
+    assert machine.state is State.ANSWERING and machine.released_early
+    drive(machine, AnswerAudio(1))
+    # the segment's end only completes the turn's record
+    assert drive(machine, UserSpeechEnded(1000), UserFinal("What time is it?")) == []
+    assert machine.state is State.SPEAKING and not machine.released_early
+    assert drive(machine, AnswerFinished(1)) == [FinishTurn(1, 1, speculations=1, dropped=0)]
+
+
+@pytest.mark.parametrize("verdicts", [
+    [LikelyVerdict(0.9)],  # no LM verdict yet
+    [LmTurnVerdict(1, 0.9)],  # no detector verdict yet
+    [LikelyVerdict(0.1), LmTurnVerdict(1, 0.01)],  # the rule calls it unfinished
+    [LikelyVerdict(0.9), LikelyVerdict(None), LmTurnVerdict(1, 0.9)],  # a new likely final is being judged
+])
+def test_a_likely_final_waits_for_its_segments_end_unless_both_signals_call_it_complete(verdicts: list) -> None:
+    machine = TurnTaking()
+    drive(machine, UserSpeechStarted(0), UserLikelyFinal("Turn on the lights."))
+    assert drive(machine, *verdicts, Silence(300)) == []
+    assert machine.state is State.USER_SPEAKING
+
+
+def test_no_release_before_the_segment_ends_where_the_config_says_so_or_on_audio_the_voice_went_on_from():
+    off = TurnTaking(TurnTakingConfig(release_on_likely_final=False))  # half duplex's config (session_core.py)
+    drive(off, UserSpeechStarted(0), UserLikelyFinal("What time is it?"), LikelyVerdict(0.9), LmTurnVerdict(1, 0.9))
+    assert drive(off, Silence(300)) == []
+    resumed = TurnTaking()
+    drive(resumed, UserSpeechStarted(0), UserLikelyFinal("What time"), LikelyVerdict(0.9), UserResumed())
+    drive(resumed, UserLikelyFinal("What time is it?"), LmTurnVerdict(2, 0.9))
+    assert drive(resumed, Silence(300)) == []
+
+
+def test_a_voice_coming_back_after_an_early_release_continues_the_turn_and_clears_what_was_heard():
+    machine = TurnTaking()
+    drive(machine, UserSpeechStarted(0), UserLikelyFinal("Call my sister."), LikelyVerdict(0.9), LmTurnVerdict(1, 0.9))
+    drive(machine, Silence(200), AnswerAudio(1))
+    assert machine.state is State.SPEAKING
+    assert drive(machine, UserResumed()) == [
+        CancelAnswer(1, 1, "user_continued", clear=True, ends_turn=False, speculations=1, dropped=1, continues_as=2)]
+    assert machine.state is State.USER_SPEAKING and not machine.released_early
+    # the segment goes on, and its next likely final answers all of it
+    assert drive(machine, UserLikelyFinal("Call my sister and tell her I'm late.")) == [
+        StartAnswer(2, 2, "Call my sister and tell her I'm late.", held=True)]
+
+
+def test_speech_soon_after_an_early_released_segment_ends_continues_its_turn():
+    machine = TurnTaking(TurnTakingConfig(continuation_ms=1200))
+    drive(machine, UserSpeechStarted(0), UserLikelyFinal("Call my sister."), LikelyVerdict(0.9), LmTurnVerdict(1, 0.9))
+    drive(machine, Silence(200), AnswerAudio(1), UserSpeechEnded(1000), UserFinal("Call my sister."))
+    assert drive(machine, UserSpeechStarted(1500), UserWords()) == [
+        PauseOutput(1, 1),
+        CancelAnswer(1, 1, "user_continued", clear=True, ends_turn=False, speculations=1, dropped=1, continues_as=2)]
 
 
 def test_a_final_that_differs_from_the_likely_one_replaces_its_answer():

@@ -98,8 +98,9 @@ class ListenStage:
         self._likely_voiced_end: int | None = None  # the voiced end a likely final went out for, until speech resumes
         self._segment_audio: list[np.ndarray] = []  # the padded audio of the current segment, as fed to Whisper
         self.last_segment_audio = np.zeros(0, dtype=np.float32)  # ... of the segment that ended last (turn detector)
-        # called with the segment's padded audio when its likely final decode starts (the session's turn detector)
-        self.on_likely_final: Callable[[np.ndarray], None] | None = None
+        # called with the segment's padded audio and when its last voiced sample arrived, as its likely final decode
+        # starts (the session's turn detector, and the turn's timing if its answer goes out before the segment ends)
+        self.on_likely_final: Callable[[np.ndarray, int], None] | None = None
 
     def retune(self, config: ListenConfig) -> None:
         """Listen by `config`'s endpointer and lead-in from the next window on (a client's tuning of its session:
@@ -133,10 +134,13 @@ class ListenStage:
 
     @property
     def silence_ms(self) -> float:
-        """Milliseconds of audio since the last voiced sample, on the stream's own clock (0 while speech goes on)."""
-        if self._endpointer.speaking:
-            return 0.0
-        return max(0, self._received - self._endpointer.last_voiced_end) * 1000 / TARGET_RATE
+        """Milliseconds of audio since the last voiced sample, on the stream's own clock: 0 while the newest VAD window
+        is voiced, then growing, inside the open segment (whose end the endpointer decides at `min_silence_ms`) as
+        after it."""
+        ep = self._endpointer
+        if ep.speaking:
+            return (ep.position - ep.last_voiced_end) * 1000 / TARGET_RATE
+        return max(0, self._received - ep.last_voiced_end) * 1000 / TARGET_RATE
 
     async def flush(self) -> None:
         """End of stream: close a segment still open (no trailing silence needed) and wait for its final transcript."""
@@ -274,7 +278,7 @@ class ListenStage:
             voiced_end = ep.last_voiced_end
             likely_final = self._fed_to >= self._padded_end(voiced_end)
             if likely_final and self.on_likely_final is not None and self._in_segment:
-                self.on_likely_final(np.concatenate(self._segment_audio))
+                self.on_likely_final(np.concatenate(self._segment_audio), self._arrival_of(max(voiced_end - 1, 0)))
             partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)
             current = partial is not None and self._in_segment and segment == self.segment
             # a likely final counts only if no speech came while it was decoded (else the next decode follows)

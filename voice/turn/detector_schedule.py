@@ -7,13 +7,15 @@ segment's likely final decode (64 ms of silence after the speech), on the audio 
 stays silent, in the slack before the segment ends instead of beside the answer's first LM passes. When the segment
 then ends (the final transcript, the turn paused), that *early verdict* is the turn's verdict if it was judged for
 the same turn on the very same audio; otherwise (the segment grew after it) it is dropped and the detector is asked
-again. Speech resuming makes every verdict of the pause moot. What the detector hears is the turn's audio so far:
-the segments of the turn already judged and this one, the last `max_seconds`.
+again. The early verdict is also handed over as soon as it comes (`DeliverVerdict(likely_final=True)`): with the
+LM's it may release the answer before the segment ends (voice/turn/machine.py). Speech resuming makes every verdict
+of the pause moot. What the detector hears is the turn's audio so far: the segments of the turn already judged and
+this one, the last `max_seconds`.
 
 The session core (voice/turn/session_core.py) says when the events happen and hands each `DeliverVerdict` to the
-machine as its `TurnVerdict`; the session shell executes the rest (voice/turn/detector_runs.py): `AskDetector` runs
-the detector in a thread, `AwaitVerdict` waits for that request's probability and hands it back as
-`DetectorAnswered`, `DropVerdict` cancels a request.
+machine as its `TurnVerdict` (or `LikelyVerdict`); the session shell executes the rest
+(voice/turn/detector_runs.py): `AskDetector` runs the detector in a thread, `AwaitVerdict` waits for that request's
+probability and hands it back as `DetectorAnswered`, `DropVerdict` cancels a request.
 """
 
 from __future__ import annotations
@@ -91,9 +93,11 @@ class DropVerdict:
 
 @dataclass(frozen=True, slots=True)
 class DeliverVerdict:
-    """Hand the machine this `TurnVerdict`."""
+    """Hand the machine this `TurnVerdict`; `likely_final`: judged on the likely final's audio while the segment is
+    still open (the machine's `LikelyVerdict`), not on a pause."""
 
     verdict: TurnVerdict
+    likely_final: bool = False
 
 
 DetectorAction = AskDetector | AwaitVerdict | DropVerdict | DeliverVerdict
@@ -104,6 +108,7 @@ class _Early:
     request: int
     turn: int
     audio: np.ndarray
+    probability: float | None = None  # once it answered
 
 
 class DetectorSchedule:
@@ -127,10 +132,15 @@ class DetectorSchedule:
             case UserSpoke() | ScheduleClosed():
                 return self._drop_all()
             case DetectorAnswered(request=request, probability=probability):
-                if request not in self._judging:
-                    return []  # dropped while it ran
-                self._judging.discard(request)
-                return [DeliverVerdict(TurnVerdict(probability > self.threshold, probability))]
+                verdict = TurnVerdict(probability > self.threshold, probability)
+                actions: list[DetectorAction] = []
+                if self._early is not None and self._early.request == request:
+                    self._early.probability = probability
+                    actions.append(DeliverVerdict(verdict, likely_final=True))
+                if request in self._judging:  # else dropped while it ran, or early and no pause needs it yet
+                    self._judging.discard(request)
+                    actions.append(DeliverVerdict(verdict))
+                return actions
         raise TypeError(f"not a detector event: {event!r}")
 
     def window(self, turn: int, segment: np.ndarray) -> np.ndarray:
@@ -144,22 +154,22 @@ class DetectorSchedule:
         audio = self.window(turn, segment)
         request = self._new_request()
         self._early = _Early(request, turn, audio)
-        return [*actions, AskDetector(request, audio)]
+        return [*actions, AskDetector(request, audio), AwaitVerdict(request, turn)]
 
     def _paused(self, turn: int, segment: np.ndarray) -> list[DetectorAction]:
         audio = self.window(turn, segment)
         self._turn_audio, self._audio_turn = [audio], turn
         early = self._early
         if early is not None and early.turn == turn and np.array_equal(early.audio, audio):
-            self._early = None  # judged at the likely final, on this very audio
-            actions: list[DetectorAction] = []
-            request = early.request
-        else:
-            actions = self._drop_early()
-            request = self._new_request()
-            actions.append(AskDetector(request, audio))
+            self._early = None  # judged at the likely final, on this very audio, and awaited since
+            if early.probability is not None:
+                return [DeliverVerdict(TurnVerdict(early.probability > self.threshold, early.probability))]
+            self._judging.add(early.request)
+            return []
+        actions = self._drop_early()
+        request = self._new_request()
         self._judging.add(request)
-        return [*actions, AwaitVerdict(request, turn)]
+        return [*actions, AskDetector(request, audio), AwaitVerdict(request, turn)]
 
     def _drop_early(self) -> list[DetectorAction]:
         if self._early is None:

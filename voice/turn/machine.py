@@ -15,6 +15,15 @@ Smart Turn's verdict shortening or lengthening it), or by the caller saying the 
 end, push-to-talk); then the held audio is released at once (`ReleaseAnswer`). If the user speaks again first, the held
 answer is dropped and counted (`CancelAnswer(ends_turn=False)`), and the next segment continues the same turn.
 
+Released on the likely final. When both signals on the likely final's words are in (the detector's verdict on the very
+audio the segment will end with, and the LM's from the answer's first pass) and the rule calls the turn complete, the
+held answer is released once the silence reaches the rule's short wait (`complete_silence_ms`, 200 ms), without
+waiting for the segment's end (320 ms of silence, the endpointer's): its audio, often ready before then, goes out
+sooner. The segment's final comes later and only completes the turn's record. A voice that comes back inside the
+segment after that (`UserResumed`) is the turn going on: the answer is cancelled and its audio cleared, as for speech
+that resumes within `continuation_ms` of an answer that already spoke (`release_on_likely_final=False`: released at
+the segment's end only, as half duplex must: it stops hearing the microphone once the answer plays).
+
 Turn continuation. Speech that resumes within `continuation_ms` of the user's last voiced sample, before or while the
 answer starts, continues the same user turn: the answer is cancelled (and the output cleared) without ending the turn,
 the segments' transcripts are joined, and the turn gets one answer. Later speech starts a new turn, and an answer that
@@ -57,6 +66,10 @@ class State(enum.Enum):
     SPEAKING = "speaking"  # the answer's audio has started
     # speaking, and user sound was heard: the audio is paused until the sound proves to be words (barge-in) or not
     BARGE_IN_PENDING = "barge_in_pending"
+
+
+# The states in which the answer's audio is playing (or paused for a sound that may prove to be words)
+PLAYING_STATES = (State.SPEAKING, State.BARGE_IN_PENDING)
 
 
 # --- events (into the machine) ---------------------------------------------------------------------------------------
@@ -110,6 +123,15 @@ class Silence:
     it after every chunk of audio; it counts only in a pause."""
 
     ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class LikelyVerdict:
+    """The turn detector's probability that the turn is complete, judged on the audio the open segment will end with
+    if the user stays silent (asked as its likely final is decoded); None: a new likely final is being judged, forget
+    the last one."""
+
+    probability: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +202,8 @@ class AnswerFinished:
 
 
 TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserLikelyFinal | UserResumed | UserFinal | Silence
-             | TurnVerdict | LmTurnVerdict | UserDone | ClockTick | TypedText | ClientInterrupt | AnswerAudio
-             | AnswerFinished | AssistantAnnounces)
+             | LikelyVerdict | TurnVerdict | LmTurnVerdict | UserDone | ClockTick | TypedText | ClientInterrupt
+             | AnswerAudio | AnswerFinished | AssistantAnnounces)
 
 
 # --- actions (out of the machine) ------------------------------------------------------------------------------------
@@ -292,6 +314,8 @@ class TurnTakingConfig:
     resume_after_ms: float = 600.0  # a sound paused the answer: play on after this long if no word came
     explicit_end: bool = False
     early_answer: bool = True
+    # release the likely final's answer before the segment ends when the rule calls it complete (module docstring)
+    release_on_likely_final: bool = True
     # How the detector's and the LM's probabilities combine (fitted: voice/end_of_turn.py); its waits are the ones above
     end_of_turn: EndOfTurnRule = field(default_factory=EndOfTurnRule)
 
@@ -328,6 +352,8 @@ class _UserTurn:
     verdict: bool | None = None
     verdict_probability: float | None = None  # the detector's probability behind `verdict`, when it gave one
     silence_ms: float = 0.0  # on the audio clock, up to the last chunk that arrived
+    likely_verdict: float | None = None  # the detector's probability on the likely final's audio (`LikelyVerdict`)
+    released_early: bool = False  # its answer was released on the likely final: the open segment is the answered one
     stalled_ms: float = 0.0  # wall time since then, once the audio has stalled (0 while it flows)
 
     @property
@@ -365,6 +391,11 @@ class TurnTaking:
         return self._user.turn if self._user is not None else self.turn_no
 
     @property
+    def released_early(self) -> bool:
+        """Whether the answer to the open segment's likely final was released before the segment ended."""
+        return self._user is not None and self._user.released_early
+
+    @property
     def answer_id(self) -> int | None:
         return self._answer.answer_id if self._answer is not None else None
 
@@ -382,7 +413,7 @@ class TurnTaking:
             case UserSpeechStarted():
                 return self._speech_started(event)
             case UserSpeechEnded(at_ms=at_ms):
-                if self.state is State.USER_SPEAKING and self._user is not None:
+                if self._user is not None and (self.state is State.USER_SPEAKING or self._user.released_early):
                     self._user.last_voiced_ms = at_ms
                 return []  # a contested segment's end counts only if it proves to be words (see _confirm_barge_in)
             case UserWords():
@@ -392,8 +423,12 @@ class TurnTaking:
             case UserLikelyFinal(text=text):
                 return self._likely_final(text.strip())
             case UserResumed():
+                if self._user is not None:
+                    self._user.likely_verdict = None  # on audio the voice has since gone on from
                 if self.state is State.USER_SPEAKING and self._answer is not None:
                     return self._cancel("user_continued", ends_turn=False)  # the answer to the likely final
+                if self._user is not None and self._user.released_early:  # ... released: the turn goes on
+                    return self._resumed_after_release()
                 return []
             case UserFinal(text=text):
                 return self._final(text.strip())
@@ -402,11 +437,19 @@ class TurnTaking:
                     self._user.silence_ms = ms
                     self._user.stalled_ms = 0.0
                     return self._maybe_confirm()
+                if self.state is State.USER_SPEAKING and self._user is not None:
+                    self._user.silence_ms = ms
+                    return self._maybe_release_early()
                 return []
             case TurnVerdict(complete=complete, probability=probability):
                 if self.state is State.USER_PAUSED and self._user is not None:
                     self._user.verdict, self._user.verdict_probability = complete, probability
                     return self._maybe_confirm()
+                return []
+            case LikelyVerdict(probability=probability):
+                if self.state is State.USER_SPEAKING and self._user is not None:
+                    self._user.likely_verdict = probability
+                    return self._maybe_release_early()
                 return []
             case LmTurnVerdict(answer_id=answer_id, probability=probability):
                 if self._is_current(answer_id):
@@ -414,6 +457,8 @@ class TurnTaking:
                     self._answer.end_of_turn = probability
                     if self.state is State.USER_PAUSED:
                         return self._maybe_confirm()
+                    if self.state is State.USER_SPEAKING:
+                        return self._maybe_release_early()
                 return []
             case UserDone():
                 return self._user_done()
@@ -490,6 +535,11 @@ class TurnTaking:
                 return self._resume()
             actions = self._confirm_barge_in()
             return actions + self._final(text)
+        if self._user is not None and self._user.released_early:  # the answered segment's end: the record only
+            self._user.released_early = False
+            if text:
+                self._user.segments.append(text)
+            return []
         if self.state is not State.USER_SPEAKING or self._user is None:
             return []  # a segment abandoned by a typed turn or an interrupt
         user = self._user
@@ -523,6 +573,36 @@ class TurnTaking:
             return []
         needed = self._end_of_turn.wait_ms(self._signals(user))
         return self._confirm() if user.silence_ms + user.stalled_ms >= needed else []
+
+    def _maybe_release_early(self) -> list[TurnAction]:
+        """Release the likely final's held answer before the segment ends: both signals on its words are in, the rule
+        calls the turn complete, and the silence has reached the rule's wait for that (module docstring)."""
+        user, answer = self._user, self._answer
+        config = self.config
+        if (self.state is not State.USER_SPEAKING or user is None or answer is None or not answer.held or user.done
+                or config.explicit_end or not config.release_on_likely_final
+                or user.likely_verdict is None or answer.end_of_turn is None):
+            return []
+        signals = Signals(user.likely_verdict, answer.end_of_turn, asks_a_question(answer.text),
+                          trails_off(answer.text))
+        if not self._end_of_turn.complete(signals) or user.silence_ms < self._end_of_turn.wait_ms(signals):
+            return []
+        user.released_early = True
+        self.state = State.ANSWERING
+        answer.held = False
+        return [ReleaseAnswer(answer.answer_id)]
+
+    def _resumed_after_release(self) -> list[TurnAction]:
+        """The voice came back inside the segment whose likely final's answer was released: the turn goes on, and
+        the answer (its audio cleared, if any went out) is dropped."""
+        user = self._user
+        assert user is not None
+        user.released_early = False
+        if self._answer is None:
+            return []
+        actions = self._cancel("user_continued", ends_turn=False, clear=self.state in PLAYING_STATES)
+        self.state = State.USER_SPEAKING
+        return actions
 
     def _signals(self, user: _UserTurn) -> Signals:
         """What the end-of-turn rule judges the paused turn by: the detector's verdict (a bare one as a sure one),

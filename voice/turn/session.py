@@ -356,10 +356,10 @@ class Session:
                 self._emit(replace(event, turn=core.user_turn))
                 await self._execute(actions)
 
-    def _on_likely_final(self, segment: np.ndarray) -> None:
+    def _on_likely_final(self, segment: np.ndarray, speech_end_ns: int | None = None) -> None:
         """The listener starts the segment's likely final decode; `segment` is the segment's audio if the user stays
         silent: the turn detector may judge it now (the core says whether)."""
-        self._execute_now(self.core.handle(LikelyFinalDecoding(segment)))
+        self._execute_now(self.core.handle(LikelyFinalDecoding(segment, speech_end_ns)))
 
     async def _end_segment(self) -> None:
         """The client stopped sending audio mid-speech: close the open segment as the end of a stream would, and

@@ -23,7 +23,7 @@ silence after every chunk of audio and never asks the state first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -41,11 +41,13 @@ from voice.turn.detector_schedule import (
     UserSpoke,
 )
 from voice.turn.machine import (
+    PLAYING_STATES,
     AnswerAudio,
     AnswerFinished,
     AssistantAnnounces,
     ClientInterrupt,
     ClockTick,
+    LikelyVerdict,
     LmTurnVerdict,
     Silence,
     StartAnswer,
@@ -63,9 +65,6 @@ from voice.turn.machine import (
     UserSpeechStarted,
     UserWords,
 )
-
-# The states in which the answer's audio is playing (or paused for a sound that may prove to be words)
-PLAYING_STATES = (State.SPEAKING, State.BARGE_IN_PENDING)
 
 
 # --- events (into the core; the machine's own UserSpeechStarted, UserResumed, Silence, UserDone, ClockTick,
@@ -92,9 +91,11 @@ class FinalTranscript:
 
 @dataclass(frozen=True, slots=True)
 class LikelyFinalDecoding:
-    """The listener starts the open segment's likely final decode; `segment` is its audio if the user stays silent."""
+    """The listener starts the open segment's likely final decode; `segment` is its audio if the user stays silent,
+    `speech_end_ns` when its last voiced sample arrived."""
 
     segment: np.ndarray = field(compare=False)
+    speech_end_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +141,15 @@ class SessionCore:
 
     def __init__(self, config: TurnTakingConfig | None = None, detector: DetectorSchedule | None = None,
                  full_duplex: bool = True) -> None:
+        config = config or TurnTakingConfig()
+        if not full_duplex:  # the microphone goes deaf while the answer plays: the segment's end must come first
+            config = replace(config, release_on_likely_final=False)
         self.machine = TurnTaking(config)
         self.full_duplex = full_duplex
         self._detector = detector  # None: no turn detector, the silence rule alone ends a pause
         self._segment_end: tuple[int, int] | None = None  # (last voiced sample, decided) of the latest segment
         self._likely_final_ns: int | None = None  # when the likely final the current answer started from came
+        self._likely_speech_end_ns: int | None = None  # when the last voiced sample of that likely final's audio came
 
     @property
     def state(self) -> State:
@@ -172,6 +177,21 @@ class SessionCore:
 
     def handle(self, event: SessionEvent) -> list[SessionAction]:
         """Apply one event; return what the shell must do, in order."""
+        released = self.machine.released_early
+        actions = self._handle(event)
+        if not released and self.machine.released_early:  # the answer goes out before its segment's end
+            actions = [*self._likely_final_marks(), *actions]
+        return actions
+
+    def _likely_final_marks(self) -> list[SessionAction]:
+        """The turn's timing when its answer is released on the likely final: its audio may even have played out
+        before the segment's end (whose `MarkTurn` then adds the endpoint's moment)."""
+        if self._likely_speech_end_ns is None or self._likely_final_ns is None:
+            return []
+        marks = {"speech_end": self._likely_speech_end_ns, "asr_final": self._likely_final_ns}
+        return [MarkTurn(self.machine.user_turn, marks)]
+
+    def _handle(self, event: SessionEvent) -> list[SessionAction]:
         machine = self.machine
         match event:
             case UserSpeechStarted():
@@ -186,8 +206,10 @@ class SessionCore:
                 return self._partial(event)
             case FinalTranscript():
                 return self._final(event)
-            case LikelyFinalDecoding(segment=segment):
-                return self._schedule(LikelyFinalHeard(machine.user_turn, segment))
+            case LikelyFinalDecoding(segment=segment, speech_end_ns=speech_end_ns):
+                self._likely_speech_end_ns = speech_end_ns
+                forget = machine.handle(LikelyVerdict(None))  # the last likely final's verdict judged other audio
+                return [*forget, *self._schedule(LikelyFinalHeard(machine.user_turn, segment))]
             case DetectorAnswered():
                 return self._schedule(event)
             case SessionClosed():
@@ -211,18 +233,20 @@ class SessionCore:
 
     def _final(self, event: FinalTranscript) -> list[SessionAction]:
         machine = self.machine
+        released = machine.released_early  # the segment whose likely final's answer already went out
         actions: list[SessionAction] = list(machine.handle(UserFinal(event.text)))
         kept = None if _starts_answer(actions) else self._likely_final_ns  # else the final replaced that answer
         self._likely_final_ns = None
         segment_end, self._segment_end = self._segment_end, None
         turn = machine.user_turn
-        if machine.state in (State.USER_PAUSED, State.ANSWERING) and segment_end is not None:
+        if (released or machine.state in (State.USER_PAUSED, State.ANSWERING)) and segment_end is not None:
             # the turn's timing is its last segment's: voice-to-voice counts from the last word said; its transcript
             # is the one its answer started from (the likely final, when the answer kept it)
             speech_end, detected = segment_end
             marks = {"speech_end": speech_end, "asr_final": kept if kept is not None else event.t_ns}
             actions.insert(0, MarkTurn(turn, marks, detected))
-        if machine.state is State.USER_PAUSED:  # the pause needs a verdict (no detector: the silence rule alone)
+        if released or machine.state is State.USER_PAUSED:  # the pause needs a verdict (no detector: the silence
+            # rule alone); after a release the detector only keeps the segment's audio as the turn's
             actions.extend(self._schedule(TurnPaused(turn, event.segment)))
         return actions
 
@@ -232,7 +256,9 @@ class SessionCore:
             return []
         actions: list[SessionAction] = []
         for action in self._detector.handle(event):
-            if isinstance(action, DeliverVerdict):
+            if isinstance(action, DeliverVerdict) and action.likely_final:
+                actions.extend(self.machine.handle(LikelyVerdict(action.verdict.probability)))
+            elif isinstance(action, DeliverVerdict):
                 actions.extend(self.machine.handle(action.verdict))
             else:
                 actions.append(action)

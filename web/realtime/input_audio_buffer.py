@@ -61,7 +61,7 @@ class InputAudioBuffer(TranslatorState):
             added = self._added_user_item(item, [{"type": "input_audio", "transcript": None}])
             actions += [Send(self._event("input_audio_buffer.committed", item_id=item.id,
                                          previous_item_id=added.event["previous_item_id"])), added]
-        return actions
+        return [*actions, *self._committed_answer(turn)]
 
     def _transcript(self, event: ev.Transcript) -> list[Action]:
         item = self._items.get(event.turn)

@@ -68,6 +68,7 @@ class Responses(ResponseOutput):
         for old in [r for r in self._responses.values() if r.held]:
             del self._responses[old.turn]  # an answer nobody asked for, to words the user has since followed
         response = ResponseState(self._new_id("resp"), self._new_id("item"), turn, held)
+        response.before_commit = user is not None and not user.committed and self.settings.turn_detection is not None
         response.own_instructions, self._own_instructions = self._own_instructions, False
         self._responses[turn] = response
         return self._out(response, [
@@ -76,11 +77,13 @@ class Responses(ResponseOutput):
 
     def _release(self, response: ResponseState) -> list[Action]:
         response.held = False
+        if response.before_commit:
+            return []  # its user item's commit sends them (`_committed_answer`)
         events, response.held_events = response.held_events, []
         return [Send(event) for event in events]
 
     def _out(self, response: ResponseState, events: list[dict[str, Any]]) -> list[Action]:
-        if response.held:
+        if response.held or response.before_commit:
             response.held_events.extend(events)
             return []
         return [Send(event) for event in events]

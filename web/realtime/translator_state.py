@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voice.turn.tuning import TurnTuning
-from web.realtime.actions import Send
+from web.realtime.actions import Action, Send
 from web.realtime.audio import OutputEncoder
 from web.realtime.client_events import SessionSettings
 from web.realtime.turn_detection import SERVER_TUNING
@@ -40,6 +40,9 @@ class ResponseState:
     turn: int
     held: bool
     held_events: list[dict[str, Any]] = field(default_factory=list)
+    # Its spoken user item is not committed yet (the session may release an answer before the segment's end): its
+    # events wait in `held_events` for that item's speech_stopped and committed, which the protocol sends first
+    before_commit: bool = False
     encoder: OutputEncoder | None = None
     audio_samples: int = 0  # sent, at the client's output rate
     transcript: str = ""
@@ -100,6 +103,18 @@ class TranslatorState:
             for old in [t for t in self._items if t < turn - 8]:  # a long session keeps only recent turns
                 del self._items[old]
         return item
+
+    def _committed_answer(self, turn: int) -> list[Action]:
+        """The spoken user item of `turn` is committed: what its response held back for that goes out now, unless a
+        `response.create` must still ask for it."""
+        response = self._responses.get(turn)
+        if response is None or not response.before_commit:
+            return []
+        response.before_commit = False
+        if response.held:
+            return []
+        events, response.held_events = response.held_events, []
+        return [Send(event) for event in events]
 
     def _added_user_item(self, item: UserItem, content: list[dict[str, Any]]) -> Send:
         previous, self._last_item_id = self._last_item_id, item.id
