@@ -132,7 +132,7 @@ class DetectorSchedule:
             case UserSpoke() | ScheduleClosed():
                 return self._drop_all()
             case DetectorAnswered(request=request, probability=probability):
-                verdict = TurnVerdict(probability > self.threshold, probability)
+                verdict = self._verdict(probability)
                 actions: list[DetectorAction] = []
                 if self._early is not None and self._early.request == request:
                     self._early.probability = probability
@@ -142,6 +142,9 @@ class DetectorSchedule:
                     actions.append(DeliverVerdict(verdict))
                 return actions
         raise TypeError(f"not a detector event: {event!r}")
+
+    def _verdict(self, probability: float) -> TurnVerdict:
+        return TurnVerdict(probability > self.threshold, probability)
 
     def window(self, turn: int, segment: np.ndarray) -> np.ndarray:
         """What the detector hears for `turn` ending with `segment`: the turn's audio judged before and this
@@ -163,7 +166,7 @@ class DetectorSchedule:
         if early is not None and early.turn == turn and np.array_equal(early.audio, audio):
             self._early = None  # judged at the likely final, on this very audio, and awaited since
             if early.probability is not None:
-                return [DeliverVerdict(TurnVerdict(early.probability > self.threshold, early.probability))]
+                return [DeliverVerdict(self._verdict(early.probability))]
             self._judging.add(early.request)
             return []
         actions = self._drop_early()

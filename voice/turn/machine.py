@@ -588,9 +588,7 @@ class TurnTaking:
         if not self._end_of_turn.complete(signals) or user.silence_ms < self._end_of_turn.wait_ms(signals):
             return []
         user.released_early = True
-        self.state = State.ANSWERING
-        answer.held = False
-        return [ReleaseAnswer(answer.answer_id)]
+        return self._confirm()
 
     def _resumed_after_release(self) -> list[TurnAction]:
         """The voice came back inside the segment whose likely final's answer was released: the turn goes on, and

@@ -79,8 +79,7 @@ class Responses(ResponseOutput):
         response.held = False
         if response.before_commit:
             return []  # its user item's commit sends them (`_committed_answer`)
-        events, response.held_events = response.held_events, []
-        return [Send(event) for event in events]
+        return self._send_held(response)
 
     def _out(self, response: ResponseState, events: list[dict[str, Any]]) -> list[Action]:
         if response.held or response.before_commit:

@@ -111,8 +111,10 @@ class TranslatorState:
         if response is None or not response.before_commit:
             return []
         response.before_commit = False
-        if response.held:
-            return []
+        return [] if response.held else self._send_held(response)
+
+    def _send_held(self, response: ResponseState) -> list[Action]:
+        """What `response` held back, in order, now sent."""
         events, response.held_events = response.held_events, []
         return [Send(event) for event in events]
 
