@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.runtime import quant_kernels, row_exact
-from model.runtime.batching import PassRows
+from model.runtime.batching import LayerBuffers, PassRows
 from model.runtime.int4_weights import Int4Layer, Int4Weights
 from model.runtime.noisy_rows import Suffix, noisy_suffix
 from model.runtime.packed import Head, PackedLinear
@@ -232,6 +232,7 @@ class FastPass:
         self.packed_only = model.int4 is not None and self.layers[0].qkv.numel() == 0
         self._held: list[torch.Tensor] = []  # what the native layers point into
         self.native = self._native_layers() if self._can_go_native() else None
+        self._arrays: tuple[LayerBuffers, tuple[ctypes.Array, ctypes.Array, ctypes.Array]] | None = None
 
     def _can_go_native(self) -> bool:
         """Whether decode_layer.c takes this model: the shapes it is written for, and int4 weights that match them."""
@@ -270,7 +271,16 @@ class FastPass:
         another arithmetic: a prompt cached in part then gave other answers than the same prompt encoded whole."""
         return self.model.int4 is not None
 
-    def _native_layers(self) -> list[quant_kernels.Layer]:
+    def _cache_arrays(self, buffers: LayerBuffers) -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
+        """`buffers` as the kernel's arrays, made again only when the cache's buffers change."""
+        if self._arrays is None or self._arrays[0] is not buffers:
+            layers = len(buffers.keys)
+            self._arrays = (buffers, ((ctypes.c_void_p * layers)(*buffers.keys),
+                                      (ctypes.c_void_p * layers)(*buffers.values),
+                                      (ctypes.c_int64 * layers)(*buffers.capacity)))
+        return self._arrays[1]
+
+    def _native_layers(self) -> ctypes.Array:
         """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it (`_can_go_native` checked)."""
         config = self.model.base.config
         layers = []
@@ -286,7 +296,7 @@ class FastPass:
                 *(None if t is None else t.data_ptr() for t in extras),
                 *(_native_linear(linear, lora, self._held) for linear, lora in _native_linears(layer, layer.int4)),
             ))
-        return layers
+        return (quant_kernels.Layer * len(layers))(*layers)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -421,20 +431,17 @@ class FastPass:
         slots, writes = rows.slots.contiguous(), rows.writes.contiguous()
         key_len = bias.shape[-1]
         like = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=torch.bfloat16)
-        threads = torch.get_num_threads()
-        for index, layer in enumerate(self.native):
-            keys, values = cache.buffers(index, key_len, like)
-            if keys.dtype != torch.bfloat16 or not keys.is_contiguous() or not values.is_contiguous():
-                raise ValueError("the decode kernel needs a contiguous bf16 cache")
-            status = lib.decode_layer(
-                ctypes.byref(layer), h.data_ptr(), r, rows.start, rows.coarse, cos.data_ptr(), sin.data_ptr(),
-                keys.data_ptr(), values.data_ptr(), keys.shape[2], slots.data_ptr(), writes.data_ptr(), key_len,
-                bias.data_ptr(), threads,
-            )
-            if status == 1:
-                raise MemoryError(f"decode_layer could not allocate its buffers (layer {index})")
-            if status:
-                raise ValueError(f"decode_layer refused layer {index}'s shapes ({status})")
+        buffers = self._cache_arrays(cache.layer_buffers(len(self.native), key_len, like))
+        failed = ctypes.c_int64(-1)
+        status = lib.decode_layers(
+            self.native, len(self.native), h.data_ptr(), r, rows.start, rows.coarse, cos.data_ptr(), sin.data_ptr(),
+            *buffers, slots.data_ptr(), writes.data_ptr(), key_len, bias.data_ptr(), torch.get_num_threads(),
+            ctypes.byref(failed),
+        )
+        if status == 1:
+            raise MemoryError(f"decode_layer could not allocate its buffers (layer {failed.value})")
+        if status:
+            raise ValueError(f"decode_layer refused layer {failed.value}'s shapes ({status})")
         if keep is not None:
             h, coarse = h[keep], None
         else:

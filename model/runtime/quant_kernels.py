@@ -149,7 +149,11 @@ def build(target: str) -> ctypes.CDLL:
     lib.decode_layer.argtypes = [
         ctypes.POINTER(Layer), _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, ctypes.c_int,
     ]
-    for function in (lib.weight_matmul, lib.decode_layer):
+    lib.decode_layers.argtypes = [
+        ctypes.POINTER(Layer), _I64, _P, _I64, _I64, _I64, _P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P),
+        ctypes.POINTER(_I64), _P, _P, _I64, _P, ctypes.c_int, ctypes.POINTER(_I64),
+    ]
+    for function in (lib.weight_matmul, lib.decode_layer, lib.decode_layers):
         function.restype = ctypes.c_int
     return lib
 

@@ -23,7 +23,18 @@ from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
 from model.runtime.batch_runner import FOLD_LIMIT, BatchRunner, Run, admission
-from model.runtime.batching import GROWTH, KEEP_AFTER_ANSWER, Feed, SlotCache, batched_pass, keep, prefill
+from model.runtime.batching import (
+    GROWTH,
+    KEEP_AFTER_ANSWER,
+    Feed,
+    PassRows,
+    SlotCache,
+    additive_mask,
+    batched_pass,
+    keep,
+    pass_layout,
+    prefill,
+)
 from tests.unit.drive import reference_logits as cache_free_logits
 from tests.unit.drive import sequence
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
@@ -47,6 +58,66 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
 def reference_logits(model: BlockDiffusionLM, context: list[int], feed: Feed) -> torch.Tensor:
     """Logits of `feed`'s rows after `context` from one cache-free forward over the whole sequence."""
     return cache_free_logits(model, context + list(feed.clean), feed.noisy)[len(context) :].float()
+
+
+def rows_from_layout(slots: list[int], lengths: list[int], feeds: list[Feed], key_multiple: int) -> PassRows:
+    """PassRows as its contract states it: `pass_layout`'s rows, positions and mask, gathered in the kernel's row
+    order (each answer's clean rows, then the deciding noisy rows, then the drafting ones)."""
+    ids, positions, _, allowed = pass_layout(lengths, feeds, key_multiple)
+    s = ids.shape[1]
+    order: list[tuple[int, int]] = []
+    spans: list[list[slice]] = [[] for _ in feeds]
+    bounds = []
+    for section in ("clean", "decides", "drafts"):
+        for i, feed in enumerate(feeds):
+            if section == "clean":
+                columns = range(len(feed.clean))
+            elif (section == "drafts") == feed.drafts:
+                columns = range(s - len(feed.noisy), s)
+            else:
+                continue
+            spans[i].append(slice(len(order), len(order) + len(columns)))
+            order += [(i, c) for c in columns]
+        bounds.append(len(order))
+    feed_of = torch.tensor([i for i, _ in order], dtype=torch.long)
+    column = torch.tensor([c for _, c in order], dtype=torch.long)
+    return PassRows(ids[feed_of, column], positions[feed_of, column], torch.tensor(slots)[feed_of],
+                    torch.tensor(lengths)[feed_of] + column, additive_mask(allowed[feed_of, 0, column]), bounds[0],
+                    bounds[1], tuple((clean, noisy) for clean, noisy in spans))
+
+
+def test_a_passs_rows_are_the_layouts_rows_in_the_kernels_order() -> None:
+    rng = random.Random(5)
+    for _ in range(400):
+        feeds = []
+        for _ in range(rng.randint(1, 4)):
+            c, n = rng.randint(1, 6), rng.choice([0, 1, 2, 3, 6])
+            after = tuple(sorted(rng.randint(1, c) for _ in range(n))) if n and rng.random() < 0.5 else ()
+            feeds.append(Feed(tuple(rng.randrange(900) for _ in range(c)), tuple(rng.randrange(900) for _ in range(n)),
+                              after, drafts=rng.random() < 0.5))
+        slots, lengths = rng.sample(range(8), len(feeds)), [rng.randint(0, 40) for _ in feeds]
+        multiple = rng.choice([1, 32])
+        built, expected = PassRows.of(slots, lengths, feeds, multiple), rows_from_layout(slots, lengths, feeds,
+                                                                                          multiple)
+        for name in ("ids", "positions", "slots", "writes", "bias"):
+            assert torch.equal(getattr(built, name), getattr(expected, name)), (name, feeds, lengths)
+        assert (built.start, built.coarse, built.answers) == (expected.start, expected.coarse, expected.answers)
+
+
+def test_the_caches_buffer_pointers_follow_its_buffers() -> None:
+    cache, like = SlotCache(2), torch.empty(1, 2, 0, 4, dtype=torch.bfloat16)
+    first = cache.layer_buffers(3, 10, like)
+    assert cache.layer_buffers(3, 10, like) is first  # kept while nothing changes
+    assert first.keys == tuple(cache.buffers(layer, 10, like)[0].data_ptr() for layer in range(3))
+    assert first.capacity == (GROWTH,) * 3
+    grown = cache.layer_buffers(3, 4 * GROWTH, like)  # room for more positions: new buffers, new pointers
+    assert grown.capacity == (4 * GROWTH,) * 3
+    assert grown.values == tuple(cache.buffers(layer, 1, like)[1].data_ptr() for layer in range(3))
+    cache.slots[0].ids.extend(range(5))
+    cache.release(0)  # gives back the capacity no slot needs: the buffers are copies
+    released = cache.layer_buffers(3, 10, like)
+    assert released.capacity == (GROWTH,) * 3
+    assert released.keys == tuple(cache.buffers(layer, 1, like)[0].data_ptr() for layer in range(3))
 
 
 def test_a_batched_pass_gives_each_sequence_its_unbatched_logits() -> None:
