@@ -47,15 +47,18 @@ from model.decoding.step import Feed
 from model.errors import ModelError
 
 
-def accept_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[int, int]:
+def accept_greedy(drafts: Sequence[int], logits: torch.Tensor) -> tuple[int, int]:
     """Leading drafts that equal the teacher's argmax, and the teacher's token after them.
 
-    drafts: [k] long, logits: [k + 1, V] -> (accepted, next token).
+    drafts: [k], logits: [k + 1, V] -> (accepted, next token). The argmax of CPU rows is numpy's (the first of equal
+    maxima, as torch's): torch's takes ~4x as long on a 49K vocabulary, ~45 µs a row, every decoding step.
     """
-    target = logits.argmax(dim=-1)  # [k + 1]
-    agree = (target[:-1] == drafts).long()  # [k]
-    accepted = int(agree.cumprod(0).sum())
-    return accepted, int(target[accepted])
+    rows = logits.numpy().argmax(-1) if logits.device.type == "cpu" else logits.argmax(-1).cpu()
+    target = rows.tolist()
+    accepted = 0
+    while accepted < len(drafts) and int(drafts[accepted]) == target[accepted]:
+        accepted += 1
+    return accepted, target[accepted]
 
 
 def accept_sampled(
@@ -182,14 +185,14 @@ class SpeculativeDecoding:
         (Refinement, clean tokens to keep)."""
         drafts, answer = self.drafts, self.answer
         lead, self.lead = len(self.lead), ()
-        logits = guarded(clean_logits[lead:], answer, drafts, self.guard)
+        logits = guarded(clean_logits[lead:], answer, drafts, self.guard, copy=self.grammar is not None)
         if self.grammar is not None:
             constrain_rows(logits, clean_logits[lead:] if self.guard is not None else None, drafts, self.grammar)
-        draft_ids = torch.tensor(drafts, dtype=torch.long)  # [k]
         if self.temperature == 0:
-            accepted, bonus = accept_greedy(draft_ids, logits)
+            accepted, bonus = accept_greedy(drafts, logits)
         else:
-            accepted, bonus = accept_sampled(draft_ids, logits, self.temperature, self.generator)
+            accepted, bonus = accept_sampled(torch.tensor(drafts, dtype=torch.long), logits, self.temperature,
+                                             self.generator)
         new = [*drafts[:accepted], bonus]  # `last` and the accepted drafts are kept; the bonus is fed next pass
         probs = torch.softmax(logits[: accepted + 1], dim=-1)  # [accepted + 1, V]
         new_conf = probs.gather(-1, torch.tensor(new).unsqueeze(-1)).squeeze(-1).tolist()

@@ -132,11 +132,16 @@ class SpeechGuard:
             logits[self.eos_id] = 0.0
 
 
-def guarded(logits: torch.Tensor, answer: list[int], drafts: list[int], guard: SpeechGuard | None) -> torch.Tensor:
+def guarded(
+    logits: torch.Tensor, answer: list[int], drafts: list[int], guard: SpeechGuard | None, copy: bool = False
+) -> torch.Tensor:
     """The guard applied to each verification row with its own prefix: row i follows `answer + drafts[:i]`.
 
-    logits: [k + 1, V] -> [k + 1, V] float32 (a copy).
+    logits: [k + 1, V] -> [k + 1, V] float32: a copy when there is a guard or the caller asks for one (`copy`: it
+    will edit them), else the rows themselves (a copy of a 49K vocabulary's row costs ~35 µs a decoding step).
     """
+    if guard is None and not copy:
+        return logits.float()
     logits = logits.float().clone()
     if guard is not None:
         for i in range(logits.shape[0]):

@@ -282,6 +282,10 @@ def test_accept_greedy_takes_the_agreeing_prefix_and_the_teachers_next_token() -
     assert accept_greedy(torch.tensor([3, 2, 4]), logits) == (1, 1)
     assert accept_greedy(torch.tensor([0, 1, 4]), logits) == (0, 3)
     assert accept_greedy(torch.tensor([], dtype=torch.long), logits[:1]) == (0, 3)
+    assert accept_greedy([3, 1], logits[:3]) == (2, 4)  # drafts as the decoding step keeps them, a list
+    tied = torch.zeros(2, 6)
+    tied[:, [2, 5]] = 1.0  # equal maxima: the first, as torch's argmax gives it
+    assert accept_greedy([2], tied) == (1, 2)
 
 
 @pytest.mark.parametrize("drafts", [[1, 0], [3, 3], [0, 2]])
