@@ -3,7 +3,7 @@
 One spoken turn runs in file mode on the real models (a LibriVox sentence of pocketsphinx-testdata). The call stacks
 are read where the answer crosses a thread and where the pass reaches C: on the event loop when the answer's LM run
 starts, on the thread that hands the answer to the batch runner, and on the runner's thread at the first
-`decode_layer` call. Every project file on those stacks is a file a reader follows to get from the session to the
+`decode_layers` call. Every project file on those stacks is a file a reader follows to get from the session to the
 kernel. Prints them in order and their count; `--json` writes them.
 
     python scripts/pass_path.py
@@ -47,7 +47,7 @@ def project_files(stack: list[traceback.FrameSummary]) -> list[str]:
 
 
 class _RecordingLibrary:
-    """The kernel library with `decode_layer` recording the stack of its first call."""
+    """The kernel library with `decode_layers` (a pass's layers) recording the stack of its first call."""
 
     def __init__(self, library: Any, stacks: dict[str, list[str]]) -> None:
         self._library = library
@@ -55,7 +55,7 @@ class _RecordingLibrary:
 
     def __getattr__(self, name: str) -> Any:
         function = getattr(self._library, name)
-        if name != "decode_layer":
+        if name != "decode_layers":
             return function
 
         def recorded(*args: Any) -> Any:

@@ -419,8 +419,8 @@ class FastPass:
         return self.native is not None
 
     def rows_pass(self, rows: PassRows, cache: SlotCache, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits `[R, V]` fp32 of a pass's rows (of the rows `keep` selects) through `decode_layer`, one call a
-        layer for every answer in the pass: the residual stream in fp32, each row computed as if alone
+        """Logits `[R, V]` fp32 of a pass's rows (of the rows `keep` selects) through `decode_layers`, one call a
+        pass for every layer and every answer in it: the residual stream in fp32, each row computed as if alone
         (model/runtime/kernels/decode_layer.c), drafting rows on coarse matmuls."""
         lib = quant_kernels.library()
         assert self.native is not None and self.int4_head is not None

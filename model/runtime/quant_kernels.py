@@ -3,8 +3,8 @@ through ctypes.
 
 Why C: a pass of one answer multiplies a few rows by ~100 MB of 4-bit weights, then does ~60 small operations a
 layer between the matmuls. In torch those small operations cost ~10 ms a pass whatever the thread count (one
-dispatch each), as much as the matmuls; `decode_layer` does a whole layer in one call. The kernels share torch's
-OpenMP runtime (the library links the `libgomp.so.1` torch has loaded), so they run on torch's thread count
+dispatch each), as much as the matmuls; `decode_layers` does every layer of a pass in one call. The kernels share
+torch's OpenMP runtime (the library links the `libgomp.so.1` torch has loaded), so they run on torch's thread count
 without a second thread pool.
 
 Built with the system's C compiler (`cc`, or `$CC`) for this CPU (`-march=native`; `$VOICE_ASSISTANT_KERNEL_TARGET`
@@ -146,14 +146,11 @@ def build(target: str) -> ctypes.CDLL:
     lib.weight_matmul.argtypes = [
         _P, ctypes.c_int, _I64, _I64, ctypes.POINTER(QWeight), _I64, _P, ctypes.c_int, ctypes.c_int,
     ]
-    lib.decode_layer.argtypes = [
-        ctypes.POINTER(Layer), _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _I64, _P, ctypes.c_int,
-    ]
     lib.decode_layers.argtypes = [
         ctypes.POINTER(Layer), _I64, _P, _I64, _I64, _I64, _P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P),
         ctypes.POINTER(_I64), _P, _P, _I64, _P, ctypes.c_int, ctypes.POINTER(_I64),
     ]
-    for function in (lib.weight_matmul, lib.decode_layer, lib.decode_layers):
+    for function in (lib.weight_matmul, lib.decode_layers):
         function.restype = ctypes.c_int
     return lib
 
