@@ -22,6 +22,7 @@ forward; everything after is overwritten by its next pass, as in gpt-fast's prea
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,11 +50,19 @@ KEY_MULTIPLE = 32
 
 @dataclass(frozen=True, slots=True)
 class LayerBuffers:
-    """Every layer's key and value buffers of a `SlotCache` as data pointers, with each one's capacity."""
+    """Every layer's key and value buffers of a `SlotCache` as the decode kernel takes them (`decode_layers`): arrays
+    of their data pointers, and of each one's capacity."""
 
-    keys: tuple[int, ...]
-    values: tuple[int, ...]
-    capacity: tuple[int, ...]
+    keys: ctypes.Array
+    values: ctypes.Array
+    capacity: ctypes.Array
+
+    @staticmethod
+    def of(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> LayerBuffers:
+        layers = len(pairs)
+        return LayerBuffers((ctypes.c_void_p * layers)(*(k.data_ptr() for k, _ in pairs)),
+                            (ctypes.c_void_p * layers)(*(v.data_ptr() for _, v in pairs)),
+                            (ctypes.c_int64 * layers)(*(k.shape[2] for k, _ in pairs)))
 
 
 @dataclass(slots=True)
@@ -129,8 +138,7 @@ class SlotCache(Cache):
             pairs = [self.buffers(layer, needed, like) for layer in range(layers)]
             if not all(t.is_contiguous() and t.dtype == like.dtype for pair in pairs for t in pair):
                 raise ValueError("the cache's buffers must be contiguous and of the pass's dtype")
-            self._pointers = LayerBuffers(tuple(k.data_ptr() for k, _ in pairs), tuple(v.data_ptr() for _, v in pairs),
-                                          tuple(k.shape[2] for k, _ in pairs))
+            self._pointers = LayerBuffers.of(pairs)
         return self._pointers
 
     def _grow(self, layer: int, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,10 +262,10 @@ class PassRows:
                 for idx, (t, g) in enumerate(zip(feed.noisy, after, strict=True))
             )
         taken = 0  # each answer's clean rows, then its noisy ones (deciding or drafting), as the sections hold them
-        for section, rows in enumerate(sections):
+        for section in range(3):
             for i, feed in enumerate(feeds):
                 if section == 0 or (section == 2) == feed.drafts:
-                    count = sum(row[0] == i for row in rows)
+                    count = len(feed.clean) if section == 0 else len(feed.noisy)
                     spans[i].append(slice(taken, taken + count))
                     taken += count
         ordered = [*sections[0], *sections[1], *sections[2]]

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.runtime import quant_kernels, row_exact
-from model.runtime.batching import LayerBuffers, PassRows
+from model.runtime.batching import PassRows
 from model.runtime.int4_weights import Int4Layer, Int4Weights
 from model.runtime.noisy_rows import Suffix, noisy_suffix
 from model.runtime.packed import Head, PackedLinear
@@ -232,7 +232,6 @@ class FastPass:
         self.packed_only = model.int4 is not None and self.layers[0].qkv.numel() == 0
         self._held: list[torch.Tensor] = []  # what the native layers point into
         self.native = self._native_layers() if self._can_go_native() else None
-        self._arrays: tuple[LayerBuffers, tuple[ctypes.Array, ctypes.Array, ctypes.Array]] | None = None
 
     def _can_go_native(self) -> bool:
         """Whether decode_layer.c takes this model: the shapes it is written for, and int4 weights that match them."""
@@ -270,15 +269,6 @@ class FastPass:
         prompt of a few hundred tokens about twice as fast (scripts/bench/bench_lm.py --prefill-costs), and on
         another arithmetic: a prompt cached in part then gave other answers than the same prompt encoded whole."""
         return self.model.int4 is not None
-
-    def _cache_arrays(self, buffers: LayerBuffers) -> tuple[ctypes.Array, ctypes.Array, ctypes.Array]:
-        """`buffers` as the kernel's arrays, made again only when the cache's buffers change."""
-        if self._arrays is None or self._arrays[0] is not buffers:
-            layers = len(buffers.keys)
-            self._arrays = (buffers, ((ctypes.c_void_p * layers)(*buffers.keys),
-                                      (ctypes.c_void_p * layers)(*buffers.values),
-                                      (ctypes.c_int64 * layers)(*buffers.capacity)))
-        return self._arrays[1]
 
     def _native_layers(self) -> ctypes.Array:
         """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it (`_can_go_native` checked)."""
@@ -431,11 +421,12 @@ class FastPass:
         slots, writes = rows.slots.contiguous(), rows.writes.contiguous()
         key_len = bias.shape[-1]
         like = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=torch.bfloat16)
-        buffers = self._cache_arrays(cache.layer_buffers(len(self.native), key_len, like))
+        buffers = cache.layer_buffers(len(self.native), key_len, like)
         failed = ctypes.c_int64(-1)
         status = lib.decode_layers(
             self.native, len(self.native), h.data_ptr(), r, rows.start, rows.coarse, cos.data_ptr(), sin.data_ptr(),
-            *buffers, slots.data_ptr(), writes.data_ptr(), key_len, bias.data_ptr(), torch.get_num_threads(),
+            buffers.keys, buffers.values, buffers.capacity, slots.data_ptr(), writes.data_ptr(), key_len,
+            bias.data_ptr(), torch.get_num_threads(),
             ctypes.byref(failed),
         )
         if status == 1:

@@ -108,16 +108,16 @@ def test_the_caches_buffer_pointers_follow_its_buffers() -> None:
     cache, like = SlotCache(2), torch.empty(1, 2, 0, 4, dtype=torch.bfloat16)
     first = cache.layer_buffers(3, 10, like)
     assert cache.layer_buffers(3, 10, like) is first  # kept while nothing changes
-    assert first.keys == tuple(cache.buffers(layer, 10, like)[0].data_ptr() for layer in range(3))
-    assert first.capacity == (GROWTH,) * 3
+    assert tuple(first.keys) == tuple(cache.buffers(layer, 10, like)[0].data_ptr() for layer in range(3))
+    assert tuple(first.capacity) == (GROWTH,) * 3
     grown = cache.layer_buffers(3, 4 * GROWTH, like)  # room for more positions: new buffers, new pointers
-    assert grown.capacity == (4 * GROWTH,) * 3
-    assert grown.values == tuple(cache.buffers(layer, 1, like)[1].data_ptr() for layer in range(3))
+    assert tuple(grown.capacity) == (4 * GROWTH,) * 3
+    assert tuple(grown.values) == tuple(cache.buffers(layer, 1, like)[1].data_ptr() for layer in range(3))
     cache.slots[0].ids.extend(range(5))
     cache.release(0)  # gives back the capacity no slot needs: the buffers are copies
     released = cache.layer_buffers(3, 10, like)
-    assert released.capacity == (GROWTH,) * 3
-    assert released.keys == tuple(cache.buffers(layer, 1, like)[0].data_ptr() for layer in range(3))
+    assert tuple(released.capacity) == (GROWTH,) * 3
+    assert tuple(released.keys) == tuple(cache.buffers(layer, 1, like)[0].data_ptr() for layer in range(3))
 
 
 def test_a_batched_pass_gives_each_sequence_its_unbatched_logits() -> None:
