@@ -79,10 +79,23 @@ class Int4Linear(PackedLinear):
         if not (nibbles.dtype == torch.uint8 and d.dtype == m.dtype == torch.float16
                 and all(t.is_contiguous() and t.device.type == "cpu" for t in (nibbles, d, m))):
             raise ModelError("int4 weights need contiguous CPU uint8 nibbles and fp16 scales")
-        self.nibbles, self.d, self.m = nibbles, d, m  # [tiles, groups, 4, 16, 4] uint8; [tiles, groups, 16] fp16
         in_features = int(nibbles.shape[1]) * GROUP
         fp16 = quant_kernels.SCALES_FP16
         super().__init__([PackedWeight(quant_kernels.PACK_NIBBLES, 0, fp16, nibbles, d, m, out_features, in_features)])
+
+    @property
+    def nibbles(self) -> torch.Tensor:  # [tiles, groups, 4, 16, 4] uint8
+        return self.members[0].q
+
+    @property
+    def d(self) -> torch.Tensor:  # [tiles, groups, 16] fp16
+        return self.members[0].d
+
+    @property
+    def m(self) -> torch.Tensor:  # [tiles, groups, 16] fp16
+        m = self.members[0].m
+        assert m is not None
+        return m
 
     @classmethod
     def from_blocks(cls, blocks: Q4Blocks) -> Int4Linear:
@@ -102,11 +115,18 @@ class Q8Head(PackedLinear):
         if not (q.dtype == torch.int8 and d.dtype == torch.float16
                 and all(t.is_contiguous() and t.device.type == "cpu" for t in (q, d))):
             raise ModelError("a Q8_0 head needs contiguous CPU int8 values and fp16 scales")
-        self.q, self.d = q, d  # [tiles, groups, 8, 16, 4] int8; [tiles, groups, 16] fp16
         in_features = int(q.shape[1]) * GROUP
         fp16 = quant_kernels.SCALES_FP16
         weight = PackedWeight(quant_kernels.PACK_BYTES, 0, fp16, q, d, None, out_features, in_features)
         super().__init__([weight], logits=True)
+
+    @property
+    def q(self) -> torch.Tensor:  # [tiles, groups, 8, 16, 4] int8
+        return self.members[0].q
+
+    @property
+    def d(self) -> torch.Tensor:  # [tiles, groups, 16] fp16
+        return self.members[0].d
 
     @classmethod
     def from_q8_0(cls, q: torch.Tensor, d: torch.Tensor) -> Q8Head:

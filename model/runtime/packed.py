@@ -15,6 +15,8 @@ bundled model's Q4_1 and Q8_0.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -219,6 +221,22 @@ class PackedLinear:
         self.in_features = members[0].k
         self.out_features = sum(m.n for m in members)
         self.structs = (quant_kernels.QWeight * quant_kernels.MEMBERS)(*(m.struct() for m in members))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What the kernel reads, member by member: values, scales, minimums, sub-block integers."""
+        return [t for m in self.members for t in (m.q, m.d, m.m, m.sub) if t is not None]
+
+    def move(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Hold each tensor as `place` copies it (the same values elsewhere: model/runtime/huge_pages.py); the C
+        structs then point at the copies. Structs taken before (`structs`) still point at the old tensors."""
+
+        def moved(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else place(t)
+
+        self.members = [
+            dataclasses.replace(m, q=place(m.q), d=place(m.d), m=moved(m.m), sub=moved(m.sub)) for m in self.members
+        ]
+        self.structs = (quant_kernels.QWeight * quant_kernels.MEMBERS)(*(m.struct() for m in self.members))
 
     def __call__(self, x: torch.Tensor, coarse: int | None = None) -> torch.Tensor:
         if x.device.type != "cpu" or x.shape[-1] != self.in_features:
