@@ -13,12 +13,15 @@ nothing else changes: the same bytes, the same results.
 
 from __future__ import annotations
 
+import logging
 import mmap
 from collections.abc import Iterable
 
 import torch
 
 from model.runtime.packed import PackedLinear
+
+log = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # each tensor starts on a cache line
@@ -55,11 +58,16 @@ def _bytes(linears: Iterable[PackedLinear]) -> int:
 
 def onto_huge_pages(linears: list[PackedLinear]) -> Arena | None:
     """Move `linears`' tensors (in this order: the order a pass reads them) into one arena; None when there is
-    nothing to move."""
+    nothing to move, or no anonymous mapping to move them to (another OS, or none granted): they then stay where
+    they are, as fast as before."""
     size = _bytes(linears)
-    if not size:
+    if not size or not hasattr(mmap, "MAP_PRIVATE"):
         return None
-    arena = Arena(size)
+    try:
+        arena = Arena(size)
+    except OSError as error:
+        log.warning("the weights stay on their pages: no %d-byte mapping for them (%s)", size, error)
+        return None
     for linear in linears:
         linear.move(arena.place)
     return arena

@@ -79,3 +79,15 @@ def test_the_arena_is_backed_by_huge_pages() -> None:
     arena = Arena(4 * HUGE_PAGE)
     arena.place(torch.ones(4 * HUGE_PAGE, dtype=torch.uint8))
     assert anon_huge_kb(arena.memory.data_ptr()) >= HUGE_PAGE // 1024
+
+
+@pytest.mark.skipif(available() is not None, reason=str(available()))
+def test_without_a_mapping_the_weights_stay_where_they_are(monkeypatch) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OSError("Cannot allocate memory")
+
+    linear = Int4Linear.from_blocks(quantize_q4_1(torch.randn(32, 64)))
+    where = [t.data_ptr() for t in linear.tensors()]
+    monkeypatch.setattr("model.runtime.huge_pages.mmap.mmap", refused)
+    assert onto_huge_pages([linear]) is None
+    assert [t.data_ptr() for t in linear.tensors()] == where
