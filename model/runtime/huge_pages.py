@@ -2,13 +2,13 @@
 every weight a decoding pass streams, in the order the pass reads them.
 
 Why: a pass of one row is bound by reading its weights (~96 MB for the bundled model: the layers' Q4_1 and the Q8_0
-head), and torch's allocator leaves them on 4 KB pages, where every 4 KB of the stream is a TLB miss and the
-hardware prefetcher stops at each page's end. On the 2-core AMD EPYC (AVX-512), a stream of 96 MB read 24.9 against
-33.8 GB/s (1 thread) and 40.6 against 45.3 (2 threads) on 4 KB and 2 MB pages; the bundled model's layer matmuls
-and head for one row, the same kernels on either copy, took 3.09 against 2.59 ms and 0.80 against 0.57 ms at 2
-threads (4.76 against 3.69 and 1.48 against 1.07 at 1). Linux gives a mapping huge pages when asked
-(`MADV_HUGEPAGE`) unless transparent huge pages are off ("never"); elsewhere the copy is ordinary memory and
-nothing else changes: the same bytes, the same results.
+head), and they sat on 4 KB pages (the packed cache file's, or torch's), where the stream takes a TLB miss every 4 KB
+and the hardware prefetcher stops at each page's end. On the 2-core AMD EPYC (AVX-512) a 96 MB stream read 24.9
+against 33.8 GB/s on one core (40.6 against 45.3 on two) on 4 KB and 2 MB pages, and a lone pass of the bundled
+model at 1 thread took 6.22 ms on the cache file's pages, 6.00 on 4 KB copies, 5.75 here (alternated in one
+process); at 2 threads 4.10-4.14 on each: two cores' pass is not bound by one core's stream. Linux gives a mapping
+huge pages when asked (`MADV_HUGEPAGE`) unless transparent huge pages are off ("never"); elsewhere the copy is
+ordinary memory and nothing else changes: the same bytes, the same results.
 """
 
 from __future__ import annotations
