@@ -37,7 +37,6 @@ from model.runtime.fast_pass import FastPass
 from model.runtime.huge_pages import onto_huge_pages
 from model.runtime.int4_weights import Int4Weights
 from model.runtime.noisy_rows import Suffix, noisy_suffix
-from model.runtime.packed import PackedLinear
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -193,8 +192,7 @@ class BlockDiffusionLM(nn.Module):
         if weights is not None and len(weights.layers) != len(self.base.model.layers):
             raise ModelError(f"{len(weights.layers)} int4 layers for a model of {len(self.base.model.layers)}")
         if weights is not None:  # on 2 MB pages, in the order a pass reads them (model/runtime/huge_pages.py)
-            linears = [linear for layer in weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-            onto_huge_pages(linears + ([weights.head] if isinstance(weights.head, PackedLinear) else []))
+            onto_huge_pages(weights.linears())
         self.int4 = weights
         self._fast_pass = None
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from model.runtime.batching import round_up
 from model.runtime.packed import PackedLinear
 
 log = logging.getLogger(__name__)
@@ -45,17 +46,17 @@ class Arena:
 
     def place(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy of `tensor` (contiguous) in the arena."""
-        size = tensor.numel() * tensor.element_size()
+        size = tensor.nbytes
         if self.used + size > self.memory.numel():
             raise ValueError(f"the arena holds {self.memory.numel()} bytes: {self.used + size} asked")
         copy = self.memory[self.used : self.used + size].view(tensor.dtype).view(tensor.shape)
         copy.copy_(tensor)
-        self.used = -(-(self.used + size) // ALIGN) * ALIGN
+        self.used = round_up(self.used + size, ALIGN)
         return copy
 
 
 def _bytes(linears: Iterable[PackedLinear]) -> int:
-    return sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for linear in linears for t in linear.tensors())
+    return sum(round_up(t.nbytes, ALIGN) for linear in linears for t in linear.tensors())
 
 
 def onto_huge_pages(linears: list[PackedLinear]) -> Arena | None:
@@ -74,7 +75,7 @@ def onto_huge_pages(linears: list[PackedLinear]) -> Arena | None:
     moved = 0
     for linear in linears:
         linear.move(arena.place)  # the old tensors are freed here, unless something else holds them
-        moved += sum(t.numel() * t.element_size() for t in linear.tensors())
+        moved += sum(t.nbytes for t in linear.tensors())
         if moved >= TRIM_EVERY:
             trim()
             moved = 0

@@ -142,6 +142,12 @@ class Int4Weights:
     layers: list[Int4Layer]
     head: Head | None
 
+    def linears(self) -> list[PackedLinear]:
+        """Every packed linear in the order a pass reads them: layer by layer qkv, o, gate_up and down, then the head
+        when the kernels read it (not a dense head done row by row)."""
+        body = [linear for layer in self.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return body + ([self.head] if isinstance(self.head, PackedLinear) else [])
+
 
 @dataclass(frozen=True)
 class Int4Layer:
