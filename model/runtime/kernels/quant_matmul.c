@@ -90,6 +90,33 @@
 /* The weight of hi against lo: x ~ scale * (RESIDUAL * hi + lo) */
 #define RESIDUAL 254
 
+/* How far ahead of the group being multiplied the kernels ask for the weights: a thread reads its tiles' groups in
+ * order, one stream of values and one of scales (and minimums), and the hardware's own prefetch left a lone row
+ * waiting on memory for about as long as it computed (16 groups: 4 KB of Q4_1 values, 8 KB of Q8_0 ahead). */
+#define PREFETCH_GROUPS 16
+
+/* Ask for `bytes` of `base` from byte `at` on, line by line, into the caches (a hint: never faults). */
+static inline void prefetch(const void *base, int64_t at, int64_t bytes) {
+    const char *p = (const char *)base + at;
+    for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line, 0, 3);
+}
+
+/* A group's scales (and minimums) `PREFETCH_GROUPS` groups on: 32 bytes a group, so a line every other group; a
+ * K-quant's integers a group, and its super-block's d and m once per two super-blocks. */
+static inline void prefetch_scales(const QWeight *w, int64_t ahead, int k_quant) {
+    if (ahead & 1) return;
+    if (!k_quant) {
+        prefetch(w->d, ahead * 2 * TILE, 64);
+        if (w->m) prefetch(w->m, ahead * 2 * TILE, 64);
+        return;
+    }
+    prefetch(w->sub, ahead * 2 * TILE, 64);
+    if (ahead % (2 * SUPER_GROUPS) == 0) {
+        prefetch(w->d, ahead / SUPER_GROUPS * 2 * TILE, 64);
+        if (w->m) prefetch(w->m, ahead / SUPER_GROUPS * 2 * TILE, 64);
+    }
+}
+
 /* Each row's groups of 32 activations as two sets of 8-bit values (four to an int32, in input order: the 8 quads
  * of hi, then the 8 of lo), their scales, their fp32 sums, and the integer sums of hi and of lo (what S8_BIAS
  * adds to a Q8_0 dot product: vec16.h). */
@@ -182,6 +209,8 @@ static inline __attribute__((always_inline)) void nibble_tile(const QWeight *w, 
     vec16 super_d = v_set1(0.0f), super_m = v_set1(0.0f);  /* a K-quant's super-block d and -dmin, as fp32 */
     for (int64_t g = 0; g < groups; g++) {
         const int64_t block = t * groups + g;
+        prefetch(w->q, (block + PREFETCH_GROUPS) * 256, 256);
+        prefetch_scales(w, block + PREFETCH_GROUPS, k_quant);
         ivec16 low[4], high[4];  /* inputs 4i..4i+3 and 16+4i..16+4i+3 of the group, for 16 outputs */
         for (int i = 0; i < 4; i++) iv_nibbles(w->q + (block * 4 + i) * 64, &low[i], &high[i]);
         if (k_quant && g % SUPER_GROUPS == 0) super_d = super_of(w->d, block), super_m = super_of(w->m, block);
@@ -256,7 +285,10 @@ static inline __attribute__((always_inline)) void byte_tile(const QWeight *w, co
     vec16 super_d = v_set1(0.0f), super_m = v_set1(0.0f);  /* a K-quant's super-block d and -dmin, as fp32 */
     for (int64_t g = 0; g < groups; g++) {
         const int64_t block = t * groups + g;
-        const uint8_t *packed = w->q + block * (planes == 6 ? SIXES_BYTES : planes ? FIVES_BYTES : 512);
+        const int64_t bytes = planes == 6 ? SIXES_BYTES : planes ? FIVES_BYTES : 512;
+        const uint8_t *packed = w->q + block * bytes;
+        prefetch(w->q, (block + PREFETCH_GROUPS) * bytes, bytes);
+        prefetch_scales(w, block + PREFETCH_GROUPS, kind != SCALES_FP16);
         wgroup wg;  /* the group's weights for 16 outputs, unpacked once for all the rows */
 #if defined(WORD_DOTS)
         /* the block's fine rows multiply words (each widening the group in registers, or all reading it widened
