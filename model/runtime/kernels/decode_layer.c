@@ -69,12 +69,19 @@ static void rms_norm(const float *x, const float *weight, int64_t rows, int64_t 
  * block of fewer rows repeats its last row (computed, not stored): every row's arithmetic is its own. */
 #define LORA_ROWS 4
 
+/* How far ahead the LoRA's loops ask for their factors (elements): `dots` reads a's vectors one after another,
+ * `lora_tile` a column of 16 outputs across bt's `rank` rows, as many streams as the rank, more than the hardware's
+ * prefetcher follows (a pass of 1 clean + 3 mask rows 3 % shorter). */
+#define A_AHEAD 512
+#define BT_AHEAD 128
+
 /* out[j] = x[j] . a for the block's rows x[j] [n] and one vector a [n]: per row, 16 lanes of partial sums in input
  * order (a tail of under 16 added to the first lanes), then their fixed tree. */
 static void dots(const float *const x[LORA_ROWS], const uint16_t *a, int64_t n, float out[LORA_ROWS]) {
     vec16 s0 = v_set1(0.0f), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + TILE <= n; i += TILE) {
+        if (!(i & 31)) __builtin_prefetch(a + i + A_AHEAD, 0, 3);  /* a line every 32 elements */
         const vec16 av = v_bf16(a + i);
         s0 = v_fma(v_load(x[0] + i), av, s0);
         s1 = v_fma(v_load(x[1] + i), av, s1);
@@ -98,6 +105,8 @@ static void dots(const float *const x[LORA_ROWS], const uint16_t *a, int64_t n, 
  * `count` real rows (of LORA_ROWS computed). */
 static void lora_tile(const float *const t[LORA_ROWS], const uint16_t *bt, int64_t n, int64_t rank, int64_t o,
                       float scale, float *const y[LORA_ROWS], int64_t count) {
+    if (!(o & 31))
+        for (int64_t c = 0; c < rank; c++) __builtin_prefetch(bt + c * n + o + BT_AHEAD, 0, 3);
     const vec16 b0 = v_bf16(bt + o);
     vec16 s0 = v_mul(v_set1(t[0][0]), b0), s1 = v_mul(v_set1(t[1][0]), b0);
     vec16 s2 = v_mul(v_set1(t[2][0]), b0), s3 = v_mul(v_set1(t[3][0]), b0);
