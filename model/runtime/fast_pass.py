@@ -30,6 +30,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -232,6 +233,19 @@ class FastPass:
         self.packed_only = model.int4 is not None and self.layers[0].qkv.numel() == 0
         self._held: list[torch.Tensor] = []  # what the native layers point into
         self.native = self._native_layers() if self._can_go_native() else None
+        self._embedding_bits, self._mask_bits = self._bf16_embedding()
+        self._rotary_table = (np.empty((0, self.head_dim), np.float32),) * 2  # cos, sin by position (`_rotary_rows`)
+
+    def _bf16_embedding(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The token embedding's and the mask embedding's bf16 bits as numpy uint16, which `_embedded` widens to
+        fp32 exactly as `.float()` does; (None, None) when the embedding is not a bf16 table (a GGUF's blocks)."""
+        table = self.model.base.get_input_embeddings()
+        weight = getattr(table, "weight", None)
+        mask = getattr(self.model, "mask_embedding", None)
+        if not isinstance(table, nn.Embedding) or weight is None or weight.dtype != torch.bfloat16 or mask is None:
+            return None, None
+        bits = weight.detach().view(torch.int16).numpy().view(np.uint16)  # shares the weight's memory
+        return bits, mask.detach().to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).copy()
 
     def _can_go_native(self) -> bool:
         """Whether decode_layer.c takes this model: the shapes it is written for, and int4 weights that match them."""
@@ -298,6 +312,34 @@ class FastPass:
         freqs = positions[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    def _embedded(self, ids: torch.Tensor) -> torch.Tensor:
+        """`model.embed(ids).float()` for a pass's rows `[R]`: `[R, hidden]` fp32, the same values. With a bf16 table
+        its rows are gathered and widened in numpy: a decoding pass's torch operations each cost ~10-20 us once the
+        weights' stream has evicted their code and data from the caches (the embedding's six took ~110 us a pass
+        in a decoding loop, ~26 us in a loop of its own)."""
+        bits = self._embedding_bits
+        if bits is None:
+            return self.model.embed(ids[None]).float()[0].contiguous()
+        index = ids.numpy()
+        masks = index == self.model.mask_id  # outside the table: their rows are the mask embedding's
+        rows = bits[np.where(masks, 0, index)]
+        if masks.any():
+            rows[masks] = self._mask_bits
+        return torch.from_numpy((rows.astype(np.uint32) << 16).view(np.float32))
+
+    def _rotary_rows(self, positions: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """`_rotary_fp32` of a pass's rows' positions `[R]` as contiguous `[R, head_dim]` arrays, read from a table
+        of every position so far (grown by doubling, each position's row computed by `_rotary_fp32` as before): the
+        same values as the per-pass computation, without its torch operations (see `_embedded`)."""
+        index = positions.numpy()
+        cos, sin = self._rotary_table
+        top = int(index.max()) + 1 if index.size else 0
+        if top > cos.shape[0]:
+            size = max(top, 2 * cos.shape[0], 1024)
+            cos, sin = (t[0].numpy() for t in self._rotary_fp32(torch.arange(size)[None]))
+            self._rotary_table = cos, sin
+        return cos[index], sin[index]
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [B, S] -> cos, sin: [B, 1, S, head_dim] in the model's dtype
@@ -415,8 +457,8 @@ class FastPass:
         lib = quant_kernels.library()
         assert self.native is not None and self.int4_head is not None
         r = rows.ids.shape[0]
-        h = self.model.embed(rows.ids[None]).float()[0].contiguous()  # [R, hidden]
-        cos, sin = (t[0].contiguous() for t in self._rotary_fp32(rows.positions[None]))  # [R, head_dim]
+        h = self._embedded(rows.ids)  # [R, hidden] fp32
+        cos, sin = self._rotary_rows(rows.positions)  # [R, head_dim] fp32
         bias = rows.bias.float().contiguous()
         slots, writes = rows.slots.contiguous(), rows.writes.contiguous()
         key_len = bias.shape[-1]
@@ -424,7 +466,7 @@ class FastPass:
         buffers = cache.layer_buffers(len(self.native), key_len, like)
         failed = ctypes.c_int64(-1)
         status = lib.decode_layers(
-            self.native, len(self.native), h.data_ptr(), r, rows.start, rows.coarse, cos.data_ptr(), sin.data_ptr(),
+            self.native, len(self.native), h.data_ptr(), r, rows.start, rows.coarse, cos.ctypes.data, sin.ctypes.data,
             buffers.keys, buffers.values, buffers.capacity, slots.data_ptr(), writes.data_ptr(), key_len,
             bias.data_ptr(), torch.get_num_threads(),
             ctypes.byref(failed),

@@ -113,3 +113,15 @@ def test_mask_rows_attended_together_match_the_exact_layout_closely() -> None:
         scale=0.125,
     )
     assert torch.allclose(exact.float(), reference.transpose(1, 2), atol=2e-2)
+
+
+def test_a_rows_pass_reads_the_embedding_and_the_rotary_tables_as_the_modules_compute_them() -> None:
+    model = bf16_adapted(seed=2)
+    fused = model.inference_pass()
+    assert fused._embedding_bits is not None  # the bf16 table: widened in numpy
+    ids = torch.tensor([3, model.mask_id, model.vocab_size - 1, 0, model.mask_id])
+    assert torch.equal(fused._embedded(ids), model.embed(ids[None]).float()[0])
+    for positions in ([0], [7, 200, 1023], [5000, 3, 1024]):  # past the table's first 1,024 rows: it grows
+        cos, sin = fused._rotary_rows(torch.tensor(positions))
+        expected = [t[0] for t in fused._rotary_fp32(torch.tensor([positions]))]
+        assert torch.equal(torch.from_numpy(cos), expected[0]) and torch.equal(torch.from_numpy(sin), expected[1])
