@@ -223,6 +223,7 @@ class FastPass:
                 qkv_lora, o_lora, gate_up_lora, down_lora, qkv_bias, q_norm, k_norm, quantized,
             ))
         self.norm = base.model.norm.weight.detach()
+        self._final_norm = self.norm.float().contiguous()  # what `norm_logits` reads
         self.lm_head = base.get_output_embeddings().weight.detach()
         self.int4_head: Head | None = model.int4.head if model.int4 else None
         rotary = base.model.rotary_emb
@@ -476,10 +477,15 @@ class FastPass:
         if status:
             raise ValueError(f"decode_layer refused layer {failed.value}'s shapes ({status})")
         if keep is not None:
-            h, coarse = h[keep], None
-        else:
-            coarse = rows.coarse
-        return self.int4_head(self._rms_norm(h, self.norm), coarse)
+            return self.int4_head(self._rms_norm(h[keep], self.norm), None)
+        head = self.int4_head
+        if not (isinstance(head, PackedLinear) and head.logits):  # a head done row by row (model/gguf/blocks.py)
+            return head(self._rms_norm(h, self.norm), rows.coarse)
+        logits = torch.empty(r, head.out_features, dtype=torch.float32)
+        if lib.norm_logits(h.data_ptr(), r, h.shape[1], self._final_norm.data_ptr(), self.eps, rows.coarse,
+                           head.structs, len(head.members), logits.data_ptr(), torch.get_num_threads()):
+            raise MemoryError("the head's kernel could not allocate its buffers")
+        return logits
 
     def _native_pass(
         self,

@@ -150,7 +150,10 @@ def build(target: str) -> ctypes.CDLL:
         ctypes.POINTER(Layer), _I64, _P, _I64, _I64, _I64, _P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P),
         ctypes.POINTER(_I64), _P, _P, _I64, _P, ctypes.c_int, ctypes.POINTER(_I64),
     ]
-    for function in (lib.weight_matmul, lib.decode_layers):
+    lib.norm_logits.argtypes = [
+        _P, _I64, _I64, _P, ctypes.c_float, _I64, ctypes.POINTER(QWeight), _I64, _P, ctypes.c_int,
+    ]
+    for function in (lib.weight_matmul, lib.decode_layers, lib.norm_logits):
         function.restype = ctypes.c_int
     return lib
 

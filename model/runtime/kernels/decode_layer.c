@@ -329,3 +329,19 @@ int decode_layers(const Layer *layers, int64_t count, float *h, int64_t rows, in
     }
     return 0;
 }
+
+/* The final norm and the head on the last layer's rows h [rows, hidden]: logits [rows, n] = rms_norm(h) @ head.T,
+ * rows from `coarse` on without the activations' remainder, as `weight_rows`. One call after `decode_layers`: the
+ * same norm as each layer's, and no torch operation between the layers and the head (each costs several times its
+ * warm time once the weights' stream has evicted torch from the caches). 0 on success, 1 out of memory, else as
+ * `weight_rows`. */
+int norm_logits(const float *h, int64_t rows, int64_t hidden, const float *norm, float eps, int64_t coarse,
+                const QWeight *head, int64_t members, float *logits, int threads) {
+    if (rows <= 0) return 0;
+    float *x = malloc(sizeof(float) * (size_t)(rows * hidden));
+    if (!x) return 1;
+    rms_norm(h, norm, rows, hidden, eps, x);
+    const int status = weight_rows(x, rows, coarse, head, members, logits, threads);
+    free(x);
+    return status;
+}
