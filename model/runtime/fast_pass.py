@@ -477,13 +477,24 @@ class FastPass:
         if status:
             raise ValueError(f"decode_layer refused layer {failed.value}'s shapes ({status})")
         if keep is not None:
-            return self.int4_head(self._rms_norm(h[keep], self.norm), None)
+            return self._logits(h[keep].contiguous(), None)
+        return self._logits(h, rows.coarse)
+
+    def _logits(self, h: torch.Tensor, coarse: int | None) -> torch.Tensor:
+        """The final norm and the int4 head on the last layer's rows `h` `[R, hidden]` fp32 -> `[R, V]` fp32, rows from
+        `coarse` on drafting (None: none). A packed head takes both in one C call (`norm_logits`), so no torch
+        operation runs between the layers and the head; a head done row by row (model/gguf/blocks.py) after the norm
+        in torch."""
         head = self.int4_head
-        if not (isinstance(head, PackedLinear) and head.logits):  # a head done row by row (model/gguf/blocks.py)
-            return head(self._rms_norm(h, self.norm), rows.coarse)
+        assert head is not None
+        if not (isinstance(head, PackedLinear) and head.logits):
+            return head(self._rms_norm(h, self.norm), coarse)
+        r = h.shape[0]
         logits = torch.empty(r, head.out_features, dtype=torch.float32)
-        if lib.norm_logits(h.data_ptr(), r, h.shape[1], self._final_norm.data_ptr(), self.eps, rows.coarse,
-                           head.structs, len(head.members), logits.data_ptr(), torch.get_num_threads()):
+        if quant_kernels.library().norm_logits(
+            h.data_ptr(), r, h.shape[1], self._final_norm.data_ptr(), self.eps, r if coarse is None else coarse,
+            head.structs, len(head.members), logits.data_ptr(), torch.get_num_threads(),
+        ):
             raise MemoryError("the head's kernel could not allocate its buffers")
         return logits
 
