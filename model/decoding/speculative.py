@@ -62,13 +62,12 @@ def accept_greedy(drafts: Sequence[int], logits: torch.Tensor) -> tuple[int, int
 
 
 def token_probabilities(probs: torch.Tensor, tokens: Sequence[int]) -> list[float]:
-    """`probs[i, tokens[i]]` for each row i, as Python floats. CPU rows are read through numpy: torch's gather, the
-    index tensor it needs and `tolist` cost ~60 us a decoding step right after the pass, whose weights' stream has
-    evicted torch's code and data from the caches; the values are the same floats."""
-    if probs.device.type == "cpu":
-        rows = probs.numpy()
-        return [float(rows[i, token]) for i, token in enumerate(tokens)]
-    return probs.gather(-1, torch.tensor(tokens, device=probs.device).unsqueeze(-1)).squeeze(-1).tolist()
+    """`probs[i, tokens[i]]` for each row i of host-side probabilities (a pass's logits come back to the host), as
+    Python floats, read through numpy: torch's gather, the index tensor it needs and `tolist` cost ~60 us a decoding
+    step right after the pass, whose weights' stream has evicted torch's code and data from the caches; the values
+    are the same floats."""
+    rows = probs.numpy()
+    return [float(rows[i, token]) for i, token in enumerate(tokens)]
 
 
 def accept_sampled(
