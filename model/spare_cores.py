@@ -6,8 +6,9 @@ and on two threads it comes sooner: Piper's first chunk of a short phrase p50 66
 for a core that someone else holds: with another process spinning on one core, the same chunk took 167 ms on two
 threads against 97 on one. So a wider team is taken only where the cores it needs were free just before: over the
 last `WINDOW_S`, the machine's busy time (/proc/stat: every process, every thread of this one) less the work that
-*handed over* to what comes next (`handed_over`: a turn's final decode, which the answer follows; the LM's passes,
-which a lead's next pass continues or which stand aside for its first phrase). Whatever else ran, another process or
+*handed over* to what comes next (`handed_over`: a turn's final decode, which the answer follows; the turn
+detector's verdict beside it, which the answer's release waits for; the LM's passes, which a lead's next pass
+continues or which stand aside for its first phrase). Whatever else ran, another process or
 another session's decode in this one, is taken to hold its cores still. One daemon thread per process samples
 /proc/stat; where it cannot be read (not Linux) nothing is known and callers keep one thread.
 

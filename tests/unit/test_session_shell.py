@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 import voice.turn.session as session_module
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
+from model.spare_cores import SpareCores
 from voice.engines import Engines
 from voice.events import (
     AudioOut,
@@ -30,6 +32,8 @@ from voice.events import (
 )
 from voice.think.lm_run import LmRun
 from voice.think.spoken import spoken_answer
+from voice.turn.detector_runs import DetectorRuns
+from voice.turn.detector_schedule import DetectorAnswered
 from voice.turn.machine import State
 from voice.turn.session import Session, SessionConfig
 
@@ -128,7 +132,7 @@ class FakeDetector:
 
     def __init__(self, complete: bool) -> None:
         self.complete = complete
-        self.config = type("Config", (), {"max_seconds": 8.0, "threshold": 0.5})()
+        self.config = type("Config", (), {"max_seconds": 8.0, "threshold": 0.5, "threads": 1})()
         self.heard_s: list[float] = []
 
     def is_complete(self, audio: np.ndarray) -> bool:
@@ -621,3 +625,27 @@ def test_instructions_change_the_next_answers_prompt_and_truncate_cuts_the_ended
     assert lm.system_prompts[-1] == ("prepare", default) and session.instructions == default
     assert cut == "" and [m.role for m in session.dialogue.history] == ["user"]
     assert session.truncate_heard(7, 0) is None  # not a turn it knows
+
+
+def test_a_verdict_hands_its_cores_over_to_the_first_phrase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Smart Turn runs beside the likely final's decode; its call, once ended, must not read to the first phrase's
+    render as a load on the cores it would take (model/spare_cores.py), or that render takes one thread beside an
+    idle core."""
+    gauge = SpareCores(stat=Path("/nonexistent"))  # no sampler thread: only the hand-overs are looked at
+    monkeypatch.setattr(SpareCores, "_shared", gauge)
+    answered: list[DetectorAnswered] = []
+
+    async def report(answer: DetectorAnswered) -> None:
+        answered.append(answer)
+
+    async def run() -> None:
+        runs = DetectorRuns(FakeDetector(complete=True), report, "verdicts")  # type: ignore[arg-type]
+        before = time.monotonic()
+        runs.ask(1, np.zeros(16000, dtype=np.float32))
+        runs.await_verdict(1, turn=1)
+        await asyncio.gather(*runs.waits())
+        assert answered == [DetectorAnswered(1, 1.0)]
+        (handover,) = gauge._handovers
+        assert before <= handover.start <= handover.end <= time.monotonic() and handover.threads == 1
+
+    asyncio.run(run())

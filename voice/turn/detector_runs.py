@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
 
+from model.spare_cores import SpareCores
 from voice.errors import VoiceError
 from voice.listen.turn_detector import SmartTurn
 from voice.turn.detector_schedule import DetectorAnswered
@@ -37,9 +39,22 @@ class DetectorRuns:
 
     def ask(self, request: int, audio: np.ndarray) -> None:
         """`AskDetector`: start the call now; nobody waits for it yet (an early verdict may never be needed)."""
-        call = asyncio.ensure_future(asyncio.to_thread(self._detector.probability, audio))
+        call = asyncio.ensure_future(asyncio.to_thread(self._judge, audio))
         call.add_done_callback(_retrieve)  # a verdict dropped unread must not log "never retrieved"
         self._calls[request] = call
+
+    def _judge(self, audio: np.ndarray) -> float:
+        """One call, in a worker thread. Its cores are handed over (model/spare_cores.py) once it ends: the answer's
+        release waits for this verdict, so the call is the turn's own work on the way to the first phrase's render,
+        not a load that render would compete with. It runs beside the likely final's decode, so without the hand-over
+        the 100 ms a render looks back on often held ~0.3-0.5 of a core of it, and the first phrase took one thread
+        with the other core idle."""
+        started = time.monotonic()
+        try:
+            return self._detector.probability(audio)
+        finally:
+            if (gauge := SpareCores.running()) is not None:
+                gauge.handed_over(started, time.monotonic(), self._detector.config.threads)
 
     def await_verdict(self, request: int, turn: int) -> None:
         """`AwaitVerdict`: wait for the request's probability in a task of its own, and report it."""
