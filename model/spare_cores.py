@@ -17,11 +17,12 @@ another session's decode in this one, is taken to hold its cores still. One daem
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,18 @@ class SpareCores:
         """Work of `threads` threads ran from `start` to `end` (monotonic seconds) on the way to what comes next."""
         with self._lock:
             self._handovers.append(Handover(start, end, threads))
+
+    @classmethod
+    @contextlib.contextmanager
+    def handing_over(cls, threads: int) -> Iterator[None]:
+        """The block is work of `threads` threads on the way to what comes next: timed, and handed over when it ends
+        (raised or not) to the process's sampler where one runs (`running`)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            if (gauge := cls.running()) is not None:
+                gauge.handed_over(started, time.monotonic(), threads)
 
     def now(self, window_s: float = WINDOW_S) -> float | None:
         """`spare_cores` up to this moment; None while nothing is known."""

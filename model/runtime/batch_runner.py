@@ -336,11 +336,10 @@ class BatchRunner:
                 if isinstance(sequence, TimesItsPasses):
                     sequence.untimed()
             torch.set_num_threads(team)
-        started = time.monotonic()
         try:
-            yield
+            with SpareCores.handing_over(team):
+                yield
         finally:
-            gauge.handed_over(started, time.monotonic(), team)
             if team != threads:
                 torch.set_num_threads(threads)
 

@@ -290,7 +290,7 @@ def test_no_partial_starts_while_the_voice_fades_so_the_likely_final_never_waits
         def handed_over(self, start: float, end: float, threads: int = 1) -> None:
             handovers.append((start, end, threads))
 
-    monkeypatch.setattr(SpareCores, "shared", classmethod(lambda cls: Gauge()))
+    monkeypatch.setattr(SpareCores, "running", classmethod(lambda cls: Gauge()))
     fading = stage_module.FADING_PROBABILITY
     assert all(p >= fading for p in partial_probabilities())
     # each likely final, which an answer follows, handed its core over (model/spare_cores.py)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import time
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -302,11 +302,9 @@ class ListenStage:
         with self._model.lock.urgently() if likely_final else self._model.lock:
             for chunk in chunks:
                 self._transcriber.insert_audio(chunk)
-            started = time.monotonic()
-            hypothesis = self._transcriber.process(force=True, as_final=likely_final)
-            if likely_final:  # the answer follows it: its cores are the answer's first passes' (model/spare_cores.py)
-                SpareCores.shared().handed_over(started, time.monotonic(), self._model.threads)
-            return hypothesis
+            # the likely final's cores are the answer's first passes', which follow it (model/spare_cores.py)
+            with SpareCores.handing_over(self._model.threads) if likely_final else contextlib.nullcontext():
+                return self._transcriber.process(force=True, as_final=likely_final)
 
     def _locked_finish(self, chunks: list[np.ndarray]) -> Hypothesis:
         with self._model.lock.urgently():

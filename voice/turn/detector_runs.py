@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
@@ -49,12 +48,8 @@ class DetectorRuns:
         not a load that render would compete with. It runs beside the likely final's decode, so without the hand-over
         the 100 ms a render looks back on often held ~0.3-0.5 of a core of it, and the first phrase took one thread
         with the other core idle."""
-        started = time.monotonic()
-        try:
+        with SpareCores.handing_over(self._detector.config.threads):
             return self._detector.probability(audio)
-        finally:
-            if (gauge := SpareCores.running()) is not None:
-                gauge.handed_over(started, time.monotonic(), self._detector.config.threads)
 
     def await_verdict(self, request: int, turn: int) -> None:
         """`AwaitVerdict`: wait for the request's probability in a task of its own, and report it."""
