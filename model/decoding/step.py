@@ -45,6 +45,9 @@ class Feed:
     # The noisy rows only propose drafts that the next pass's clean rows verify (self-speculative mask rows): the
     # answer never depends on their logits, so the pass may compute them coarser (model/runtime/kernels/).
     drafts: bool = False
+    # False: the rows only write their keys and values (a prompt's part encoded beside other answers' passes:
+    # model/runtime/batch_runner.py), and the pass computes no logits for them
+    logits: bool = True
 
     def __post_init__(self) -> None:
         after = self.after

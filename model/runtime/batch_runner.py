@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import torch
 
 from model.decoding.refinement import Refinement
-from model.decoding.step import DecodingSequence, FoldsPrompt, ReadsPromptRow, TimesItsPasses
+from model.decoding.step import DecodingSequence, Feed, FoldsPrompt, ReadsPromptRow, TimesItsPasses
 from model.errors import GenerationCancelled, ModelError
-from model.runtime.batching import SlotCache, batched_pass, common_prefix, keep, prefill
+from model.runtime.batching import PassesRows, SlotCache, batched_pass, common_prefix, keep, prefill
 from model.spare_cores import SpareCores, usable_cores
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,11 @@ LEAD_THREADS = 2  # the team of passes that make a lead someone is waiting for (
 # last token + drafting masks), where a bf16 row comes out the same whatever shares its pass
 # (model/runtime/batching.py).
 FOLD_LIMIT = 24
+# Prompt tokens a bulk answer admitted while others decode encodes per pass, beside their rows, on a model whose passes
+# take any rows (`_start_filling`): the weights stream once for both, and the others wait for a chunk, not for the
+# whole prompt. A chunk costs about its rows' arithmetic (bench_lm.py --row-costs), so it bounds how much longer each
+# of their passes gets while a newcomer's prompt goes in.
+PREFILL_STEP = 32
 
 
 @dataclass(eq=False)
@@ -126,6 +131,8 @@ class BatchRunner:
         self._waiting: list[Run] = []
         # admitted, prompt encoded, in a slot: each with its sequence (prompts encoded ahead are never active)
         self._active: dict[Run, DecodingSequence] = {}
+        # admitted bulk answers whose prompts are encoded in the others' passes: the tokens still to encode
+        self._filling: dict[Run, list[int]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
         self._slot_used = [0] * max_batch  # when each slot was last given to a run (admission count): ties go LRU
@@ -186,16 +193,19 @@ class BatchRunner:
     def _loop(self) -> None:
         while True:
             with self._condition:
-                while not self._closed and (not (self._waiting or self._active) or self._aside_s() > 0):
+                while not self._closed and (not (self._waiting or self._active or self._filling)
+                                            or self._aside_s() > 0):
                     self._condition.wait(self._aside_s() or None)
                 if self._closed:
-                    for run in [*self._waiting, *self._active]:
+                    for run in [*self._waiting, *self._active, *self._filling]:
                         self._end(run, ModelError("the model is shutting down"))
                     return
                 arrivals = self._admit()
             fresh = [run for run in arrivals if self._encode(run)]
             urgent = [run for run in fresh if run.interactive]
-            self._pass(urgent or list(self._active))
+            if not urgent and not self._active:
+                self._finish_filling()
+            self._pass(urgent or list(self._active), fills=not urgent)
 
     def _aside_s(self) -> float:
         """Seconds until every `standing_aside` hold is released or runs out (0: none holds); called locked."""
@@ -206,8 +216,11 @@ class BatchRunner:
         for run in [run for run in self._waiting if run.cancelled()]:
             self._waiting.remove(run)
             self._end(run, GenerationCancelled("cancelled while waiting for the model"))
-        free = [slot for slot in range(self.max_batch) if all(run.slot != slot for run in self._active)]
-        chosen = admission(self._waiting, len(free), busy=bool(self._active))
+        for run in [run for run in self._filling if run.cancelled()]:
+            self._end(run, GenerationCancelled("cancelled while encoding the prompt"))
+        taken = {run.slot for run in (*self._active, *self._filling)}
+        free = [slot for slot in range(self.max_batch) if slot not in taken]
+        chosen = admission(self._waiting, len(free), busy=bool(self._active or self._filling))
         for run in chosen:
             self._waiting.remove(run)
             slot = max(free, key=lambda s: self._slot_preference(s, run))
@@ -238,6 +251,8 @@ class BatchRunner:
         pass would be padded to the folded rows)."""
         assert run.slot is not None
         sequence = run.sequence
+        if sequence is not None and self._start_filling(run, sequence):
+            return run in self._active
         if sequence is not None and self._fold(run, sequence):
             with self._condition:
                 self._active[run] = sequence
@@ -267,6 +282,49 @@ class BatchRunner:
             self._active[run] = sequence
         return True
 
+    def _start_filling(self, run: Run, sequence: DecodingSequence) -> bool:
+        """Encode a bulk answer's prompt in the passes of the answers already decoding, `PREFILL_STEP` tokens a pass
+        beside their rows, rather than in a prefill they all wait for (llama.cpp's server and vLLM interleave a
+        newcomer's prompt so): on a model whose passes take any rows, where a row's keys and its answer's do not
+        depend on what shares its pass (model/runtime/fast_pass.py `rows_pass`). The prompt's last part goes into
+        the answer's own first pass (`fold_prompt`). True when it took the run: active already (its whole uncached
+        prompt folded), or filling."""
+        if run.interactive or not self._active or not isinstance(sequence, FoldsPrompt) or not self._takes_rows():
+            return False
+        held = self.cache.slots[run.slot].ids
+        start = common_prefix(held, run.prompt) if self.reuse_prompt_cache else 0
+        del held[start:]
+        run.reused_tokens = start
+        rest = run.prompt[start:]
+        folded = min(len(rest), PREFILL_STEP)
+        sequence.fold_prompt(rest[len(rest) - folded :])
+        with self._condition:
+            if folded == len(rest):
+                self._active[run] = sequence
+            else:
+                self._filling[run] = rest[: len(rest) - folded]
+        return True
+
+    def _takes_rows(self) -> bool:
+        fast = self.model.inference_pass()
+        return isinstance(fast, PassesRows) and fast.takes_rows()
+
+    def _finish_filling(self) -> None:
+        """Nothing decodes any more: what the filling runs still lack is encoded at once, each in one prefill (no
+        pass of others to share), and they become active."""
+        for run in list(self._filling):
+            rest = self._filling.pop(run)
+            assert run.slot is not None and run.sequence is not None
+            held = self.cache.slots[run.slot].ids
+            try:
+                prefill(self.model, self.cache, run.slot, [*held, *rest], self.reuse_prompt_cache, run.cancel)
+            except Exception as error:  # forwarded to the caller, who raises it
+                held.clear()
+                self._end(run, error)
+                continue
+            with self._condition:
+                self._active[run] = run.sequence
+
     def _fold(self, run: Run, sequence: DecodingSequence) -> bool:
         if not isinstance(sequence, FoldsPrompt) or not (run.interactive or not self._active):
             return False
@@ -282,25 +340,36 @@ class BatchRunner:
         sequence.fold_prompt(prompt[start:])
         return True
 
-    def _pass(self, runs: list[Run]) -> None:
-        """One batched forward over `runs`' next passes; every run gets its Refinement (or the error)."""
+    def _pass(self, runs: list[Run], fills: bool = False) -> None:
+        """One batched forward over `runs`' next passes (and, with `fills`, the next part of each filling run's
+        prompt); every run gets its Refinement (or the error)."""
         if not runs:
             return
         runs = sorted(runs, key=lambda run: run.slot)  # ascending slots: the cache returns views when contiguous
         sequences = [self._active[run] for run in runs]
+        filling = sorted(self._filling, key=lambda run: run.slot) if fills else []
+        chunks = [Feed(tuple(self._filling[run][:PREFILL_STEP]), logits=False) for run in filling]
         started = time.perf_counter()
         try:
             feeds = [sequence.feed(len(runs)) for sequence in sequences]
             with self._team(runs, sequences):
-                logits = batched_pass(self.model, self.cache, [run.slot for run in runs], feeds)
+                logits = batched_pass(self.model, self.cache, [run.slot for run in (*runs, *filling)],
+                                      [*feeds, *chunks])
         except Exception as error:  # a failed forward ends the answers in it, never the runner
             log.exception("batched pass failed")
-            for run in runs:
+            for run in (*runs, *filling):
                 self._end(run, error)
             return
         elapsed = time.perf_counter() - started
+        for run, chunk in zip(filling, chunks, strict=True):
+            keep(self.cache, run.slot, chunk, len(chunk.clean))
+            del self._filling[run][:PREFILL_STEP]
+            if not self._filling[run]:
+                del self._filling[run]
+                with self._condition:
+                    self._active[run] = run.sequence
         ended: list[tuple[Run, BaseException | None]] = []  # ended after every keep: `_end` may shrink the cache
-        for run, sequence, feed, (clean, noisy) in zip(runs, sequences, feeds, logits, strict=True):
+        for run, sequence, feed, (clean, noisy) in zip(runs, sequences, feeds, logits[: len(runs)], strict=True):
             try:
                 refinement, kept = sequence.consume(clean, noisy, elapsed, run.cancelled())
             except Exception as error:  # one answer's decoding failed: the others in the pass go on
@@ -346,6 +415,7 @@ class BatchRunner:
     def _end(self, run: Run, error: BaseException | None) -> None:
         with self._condition:
             self._active.pop(run, None)
+            self._filling.pop(run, None)
         # It had a slot (finished, failed, or its prefill failed). Runner thread, between passes, after every keep of
         # the last one: the other slots' lengths are final, so shrinking the buffers keeps all they hold.
         if run.slot is not None:

@@ -330,8 +330,21 @@ def batched_pass(
     fast = model.inference_pass()
     if isinstance(fast, PassesRows) and fast.takes_rows():
         rows = PassRows.of(slots, lengths, feeds, KEY_MULTIPLE)
-        flat = fast.rows_pass(rows, cache)  # [R, V] fp32
-        return [(flat[clean], flat[noisy]) for clean, noisy in rows.answers]
+        if all(feed.logits for feed in feeds):
+            flat = fast.rows_pass(rows, cache)  # [R, V] fp32
+            return [(flat[clean], flat[noisy]) for clean, noisy in rows.answers]
+        # the head only for the rows whose logits someone reads; each feed's rows stay contiguous among them
+        wanted = sorted(r for feed, spans in zip(feeds, rows.answers, strict=True) if feed.logits
+                        for span in spans for r in range(span.start, span.stop))
+        flat = fast.rows_pass(rows, cache, torch.tensor(wanted, dtype=torch.long))
+        at = {r: j for j, r in enumerate(wanted)}
+
+        def kept(span: slice) -> torch.Tensor:
+            first = at.get(span.start, 0)
+            return flat[first : first + span.stop - span.start]
+
+        return [(kept(clean), kept(noisy)) if feed.logits else (flat[:0], flat[:0])
+                for feed, (clean, noisy) in zip(feeds, rows.answers, strict=True)]
     ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
     # one copy back per pass, of every sequence's logits: the decoding decisions are made on the host
     logits = _forward(model, cache, (ids, positions, noisy, allowed)).float().cpu()  # [B, S, V]

@@ -6,6 +6,7 @@
     python scripts/bench/bench_lm.py --model PATH --json artifacts/bench_lm.json
     python scripts/bench/bench_lm.py --pass-costs 1,4,8,12,16,24 --cache-length 200   # self-speculative pass costs
     python scripts/bench/bench_lm.py --batch-costs 1,2,4,8 --cache-length 200         # one batched pass over B answers
+    python scripts/bench/bench_lm.py --row-costs 1,2,4,8 --model FILE.gguf   # where a pass's rows' time goes
     python scripts/bench/bench_lm.py --batch-agreement 8    # answers decoded together vs alone (bundled model, bf16)
     python scripts/bench/bench_lm.py --prefill-costs 8,32,128 --threads 2   # a prompt's prefill: decode kernel vs bf16
 
@@ -43,7 +44,7 @@ from model.decoding.denoiser import Denoiser
 from model.decoding.sampler import SamplerConfig
 from model.device import DEVICE_CHOICES, describe, resolve_device
 from model.errors import ModelError
-from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from model.runtime.batching import KEY_MULTIPLE, Feed, PassRows, SlotCache, batched_pass, prefill
 
 PROMPTS = (
     "What's the weather like on Mars?",
@@ -343,6 +344,96 @@ def batch_cost_main(args: argparse.Namespace) -> int:
     return 0
 
 
+ROW_PARTS = ("pass", "layers", "linears", "attention and the rest", "head", "around the kernels", "probabilities")
+
+
+def row_costs(model: Any, cache_length: int, sizes: list[int], repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Median seconds of each part of one decoding pass of n rows through the decode kernel, for the rows of one
+    answer (1 clean row + n - 1 drafting masks, self-speculative's shape) and for n answers of 1 clean row each: the
+    whole pass as the runner calls it (`batched_pass`), its layers (`FastPass.hidden_rows`: one C call), their
+    linears alone (every layer's four, each `weight_rows` call on the same rows), the head (`FastPass.logits`), what
+    runs around the kernels (the pass less its layers and head: the rows' layout, the embedding, Python), and the
+    softmax the decoding step takes of each row. Round-robin over every shape, so a busy moment hits all alike."""
+    fast = model.inference_pass()
+    if not fast.takes_rows():
+        raise ModelError("--row-costs times the decode kernel's passes, which this model does not take")
+    cache = SlotCache(max(sizes))
+    generator = torch.Generator().manual_seed(2)
+    for slot in range(max(sizes)):
+        prefill(model, cache, slot, torch.randint(10, 1000, (cache_length + 3 * slot,), generator=generator).tolist())
+    mask = model.mask_id
+    forms = {
+        "one answer": lambda n: ([0], [Feed((11,), (mask,) * (n - 1), drafts=True)]),
+        "answers": lambda n: (list(range(n)), [Feed((11,))] * n),
+    }
+    linears = [linear for layer in fast.layers for linear in (layer.int4.qkv, layer.int4.o, layer.int4.gate_up,
+                                                                layer.int4.down)]
+
+    def parts(slots: list[int], feeds: list[Feed]) -> dict[str, float]:
+        lengths = [len(cache.slots[slot].ids) for slot in slots]
+        cache.bind(slots, lengths)
+        rows = PassRows.of(slots, lengths, feeds, KEY_MULTIPLE)
+        coarse = fast.coarse_rows(rows.coarse)
+        timed: dict[str, float] = {}
+        started = time.perf_counter()
+        batched_pass(model, cache, slots, feeds)
+        timed["pass"] = time.perf_counter() - started
+        started = time.perf_counter()
+        h = fast.hidden_rows(rows, cache)
+        timed["layers"] = time.perf_counter() - started
+        x = torch.randn(h.shape[0], max(linear.in_features for linear in linears), generator=generator)
+        started = time.perf_counter()
+        for linear in linears:
+            linear(x[:, : linear.in_features], coarse)
+        timed["linears"] = time.perf_counter() - started
+        started = time.perf_counter()
+        logits = fast.logits(h, rows.coarse)
+        timed["head"] = time.perf_counter() - started
+        started = time.perf_counter()
+        torch.softmax(logits, dim=-1)
+        timed["probabilities"] = time.perf_counter() - started
+        timed["attention and the rest"] = timed["layers"] - timed["linears"]
+        timed["around the kernels"] = timed["pass"] - timed["layers"] - timed["head"]
+        return timed
+
+    times = {(form, n, part): [] for form in forms for n in sizes for part in ROW_PARTS}
+    for round_ in range(repeats + 1):
+        for form in forms:
+            for n in sizes:
+                timed = parts(*forms[form](n))
+                if round_:  # the first round builds each shape's buffers: not timed
+                    for part, seconds in timed.items():
+                        times[(form, n, part)].append(seconds)
+    return {form: {part: [statistics.median(times[(form, n, part)]) for n in sizes] for part in ROW_PARTS}
+            for form in forms}
+
+
+def row_cost_main(args: argparse.Namespace) -> int:
+    """--row-costs: where the time of a pass's rows goes, by part, for n rows of one answer and for n answers."""
+    chat = model_to_time(args)
+    sizes = [int(n) for n in args.row_costs.split(",")]
+    with torch.inference_mode():
+        costs = row_costs(chat.backend.model, args.cache_length, sizes, args.pass_repeats)
+    print(f"one pass through the decode kernel, ~{args.cache_length} cached tokens per answer, "
+          f"{torch.get_num_threads()} threads, median of {args.pass_repeats} (ms; in brackets: the pass against n = "
+          f"{sizes[0]}; each extra row's cost after the table)")
+    for form, table in costs.items():
+        print(f"{form}: n | " + " | ".join(ROW_PARTS))
+        for i, n in enumerate(sizes):
+            cells = [f"{table[part][i] * 1e3:.2f}" for part in ROW_PARTS]
+            cells[0] += f" ({table['pass'][i] / table['pass'][0]:.2f}x)"
+            print(f"{n:>4} | " + " | ".join(cells))
+        if len(sizes) > 1:
+            extra = sizes[-1] - sizes[0]
+            print(f"  each extra row, n = {sizes[0]} -> {sizes[-1]} (ms): " + ", ".join(
+                f"{part} {(table[part][-1] - table[part][0]) * 1e3 / extra:.2f}" for part in ROW_PARTS))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        report = {"cache_length": args.cache_length, "sizes": sizes, "threads": torch.get_num_threads(), **costs}
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
 AGREEMENT_PROMPTS = (
     *PROMPTS,
     "What is a good name for a cat?",
@@ -406,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-length", type=int, default=200, help="cached tokens before the timed passes")
     parser.add_argument("--prefill-costs", default=None, help="e.g. 8,32,128: time prefills of that many tokens")
     parser.add_argument("--batch-costs", default=None, help="e.g. 1,2,4,8: time batched passes over that many answers")
+    parser.add_argument("--row-costs", default=None, help="e.g. 1,2,4,8: where a pass's rows' time goes, by part")
     parser.add_argument("--batch-agreement", type=int, default=0, help="N: answers together vs alone")
     parser.add_argument("--fp32", action="store_true", help="--batch-agreement in fp32 (bundled model)")
     args = parser.parse_args(argv)
@@ -418,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.pass_costs:
         return pass_cost_main(args)
+    if args.row_costs:
+        return row_cost_main(args)
     if args.batch_costs:
         return batch_cost_main(args)
     if args.prefill_costs:

@@ -4,6 +4,7 @@ same whether batched with others or alone."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,9 +14,11 @@ from gguf import GGMLQuantizationType
 from gguf_answers import answer, assert_batched_answers_equal_lone_answers
 from tiny_gguf import K_SHAPE, write_model
 
+from model.chat import ChatMessage
 from model.chat.engine import DiffusionChatModel
 from model.chat.spec import ModelSpec
 from model.loading import load_chat_model
+from model.runtime import batch_runner
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.runtime.int4_weights import available
 from model.runtime.packed import PackedLinear
@@ -78,7 +81,10 @@ def test_the_decode_layer_computes_the_torch_fused_pass(
     assert model.inference_pass().native is None
     reference = pass_logits(model)
     assert torch.nn.functional.cosine_similarity(native, reference, dim=-1).min() > 0.999
-    assert torch.equal(native.argmax(-1), reference.argmax(-1))
+    # each row's choice is the reference's, or a near tie of it (a random network's logits are flat, and its top two
+    # can be closer than the activations' 8-bit rounding moves them, as llama.cpp rounds a file's activations)
+    chosen = reference.gather(-1, native.argmax(-1, keepdim=True))[:, 0]
+    assert (reference.max(-1).values - chosen <= 0.1).all()
 
 
 def test_the_packed_passes_compute_the_de_quantized_network(tmp_path: Path) -> None:
@@ -87,7 +93,8 @@ def test_the_packed_passes_compute_the_de_quantized_network(tmp_path: Path) -> N
     path = write_model(tmp_path / "q.gguf", "qwen2", mixed, tied=True, seed=6).path
     packed = pass_logits(load(path).backend.model)  # type: ignore[attr-defined]
     dense = pass_logits(load(path, precision="fp32").backend.model)  # type: ignore[attr-defined]
-    assert torch.nn.functional.cosine_similarity(packed, dense, dim=-1).min() > 0.999
+    # the packed passes round each group of 32 activations to 8 bits, as llama.cpp computes the file
+    assert torch.nn.functional.cosine_similarity(packed, dense, dim=-1).min() > 0.998
 
 
 def test_a_head_the_kernels_do_not_read_is_multiplied_row_by_row(tmp_path: Path) -> None:
@@ -111,3 +118,38 @@ def test_answers_through_the_c_path_batched_equal_their_lone_answers(tmp_path: P
     chat = load(write_model(tmp_path / "b.gguf", "qwen3", mixed, tied=False, seed=5).path)
     assert chat.backend.model.inference_pass().native is not None  # type: ignore[attr-defined]
     assert_batched_answers_equal_lone_answers(chat)
+
+
+def test_prompts_encoded_beside_other_answers_leave_every_answer_as_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bulk answers admitted while another decodes have their prompts encoded `PREFILL_STEP` tokens a pass beside its
+    rows (model/runtime/batch_runner.py `_start_filling`), their last part folded into their own first pass: every
+    answer is still the one it got alone, and the prompt chunks' rows get no logits."""
+    chat = load(write_model(tmp_path / "p.gguf", "qwen2", q4_k_m, tied=False, seed=7, shape=K_SHAPE).path)
+    texts = [" ".join(f"word{i} number{i * j}" for j in range(12 + 5 * i)) for i in range(4)]
+    assert min(len(chat.prompt_ids([ChatMessage("user", text)])) for text in texts) > 2 * batch_runner.PREFILL_STEP
+    alone = [answer(chat, text, 12)[1] for text in texts]
+    passes: list[list[Feed]] = []
+    recorded = batch_runner.batched_pass
+
+    def recording(model, cache, slots, feeds):  # type: ignore[no-untyped-def]
+        passes.append(list(feeds))
+        return recorded(model, cache, slots, feeds)
+
+    monkeypatch.setattr(batch_runner, "batched_pass", recording)
+    together: list[list[int] | None] = [None] * len(texts)
+
+    def run(index: int) -> None:
+        together[index] = answer(chat, texts[index], 12)[1]
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert together == alone
+    chunks = [feed for feeds in passes for feed in feeds if not feed.logits]
+    assert chunks and all(len(feed.clean) <= batch_runner.PREFILL_STEP and not feed.noisy for feed in chunks)
+    assert any(len(feeds) > len([f for f in feeds if not f.logits]) for feeds in passes if any(not f.logits
+                                                                                               for f in feeds))
