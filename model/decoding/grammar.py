@@ -144,15 +144,19 @@ def compile_tools(constraint: ToolConstraint) -> str:
     forms, heads = [], []
     for form in constraint.forms:
         rule = form.value
-        if form is CallForm.PYTHON_TAG:  # a special token, which only a rule (not a lexeme) can name
-            heads.append(f"{rule}_head[lazy]: /{GAP}{OBJECT_HEAD}/")
-            opener = f"{PYTHON_TAG} {rule}_head"
-        else:
-            heads.append(f"{rule}_head[lazy]: /{GAP}{form.head}/")
-            opener = f"{rule}_head"
         close = f" GAP {_literal(form.close)}" if form.close else ""
-        heads.append(f"{rule}: {opener} call{close}")
-        forms.append(f"{rule}+" if constraint.parallel else rule)
+        if form is CallForm.PYTHON_TAG:  # a special token, which only a rule (not a lexeme) can name
+            heads += [f"{rule}_head[lazy]: /{GAP}{OBJECT_HEAD}/", f"{rule}: {PYTHON_TAG} {rule}_head call{close}"]
+            forms.append(f"{rule}+" if constraint.parallel else rule)
+            continue
+        heads += [f"{rule}_head[lazy]: /{GAP}{form.head}/", f"{rule}: {rule}_head call{close}"]
+        if constraint.parallel:
+            # A further call follows with nothing between: whitespace after a call ends the answer, so a model
+            # that writes a newline after its call (SmolLM2 does) is not then held to write another
+            heads += [f"{rule}_next_head[lazy]: /{form.head}/", f"{rule}_next: {rule}_next_head call{close}"]
+            forms.append(f"{rule} {rule}_next*")
+        else:
+            forms.append(rule)
     lines = ["%llguidance {}", f"start: {'calls' if constraint.required else 'calls | TEXT'}",
              f"calls: ({' | '.join(forms)}) GAP",
              f'call: SPACE ":" SPACE ({names}) SPACE "}}"', *heads, *functions,

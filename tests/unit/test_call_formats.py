@@ -78,12 +78,13 @@ def test_the_grammar_refuses_an_unknown_name_at_its_first_wrong_character() -> N
 
 
 def test_parallel_calls_follow_one_another_in_one_form_only_when_asked() -> None:
+    """A further call follows the last with nothing between, as the generic format writes them."""
     time_call = '{"name": "get_time", "arguments": {"zone": "CET"}}'
-    assert matches(AUTO, BARE + "\n" + time_call)
-    assert matches(AUTO, QWEN + "\n" + call_text("get_time", '{"zone":"CET"}'))
+    assert matches(AUTO, BARE + time_call) and matches(AUTO, QWEN + call_text("get_time", '{"zone":"CET"}'))
+    # whitespace after a call ends the answer: a model that writes a newline there is not held to call again
+    assert matches(AUTO, BARE + "\n") and not matches(AUTO, BARE + "\n" + time_call)
     single = ToolConstraint(AUTO.tools, required=False, parallel=False)
-    assert matches(single, BARE) and not matches(single, BARE + "\n" + time_call)
-    assert matches(single, BARE + "\n")  # an end of line, then the end
+    assert matches(single, BARE) and matches(single, BARE + "\n") and not matches(single, BARE + time_call)
 
 
 def test_whitespace_is_bounded_around_a_call_and_inside_it() -> None:
