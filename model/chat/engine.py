@@ -20,6 +20,7 @@ from model.chat.backend import AnswerPlan, Backend, EndOfTurnRow
 from model.chat.stop_strings import end_at_stop
 from model.chat.text import TokenTexts, Vocabulary, draft_from_refinement
 from model.chat.tools import renders_tools, template_chat
+from model.decoding.call_formats import CallForm, forms_for
 from model.decoding.end_of_turn import message_tail, probe_row
 from model.decoding.grammar import Grammar, GrammarError, compile_format, compile_tools, grammar_tokenizer
 from model.decoding.options import whole_blocks
@@ -200,12 +201,18 @@ class DiffusionChatModel:
         if not self.backend.constrains:
             what = "tool calls" if options.tools is not None else "a response_format"
             raise GrammarError(f"{self.name} decodes with its own sampler, which cannot be held to {what}")
-        grammar = (compile_tools(options.tools) if options.tools is not None
-                   else compile_format(options.response_format))
+        grammar = (compile_tools(dataclasses.replace(options.tools, forms=self.call_forms()))
+                   if options.tools is not None else compile_format(options.response_format))
         with self._guards_lock:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, {self.tokenizer.eos_token_id})
         return Grammar(self._grammar_tokenizer, grammar)
+
+    def call_forms(self) -> tuple[CallForm, ...]:
+        """The forms this model's tool calls may take (model/decoding/call_formats.py), by its tokenizer's special
+        tokens: Llama 3.x's vocabulary adds `<|python_tag|>`."""
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", {})
+        return forms_for(frozenset(token.content for token in decoder.values() if token.special))
 
     def _drafts(self, plan: AnswerPlan, cancel: threading.Event | None) -> Iterator[Draft]:
         options, prompt_tokens = plan.options, len(plan.prompt)

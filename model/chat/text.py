@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from model.chat import Draft, DraftPiece
+from model.decoding.call_formats import OPENING_CHARACTERS
 from model.decoding.refinement import Refinement
 from model.decoding.speech_guard import WordClasses
 
@@ -91,13 +92,13 @@ class Vocabulary:
     punctuation: frozenset[int]
     sentence_marks: frozenset[int]  # punctuation alone that ends a sentence: "." "?" "!" "?!"...
     words: WordClasses
-    call_openers: frozenset[int]  # tokens whose text starts with "<": the first token of a tool call
+    call_openers: frozenset[int]  # tokens whose text may open a tool call (model/decoding/call_formats.py)
 
     @classmethod
     def scan(cls, tokenizer: Any) -> Vocabulary:
         texts = token_texts_of_vocabulary(tokenizer)
         ends, punctuation = sentence_end_ids(tokenizer, texts), punctuation_ids(texts)
-        openers = frozenset(i for i, text in enumerate(texts) if text.lstrip().startswith("<"))
+        openers = frozenset(i for i, text in enumerate(texts) if text.lstrip().startswith(OPENING_CHARACTERS))
         return cls(ends, punctuation, ends & punctuation, WordClasses.from_texts(texts), openers)
 
 

@@ -11,8 +11,11 @@ SmolLM2's chat template has no tool format, so one plain-text format serves it a
   any role: `<|im_start|>tool\n...<|im_end|>`; the bundled model answers it with text, where a user message
   `<tool_response>...</tool_response>` made it repeat the result).
 
-The grammar (model/decoding/grammar.py `compile_tools`) makes the model write calls in exactly this shape, so reading
-them back (`read_calls`) is a prefix match that works on a growing committed text as well as on a finished answer.
+Models write calls their own way too (a bare JSON object, one in a code fence, Llama 3.x's `<|python_tag|>`):
+model/decoding/call_formats.py spells every form, the grammar (model/decoding/grammar.py `compile_tools`) holds a
+call in any of them to the offer from its trigger on, and `read_calls` reads all of them back, on a growing committed
+text as well as on a finished answer. A call read back is written again in the generic format (`call_text`) wherever
+the chat is kept.
 
 The chat travels in this format everywhere (the API's requests, the voice session's history). Whoever has a tool format
 of its own reads it back as OpenAI's structure (`structured_chat`): a remote OpenAI-compatible server (`--llm-url`)
@@ -32,13 +35,20 @@ import jinja2
 import jinja2.meta
 
 from model.chat import ChatMessage
+from model.decoding.call_formats import (
+    ARGUMENT_KEYS,
+    GAP,
+    GAP_MAX,
+    OBJECT_HEAD,
+    PYTHON_TAG,
+    SPACE,
+    TAG_CLOSE,
+    TAG_OPEN,
+    CallForm,
+)
 from model.decoding.grammar import compile_format, response_format
 from model.decoding.options import ToolConstraint
 from model.errors import ModelError
-
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_CALL_HEAD = re.compile(r'\{"name":"((?:[^"\\]|\\.)*)","arguments":')
-_ARGUMENTS_END = "}" + CALL_CLOSE  # the call object's closing brace, then the closing tag
 
 INSTRUCTION = (
     "You can call functions. To call one, answer with only "
@@ -179,7 +189,7 @@ def constraint(functions: Sequence[Function], required: bool, parallel: bool = T
 def call_text(name: str, arguments: str) -> str:
     """An assistant's call as the model writes it. `arguments`: JSON text (re-written compact)."""
     compact = json.dumps(json.loads(arguments), separators=(",", ":"))
-    return f'{CALL_OPEN}{{"name":{json.dumps(name)},"arguments":{compact}}}{CALL_CLOSE}'
+    return f'{TAG_OPEN}{{"name":{json.dumps(name)},"arguments":{compact}}}{TAG_CLOSE}'
 
 
 def new_call_id() -> str:
@@ -187,34 +197,93 @@ def new_call_id() -> str:
 
 
 def opens_calls(text: str) -> bool:
-    """Whether an answer is (or, while short, may become) tool calls rather than free text: the grammar's free text
-    never starts with "<"."""
-    return text.startswith("<")
+    """Whether an answer is, or while short may still become, tool calls rather than free text: it opens with a
+    call's trigger (`starts_calls`), or all of it could be the start of one (`{`, `<tool_`, a few spaces). Text
+    that is neither is never a call (model/decoding/call_formats.py), so a stream may show it at once."""
+    return starts_calls(text) or _may_trigger(text)
+
+
+def starts_calls(text: str) -> bool:
+    """Whether an answer opens with a call's trigger: from there on the grammar held it to calls."""
+    return _TRIGGER.match(text) is not None
 
 
 def read_calls(text: str) -> list[ToolCall]:
-    """The calls of an answer's committed text, the last one possibly still open: its arguments then stop before
-    anything that may be the start of its closing `}</tool_call>`, so they only ever grow as the text does."""
+    """The calls an answer opens with, in any of the forms of model/decoding/call_formats.py, the last one possibly
+    still open: its arguments are then what is written of them so far, so they only ever grow as the text does.
+    Arguments are the JSON text as the model wrote it."""
     calls: list[ToolCall] = []
-    rest = text
-    while rest.startswith(CALL_OPEN):
-        head = _CALL_HEAD.match(rest, len(CALL_OPEN))
-        if head is None:  # the name is still being written
-            break
-        name = json.loads(f'"{head.group(1)}"')
-        body = rest[head.end():]
-        end = body.find(_ARGUMENTS_END)
-        if end < 0:
-            calls.append(ToolCall(name, body[: _held_back(body)], closed=False))
-            break
-        calls.append(ToolCall(name, body[:end], closed=True))
-        rest = body[end + len(_ARGUMENTS_END):]
-    return calls
+    at = 0
+    while True:
+        head = _HEAD.match(text, at)
+        if head is None:  # no (further) call, or its name is still being written
+            return calls
+        name = json.loads(f'"{head.group("name")}"')
+        end = _json_end(text, head.end())
+        if end is None:
+            calls.append(ToolCall(name, text[head.end():], closed=False))
+            return calls
+        form = next((form for form in _OPENED if head.group(form.value)), CallForm.BARE)
+        closed = _TAILS[form].match(text, end)
+        calls.append(ToolCall(name, text[head.end():end], closed=closed is not None))
+        if closed is None:
+            return calls
+        at = closed.end()
 
 
-def _held_back(body: str) -> int:
-    """Where the end of `body` that may begin `}</tool_call>` starts (len(body) when none does)."""
-    for start in range(max(0, len(body) - len(_ARGUMENTS_END)), len(body)):
-        if _ARGUMENTS_END.startswith(body[start:]):
-            return start
-    return len(body)
+_TRIGGER = re.compile(GAP + "(?:" + "|".join(form.trigger for form in CallForm) + ")")
+_OPENED = tuple(form for form in CallForm if form.opener)
+_HEAD = re.compile(GAP + "(?:" + "|".join(f"(?P<{form.value}>{form.opener})" for form in _OPENED) + ")?"
+                   + GAP + OBJECT_HEAD + SPACE + ":" + SPACE + r'"(?P<name>(?:[^"\\]|\\.)*)"' + SPACE + "," + SPACE
+                   + '"(?:' + "|".join(ARGUMENT_KEYS) + ')"' + SPACE + ":" + SPACE)
+# What ends a call after its arguments: the object's brace, then the form's closing literal.
+_TAILS = {form: re.compile(SPACE + r"\}" + (GAP + re.escape(form.close) if form.close else "")) for form in CallForm}
+_LITERAL_OPENERS = (TAG_OPEN, PYTHON_TAG, "```")
+
+
+def _may_trigger(text: str) -> bool:
+    """Whether all of `text` is the start of a trigger (it has none yet): whitespace, then part of a tag, of a
+    fence's opening, or of an object's head up to its "name" key."""
+    rest = text.lstrip(" \t\r\n")
+    if len(text) - len(rest) > GAP_MAX:
+        return False
+    if any(opener.startswith(rest) for opener in _LITERAL_OPENERS):
+        return True
+    if rest.startswith("```"):
+        rest = re.sub(r"^```[a-z]*[ \t\r\n]*", "", rest)
+        if not rest:
+            return True
+    if not rest.startswith("{"):
+        return False
+    rest = rest[1:].lstrip(" \t\r\n")
+    return '"name"'.startswith(rest)
+
+
+def _json_end(text: str, start: int) -> int | None:
+    """Where the JSON value that starts at `start` ends (None: not yet written in full). The grammar made it valid
+    JSON, so brackets outside strings are enough to find its end."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        char = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+                if depth == 0:
+                    return i + 1
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            if depth == 0:  # a scalar's end: the call object's closing brace
+                return i
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        elif depth == 0 and char in ", \t\r\n":  # a scalar's end
+            return i
+    return None

@@ -23,12 +23,15 @@ import llguidance
 import llguidance.hf
 import torch
 
+from model.decoding.call_formats import ARGUMENT_KEYS, GAP, OBJECT_HEAD, PYTHON_TAG, SPACE, CallForm
 from model.decoding.options import ResponseFormat, ToolConstraint
 from model.errors import ModelError
 
 # Compiler options under the schema's own "x-guidance" (a caller may still ask for flexible whitespace there).
 _JSON_DEFAULTS: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
 _ANY_OBJECT = '{"type":"object"}'
+# A call's arguments: at most one space where JSON allows whitespace, as models write calls (`{"zone": "CET"}`)
+_CALL_JSON: llguidance.JsonCompileOptions = {"whitespace_flexible": True, "whitespace_pattern": SPACE}
 
 # JSON Schema's keywords (2020-12, draft-7's, OpenAPI's "discriminator" hint) by what their value holds, so
 # `unknown_keyword` can walk a schema: a keyword outside them is refused (a typo such as "maxLenght" would otherwise
@@ -119,29 +122,59 @@ def compile_format(fmt: ResponseFormat) -> str:
 @functools.lru_cache(maxsize=COMPILED_KEPT)
 def compile_tools(constraint: ToolConstraint) -> str:
     """The llguidance (Lark) grammar of `constraint`'s tool calls, validated like `compile_format` (each function's
-    parameters schema first, so an error names the function). "auto" adds free text as the other alternative; free
-    text may not start with "<", so an answer that opens a tool call must complete one."""
-    alternatives = []
+    parameters schema first, so an error names the function).
+
+    Each call form (model/decoding/call_formats.py) is a rule whose first lexeme is lazy and runs from the answer's
+    start through its trigger to the object's "name" key; after it come a declared name and that function's
+    arguments, then the form's end. "auto" adds free text as the other alternative: one lexeme whose language is
+    every text that does not open with a trigger. The two are alive together while the answer could still be either
+    (`{`, `<tool_`), so the grammar is dormant for free text, and from the byte that completes a trigger on it holds
+    the answer to the offer: llama.cpp's lazy grammar, in one parser, with no switch for decoding modes to agree on.
+    """
+    functions = []
     for i, (name, parameters) in enumerate(constraint.tools):
         try:
             compile_format(ResponseFormat("json_schema", parameters, name))
         except GrammarError as error:
             raise GrammarError(f"function {name!r}: {error}") from error
-        call = {"type": "object", "properties": {"name": {"const": name}, "arguments": json.loads(parameters)},
-                "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": _JSON_DEFAULTS}
-        alternatives.append(f"call_{i}: %json {json.dumps(call, separators=(',', ':'))}")
-    calls = "call+" if constraint.parallel else "call"
-    start = "calls" if constraint.required else "calls | TEXT"
-    lines = [f"start: {start}", f"calls: {calls}",
-             'call: "<tool_call>" (' + " | ".join(f"call_{i}" for i in range(len(alternatives))) + ') "</tool_call>"',
-             *alternatives]
+        arguments = {**json.loads(parameters), "x-guidance": _CALL_JSON}
+        functions += [f"fn_{i}: {_literal(json.dumps(name))} SPACE \",\" SPACE KEY SPACE \":\" SPACE args_{i}",
+                      f"args_{i}: %json {json.dumps(arguments, separators=(',', ':'))}"]
+    names = " | ".join(f"fn_{i}" for i in range(len(constraint.tools)))
+    forms, heads = [], []
+    for form in constraint.forms:
+        rule = form.value
+        close = f" GAP {_literal(form.close)}" if form.close else ""
+        if form is CallForm.PYTHON_TAG:  # a special token, which only a rule (not a lexeme) can name
+            heads += [f"{rule}_head[lazy]: /{GAP}{OBJECT_HEAD}/", f"{rule}: {PYTHON_TAG} {rule}_head call{close}"]
+            forms.append(f"{rule}+" if constraint.parallel else rule)
+            continue
+        heads += [f"{rule}_head[lazy]: /{GAP}{form.head}/", f"{rule}: {rule}_head call{close}"]
+        if constraint.parallel:
+            # A further call follows with nothing between: whitespace after a call ends the answer, so a model
+            # that writes a newline after its call (SmolLM2 does) is not then held to write another
+            heads += [f"{rule}_next_head[lazy]: /{form.head}/", f"{rule}_next: {rule}_next_head call{close}"]
+            forms.append(f"{rule} {rule}_next*")
+        else:
+            forms.append(rule)
+    lines = ["%llguidance {}", f"start: {'calls' if constraint.required else 'calls | TEXT'}",
+             f"calls: ({' | '.join(forms)}) GAP",
+             f'call: SPACE ":" SPACE ({names}) SPACE "}}"', *heads, *functions,
+             "KEY: " + " | ".join(_literal(json.dumps(key)) for key in ARGUMENT_KEYS),
+             f"GAP: /{GAP}/", f"SPACE: /{SPACE}/"]
     if not constraint.required:
-        lines.append(r"TEXT: /[^<](.|\n)*/")
+        triggers = "|".join(form.trigger for form in constraint.forms if form is not CallForm.PYTHON_TAG)
+        lines.append(f"TEXT: /(?s:.*)/ & ~/{GAP}({triggers})(?s:.*)/")
     grammar = llguidance.grammar_from("lark", "\n".join(lines) + "\n")
     message = llguidance.LLMatcher.validate_grammar(grammar)
     if message:
         raise GrammarError(f"the tool call grammar cannot be enforced: {message}")
     return grammar
+
+
+def _literal(text: str) -> str:
+    """`text` as a Lark string literal."""
+    return json.dumps(text)
 
 
 def grammar_tokenizer(tokenizer: Any, eos_ids: Iterable[int]) -> llguidance.LLTokenizer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from model.decoding.call_formats import DEFAULT_FORMS, CallForm
 from model.errors import ModelError
 
 
@@ -57,16 +58,18 @@ class ResponseFormat:
 @dataclass(frozen=True, slots=True)
 class ToolConstraint:
     """The tool calls a caller demands (or allows) as its answer, enforced by constrained decoding like a
-    `ResponseFormat`: each call is `<tool_call>{"name":...,"arguments":...}</tool_call>` (model/chat/tools.py) naming
-    one of `tools`, its arguments matching that function's parameters schema.
+    `ResponseFormat`: each call is `{"name":...,"arguments":...}` in one of `forms` (model/decoding/call_formats.py)
+    naming one of `tools`, its arguments matching that function's parameters schema.
 
-    `required`: the answer is one call (or, with `parallel`, one or more); otherwise ("auto") it is either free text
-    or such calls. Schemas are compact JSON text, so the options stay frozen and hashable.
+    `required`: the answer is one call (or, with `parallel`, one or more) from its first token; otherwise ("auto") it
+    is free text unless it opens with a call's trigger, from which on it is such calls. Schemas are compact JSON text,
+    so the options stay frozen and hashable. `forms` are the model's (the engine sets them from its tokenizer).
     """
 
     tools: tuple[tuple[str, str], ...]  # (function name, compact JSON of its parameters schema)
     required: bool
     parallel: bool = True
+    forms: tuple[CallForm, ...] = DEFAULT_FORMS
 
     def __post_init__(self) -> None:
         if not self.tools:

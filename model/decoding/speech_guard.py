@@ -66,9 +66,10 @@ class SpeechGuard:
     copied: dict[tuple[int, ...], frozenset[int]] = field(default_factory=dict)  # prompt (n-1)-gram -> next keys
     no_copy_opening: int = 0  # n > 0: never open with the first n tokens an earlier answer in the prompt opened with
     openings: frozenset[tuple[int, ...]] = frozenset()  # those openings (keys), found by `for_prompt`
-    # Tokens that open a tool call (their text starts with "<", which free text never does when tools are offered:
-    # model/chat/tools.py). An answer opening with one is a call, not speech: no rule applies to it, since its name
-    # and arguments must copy the offer and the user's words (`{"name":"get_time"`, `{"text":"hello there"}`).
+    # Tokens that may open a tool call (their text starts as a call's form does: "<", "{", "`";
+    # model/decoding/call_formats.py). An answer opening with one is taken for a call, not speech: no rule applies to
+    # it, since its name and arguments must copy the offer and the user's words (`{"name":"get_time"`,
+    # `{"text":"hello there"}`).
     call_openers: frozenset[int] = frozenset()
 
     def for_prompt(self, prompt: list[int], header: int = 3) -> SpeechGuard:

@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions, TokenizingChatModel
-from model.chat.tools import new_call_id, opens_calls, read_calls
+from model.chat.tools import new_call_id, opens_calls, read_calls, starts_calls
 from model.decoding.grammar import GrammarError
 from model.errors import ContextLengthExceeded, ModelError
 from model.server.answer import ToolCallDeltas, view_of
@@ -236,6 +236,7 @@ async def _stream_events(
     yield chunk({"role": "assistant", "content": ""}, **({"diffusion": {"step": -1, "committed_chars": 0}}
                                                           if request.diffusing else {}))
     sent = ""  # append mode: committed text already sent; diffusing mode: the last draft sent
+    shown = 0  # append mode: characters of `sent` sent as content (none of calls, nor of text that may become them)
     sent_committed = 0  # diffusing mode: the last committed_chars sent
     last: Draft | None = None
     finish: str | None = None
@@ -253,14 +254,17 @@ async def _stream_events(
                 elif len(view.committed) > len(sent):
                     if not view.committed.startswith(sent):
                         raise GenerationCrashed("the model changed text it had committed")
-                    if calls is not None and opens_calls(view.committed):
+                    if calls is not None and opens_calls(view.committed):  # calls, or text that may become calls
                         fragments = calls.feed(view.committed)
                         if fragments:
                             yield chunk({"tool_calls": fragments})
                     else:
-                        yield chunk({"content": view.committed[len(sent):]})
+                        yield chunk({"content": view.committed[shown:]})
+                        shown = len(view.committed)
                     sent = view.committed
                 if view.stopped or draft.done:
+                    if calls is not None and not starts_calls(sent) and shown < len(sent):
+                        yield chunk({"content": sent[shown:]})  # held back as a possible call, but it ended as text
                     finish = "stop" if view.stopped else _finish_reason(draft)
                     if calls is not None and finish == "stop" and any(c.closed for c in read_calls(sent)):
                         finish = "tool_calls"
@@ -405,7 +409,7 @@ def create_app(model: ChatModel, config: ServerConfig) -> FastAPI:
             text, finish, last = await _first_of(_collect(job, options.stop), raw, config.disconnect_poll_s)
         except ModelError as error:
             raise _api_error(error, options) from error
-        if options.tools is not None and opens_calls(text):
+        if options.tools is not None and starts_calls(text):
             calls = [call for call in read_calls(text) if call.closed]
             finish = "tool_calls" if calls and finish == "stop" else finish
             return completion_object(new_completion_id(), body.model, None, finish, last,

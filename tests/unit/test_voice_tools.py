@@ -188,7 +188,7 @@ class ScriptedLM:
         last = messages[-1]
         call = self.calls(last.content) if last.role == "user" and options.tools is not None else None
         if call is not None:
-            words = [call]
+            words = call.split(" ")  # a call in a model's own form, with spaces, is written word by word too
         elif last.role == "tool":
             words = f"Done: {last.content}".split()
         else:
@@ -399,3 +399,27 @@ def test_a_timer_due_while_the_user_speaks_waits_for_the_floor(tool_session) -> 
     ends = [e for e in events if isinstance(e, TurnEnd)]
     assert [end.user_text for end in ends] == ["set a timer", "hello", ""]  # said after the user's turn, not over it
     assert ends[2].stats["announcement"] == 1
+
+
+@pytest.mark.parametrize("form", [
+    '{"name": "get_time", "arguments": {}}',  # bare, as small models write it
+    '```json\n{"name": "get_time", "arguments": {}}\n```',  # fenced
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',  # Qwen2.5's spacing
+])
+def test_a_call_in_a_models_own_form_is_run_never_spoken_and_kept_in_the_generic_form(tool_session, form) -> None:
+    """Written word by word, the call is never shown: each draft either may still become a call or is one."""
+
+    async def scenario() -> tuple[Session, list[Event], TurnEnd]:
+        session = tool_session(ScriptedLM(lambda user: form if "time" in user else None))
+        _, events, collector = await started(session)
+        end = await _turn(session, events, "what time is it")
+        await session.close()
+        await collector
+        return session, events, end
+
+    session, events, end = asyncio.run(scenario())
+    assert "name" not in "".join(e.draft for e in events if isinstance(e, DraftUpdate))
+    [called] = [e for e in events if isinstance(e, ToolCalled)]
+    assert called.name == "get_time" and called.result.startswith("It is ")
+    assert end.answer == f"Done: {called.result}"
+    assert session.dialogue.history[1].content == call_text("get_time", "{}")

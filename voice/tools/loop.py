@@ -10,7 +10,8 @@ model answers again, in words.
         Apologise(text)  say this instead (a call cut short, or more rounds than `max_rounds`)
 
 Calls and results are kept as the chat template wants them (model/chat/tools.py): the assistant's calls in the
-generic `<tool_call>` text, each result as a message of role "tool". `added` is what the turn adds to the history
+generic `<tool_call>` text (whichever form the model wrote them in: model/decoding/call_formats.py), each result as
+a message of role "tool". `added` is what the turn adds to the history
 before the spoken answer. The offer of the functions goes in the system prompt (`system_with_tools`, as the API
 does), the same on every round and every turn, so the LM's cache of the prompt's head is reused.
 """
@@ -29,8 +30,8 @@ from model.chat.tools import (
     call_text,
     constraint,
     new_call_id,
-    opens_calls,
     read_calls,
+    starts_calls,
     system_with_tools,
 )
 from voice.errors import ToolError
@@ -129,9 +130,9 @@ class ToolLoop:
 
     def answered(self, text: str) -> Speak | RunTools | HandOut | Apologise:
         """What to do with a finished answer's text."""
-        if not opens_calls(text.lstrip()):
+        if not starts_calls(text):
             return Speak()
-        calls = tuple(read_calls(text.strip()))
+        calls = tuple(read_calls(text))
         if not calls or not all(call.closed for call in calls) or self.rounds >= self.max_rounds:
             return Apologise(COULD_NOT_FINISH)  # cut by the token budget, or calls where words were due
         outside = [call.name in self.external for call in calls]

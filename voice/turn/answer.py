@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions, PreparesPrompts, StandsAside
-from model.chat.tools import Function, ToolCall, opens_calls
+from model.chat.tools import Function, ToolCall, opens_calls, starts_calls
 from model.errors import ModelError
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
@@ -357,7 +357,9 @@ class AnswerRunner:
                 answer.tokens += draft.completion_tokens
                 answer.prompt_tokens += draft.prompt_tokens
                 answer.cached_prompt_tokens += draft.cached_prompt_tokens
-            if opens_calls(draft.text.lstrip()):  # a tool call is never spoken nor shown
+            # a tool call is never spoken nor shown, nor is a draft that may still become one; a finished answer is
+            # a call only if it opens with a call's trigger
+            if starts_calls(draft.text) if draft.done else opens_calls(draft.text):
                 if draft.done:
                     return draft.text
                 continue
