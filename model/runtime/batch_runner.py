@@ -86,6 +86,7 @@ class Run:
     reused_tokens: int = 0  # prompt tokens found already in the slot's cache
     slot: int | None = None
     passes: int = 0
+    ended: bool = False  # its last item is queued (`BatchRunner._end`)
     _out: queue.SimpleQueue[Refinement | BaseException | None] = field(default_factory=queue.SimpleQueue)
     _abandoned: threading.Event = field(default_factory=threading.Event)
 
@@ -201,11 +202,17 @@ class BatchRunner:
                         self._end(run, ModelError("the model is shutting down"))
                     return
                 arrivals = self._admit()
-            fresh = [run for run in arrivals if self._encode(run)]
-            urgent = [run for run in fresh if run.interactive]
-            if not urgent and not self._active:
-                self._finish_filling()
-            self._pass(urgent or list(self._active), fills=not urgent)
+            try:
+                fresh = [run for run in arrivals if self._encode(run)]
+                urgent = [run for run in fresh if run.interactive]
+                if not urgent and not self._active:
+                    self._finish_filling()
+                self._pass(urgent or list(self._active), fills=not urgent)
+            except Exception as error:  # a fault of the loop's own bookkeeping ends the answers in flight, never the
+                log.exception("batch runner step failed")  # runner: the next submitted answer is served as usual
+                for run in {*arrivals, *self._active, *self._filling}:
+                    if not run.ended:
+                        self._end(run, ModelError(f"the model's runner failed: {error}"))
 
     def _aside_s(self) -> float:
         """Seconds until every `standing_aside` hold is released or runs out (0: none holds); called locked."""
@@ -413,6 +420,7 @@ class BatchRunner:
                 torch.set_num_threads(threads)
 
     def _end(self, run: Run, error: BaseException | None) -> None:
+        run.ended = True
         with self._condition:
             self._active.pop(run, None)
             self._filling.pop(run, None)

@@ -713,3 +713,28 @@ def test_a_leads_passes_run_on_the_wider_team_only_where_the_cores_are_spare(mon
     teams.clear()
     drain(runner.submit(sequence(chat, prompt, 8, config), lead=3))
     assert teams == [1] * 8
+
+
+def test_a_fault_in_the_runners_own_step_ends_the_answers_in_flight_and_the_runner_serves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fault outside a pass and a decoding step (here: keeping a pass's tokens in the cache) ends the answers in
+    flight with a clear error instead of killing the runner's thread, whose callers would then wait forever."""
+    from model.runtime import batch_runner
+
+    chat = engine()
+    runner: BatchRunner = chat.backend.runner
+    prompt, config, length, options = requests(1)[0]
+    kept = batch_runner.keep
+    faults = iter([True])
+
+    def failing_keep(*args):  # type: ignore[no-untyped-def]
+        if next(faults, False):
+            raise RuntimeError("bookkeeping broke")
+        return kept(*args)
+
+    monkeypatch.setattr(batch_runner, "keep", failing_keep)
+    with pytest.raises(ModelError, match="bookkeeping broke"):
+        drain(runner.submit(sequence(chat, prompt, length, config, options)))
+    again = drain(runner.submit(sequence(chat, prompt, length, config, options)))
+    assert stream(iter(again)) == alone(prompt, config, length, options)
