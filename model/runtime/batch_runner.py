@@ -8,7 +8,8 @@ how many rows the cache keeps). `SpeculativeDecoding` (self-speculative and auto
 (the threshold sampler) are both sequences, so any mix of modes shares a pass. The loop::
 
     admit waiting sequences into free cache slots (interactive first), encode their prompts
-    one forward over the next pass of every admitted sequence (model/runtime/batching.py)
+    one forward over the next pass of every admitted sequence (model/runtime/batching.py), and the next part of the
+        prompts of answers admitted while others decode (on a model whose passes take any rows: `_start_filling`)
     hand each its logits; send each Refinement to its caller; free the slots of finished answers
 
 A single answer is a batch of one through the same code. Priority: an interactive sequence (a voice session's answer)
@@ -59,10 +60,10 @@ LEAD_THREADS = 2  # the team of passes that make a lead someone is waiting for (
 # last token + drafting masks), where a bf16 row comes out the same whatever shares its pass
 # (model/runtime/batching.py).
 FOLD_LIMIT = 24
-# Prompt tokens a bulk answer admitted while others decode encodes per pass, beside their rows, on a model whose passes
-# take any rows (`_start_filling`): the weights stream once for both, and the others wait for a chunk, not for the
-# whole prompt. A chunk costs about its rows' arithmetic (bench_lm.py --row-costs), so it bounds how much longer each
-# of their passes gets while a newcomer's prompt goes in.
+# Prompt tokens of bulk answers admitted while others decode that a pass encodes beside their rows, on a model whose
+# passes take any rows (`_start_filling`): the weights stream once for both, and the others wait for a chunk, not for
+# a whole prompt. A chunk costs about its rows' arithmetic (bench_lm.py --row-costs), so it bounds how much longer each
+# of their passes gets while newcomers' prompts go in.
 PREFILL_STEP = 32
 
 
@@ -290,8 +291,8 @@ class BatchRunner:
         return True
 
     def _start_filling(self, run: Run, sequence: DecodingSequence) -> bool:
-        """Encode a bulk answer's prompt in the passes of the answers already decoding, `PREFILL_STEP` tokens a pass
-        beside their rows, rather than in a prefill they all wait for (llama.cpp's server and vLLM interleave a
+        """Encode a bulk answer's prompt in the passes of the answers already decoding, beside their rows
+        (`_fill_chunks`), rather than in a prefill they all wait for (llama.cpp's server and vLLM interleave a
         newcomer's prompt so): on a model whose passes take any rows, where a row's keys and its answer's do not
         depend on what shares its pass (model/runtime/fast_pass.py `rows_pass`). The prompt's last part goes into
         the answer's own first pass (`fold_prompt`). True when it took the run: active already (its whole uncached
@@ -311,6 +312,19 @@ class BatchRunner:
             else:
                 self._filling[run] = rest[: len(rest) - folded]
         return True
+
+    def _fill_chunks(self) -> tuple[list[Run], list[Feed]]:
+        """The filling runs' prompt parts for the next pass: `PREFILL_STEP` tokens in all, the oldest arrival's
+        first, so that however many answers arrive at once a pass grows by one step's rows."""
+        budget, runs, chunks = PREFILL_STEP, [], []
+        for run in sorted(self._filling, key=lambda run: run.arrived):
+            if budget <= 0:
+                break
+            part = tuple(self._filling[run][:budget])
+            budget -= len(part)
+            runs.append(run)
+            chunks.append(Feed(part, logits=False))
+        return runs, chunks
 
     def _takes_rows(self) -> bool:
         fast = self.model.inference_pass()
@@ -354,8 +368,7 @@ class BatchRunner:
             return
         runs = sorted(runs, key=lambda run: run.slot)  # ascending slots: the cache returns views when contiguous
         sequences = [self._active[run] for run in runs]
-        filling = sorted(self._filling, key=lambda run: run.slot) if fills else []
-        chunks = [Feed(tuple(self._filling[run][:PREFILL_STEP]), logits=False) for run in filling]
+        filling, chunks = self._fill_chunks() if fills else ([], [])
         started = time.perf_counter()
         try:
             feeds = [sequence.feed(len(runs)) for sequence in sequences]
@@ -370,7 +383,7 @@ class BatchRunner:
         elapsed = time.perf_counter() - started
         for run, chunk in zip(filling, chunks, strict=True):
             keep(self.cache, run.slot, chunk, len(chunk.clean))
-            del self._filling[run][:PREFILL_STEP]
+            del self._filling[run][: len(chunk.clean)]
             if not self._filling[run]:
                 del self._filling[run]
                 with self._condition:
