@@ -72,7 +72,7 @@ lint: install-dev
 
 test: models install-dev
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -ra
+	$(VENV)/bin/python -m pytest -q -ra --durations=25
 
 test-fast: install-dev
 	$(VENV)/bin/python -m pytest -q tests/unit
