@@ -1,0 +1,53 @@
+"""Server-side echo cancellation over a real socket: a client on simulated open speakers (its answers come back into
+its microphone, 120 ms late, at -8 dB, with a room's tail) interrupts an answer; the real models hear it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from report_lib.open_speakers import OpenSpeakerClient, Room, judge
+from report_lib.speech_samples import card_clips, librivox_clips
+from websockets.asyncio.client import connect
+
+from tests.integration.ws_harness import load_test_engines, running_server
+from voice.audio import load_audio_16k
+from voice.engines import Engines
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
+    return load_test_engines(tmp_path_factory.mktemp("lm"))
+
+
+def test_a_client_on_open_speakers_barges_in_and_its_echo_starts_nothing(engines: Engines) -> None:
+    users, barge = librivox_clips(), card_clips()
+    if not users or not barge:
+        pytest.skip("pocketsphinx-testdata is not installed")
+
+    async def scenario() -> OpenSpeakerClient:
+        async with running_server(engines) as server, connect(f"ws://127.0.0.1:{server.port}/ws") as ws:
+            client = OpenSpeakerClient(ws, Room(), server_cancels=True)
+            ready = await client.hello()
+            assert ready["echo_cancellation"] == "server"
+            runner = asyncio.create_task(client.run(), name="open-speakers")
+            try:
+                await client.say(load_audio_16k(users[1].path), users[1].text)
+                assert await client.until_played(0.8, limit_s=60, after_turn=None)
+                await client.say(load_audio_16k(barge[0].path), barge[0].text, barge_in=True)
+                assert await client.wait_turn_end(limit_s=60)
+            finally:
+                runner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await runner
+            return client
+
+    client = asyncio.run(scenario())
+    figures = judge(client.log)
+    assert figures["turns_started_by_echo"] == 0 and figures["self_interruptions"] == 0
+    assert figures["barge_ins_heard_within_1s"] == 1, figures
+    stats = client.log.turn_ends[-1]["stats"]
+    assert stats["echo_half_duplex"] == 0 and stats["echo_erle_db"] > 10
