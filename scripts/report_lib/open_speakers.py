@@ -213,7 +213,9 @@ def judge(log: Log) -> dict[str, Any]:
 
     starts = [t for t, m in log.messages if m["type"] == "vad" and m["state"] == "speech_start"]
     echo_starts = [t for t in starts if not user_near(t, 0.3, 1.0)]
-    clears = [t for t, m in log.messages if m["type"] == "clear" and m.get("reason") == "barge_in"]
+    # a barge-in soon after the user's own turn clears as the user going on with it ("user_continued"): any clear
+    # this client did not ask for (it never sends `interrupt` or `text`) is the server hearing a voice over the answer
+    clears = [t for t, m in log.messages if m["type"] == "clear"]
     self_cut = [t for t in clears if not any(bi and s <= t <= s + 3.0 for s, _, _, bi in log.utterances)]
     pauses = [t for t, m in log.messages if m["type"] == "pause"]
     echo_pauses = [t for t in pauses if not user_near(t, 0.3, 1.0)]
