@@ -1,15 +1,16 @@
 """Talking over open speakers: an independent-style `/ws` client whose microphone hears the assistant's answers again.
 
-Starts `voice-assistant serve` of this checkout on a free loopback port, then runs the same conversation twice, with
-`hello` `"echo_cancellation": "server"` and without (the comparison): 12 user turns of real recorded speech
+Starts `voice-assistant serve` of this checkout on a free loopback port, then runs the same conversation three times:
+with `hello` `"echo_cancellation": "server"`, without (the comparison), and on a headset (no echo at all: the
+reference for the barge-in speech's WER and delays): 12 user turns of real recorded speech
 (pocketsphinx-testdata's LibriVox sentences), every second one interrupted 0.8 s into its answer by another recorded
 talker (the card names); answers play on a simulated loudspeaker whose echo (120 ms, a decaying room tail, -8 dB,
 noise) is mixed into the microphone (scripts/report_lib/open_speakers.py). Prints, for each run: turns started by
-the echo, answers cut by their own echo, barge-ins heard (their `clear`) within 1 s, the barge-in speech's WER, and
-the canceller's cost per 10 ms frame (its own CPU time on 60 s of real speech, and the server's wall time per frame
-from the turns' stats).
+the echo, answers cut by their own echo, barge-ins heard (their `clear`) within 1 s of their first sound, the
+barge-in speech's WER, and the canceller's cost per 10 ms frame (its own CPU time on 60 s of real speech, and the
+server's wall time per frame from the turns' stats).
 
-    python scripts/bench/bench_echo.py [--turns 12] [--json artifacts/bench_echo.json] [--no-baseline]
+    python scripts/bench/bench_echo.py [--turns 12] [--json artifacts/bench_echo.json] [--no-baseline] [--log DIR]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's voice/, web/
 
 from heard_latency import free_port, wait_ready
-from report_lib.open_speakers import OpenSpeakerClient, Room, judge
+from report_lib.open_speakers import Log, OpenSpeakerClient, Room, judge
 from report_lib.speech_samples import card_clips, librivox_clips
 from report_lib.wer import word_error_rate
 
@@ -47,7 +49,7 @@ def spawn_server(port: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
-async def conversation(url: str, turns: int, server_cancels: bool, room: Room) -> dict[str, Any]:
+async def conversation(url: str, turns: int, server_cancels: bool, room: Room) -> tuple[dict[str, Any], Log]:
     from websockets.asyncio.client import connect
 
     users, barge = librivox_clips(), card_clips()
@@ -86,7 +88,7 @@ async def conversation(url: str, turns: int, server_cancels: bool, room: Room) -
         figures["server_ms_per_frame"] = stats[-1]["echo_ms_per_frame"]
         figures["server_erle_db"] = stats[-1].get("echo_erle_db")
         figures["half_duplex"] = stats[-1]["echo_half_duplex"]
-    return figures
+    return figures, client.log
 
 
 def cpu_per_frame(seconds: float = 60.0) -> dict[str, float]:
@@ -111,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--gain-db", type=float, default=-8.0, help="the echo's level (default -8 dB)")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the run without cancellation")
+    parser.add_argument("--no-baseline", action="store_true", help="only the run with cancellation")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--log", type=Path, help="write each run's client log (utterances, messages) here")
     args = parser.parse_args(argv)
     room = Room(gain_db=args.gain_db)
     port = free_port()
@@ -123,9 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(wait_ready(port, server))
         url = f"ws://127.0.0.1:{port}/ws"
-        runs = [("server cancels", True)] + ([] if args.no_baseline else [("no cancellation", False)])
-        for name, cancels in runs:
-            results[name] = asyncio.run(conversation(url, args.turns, cancels, room))
+        runs = [("server cancels", True, room)]
+        if not args.no_baseline:
+            runs += [("no cancellation", False, room), ("headset", False, replace(room, gain_db=-200.0))]
+        for name, cancels, heard_room in runs:
+            results[name], log = asyncio.run(conversation(url, args.turns, cancels, heard_room))
+            if args.log:  # what the client said and heard, on its clock: where each figure came from
+                args.log.mkdir(parents=True, exist_ok=True)
+                (args.log / f"{name.replace(' ', '_')}.json").write_text(
+                    json.dumps({"utterances": log.utterances, "messages": log.messages}, indent=1))
             print(name, json.dumps(results[name]), flush=True)
     finally:
         server.terminate()

@@ -23,6 +23,16 @@ RATE = 16_000
 TICK = 320  # 20 ms of microphone audio a frame
 
 
+def voice_onset(samples: np.ndarray, below_peak_db: float = 20.0) -> int:
+    """Where a recording's voice begins: its first 10 ms within `below_peak_db` of its loudest 10 ms (the card
+    clips open with 120-280 ms of room tone, which is nobody talking yet)."""
+    frames = samples[: len(samples) // 160 * 160].reshape(-1, 160)
+    if not len(frames):
+        return 0
+    energy = np.mean(frames.astype(np.float64) ** 2, axis=1)
+    return int(np.argmax(energy >= energy.max() * 10 ** (-below_peak_db / 10))) * 160
+
+
 @dataclass(frozen=True, slots=True)
 class Room:
     """The loudspeaker-to-microphone path of a laptop on a desk."""
@@ -78,7 +88,8 @@ class Speaker:
 class Log:
     """What happened, on the client's clock (seconds since the conversation began)."""
 
-    utterances: list[tuple[float, float, str, bool]] = field(default_factory=list)  # start, end, text, barge-in
+    # start (when the recording's voice begins: its leading silence is nobody talking yet), end, text, barge-in
+    utterances: list[tuple[float, float, str, bool]] = field(default_factory=list)
     messages: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     turn_ends: list[dict[str, Any]] = field(default_factory=list)
 
@@ -122,7 +133,7 @@ class OpenSpeakerClient:
 
     async def say(self, samples: np.ndarray, text: str, barge_in: bool = False) -> None:
         """Speak `samples` into the microphone (mixed with the echo) and return when they have all been sent."""
-        start = self.now()
+        start = self.now() + (len(self._voice) + voice_onset(samples)) / RATE
         self._voice = np.concatenate([self._voice, samples.astype(np.float32)])
         await asyncio.sleep((len(self._voice) + TICK) / RATE)  # the microphone sends 20 ms of it every 20 ms
         self.log.utterances.append((start, self.now(), text, barge_in))
@@ -206,8 +217,8 @@ class OpenSpeakerClient:
 
 def judge(log: Log) -> dict[str, Any]:
     """The conversation's figures: turns started by the echo (a `vad` speech start with nobody speaking), answers
-    cut by their own echo (a `clear` with no barge-in just before it), and each barge-in's delay to its `pause` and its
-    `clear`."""
+    cut by their own echo (a `clear` with no barge-in just before it), and each barge-in's delay from its voice's
+    first sound to its `pause` and its `clear`."""
     def user_near(t: float, before_s: float, after_s: float) -> bool:
         return any(start - before_s <= t <= end + after_s for start, end, _, _ in log.utterances)
 
