@@ -255,6 +255,12 @@ class ListenStage:
         if self._decode_task is not None or self._decode_error is not None or self._fed_to <= self._decoded_from:
             return
         step = int(self.config.transcriber.partial_step_s * TARGET_RATE)
+        if not self._last_partial_text:
+            # Until the segment's first words, look twice as often: a barge-in waits for them (a sound over the answer
+            # pauses it, words clear it), and the first look, at the segment's start, often hears none yet. Over open
+            # speakers the echo canceller holds a voice that starts over the answer down for its first 100-300 ms,
+            # while it tells the voice from the echo: at the usual step the words came a look later, past 1 s.
+            step //= 2
         ep = self._endpointer
         if self._received - ep.last_voiced_end >= ep.config.frame_samples:
             # Trailing silence: no partials of silence; decode once the padded end is in (the likely final).
