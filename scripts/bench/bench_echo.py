@@ -2,13 +2,14 @@
 
 Starts `voice-assistant serve` of this checkout on a free loopback port, then runs the same conversation three times:
 with `hello` `"echo_cancellation": "server"`, without (the comparison), and on a headset (no echo at all: the
-reference for the barge-in speech's WER and delays): 12 user turns of real recorded speech
-(pocketsphinx-testdata's LibriVox sentences), every second one interrupted 0.8 s into its answer by another recorded
-talker (the card names); answers play on a simulated loudspeaker whose echo (120 ms, a decaying room tail, -8 dB,
-noise) is mixed into the microphone (scripts/report_lib/open_speakers.py). Prints, for each run: turns started by
-the echo, answers cut by their own echo, barge-ins heard (their `clear`) within 1 s of their first sound, the
-barge-in speech's WER, and the canceller's cost per 10 ms frame (its own CPU time on 60 s of real speech, and the
-server's wall time per frame from the turns' stats).
+reference for the barge-in speech's WER and delays): 12 user turns of real recorded speech (pocketsphinx-testdata's
+LibriVox sentences), every second one interrupted 0.8 s into its answer by another recorded talker (the card names;
+an answer with less than a second left to play then passes its barge-in on to the next); answers play on a simulated
+loudspeaker whose echo (120 ms, a decaying room tail, -8 dB, noise) is mixed into the microphone
+(scripts/report_lib/open_speakers.py). Prints, for each run: turns started by the echo, answers cut by their own
+echo, barge-ins heard (their `clear`) within 1 s of their first sound, the barge-in speech's WER, and the
+canceller's cost per 10 ms frame (its own CPU time on 60 s of real speech, and the server's wall time per frame
+from the turns' stats).
 
     python scripts/bench/bench_echo.py [--turns 12] [--json artifacts/bench_echo.json] [--no-baseline] [--log DIR]
 """
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's voice/, web/
 
 from heard_latency import free_port, wait_ready
-from report_lib.open_speakers import Log, OpenSpeakerClient, Room, judge
+from report_lib.open_speakers import RATE, Log, OpenSpeakerClient, Room, judge
 from report_lib.speech_samples import card_clips, librivox_clips
 from report_lib.wer import word_error_rate
 
@@ -40,6 +41,9 @@ from voice.audio import load_audio_16k
 from voice.listen.echo import FRAME, EchoCanceller
 
 ROOT = Path(__file__).resolve().parents[2]
+# a barge-in talks over an answer with at least this much still to play 0.8 s into it (a one-phrase answer such as
+# "A young man." is over before the card is said: nothing to interrupt)
+BARGE_IN_OVER_S = 1.0
 
 
 def spawn_server(port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -61,13 +65,17 @@ async def conversation(url: str, turns: int, server_cancels: bool, room: Room) -
         runner = asyncio.create_task(client.run(), name="open-speakers")
         try:
             await asyncio.sleep(1.0)
+            barge_ins_due = barge_ins = 0  # every second turn owes one; an answer too short to talk over passes it on
             for i in range(turns):
                 clip = users[i % len(users)]
                 answered_before = client.speaker.turn
                 await client.say(load_audio_16k(clip.path), clip.text)
-                if i % 2 == 1 and await client.until_played(0.8, limit_s=30, after_turn=answered_before):
-                    interrupting = barge[(i // 2) % len(barge)]
+                barge_ins_due += i % 2
+                if (barge_ins_due and await client.until_played(0.8, limit_s=30, after_turn=answered_before)
+                        and len(client.speaker.buffer) >= BARGE_IN_OVER_S * RATE):
+                    interrupting = barge[barge_ins % len(barge)]
                     await client.say(load_audio_16k(interrupting.path), interrupting.text, barge_in=True)
+                    barge_ins_due, barge_ins = barge_ins_due - 1, barge_ins + 1
                 await client.wait_turn_end(limit_s=30)
                 await client.quiet(1.5)
         finally:

@@ -97,9 +97,11 @@ class Log:
 class OpenSpeakerClient:
     """Drive one conversation: `say` a clip, `wait_turn_end`, `barge_in_after`; `log` holds the outcome."""
 
-    def __init__(self, ws: Any, room: Room, server_cancels: bool) -> None:
+    def __init__(self, ws: Any, room: Room, server_cancels: bool, mic_rate: int = RATE) -> None:
         self.ws = ws
         self.server_cancels = server_cancels
+        self.mic_rate = mic_rate  # the rate its microphone sends at (`hello`): the room is simulated at 16 kHz
+        self._mic_resampler = StreamResampler(RATE, mic_rate)
         self.speaker = Speaker(room.impulse())
         self.noise = np.random.default_rng(room.seed + 1)
         self.noise_level = 10 ** (room.noise_db / 20)
@@ -113,7 +115,7 @@ class OpenSpeakerClient:
         return time.monotonic() - self._t0
 
     async def hello(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"type": "hello", "sample_rate": RATE}
+        message: dict[str, Any] = {"type": "hello", "sample_rate": self.mic_rate}
         if self.server_cancels:
             message["echo_cancellation"] = "server"
         await self.ws.send(json.dumps(message))
@@ -175,6 +177,7 @@ class OpenSpeakerClient:
                 n = min(TICK, len(self._voice))
                 mic[:n] += self._voice[:n]
                 self._voice = self._voice[n:]
+            mic = self._mic_resampler.push(mic)
             await self.ws.send((np.clip(mic, -1, 1) * 32767).astype("<i2").tobytes())
             sent += 1
             if sent % 12 == 0 and self.speaker.turn is not None and played.any():
