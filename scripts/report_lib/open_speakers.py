@@ -178,7 +178,8 @@ class OpenSpeakerClient:
                 mic[:n] += self._voice[:n]
                 self._voice = self._voice[n:]
             mic = self._mic_resampler.push(mic)
-            await self.ws.send((np.clip(mic, -1, 1) * 32767).astype("<i2").tobytes())
+            if len(mic):  # a resampler's first pushes fill its filter and give nothing: an empty frame is refused
+                await self.ws.send((np.clip(mic, -1, 1) * 32767).astype("<i2").tobytes())
             sent += 1
             if sent % 12 == 0 and self.speaker.turn is not None and played.any():
                 await self._report_played()

@@ -1,5 +1,6 @@
 """Server-side echo cancellation over a real socket: a client on simulated open speakers (its answers come back into
-its microphone, 120 ms late, at -8 dB, with a room's tail) interrupts an answer; the real models hear it."""
+its microphone, 120 ms late, at -8 dB, with a room's tail; the microphone at 48 kHz) interrupts an answer; the real
+models hear it."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ def test_a_client_on_open_speakers_talks_over_an_answer_and_its_echo_starts_noth
 
     async def scenario() -> OpenSpeakerClient:
         async with running_server(engines) as server, connect(f"ws://127.0.0.1:{server.port}/ws") as ws:
-            client = OpenSpeakerClient(ws, Room(), server_cancels=True)
+            client = OpenSpeakerClient(ws, Room(), server_cancels=True, mic_rate=48_000)
             ready = await client.hello()
-            assert ready["echo_cancellation"] == "server"
+            assert ready["echo_cancellation"] == "server" and ready["input_sample_rate"] == 48_000
             runner = asyncio.create_task(client.run(), name="open-speakers")
             try:
                 await client.say(load_audio_16k(users[1].path), users[1].text)
@@ -48,7 +49,11 @@ def test_a_client_on_open_speakers_talks_over_an_answer_and_its_echo_starts_noth
     client = asyncio.run(scenario())
     figures = judge(client.log)
     assert figures["turns_started_by_echo"] == 0 and figures["self_interruptions"] == 0, (figures, client.log.messages)
-    # not yet asserted: the barge-in's `clear` within 1 s (measured by scripts/bench/bench_echo.py; open in issue 68)
+    # the barge-in is heard: its sound paused the answer, its words cleared it. Not asserted: within 1 s of its first
+    # sound, which scripts/bench/bench_echo.py measures: on the 2-core machine 0.47-0.73 s in one run, 0.6-1.7 s in
+    # another beside someone's test run (a Whisper decode then takes 0.1-0.7 s): timed that tightly, it would fail on a
+    # busy CI runner
+    assert figures["barge_in_pause_s"][0] is not None and figures["barge_in_clear_s"][0] is not None, figures
     stats = client.log.turn_ends[-1]["stats"]
     # the stat counts the barge-in's double talk and the first second's convergence too: over one short turn it is
     # a few dB (bench_echo's longer runs without barge-ins read ~30 dB)
