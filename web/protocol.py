@@ -26,6 +26,9 @@ PROTOCOL_VERSION = 1
 DEFAULT_INPUT_SAMPLE_RATE = 16_000
 MIN_INPUT_SAMPLE_RATE = 8_000
 MAX_INPUT_SAMPLE_RATE = 96_000  # a browser sends its audio context's own rate; some interfaces run at 88.2 or 96 kHz
+# who takes the assistant's own voice out of the client's microphone: the client (its own canceller, as every
+# browser has, or a headset; the default) or the server (a device client on open speakers with none)
+ECHO_CANCELLATION = ("client", "server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +42,11 @@ class ProtocolLimits:
 # --- client -> server ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """Announces the sample rate of the PCM the client will send (and, optionally, the protocol it speaks)."""
+    """Announces the sample rate of the PCM the client will send (and, optionally, the protocol it speaks and who
+    cancels the echo of the assistant's voice; None: as before)."""
 
     sample_rate: int
+    echo_cancellation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +83,7 @@ class AudioFrame:
 
 ClientMessage = Hello | TextTurn | Interrupt | Played | AudioFrame
 
-_HELLO_FIELDS = frozenset({"type", "sample_rate", "protocol"})
+_HELLO_FIELDS = frozenset({"type", "sample_rate", "protocol", "echo_cancellation"})
 _TEXT_FIELDS = frozenset({"type", "text"})
 _INTERRUPT_FIELDS = frozenset({"type"})
 _PLAYED_FIELDS = frozenset({"type", "turn", "samples"})
@@ -160,7 +165,10 @@ def _parse_hello(obj: dict[str, Any]) -> Hello:
         raise ProtocolError(f'"sample_rate" must be an integer, got {_json_kind(rate)}')
     if not MIN_INPUT_SAMPLE_RATE <= rate <= MAX_INPUT_SAMPLE_RATE:
         raise ProtocolError(f"sample_rate {rate} is outside {MIN_INPUT_SAMPLE_RATE}..{MAX_INPUT_SAMPLE_RATE} Hz")
-    return Hello(sample_rate=rate)
+    echo = obj.get("echo_cancellation")
+    if echo is not None and echo not in ECHO_CANCELLATION:
+        raise ProtocolError(f'"echo_cancellation" must be "client" or "server", got {_short(repr(echo))}')
+    return Hello(sample_rate=rate, echo_cancellation=echo)
 
 
 def _parse_text(obj: dict[str, Any], limits: ProtocolLimits) -> TextTurn:
@@ -206,7 +214,8 @@ def _short(text: str, limit: int = 80) -> str:
 
 
 # --- server -> client ------------------------------------------------------------------------------------------------
-def ready_message(session: str, output_sample_rate: int, input_sample_rate: int, limits: ProtocolLimits) -> str:
+def ready_message(session: str, output_sample_rate: int, input_sample_rate: int, limits: ProtocolLimits,
+                  echo_cancellation: str = "client") -> str:
     """The first message of every connection, repeated as the answer to each `hello`."""
     return _dumps(
         {
@@ -217,6 +226,7 @@ def ready_message(session: str, output_sample_rate: int, input_sample_rate: int,
             "input_sample_rate": input_sample_rate,
             "max_message_bytes": limits.max_message_bytes,
             "max_text_chars": limits.max_text_chars,
+            "echo_cancellation": echo_cancellation,
         }
     )
 

@@ -42,6 +42,7 @@ from web.connection import (
     track_turn,
     until_no_turn_open,
 )
+from web.echo import ECHO_RATE, ServerEcho
 from web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from web.metrics import VoiceMetrics
 from web.native_memory import release_free_memory
@@ -387,10 +388,18 @@ class VoiceServer:
                             "frames are being dropped"
                         )
                     return
-                await session.feed_audio(pcm, state.input_sample_rate)
-            case protocol.Hello(sample_rate=rate):
+                if state.echo is None:
+                    await session.feed_audio(pcm, state.input_sample_rate)
+                elif cleaned := state.echo.mic(pcm, state.input_sample_rate):
+                    await session.feed_audio(cleaned, ECHO_RATE)
+            case protocol.Hello(sample_rate=rate, echo_cancellation=echo):
                 state.input_sample_rate = rate
-                state.send(protocol.ready_message(session.id, session.output_sample_rate, rate, limits))
+                if echo == "server" and state.echo is None:
+                    state.echo = ServerEcho(session.output_sample_rate)
+                elif echo == "client":
+                    state.echo = None
+                cancels = "client" if state.echo is None else "server"
+                state.send(protocol.ready_message(session.id, session.output_sample_rate, rate, limits, cancels))
             case protocol.TextTurn(text=text):
                 if typed.take(1.0, now).verdict is not Verdict.ACCEPT:
                     raise LimitExceeded(_typed_turn_refusal(self.config, typed.wait_s(1.0, now)))
@@ -399,11 +408,14 @@ class VoiceServer:
                 await session.interrupt()
             case protocol.Played(turn=turn, samples=samples):
                 session.report_played(samples, turn)
+                if state.echo is not None:
+                    state.echo.played(turn, samples)
 
     async def _produce(self, session: VoiceSession, state: Connection) -> CloseWith:
         """Session events -> the outbound queue, until the session's event stream ends. Never waits for the client,
         so a slow link cannot back up into the session."""
-        async for event in session.events():
+        async for session_event in session.events():
+            event = session_event if state.echo is None else state.echo.on_event(session_event)
             track_turn(state, event)
             self.metrics.observe(event)
             _queue_event(state, event)

@@ -145,7 +145,18 @@ def test_ready_names_the_protocol_version_session_and_rates() -> None:
         "input_sample_rate": 16000,
         "max_message_bytes": 1024,
         "max_text_chars": 50,
+        "echo_cancellation": "client",
     }
+    assert json.loads(p.ready_message("abc", 22050, 16000, LIMITS, "server"))["echo_cancellation"] == "server"
+
+
+def test_hello_asks_who_cancels_the_echo_and_refuses_anything_else() -> None:
+    hello = '{"type":"hello","sample_rate":16000,"echo_cancellation":"server"}'
+    assert p.parse_client_message(hello, LIMITS) == p.Hello(16000, echo_cancellation="server")
+    assert p.parse_client_message('{"type":"hello","echo_cancellation":"client"}', LIMITS).echo_cancellation == "client"
+    for bad in ('"browser"', "true", '"SERVER"', "1"):
+        with pytest.raises(ProtocolError, match="echo_cancellation"):
+            p.parse_client_message(f'{{"type":"hello","echo_cancellation":{bad}}}', LIMITS)
 
 
 def test_serialises_each_client_visible_event() -> None:

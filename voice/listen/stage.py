@@ -255,6 +255,11 @@ class ListenStage:
         if self._decode_task is not None or self._decode_error is not None or self._fed_to <= self._decoded_from:
             return
         step = int(self.config.transcriber.partial_step_s * TARGET_RATE)
+        # Until the segment's first words, look twice as often: a barge-in waits for them (a sound over the answer
+        # pauses it, words clear it), and the first look, at the segment's start, often hears none yet. Over open
+        # speakers the echo canceller holds a voice that starts over the answer down for its first 100-300 ms, while
+        # it tells the voice from the echo: at the usual step the words came a look later, past 1 s.
+        look = step if self._last_partial_text else step // 2
         ep = self._endpointer
         if self._received - ep.last_voiced_end >= ep.config.frame_samples:
             # Trailing silence: no partials of silence; decode once the padded end is in (the likely final).
@@ -264,7 +269,7 @@ class ListenStage:
             # other sessions decode or wait for the shared model, each session's partials come that much less often,
             # and none starts while the voice fades (the likely final may be a window away) unless one is long due.
             lock, fresh = self._model.lock, self._fed_to - self._decoded_from
-            due = fresh >= step * (1 + lock.waiting + lock.locked())
+            due = fresh >= look * (1 + lock.waiting + lock.locked())
             due = due and (ep.last_probability >= FADING_PROBABILITY or fresh >= 2 * step)
         if due:
             self._decode_task = asyncio.create_task(self._decode_once(), name=f"asr-decode-{self.session}")

@@ -86,7 +86,9 @@ function inputRate() {
 
 function sendHello() {
   window.__inputRate = inputRate();
-  send(JSON.stringify({ type: "hello", sample_rate: inputRate(), protocol: 1 }));
+  // the browser's own canceller (getUserMedia echoCancellation) takes the assistant's voice out of the microphone,
+  // with the true playback timing: the server's canceller (echo_cancellation "server") is for clients without one
+  send(JSON.stringify({ type: "hello", sample_rate: inputRate(), protocol: 1, echo_cancellation: "client" }));
 }
 
 function connect() {
