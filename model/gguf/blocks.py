@@ -271,4 +271,4 @@ def gguf_weights(header: GGUFHeader, dense_head: torch.Tensor) -> Int4Weights:
         head: PackedLinear | RowByRowHead = PackedLinear([packed(header, info)], logits=True)
     else:
         head = RowByRowHead(dense_head)
-    return Int4Weights(layers, head, remainder=False)
+    return Int4Weights(layers, head)

@@ -226,9 +226,6 @@ class FastPass:
         self._final_norm = self.norm.float().contiguous()  # what `norm_logits` reads
         self.lm_head = base.get_output_embeddings().weight.detach()
         self.int4_head: Head | None = model.int4.head if model.int4 else None
-        # the first row of every int4 matmul that drops the activations' remainder: a pass's drafting rows, or every
-        # row of a model without one (`Int4Weights.remainder`: a user's GGUF, rounded as llama.cpp rounds it)
-        self.remainder = model.int4 is None or model.int4.remainder
         rotary = base.model.rotary_emb
         self.inv_freq = rotary.inv_freq.detach().float()
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
@@ -364,12 +361,8 @@ class FastPass:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return (x * cos) + (rotated * sin)
 
-    def coarse_rows(self, coarse: int | None) -> int | None:
-        """The first row an int4 matmul rounds coarsely, given a pass's first drafting row (None: none drafts)."""
-        return coarse if self.remainder else 0
-
+    @staticmethod
     def _linear(
-        self,
         x: torch.Tensor,
         weight: torch.Tensor | PackedLinear,
         lora: _LoRA,
@@ -377,7 +370,7 @@ class FastPass:
         rows: torch.Tensor | None,
     ) -> torch.Tensor:
         """`x @ weight.T` plus the LoRA on columns [start, S), masked per sequence by `rows` (start None: none)."""
-        out = weight(x, self.coarse_rows(None)) if isinstance(weight, PackedLinear) else row_exact.linear(x, weight)
+        out = weight(x) if isinstance(weight, PackedLinear) else row_exact.linear(x, weight)
         if start is None or start >= x.shape[1] or not lora.factors:
             return out
         delta = lora.delta(x[:, start:])
@@ -450,7 +443,7 @@ class FastPass:
             h = h + self._linear(F.silu(gate) * up, w.down, layer.down_lora, start, rows)
         h = self._kept_rows(h, logits_to_keep)
         if self.int4_head is not None and int4:
-            return self.int4_head(h, self.coarse_rows(None))
+            return self.int4_head(h)
         return row_exact.linear(h, self.lm_head)
 
     def takes_rows(self) -> bool:
@@ -474,7 +467,6 @@ class FastPass:
         lib = quant_kernels.library()
         assert self.native is not None and self.int4_head is not None
         r = rows.ids.shape[0]
-        coarse = self.coarse_rows(rows.coarse)
         h = self._embedded(rows.ids)  # [R, hidden] fp32
         cos, sin = self._rotary_rows(rows.positions)  # [R, head_dim] fp32
         bias = rows.bias.float().contiguous()
@@ -484,7 +476,7 @@ class FastPass:
         buffers = cache.layer_buffers(len(self.native), key_len, like)
         failed = ctypes.c_int64(-1)
         status = lib.decode_layers(
-            self.native, len(self.native), h.data_ptr(), r, rows.start, coarse, cos.ctypes.data, sin.ctypes.data,
+            self.native, len(self.native), h.data_ptr(), r, rows.start, rows.coarse, cos.ctypes.data, sin.ctypes.data,
             buffers.keys, buffers.values, buffers.capacity, slots.data_ptr(), writes.data_ptr(), key_len,
             bias.data_ptr(), torch.get_num_threads(),
             ctypes.byref(failed),
@@ -500,7 +492,6 @@ class FastPass:
         fp32, rows from `coarse` on drafting (None: none): `rows_pass`'s last step. A packed head takes both in one C
         call (`norm_logits`), so no torch operation runs between the layers and the head; a head done row by row
         (model/gguf/blocks.py) after the norm in torch."""
-        coarse = self.coarse_rows(coarse)
         head = self.int4_head
         assert head is not None
         if not (isinstance(head, PackedLinear) and head.logits):

@@ -137,17 +137,10 @@ class Q8Head(PackedLinear):
 
 @dataclass(frozen=True)
 class Int4Weights:
-    """What a decoding pass multiplies by: every layer's linears, and the LM head when the file's is Q8_0.
-
-    `remainder`: whether clean rows keep the activations' remainder (model/runtime/kernels/quant_matmul.c), the
-    finer rounding that holds the bundled model to its bf16 teacher. A user's GGUF has no teacher but the file as
-    llama.cpp computes it, which rounds each group of 32 activations to 8 bits (q8_0) for these block types: its
-    rows are all rounded so (the kernels' coarse rows), the arithmetic the file was quantized for, at half the
-    integer work a row (the cost of every row but a lone one's, whose pass waits on memory)."""
+    """What a decoding pass multiplies by: every layer's linears, and the LM head when the file's is Q8_0."""
 
     layers: list[Int4Layer]
     head: Head | None
-    remainder: bool = True
 
     def linears(self) -> list[PackedLinear]:
         """Every packed linear in the order a pass reads them: layer by layer qkv, o, gate_up and down, then the head

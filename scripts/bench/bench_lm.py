@@ -373,7 +373,6 @@ def row_costs(model: Any, cache_length: int, sizes: list[int], repeats: int) -> 
         lengths = [len(cache.slots[slot].ids) for slot in slots]
         cache.bind(slots, lengths)
         rows = PassRows.of(slots, lengths, feeds, KEY_MULTIPLE)
-        coarse = fast.coarse_rows(rows.coarse)
         timed: dict[str, float] = {}
         started = time.perf_counter()
         batched_pass(model, cache, slots, feeds)
@@ -384,7 +383,7 @@ def row_costs(model: Any, cache_length: int, sizes: list[int], repeats: int) -> 
         x = torch.randn(h.shape[0], max(linear.in_features for linear in linears), generator=generator)
         started = time.perf_counter()
         for linear in linears:
-            linear(x[:, : linear.in_features], coarse)
+            linear(x[:, : linear.in_features], rows.coarse)
         timed["linears"] = time.perf_counter() - started
         started = time.perf_counter()
         logits = fast.logits(h, rows.coarse)

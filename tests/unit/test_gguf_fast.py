@@ -81,10 +81,7 @@ def test_the_decode_layer_computes_the_torch_fused_pass(
     assert model.inference_pass().native is None
     reference = pass_logits(model)
     assert torch.nn.functional.cosine_similarity(native, reference, dim=-1).min() > 0.999
-    # each row's choice is the reference's, or a near tie of it (a random network's logits are flat, and its top two
-    # can be closer than the activations' 8-bit rounding moves them, as llama.cpp rounds a file's activations)
-    chosen = reference.gather(-1, native.argmax(-1, keepdim=True))[:, 0]
-    assert (reference.max(-1).values - chosen <= 0.1).all()
+    assert torch.equal(native.argmax(-1), reference.argmax(-1))
 
 
 def test_the_packed_passes_compute_the_de_quantized_network(tmp_path: Path) -> None:
@@ -93,8 +90,7 @@ def test_the_packed_passes_compute_the_de_quantized_network(tmp_path: Path) -> N
     path = write_model(tmp_path / "q.gguf", "qwen2", mixed, tied=True, seed=6).path
     packed = pass_logits(load(path).backend.model)  # type: ignore[attr-defined]
     dense = pass_logits(load(path, precision="fp32").backend.model)  # type: ignore[attr-defined]
-    # the packed passes round each group of 32 activations to 8 bits, as llama.cpp computes the file
-    assert torch.nn.functional.cosine_similarity(packed, dense, dim=-1).min() > 0.998
+    assert torch.nn.functional.cosine_similarity(packed, dense, dim=-1).min() > 0.999
 
 
 def test_a_head_the_kernels_do_not_read_is_multiplied_row_by_row(tmp_path: Path) -> None:
