@@ -260,7 +260,7 @@ class BatchRunner:
         assert run.slot is not None
         sequence = run.sequence
         if sequence is not None and self._start_filling(run, sequence):
-            return run in self._active
+            return False
         if sequence is not None and self._fold(run, sequence):
             with self._condition:
                 self._active[run] = sequence
@@ -295,22 +295,23 @@ class BatchRunner:
         (`_fill_chunks`), rather than in a prefill they all wait for (llama.cpp's server and vLLM interleave a
         newcomer's prompt so): on a model whose passes take any rows, where a row's keys and its answer's do not
         depend on what shares its pass (model/runtime/fast_pass.py `rows_pass`). The prompt's last part goes into
-        the answer's own first pass (`fold_prompt`). True when it took the run: active already (its whole uncached
-        prompt folded), or filling."""
+        the answer's own first pass (`fold_prompt`). True when the run fills: a prompt whose uncached part is longer
+        than one step. A shorter one is prefilled as before: folded into a shared pass, the bundled model's API
+        throughput at 4-8 clients measured lower (bench_api.py, two runs; the cause was not isolated: the folded
+        rows' logits, which no one reads, are one candidate)."""
         if run.interactive or not self._active or not isinstance(sequence, FoldsPrompt) or not self._takes_rows():
             return False
         held = self.cache.slots[run.slot].ids
         start = common_prefix(held, run.prompt) if self.reuse_prompt_cache else 0
+        if len(run.prompt) - start <= PREFILL_STEP:
+            return False  # a short prompt's own prefill costs the others one short pass
         del held[start:]
         run.reused_tokens = start
         rest = run.prompt[start:]
         folded = min(len(rest), PREFILL_STEP)
         sequence.fold_prompt(rest[len(rest) - folded :])
         with self._condition:
-            if folded == len(rest):
-                self._active[run] = sequence
-            else:
-                self._filling[run] = rest[: len(rest) - folded]
+            self._filling[run] = rest[: len(rest) - folded]
         return True
 
     def _fill_chunks(self) -> tuple[list[Run], list[Feed]]:
