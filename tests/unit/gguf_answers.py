@@ -25,16 +25,18 @@ def answer(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int],
     return prompt, tokens
 
 
-def assert_batched_answers_equal_lone_answers(chat: DiffusionChatModel, length: int = 10) -> None:
-    """Each of `TEXTS` answered alone, then all at once from threads (their passes batched together): every answer
+def assert_batched_answers_equal_lone_answers(
+    chat: DiffusionChatModel, length: int = 10, texts: tuple[str, ...] = TEXTS
+) -> None:
+    """Each of `texts` answered alone, then all at once from threads (their passes batched together): every answer
     is the one it got alone."""
-    alone = [answer(chat, text, length)[1] for text in TEXTS]
-    together: list[list[int] | None] = [None] * len(TEXTS)
+    alone = [answer(chat, text, length)[1] for text in texts]
+    together: list[list[int] | None] = [None] * len(texts)
 
     def run(index: int) -> None:
-        together[index] = answer(chat, TEXTS[index], length)[1]
+        together[index] = answer(chat, texts[index], length)[1]
 
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(TEXTS))]
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(texts))]
     for thread in threads:
         thread.start()
     for thread in threads:
