@@ -195,7 +195,7 @@ def instrument(trace: WorkTrace) -> Iterator[WorkTrace]:
         (SmartTurn, "is_complete", _timed(trace, lambda *_: SMART_TURN, SmartTurn.is_complete)),
         # what the session calls (its probability joins the LM's); is_complete stays timed for other callers
         (SmartTurn, "probability", _timed(trace, lambda *_: SMART_TURN, SmartTurn.probability)),
-        (BatchRunner, "_pass", _timed(trace, lambda *_: LM_PASS, BatchRunner._pass)),
+        (BatchRunner, "_pass", _timed(trace, lambda *_, **__: LM_PASS, BatchRunner._pass)),
         (BatchRunner, "_encode", _timed(trace, lambda *_: LM_PREFILL, BatchRunner._encode)),
         (PiperSynthesizer, "synthesize", _timed_iterator(trace, TTS_RENDER, PiperSynthesizer.synthesize)),
     ]
