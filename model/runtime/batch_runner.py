@@ -37,7 +37,7 @@ import torch
 from model.decoding.refinement import Refinement
 from model.decoding.step import DecodingSequence, Feed, FoldsPrompt, ReadsPromptRow, TimesItsPasses
 from model.errors import GenerationCancelled, ModelError
-from model.runtime.batching import PassesRows, SlotCache, batched_pass, common_prefix, keep, prefill
+from model.runtime.batching import SlotCache, batched_pass, common_prefix, keep, prefill, rows_pass_of
 from model.spare_cores import SpareCores, usable_cores
 
 log = logging.getLogger(__name__)
@@ -299,7 +299,9 @@ class BatchRunner:
         than one step. A shorter one is prefilled as before: folded into a shared pass, the bundled model's API
         throughput at 4-8 clients measured lower (bench_api.py, two runs; the cause was not isolated: the folded
         rows' logits, which no one reads, are one candidate)."""
-        if run.interactive or not self._active or not isinstance(sequence, FoldsPrompt) or not self._takes_rows():
+        if run.interactive or not self._active or not isinstance(sequence, FoldsPrompt):
+            return False
+        if rows_pass_of(self.model) is None:
             return False
         held = self.cache.slots[run.slot].ids
         start = common_prefix(held, run.prompt) if self.reuse_prompt_cache else 0
@@ -326,10 +328,6 @@ class BatchRunner:
             runs.append(run)
             chunks.append(Feed(part, logits=False))
         return runs, chunks
-
-    def _takes_rows(self) -> bool:
-        fast = self.model.inference_pass()
-        return isinstance(fast, PassesRows) and fast.takes_rows()
 
     def _finish_filling(self) -> None:
         """Nothing decodes any more: what the filling runs still lack is encoded at once, each in one prefill (no

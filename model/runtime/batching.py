@@ -296,6 +296,12 @@ class PassesRows(Protocol):
     def rows_pass(self, rows: PassRows, cache: SlotCache, keep: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
+def rows_pass_of(model: torch.nn.Module) -> PassesRows | None:
+    """The model's pass when it takes `PassRows` (every answer of a pass in the decode kernel's calls), else None."""
+    fast = model.inference_pass()
+    return fast if isinstance(fast, PassesRows) and fast.takes_rows() else None
+
+
 def _forward(
     model: torch.nn.Module,
     cache: SlotCache,
@@ -327,8 +333,8 @@ def batched_pass(
     `[len(noisy), V]`), float32. The new keys are written after each slot's cached tokens but not kept: call `keep`."""
     lengths = [len(cache.slots[slot].ids) for slot in slots]
     cache.bind(slots, lengths)
-    fast = model.inference_pass()
-    if isinstance(fast, PassesRows) and fast.takes_rows():
+    fast = rows_pass_of(model)
+    if fast is not None:
         rows = PassRows.of(slots, lengths, feeds, KEY_MULTIPLE)
         if all(feed.logits for feed in feeds):
             flat = fast.rows_pass(rows, cache)  # [R, V] fp32

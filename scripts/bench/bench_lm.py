@@ -300,6 +300,16 @@ def prefill_cost_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def answers_cache(model: Any, answers: int, cache_length: int) -> SlotCache:
+    """A cache of `answers` slots, each holding its own random prompt of about `cache_length` tokens (lengths differ
+    by a few tokens, as real answers' do)."""
+    cache = SlotCache(answers)
+    generator = torch.Generator().manual_seed(2)
+    for slot in range(answers):
+        prefill(model, cache, slot, torch.randint(10, 1000, (cache_length + 3 * slot,), generator=generator).tolist())
+    return cache
+
+
 def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats: int) -> dict[str, list[float]]:
     """Median seconds of one batched pass (model/runtime/batching.py) over B answers, each after its own cache of about
     `cache_length` tokens (lengths differ by a few tokens, as real answers do), for the row shapes of each mode:
@@ -312,10 +322,7 @@ def batch_pass_costs(model: Any, cache_length: int, batches: list[int], repeats:
         "self-spec 5+4": Feed((11, 12, 13, 14, 15), (mask,) * 4, drafts=True),
         "diffusion 4+4": Feed((11, 12, 13, 14), (15, mask, mask, mask)),
     }
-    cache = SlotCache(max(batches))
-    generator = torch.Generator().manual_seed(2)
-    for slot in range(max(batches)):
-        prefill(model, cache, slot, torch.randint(10, 1000, (cache_length + 3 * slot,), generator=generator).tolist())
+    cache = answers_cache(model, max(batches), cache_length)
     times: dict[tuple[str, int], list[float]] = {(form, b): [] for form in forms for b in batches}
     for round_ in range(repeats + 1):  # round-robin, so a busy moment of the machine hits every shape alike
         for form, b in times:
@@ -357,10 +364,8 @@ def row_costs(model: Any, cache_length: int, sizes: list[int], repeats: int) -> 
     fast = model.inference_pass()
     if not fast.takes_rows():
         raise ModelError("--row-costs times the decode kernel's passes, which this model does not take")
-    cache = SlotCache(max(sizes))
-    generator = torch.Generator().manual_seed(2)
-    for slot in range(max(sizes)):
-        prefill(model, cache, slot, torch.randint(10, 1000, (cache_length + 3 * slot,), generator=generator).tolist())
+    cache = answers_cache(model, max(sizes), cache_length)
+    generator = torch.Generator().manual_seed(3)  # the linears' random rows
     mask = model.mask_id
     forms = {
         "one answer": lambda n: ([0], [Feed((11,), (mask,) * (n - 1), drafts=True)]),
