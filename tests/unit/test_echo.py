@@ -102,12 +102,27 @@ def test_played_reports_anchor_the_turn_and_teach_the_next_turns_start():
     timeline.played(1, 4000, mic_pos=8000)  # sample 4000 played as the microphone stood at 8000: offset 4000
     ref = timeline.reference(3990, 20)
     assert ref[:10].sum() == 0 and ref[10:].sum() == 10
-    timeline.sent(2, tone, mic_pos=20_000)  # the next turn starts 3000 samples after it is sent, as turn 1 did
-    ref = timeline.reference(22_990, 20)
+    # the next turn is placed as turn 1 started (3000 samples after it was sent), less the margin that keeps a
+    # reference early rather than late
+    timeline.sent(2, tone, mic_pos=20_000)
+    early = 3000 - timeline.config.early_margin_samples
+    ref = timeline.reference(20_000 + early - 10, 20)
     assert ref[:10].sum() == 0 and ref[10:].sum() == 10
     timeline.played(2, 1000, mic_pos=24_000)
     timeline.played(2, 2000, mic_pos=25_010)  # a report 10 samples off (jitter) only nudges the anchor
     assert timeline.reference(23_001, 1)[0] == 0 and timeline.reference(23_003, 1)[0] == 1
+
+
+def test_a_new_turn_is_placed_by_the_earliest_of_the_last_turns_starts():
+    timeline = PlaybackTimeline()
+    margin = timeline.config.early_margin_samples
+    for turn, latency in enumerate([3000, 1000, 2000], start=1):  # the link's start latency varies turn to turn
+        sent_at = turn * 100_000
+        timeline.sent(turn, np.ones(8000, np.float32), mic_pos=sent_at)
+        timeline.played(turn, 500, mic_pos=sent_at + latency + 500)
+    assert timeline.latency == 1000 - margin  # not the last one (2000): a reference late by 1000 cannot be cancelled
+    timeline.sent(4, np.ones(8000, np.float32), mic_pos=400_000)
+    assert timeline.reference(400_000 + 1000 - margin - 1, 2).tolist() == [0.0, 1.0]
 
 
 def test_a_pause_stops_the_reference_where_the_client_says_and_resume_goes_on_from_there():

@@ -7,9 +7,10 @@ It learns this from three things it already has:
 - the client's `played` reports (`played`): "N samples of turn T have played", which arrive beside the microphone
   audio captured at the same moment, so the microphone sample count at arrival anchors sample N of the turn there;
 - pauses, clears and resumes (`stopped`, `resumed`): the client stops playing where the report after a stop says.
-Before a turn's first report (about 250 ms into its audio), the turn is placed where the previous turns' reports put
-their start relative to when their first audio went out (`latency`), so the first words are cancelled as well; a
-client that never reports keeps that prediction for the whole turn. Whatever residual delay remains (the acoustic path,
+Before a turn's first report (about 250 ms into its audio), the turn is placed by the earliest start the last turns'
+reports showed relative to when their first audio went out, a little earlier still (`latency`), so the first words are
+cancelled as well: a reference early is the canceller's to align, one late cannot cancel anything. A client that never
+reports keeps that prediction for the whole turn. Whatever residual delay remains (the acoustic path,
 the sound card's buffers) is the canceller's own delay estimator's to find; `reference` only has to be close.
 
 All positions are in samples at 16 kHz: microphone positions count the samples the canceller has processed.
@@ -33,6 +34,11 @@ class TimelineConfig:
     # a turn ended this long ago (in microphone samples) is forgotten: its echo tail has died away
     forget_after_samples: int = 16_000
     max_latency_samples: int = 32_000  # a learnt start latency is clamped to this (2 s): a report may be garbage
+    # a new turn is placed this much earlier than the earliest start the last turns' reports showed: a reference that
+    # comes early is the canceller's delay estimator's to find, one that comes late cannot be cancelled at all, and
+    # the same link's start latency varies by tens of milliseconds (the event loops on both ends, the network)
+    early_margin_samples: int = 480
+    latency_memory: int = 4  # turns whose learnt start latency the prediction takes the minimum of
     # how long after a sample plays its echo may still be heard (the acoustic path plus a room's tail, 0.5 s)
     echo_tail_samples: int = 8_000
 
@@ -63,7 +69,8 @@ class PlaybackTimeline:
 
     def __init__(self, config: TimelineConfig | None = None) -> None:
         self.config = config or TimelineConfig()
-        self.latency = 0  # learnt: a turn's sample 0 plays this many samples after its first audio went out
+        self.latency = 0  # predicted: a new turn's sample 0 plays this many samples after its first audio went out
+        self._learnt: list[int] = []  # the last turns' measured start latencies
         self._turns: dict[int, _TurnAudio] = {}
         self.reports = 0  # played reports that anchored a turn
 
@@ -90,11 +97,15 @@ class PlaybackTimeline:
             audio.offset += (new_offset - audio.offset) // 4
         else:
             if not audio.anchored:
-                learnt = new_offset - audio.first_sent_at
-                self.latency = int(np.clip(learnt, 0, self.config.max_latency_samples))
+                self._learn(new_offset - audio.first_sent_at)
             audio.offset = new_offset
         audio.anchored = True
         self.reports += 1
+
+    def _learn(self, latency: int) -> None:
+        config = self.config
+        self._learnt = [*self._learnt, int(np.clip(latency, 0, config.max_latency_samples))][-config.latency_memory :]
+        self.latency = max(0, min(self._learnt) - config.early_margin_samples)
 
     def stopped(self, turn: int, mic_pos: int) -> None:
         """The server told the client to pause or clear `turn` while the microphone stood at `mic_pos`."""
