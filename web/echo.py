@@ -40,11 +40,11 @@ class ServerEcho:
 
     def played(self, turn: int, samples: int) -> None:
         """The client's `played` report (samples at the output rate) as the timeline's anchor."""
-        self.canceller.timeline.played(turn, samples * RATE // self._output_rate, self.canceller.mic_pos)
+        self.canceller.timeline.played(turn, samples * RATE // self._output_rate, self.canceller.heard_pos)
 
     def on_event(self, event: ev.Event) -> ev.Event:
         """Follow a session event on its way to the client; a turn's end comes back with the canceller's stats."""
-        timeline, mic_pos = self.canceller.timeline, self.canceller.mic_pos
+        timeline, mic_pos = self.canceller.timeline, self.canceller.heard_pos
         match event:
             case ev.AudioOut(turn=turn, pcm=pcm, sample_rate=rate):
                 resampler = self._out_resamplers.setdefault(turn, StreamResampler(rate, RATE))

@@ -109,8 +109,10 @@ def test_played_reports_anchor_the_turn_and_teach_the_next_turns_start():
     ref = timeline.reference(20_000 + early - 10, 20)
     assert ref[:10].sum() == 0 and ref[10:].sum() == 10
     timeline.played(2, 1000, mic_pos=24_000)
-    timeline.played(2, 2000, mic_pos=25_010)  # a report 10 samples off (jitter) only nudges the anchor
-    assert timeline.reference(23_001, 1)[0] == 0 and timeline.reference(23_003, 1)[0] == 1
+    timeline.played(2, 2000, mic_pos=25_010)  # a report 10 samples off (jitter, rounding) leaves the anchor
+    assert timeline.reference(22_999, 1)[0] == 0 and timeline.reference(23_000, 1)[0] == 1
+    timeline.played(2, 3000, mic_pos=27_000)  # 1000 samples off (the client's buffer ran dry): re-anchored
+    assert timeline.reference(23_999, 1)[0] == 0 and timeline.reference(24_000, 1)[0] == 1
 
 
 def test_a_new_turn_is_placed_by_the_earliest_of_the_last_turns_starts():

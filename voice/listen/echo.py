@@ -32,8 +32,8 @@ FRAME = RATE // 100  # AEC3 works on 10 ms frames
 @dataclass(frozen=True, slots=True)
 class EchoConfig:
     noise_suppression: bool = True  # AEC3's noise suppressor also takes the residual echo the linear filter leaves
-    # mean seconds per 10 ms frame over `budget_frames` frames past which the canceller is not keeping up (a loaded
-    # machine): 0.15 ms is typical on one core of the 2-core CI machine, so 5 ms is a machine thirty times too slow
+    # mean CPU seconds per 10 ms frame over `budget_frames` frames past which the canceller is not keeping up (a
+    # machine too slow for it): 0.15 ms is typical on one core of the 2-core CI machine, so 5 ms is thirty times that
     frame_budget_s: float = 0.005
     budget_frames: int = 100
     timeline: TimelineConfig = field(default_factory=TimelineConfig)
@@ -42,7 +42,9 @@ class EchoConfig:
 class EchoCanceller:
     """One client's echo canceller: `reference` (via `timeline`) in, `process(mic)` out, both at 16 kHz float32."""
 
-    def __init__(self, config: EchoConfig | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+    # the canceller's own CPU time, not the wall clock: a thread that waits for a core (a busy machine, the LM's
+    # threads) has not fallen behind by its own cost, and muting the microphone would not give that core back
+    def __init__(self, config: EchoConfig | None = None, clock: Callable[[], float] = time.thread_time) -> None:
         self.config = config = config or EchoConfig()
         self.timeline = PlaybackTimeline(config.timeline)
         self._apm = AudioProcessor(sample_rate=RATE, echo_cancellation=True, high_pass_filter=True,
@@ -56,6 +58,13 @@ class EchoCanceller:
         self._window_s = 0.0  # seconds spent over the current budget window
         self._echo_in = 0.0  # microphone energy while a reference played, and what was left of it
         self._echo_out = 0.0
+
+    @property
+    def heard_pos(self) -> int:
+        """Microphone samples received so far, the shorter remainder awaiting its frame included: the position a
+        client's report or a sent answer is placed at (`mic_pos` alone lags it by up to a frame, unevenly, and a
+        reference that moves by those few samples from report to report leaked echo while AEC3 re-aligned)."""
+        return self.mic_pos + len(self._pending)
 
     def process(self, mic: np.ndarray) -> np.ndarray:
         """Cancel the assistant's voice from the next microphone samples; returns the cleaned samples of every whole

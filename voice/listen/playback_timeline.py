@@ -27,7 +27,9 @@ RATE = 16_000
 
 @dataclass(frozen=True, slots=True)
 class TimelineConfig:
-    # a report this close to the current anchor only nudges it (network jitter); further away it replaces it
+    # a report this close to the current anchor leaves it (network jitter, rounding): the canceller's own delay
+    # estimator takes a steady small error, while a reference that moves under it leaks echo until it re-aligns;
+    # further away (an underrun, a clock that drifted) the report replaces the anchor
     jitter_samples: int = 480
     # until the report after a pause or clear arrives, the client is assumed to play on this long (the stop travels)
     stop_slack_samples: int = 4_000
@@ -93,11 +95,9 @@ class PlaybackTimeline:
         if audio.end is not None:  # a resumed turn plays on past its old end
             audio.end = None
         new_offset = mic_pos - played_samples
-        if audio.anchored and abs(new_offset - audio.offset) <= self.config.jitter_samples:
-            audio.offset += (new_offset - audio.offset) // 4
-        else:
-            if not audio.anchored:
-                self._learn(new_offset - audio.first_sent_at)
+        if not audio.anchored:
+            self._learn(new_offset - audio.first_sent_at)
+        if not audio.anchored or abs(new_offset - audio.offset) > self.config.jitter_samples:
             audio.offset = new_offset
         audio.anchored = True
         self.reports += 1
