@@ -16,15 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
+
+from report_lib.local_service import free_port, wait_ready
 
 from model.chat.tools import tool_object
 from voice.tools.builtin import BUILTIN_FUNCTIONS
@@ -49,29 +51,13 @@ def tools() -> list[dict[str, Any]]:
     return [tool_object(function) for function in BUILTIN_FUNCTIONS]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def serve(checkout: Path, model: str, port: int) -> subprocess.Popen[bytes]:
     """`dlm-serve --model FILE` run from `checkout`'s code; returns once /readyz answers."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     process = subprocess.Popen([sys.executable, "-m", "model.server.cli", "--model", model, "--port", str(port),
                                 "--served-name", "m", "--log-level", "warning"], cwd=checkout, env=env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"dlm-serve from {checkout} exited with {process.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise TimeoutError("dlm-serve did not become ready")
+    wait_ready(f"http://127.0.0.1:{port}/readyz", 600, process)
+    return process
 
 
 def outcome(client: openai.OpenAI, request: str, offered: list[dict[str, Any]]) -> dict[str, Any]:

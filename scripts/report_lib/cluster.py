@@ -12,14 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from report_lib.haproxy import Backend, BalancerConfig, haproxy_binary, haproxy_config
-from report_lib.load import LoadTestError, SpawnedServer, free_port
+from report_lib.load import LoadTestError, SpawnedServer
+from report_lib.local_service import NotReady, free_port, wait_ready
 from voice.engines import default_lm_threads
 
 LM_NAME = "voice-lm"
@@ -146,18 +146,10 @@ async def scrape(url: str) -> str:
 
 
 async def _until_ready(url: str, process: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    async with httpx.AsyncClient(timeout=2) as http:
-        while time.monotonic() < deadline:
-            if process is not None and process.poll() is not None:
-                raise LoadTestError(f"{process.args[:4]} exited with code {process.returncode}")
-            try:
-                if (await http.get(url)).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.3)
-    raise LoadTestError(f"{url} was not ready within {START_TIMEOUT_S:g} s")
+    try:
+        await asyncio.to_thread(wait_ready, url, START_TIMEOUT_S, process)
+    except NotReady as exc:
+        raise LoadTestError(str(exc)) from None
 
 
 def _haproxy() -> str:

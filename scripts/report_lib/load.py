@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from report_lib.local_service import free_port
 from report_lib.report_math import LATENCY_FIELDS, Summary, summarise
 from report_lib.runners import ServerUnreachable, TurnResult, WebSocketRunner
 
@@ -47,12 +47,6 @@ def rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass(slots=True)

@@ -13,12 +13,12 @@ artifacts/ (desktop and phone size).
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
+from report_lib.local_service import free_port
 
 from tests.integration.ws_harness import SPEECH_WORDS, load_test_engines, running_server
 from voice.audio import load_audio_16k, resample
@@ -73,12 +73,6 @@ def fake_microphone_wav(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
     return load_test_engines(tmp_path_factory.mktemp("lm"))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_spoken_turn_over_https_in_real_chromium(engines: Engines, tmp_path: Path) -> None:

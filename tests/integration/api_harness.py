@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -11,13 +10,13 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import httpx
+from report_lib.local_service import wait_ready
 
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
 from model.server.background import RunningServer
 from model.server.background import serve_in_thread as serve
 
-__all__ = ["PacedModel", "RunningServer", "free_port", "serve", "start_lm_service", "tiny_chat_model"]
+__all__ = ["PacedModel", "RunningServer", "serve", "start_lm_service", "tiny_chat_model"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,12 +49,6 @@ class PacedModel:
             yield draft
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def start_lm_service(port: int, served: str, *flags: str) -> subprocess.Popen[bytes]:
     """`dlm-serve` with the bundled model (and `flags`), as its own process; returns once /readyz answers 200."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -63,14 +56,5 @@ def start_lm_service(port: int, served: str, *flags: str) -> subprocess.Popen[by
         [sys.executable, "-m", "model.server.cli", "--port", str(port), "--served-name", served, "--log-level",
          "warning", *flags], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "dlm-serve exited while starting"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise TimeoutError("dlm-serve did not become ready in 120 s")
+    wait_ready(f"http://127.0.0.1:{port}/readyz", 120, process)
+    return process

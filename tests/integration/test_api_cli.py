@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import httpx
 import openai
 import pytest
 import torch
+from report_lib.local_service import free_port
 from report_lib.tiny_models import tiny_bert
 
 from model.server.cli import build_parser, config_from_args, is_loopback
@@ -65,12 +65,6 @@ def test_refuses_a_batch_of_no_answers_before_loading_the_model() -> None:
     result = subprocess.run([str(DLM_SERVE), "--max-batch", "0"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "--max-batch must be at least 1" in result.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_serves_a_model_and_shuts_down_gracefully_on_sigterm(tmp_path: Path) -> None:

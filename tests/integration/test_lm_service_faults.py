@@ -8,9 +8,10 @@ import asyncio
 import time
 
 import pytest
+from report_lib.local_service import free_port
 
 from model.chat.client import OpenAIChatModel
-from tests.integration.api_harness import free_port, start_lm_service
+from tests.integration.api_harness import start_lm_service
 from voice.engines import Engines
 from voice.events import AnswerDone, DraftUpdate, ErrorEvent, Event, TurnEnd
 from voice.listen.asr_models import load_model
