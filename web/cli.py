@@ -62,7 +62,11 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
                             help="no speculative end of turn: start the answer only once the end of turn is sure"),
         speech.add_argument("--no-turn-detector", action="store_true",
                             help="end turns by silence alone, without Smart Turn"),
-        speech.add_argument("--headset", action="store_true", help="full duplex: listen while speaking (barge-in)"),
+        speech.add_argument("--headset", action="store_true",
+                            help="listen while speaking without cancelling the assistant's voice (a headset)"),
+        speech.add_argument("--half-duplex", action="store_true",
+                            help="open speakers without echo cancellation: the microphone is muted while the "
+                            "assistant speaks (no barge-in)"),
         tools.add_argument("--tools", action="store_true",
                            help="offer the model the built-in tools (time, timers, arithmetic, unit conversion); off "
                            "by default: the bundled model never calls them and they add ~460 prompt tokens (README)"),
@@ -205,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     audio = LocalAudioConfig(
         _device(args.input_device), _device(args.output_device), headset=args.headset,
-        output_latency_s=args.output_latency / 1000,
+        half_duplex=args.half_duplex, output_latency_s=args.output_latency / 1000,
     )  # fmt: skip
     try:
         check_devices(sounddevice_module(), audio)  # fail fast, before the models load
@@ -219,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         args.tls_cert, args.tls_key, args.self_signed = None, None, False
         args.max_sessions_per_client = 3
         return run(args)
-    asyncio.run(run_local(_load(args), session_config(args, full_duplex=args.headset), audio))
+    asyncio.run(run_local(_load(args), session_config(args, full_duplex=not args.half_duplex), audio))
     # The devices and the session are closed. Freeing the models' native memory at interpreter exit takes 1-3 s on
     # two cores, which a Ctrl+C or a service manager's SIGTERM should not wait for: flush and leave now.
     logging.shutdown()

@@ -18,9 +18,9 @@ from websockets.frames import CloseCode
 
 from voice import events as ev
 from voice.cancellation import cancel_and_wait
+from voice.listen.own_voice import OwnVoice
 from web import protocol
 from web.config import WebConfig
-from web.echo import ServerEcho
 from web.metrics import VoiceMetrics
 from web.outbound import ClientTooSlow, OutboundQueue
 from web.ratelimit import TokenBucket, Verdict
@@ -80,7 +80,7 @@ class Connection:
     idle_turns: asyncio.Event = field(default_factory=asyncio.Event)  # set while open_turns is empty
     going_away: asyncio.Event = field(default_factory=asyncio.Event)  # draining: close once no turn is open
     metrics: VoiceMetrics | None = None  # counts the errors this connection sends
-    echo: ServerEcho | None = None  # the server cancels the assistant's voice from this client's microphone
+    echo: OwnVoice | None = None  # the server cancels the assistant's voice from this client's microphone
 
     def send(self, frame: str) -> None:
         """Queue a control message; raises ClientTooSlow when the client has stopped reading."""

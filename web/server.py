@@ -29,6 +29,7 @@ from websockets.http11 import Request, Response
 
 from voice import events as ev
 from voice.errors import VoiceError
+from voice.listen.own_voice import ECHO_RATE, OwnVoice
 from web import protocol
 from web.access import Denied, check_websocket_access, own_origins, page_token_redirect
 from web.config import WebConfig
@@ -42,7 +43,6 @@ from web.connection import (
     track_turn,
     until_no_turn_open,
 )
-from web.echo import ECHO_RATE, ServerEcho
 from web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from web.metrics import VoiceMetrics
 from web.native_memory import release_free_memory
@@ -395,7 +395,7 @@ class VoiceServer:
             case protocol.Hello(sample_rate=rate, echo_cancellation=echo):
                 state.input_sample_rate = rate
                 if echo == "server" and state.echo is None:
-                    state.echo = ServerEcho(session.output_sample_rate)
+                    state.echo = OwnVoice(session.output_sample_rate)
                 elif echo == "client":
                     state.echo = None
                 cancels = "client" if state.echo is None else "server"

@@ -154,3 +154,23 @@ def test_alsa_messages_go_to_the_log_not_the_console(capfd: pytest.CaptureFixtur
     assert alsa.snd_pcm_open(ctypes.byref(handle), b"no-such-device", 0, 0) < 0
     assert local.alsa_messages > before
     assert "ALSA lib" not in capfd.readouterr().err
+
+
+def test_a_speaker_block_says_what_a_playback_report_needs_and_a_stop_makes_older_reports_stale() -> None:
+    buffer = SpeakerBuffer()
+    buffer.new_answer(3)
+    buffer.push(b"\x01\x00" * 6)
+    out = bytearray(8)
+    turn, generation, before, count = buffer.fill(memoryview(out), now=1.0)
+    assert (turn, before, count) == (3, 0, 4)
+    assert buffer.fill(memoryview(out), now=1.1)[2:] == (4, 2)  # the rest, padded: 2 samples of the answer
+    assert buffer.fill(memoryview(out), now=1.2)[3] == 0  # silence reports nothing played
+    buffer.pause(True)
+    assert buffer.generation != generation  # a report sent before the pause is recognised as stale
+
+
+def test_headset_and_half_duplex_exclude_each_other_and_open_speakers_cancel_by_default() -> None:
+    assert LocalAudioConfig().cancels_echo
+    assert not LocalAudioConfig(headset=True).cancels_echo and not LocalAudioConfig(half_duplex=True).cancels_echo
+    with pytest.raises(ValueError, match="choose one"):
+        LocalAudioConfig(headset=True, half_duplex=True)

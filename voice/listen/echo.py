@@ -54,6 +54,7 @@ class EchoCanceller:
         self.mic_pos = 0  # microphone samples processed: the timeline's clock
         self.half_duplex = False  # the canceller fell behind: mute while the assistant may be playing
         self.frames = 0
+        self.reference_frames = 0  # frames while the assistant's voice played (the reference was not silent)
         self._spent_s = 0.0  # total seconds spent in AEC3
         self._window_s = 0.0  # seconds spent over the current budget window
         self._echo_in = 0.0  # microphone energy while a reference played, and what was left of it
@@ -95,9 +96,15 @@ class EchoCanceller:
                 self.half_duplex = True
             self._window_s = 0.0
         if np.any(far):
+            self.reference_frames += 1
             self._echo_in += float(np.dot(near, near))
             self._echo_out += float(np.dot(cleaned, cleaned))
         return cleaned
+
+    @property
+    def reference_s(self) -> float:
+        """Seconds of the assistant's voice the canceller has heard."""
+        return self.reference_frames * FRAME / RATE
 
     def stats(self) -> dict[str, float]:
         """What a turn's stats say of the canceller: its mode, its cost per 10 ms frame, and the echo it removed

@@ -2,8 +2,12 @@
 
 The PortAudio callbacks run in audio threads: the microphone callback only copies its block onto the event loop, and
 the speaker callback only copies queued PCM out and counts what it played, so nothing slow ever runs in an audio
-thread. With open speakers (the default) the microphone is muted while the assistant's audio is still playing, so the
-assistant cannot interrupt itself; with `--headset` it listens all the time and you can barge in.
+thread. With open speakers (the default) the assistant's own voice is cancelled from the microphone (WebRTC's AEC3,
+voice/listen/own_voice.py), so it listens all the time and you can talk over it without a headset; the reference is
+what the speaker callback hands the device, placed on the microphone's clock by PortAudio's own timestamps (when each
+speaker block reaches the DAC, when each microphone block left the ADC). With `--headset` it listens without
+cancelling; with `--half-duplex` (and whenever the canceller cannot keep up or its alignment fails, with a line that
+says so) the microphone is muted while the assistant's audio is still playing, so it cannot interrupt itself.
 
 No underruns: the speaker stream keeps `OUTPUT_LATENCY_S` of audio queued in the device ahead of playback, so a
 callback that runs late (the GIL, busy cores) still finds the device fed, and the audio threads ask for real-time
@@ -37,6 +41,7 @@ from voice.audio import TARGET_RATE
 from voice.engines import Engines
 from voice.errors import AudioFormatError, NoAudioDevice
 from voice.events import AnswerDone, AudioOut, AudioStart, Clear, ErrorEvent, Pause, Resume, Transcript, TurnEnd
+from voice.listen.own_voice import ECHO_RATE, OwnVoice
 from voice.turn.session import Session, SessionConfig
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,10 @@ log = logging.getLogger(__name__)
 BLOCK_MS = 20
 OUTPUT_LATENCY_S = 0.15  # audio queued in the device ahead of playback (see the module docstring for the measurement)
 ECHO_TAIL_S = 0.3  # keep the microphone muted this long after the speaker went quiet (room echo)
+# after this much of the assistant's voice, a canceller that took less than this off the microphone is not aligned
+# with the speaker (a device whose clock PortAudio misreports): local mode falls back to half duplex and says so
+ALIGNMENT_CHECK_S = 4.0
+MIN_ERLE_DB = 3.0
 COMMON_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000, 88200, 96000)
 
 
@@ -51,10 +60,17 @@ COMMON_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000, 88200, 96
 class LocalAudioConfig:
     input_device: int | str | None = None
     output_device: int | str | None = None
-    headset: bool = False  # full duplex: barge-in works, but open speakers would make the assistant hear itself
+    headset: bool = False  # listen while speaking without cancelling: the microphone does not hear the speaker
+    half_duplex: bool = False  # open speakers without a canceller: the microphone is muted while the voice plays
     output_latency_s: float = OUTPUT_LATENCY_S
 
+    @property
+    def cancels_echo(self) -> bool:
+        return not (self.headset or self.half_duplex)
+
     def __post_init__(self) -> None:
+        if self.headset and self.half_duplex:
+            raise ValueError("--headset listens while speaking and --half-duplex does not: choose one")
         if not 0.005 <= self.output_latency_s <= 2.0:
             raise ValueError(f"the output latency must be 5-2000 ms, got {self.output_latency_s * 1000:g} ms")
 
@@ -267,6 +283,10 @@ class SpeakerBuffer:
         self.played = 0  # samples of the current answer handed to the device
         self.last_audio_at = 0.0
         self.paused = False
+        self.turn = 0  # the answer now playing
+        # bumped at every stop, resume and new answer: a playback report from the audio thread that a stop overtook
+        # on its way to the event loop is recognised as stale
+        self.generation = 0
 
     def push(self, pcm: bytes) -> None:
         with self._lock:
@@ -276,14 +296,18 @@ class SpeakerBuffer:
         with self._lock:
             self._chunks.clear()
             self.paused = False
+            self.generation += 1
 
     def pause(self, paused: bool) -> None:
         with self._lock:
             self.paused = paused
+            self.generation += 1
 
-    def new_answer(self) -> None:
+    def new_answer(self, turn: int) -> None:
         with self._lock:
             self.played = 0
+            self.turn = turn
+            self.generation += 1
 
     def sounding(self, now: float, device_latency_s: float) -> bool:
         """Answer audio is queued here or still playing out of the device."""
@@ -294,10 +318,12 @@ class SpeakerBuffer:
         with self._lock:
             return bool(self._chunks) or now - self.last_audio_at < ECHO_TAIL_S
 
-    def fill(self, out: memoryview, now: float) -> None:
-        """Audio-thread side: copy up to len(out) bytes, pad with silence."""
+    def fill(self, out: memoryview, now: float) -> tuple[int, int, int, int]:
+        """Audio-thread side: copy up to len(out) bytes, pad with silence. Returns what a playback report needs:
+        the turn, the generation, the answer's samples handed over before this block, and the samples in it."""
         filled = 0
         with self._lock:
+            before = self.played
             while filled < len(out) and self._chunks and not self.paused:
                 chunk = self._chunks[0]
                 take = min(len(chunk), len(out) - filled)
@@ -310,7 +336,9 @@ class SpeakerBuffer:
             if filled:
                 self.played += filled // 2
                 self.last_audio_at = now
+            report = (self.turn, self.generation, before, filled // 2)
         out[filled:] = bytes(len(out) - filled)
+        return report
 
 
 def heard_samples(handed_to_device: int, device_latency_s: float, sample_rate: int) -> int:
@@ -326,20 +354,33 @@ async def run_local(engines: Engines, session_config: SessionConfig, audio: Loca
     devices = check_devices(sd, audio, session.output_sample_rate)
     loop = asyncio.get_running_loop()
     await session.start()
-    mic: asyncio.Queue[bytes] = asyncio.Queue(maxsize=200)
+    mic: asyncio.Queue[tuple[bytes, float]] = asyncio.Queue(maxsize=200)
     speaker = SpeakerBuffer()
     counters = StreamCounters()
+    echo = OwnVoice(session.output_sample_rate) if audio.cancels_echo else None
+    block = TARGET_RATE * BLOCK_MS // 1000
 
     def on_mic(indata: Any, frames: int, time_info: Any, status: Any) -> None:
         counters.on_input(status)
-        loop.call_soon_threadsafe(_offer, mic, bytes(indata))
+        # when its first sample left the ADC, on PortAudio's clock (CLOCK_MONOTONIC on Linux; estimated from the
+        # stream's latency where the host API gives no time)
+        captured_at = time_info.inputBufferAdcTime or time.monotonic() - input_latency_s - frames / TARGET_RATE
+        loop.call_soon_threadsafe(_offer, mic, (bytes(indata), captured_at))
 
     def on_speaker(outdata: Any, frames: int, time_info: Any, status: Any) -> None:
         now = time.monotonic()
         counters.on_output(status, now, speaker.sounding(now, device_latency_s))
-        speaker.fill(memoryview(outdata).cast("B"), now)
+        report = speaker.fill(memoryview(outdata).cast("B"), now)
+        if echo is not None and report[3]:  # answer audio in this block: where its first sample plays
+            plays_at = time_info.outputBufferDacTime or now + device_latency_s
+            loop.call_soon_threadsafe(on_played, *report[:3], plays_at)
 
-    block = TARGET_RATE * BLOCK_MS // 1000
+    def on_played(turn: int, generation: int, before: int, plays_at: float) -> None:
+        if echo is None or generation != speaker.generation:
+            return  # a stop, a resume or a new answer overtook this report
+        if (position := echo.position_at(plays_at)) is not None:
+            echo.played(turn, before, at=position)
+
     input_stream = sd.RawInputStream(
         samplerate=TARGET_RATE, blocksize=block, channels=1, dtype="int16", device=devices.input, callback=on_mic
     )
@@ -348,6 +389,7 @@ async def run_local(engines: Engines, session_config: SessionConfig, audio: Loca
         callback=on_speaker, latency=audio.output_latency_s, prime_output_buffers_using_stream_callback=True,
     )  # fmt: skip
     device_latency_s = float(output_stream.latency)
+    input_latency_s = float(input_stream.latency)
     log.info("speaker latency %.0f ms, microphone latency %.0f ms", device_latency_s * 1000,
              float(input_stream.latency) * 1000)  # fmt: skip
 
@@ -356,26 +398,37 @@ async def run_local(engines: Engines, session_config: SessionConfig, audio: Loca
 
     async def pump_mic() -> None:
         while True:
-            pcm = await mic.get()
-            if not audio.headset and speaker.busy(time.monotonic() - device_latency_s):
+            pcm, captured_at = await mic.get()
+            if echo is not None:
+                pcm, rate = echo.mic(pcm, TARGET_RATE, captured_at), ECHO_RATE  # half duplex inside once it fell back
+            elif audio.half_duplex and speaker.busy(time.monotonic() - device_latency_s):
                 continue  # the assistant is talking through open speakers
+            else:
+                rate = TARGET_RATE
             try:
-                await session.feed_audio(pcm, TARGET_RATE)
+                await session.feed_audio(pcm, rate)
             except AudioFormatError as err:
                 print(f"[audio] dropped a frame: {err}", file=sys.stderr)
 
     async def show_events() -> None:
+        fell_back = False
         async for event in session.events():
+            if echo is not None:
+                event = echo.on_event(event)
             if isinstance(event, AudioOut):
                 speaker.push(event.pcm)
                 session.report_played(heard())
             elif isinstance(event, AudioStart):
-                speaker.new_answer()
+                speaker.new_answer(event.turn)
             elif isinstance(event, Pause | Resume):
                 speaker.pause(isinstance(event, Pause))
+                if echo is not None and isinstance(event, Pause):
+                    echo.played(event.turn, speaker.played)  # where playback stopped: all it was handed plays out
             elif isinstance(event, Clear):
                 session.report_played(heard())
                 speaker.clear()
+                if echo is not None:
+                    echo.played(event.turn, speaker.played)
                 print("  [interrupted]", flush=True)
             elif isinstance(event, Transcript) and event.final and event.text:
                 print(f"you: {event.text}", flush=True)
@@ -383,6 +436,9 @@ async def run_local(engines: Engines, session_config: SessionConfig, audio: Loca
                 print(f"assistant: {event.text}", flush=True)
             elif isinstance(event, TurnEnd):
                 show_turn_end(with_output_stats(event, counters, device_latency_s))
+                if echo is not None and not fell_back and (reason := fallback_reason(echo)):
+                    fell_back = True
+                    print(f"  [{reason}: the microphone is muted while the assistant speaks]", flush=True)
             elif isinstance(event, ErrorEvent):
                 print(f"  [error {event.code}: {event.message}]", file=sys.stderr, flush=True)
 
@@ -405,6 +461,21 @@ async def run_local(engines: Engines, session_config: SessionConfig, audio: Loca
         await session.close()
     if alsa_messages:
         log.info("ALSA reported %d messages (run with -v to see them in the log)", alsa_messages)
+
+
+def fallback_reason(echo: OwnVoice) -> str | None:
+    """Why local mode is (now) half duplex: the canceller cannot keep up, or after ALIGNMENT_CHECK_S of the
+    assistant's voice it has taken less than MIN_ERLE_DB off the microphone (its reference is not where the speaker
+    plays: a device whose clock PortAudio misreports), in which case it is switched to half duplex here. None while
+    it cancels."""
+    canceller = echo.canceller
+    if canceller.half_duplex:
+        return "the echo canceller cannot keep up"
+    erle = canceller.stats().get("echo_erle_db")
+    if canceller.reference_s >= ALIGNMENT_CHECK_S and erle is not None and erle < MIN_ERLE_DB:
+        canceller.half_duplex = True
+        return f"the echo canceller is not aligned with the speaker ({erle:.1f} dB removed)"
+    return None
 
 
 def with_output_stats(event: TurnEnd, counters: StreamCounters, device_latency_s: float) -> TurnEnd:
