@@ -27,6 +27,8 @@ twice, and training, which needs autograd through the modules, keeps using them.
 from __future__ import annotations
 
 import ctypes
+import enum
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,6 +45,16 @@ from model.runtime.packed import Head, PackedLinear
 
 if TYPE_CHECKING:
     from model.runtime.batching import SlotCache
+
+log = logging.getLogger(__name__)
+
+
+class PassPath(enum.Enum):
+    """The three ways a pass runs, chosen in one place (`FastPass.path`)."""
+
+    NATIVE = "native"  # the C decode layer: every layer and the head in one call (int4 weights, a shape it takes)
+    INT4 = "int4"  # torch's layer loop on the int4 (packed) weights' kernels
+    DENSE = "dense"  # torch's layer loop on the dense (bf16 or fp32) weights
 
 
 class LoRALinear(Protocol):
@@ -233,7 +245,13 @@ class FastPass:
         # a model loaded without dense linears (model/gguf/network.py) multiplies by its packed ones only
         self.packed_only = model.int4 is not None and self.layers[0].qkv.numel() == 0
         self._held: list[torch.Tensor] = []  # what the native layers point into
-        self.native = self._native_layers() if self._can_go_native() else None
+        # why the decode kernel does not take this model (None: it does); a model with int4 weights then runs every
+        # pass through torch's layer loop, several times slower, and the log says so once
+        self.native_refusal = self._native_refusal()
+        self.native = self._native_layers() if self.native_refusal is None else None
+        if self.native_refusal is not None and model.int4 is not None:
+            log.warning("the decode kernel does not take this model (%s): its passes run through torch, slower",
+                        self.native_refusal)  # fmt: skip
         self._embedding_bits, self._mask_bits = self._bf16_embedding()
         self._rotary_table = (np.empty((0, self.head_dim), np.float32),) * 2  # cos, sin by position (`_rotary_rows`)
 
@@ -248,33 +266,38 @@ class FastPass:
         bits = weight.detach().view(torch.int16).numpy().view(np.uint16)  # shares the weight's memory
         return bits, mask.detach().to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).copy()
 
-    def _can_go_native(self) -> bool:
-        """Whether decode_layer.c takes this model: the shapes it is written for, and int4 weights that match them."""
+    def _native_refusal(self) -> str | None:
+        """Why decode_layer.c does not take this model (the shapes it is written for, int4 weights that match them,
+        the LoRA's shape, the kernels built for this CPU), or None when it does."""
         config = self.model.base.config
         hidden, intermediate = int(config.hidden_size), int(config.intermediate_size)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         # (out, in) of qkv, o, gate_up, down: `_native_linears`' order
         shapes = ((q_size + 2 * kv_size, hidden), (hidden, q_size), (2 * intermediate, hidden), (hidden, intermediate))
-        return (
-            self.model.int4 is not None
-            and self.int4_head is not None
-            and self.dtype == torch.bfloat16
-            and self.lm_head.device.type == "cpu"
-            and self.head_dim % 16 == 0
-            and self.head_dim <= 128
-            and self.heads % self.kv_heads == 0
-            and intermediate % 16 == 0
-            and all(
-                layer.int4 is not None
-                and all((linear.out_features, linear.in_features) == shape
-                        for (linear, _), shape in zip(_native_linears(layer, layer.int4), shapes, strict=True))
-                and all(_native_lora_rank(lora) is not None for _, lora in _native_linears(layer, layer.int4))
-                and len({lora.scale for _, lora in _native_linears(layer, layer.int4)}) == 1
-                and (layer.q_norm is None or layer.q_norm.shape == (self.head_dim,))
-                for layer in self.layers
-            )
-            and quant_kernels.unavailable() is None
-        )
+        checks: list[tuple[bool, str]] = [
+            (self.model.int4 is not None and self.int4_head is not None, "no int4 weights"),
+            (self.dtype == torch.bfloat16, f"{self.dtype} weights, not bf16"),
+            (self.lm_head.device.type == "cpu", f"weights on {self.lm_head.device.type}"),
+            (self.head_dim % 16 == 0 and self.head_dim <= 128, f"head size {self.head_dim}"),
+            (self.heads % self.kv_heads == 0, f"{self.heads} heads over {self.kv_heads} key-value heads"),
+            (intermediate % 16 == 0, f"intermediate size {intermediate}"),
+        ]
+        for passed, reason in checks:
+            if not passed:
+                return reason
+        for index, layer in enumerate(self.layers):
+            if layer.int4 is None:
+                return f"layer {index} has no int4 weights"
+            linears = _native_linears(layer, layer.int4)
+            if any((linear.out_features, linear.in_features) != shape
+                   for (linear, _), shape in zip(linears, shapes, strict=True)):  # fmt: skip
+                return f"layer {index}'s int4 shapes"
+            loras = [lora for _, lora in linears]
+            if any(_native_lora_rank(lora) is None for lora in loras) or len({lora.scale for lora in loras}) != 1:
+                return f"layer {index}'s LoRA (ranks or scales it is not built for)"
+            if layer.q_norm is not None and layer.q_norm.shape != (self.head_dim,):
+                return f"layer {index}'s query norm shape"
+        return quant_kernels.unavailable()
 
     def int4_prefill(self, rows: int) -> bool:
         """Whether a prefill of `rows` prompt tokens reads the int4 weights (through the decode kernel when it takes
@@ -286,7 +309,7 @@ class FastPass:
         return self.model.int4 is not None
 
     def _native_layers(self) -> ctypes.Array:
-        """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it (`_can_go_native` checked)."""
+        """Each layer as `decode_layer` (model/runtime/kernels/decode_layer.c) takes it (`_native_refusal`: None)."""
         config = self.model.base.config
         layers = []
         for layer in self.layers:
@@ -408,14 +431,11 @@ class FastPass:
             exact_rows = row_exact.default_exact_rows(b, min(start, s))
         if start is not None and start >= s:
             start = None  # a clean pass: no LoRA anywhere
-        # int4 for every pass of one answer (its exactness needs one set of weights), for a batch of answers only
-        # while that is cheaper (a batch is not bit-exact anyway), for a prefill when the decode kernel is cheaper
-        # (`int4_prefill`)
-        int4 = (b == 1 and self.int4_prefill(s)) if prefill else (b == 1 or b * s <= INT4_BATCH_ROWS)
-        int4 = int4 or self.packed_only  # no dense weights to fall back on
-        if int4 and b == 1 and self.native is not None:
+        path = self.path(b, s, prefill)
+        if path is PassPath.NATIVE:
             first_noisy = s if start is None else start
             return self._native_pass(input_ids, position_ids, attention_bias, first_noisy, cache, logits_to_keep)
+        int4 = path is PassPath.INT4
         h = self.model.embed(input_ids).to(self.dtype)  # [B, S, hidden]
         bias = attention_bias.to(self.dtype)
         cos, sin = self._rotary(position_ids)
@@ -445,6 +465,22 @@ class FastPass:
         if self.int4_head is not None and int4:
             return self.int4_head(h)
         return row_exact.linear(h, self.lm_head)
+
+    def path(self, answers: int, rows: int, prefill: bool) -> PassPath:
+        """How a pass of `answers` x `rows` runs through `__call__` (a pass in `PassRows` goes to `rows_pass`, the
+        decode kernel, whenever `takes_rows`). The int4 weights for every pass of one answer (its exactness needs
+        one set of weights), for a batch of answers only while that is cheaper (a batch is not bit-exact anyway), for
+        a prefill as `int4_prefill` says; always for a model with no dense weights; the decode kernel for a pass of
+        one answer on the int4 weights when it takes the model."""
+        if self.int4_head is None and self.model.int4 is None:
+            return PassPath.DENSE
+        if prefill:
+            int4 = answers == 1 and self.int4_prefill(rows)
+        else:
+            int4 = answers == 1 or answers * rows <= INT4_BATCH_ROWS
+        if not (int4 or self.packed_only):
+            return PassPath.DENSE
+        return PassPath.NATIVE if answers == 1 and self.native is not None else PassPath.INT4
 
     def takes_rows(self) -> bool:
         """Whether `rows_pass` runs here (the decode kernel takes this model): then every decoding pass, of one answer

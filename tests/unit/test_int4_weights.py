@@ -3,6 +3,7 @@ independent, and self-speculative decoding still bit for bit equal to autoregres
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from model.bundled.block_diffusion import GatedLoRALinear
 from model.runtime import quant_kernels
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from model.runtime.fast_pass import PassPath
 from model.runtime.int4_weights import (
     GROUP,
     LAYOUT,
@@ -394,3 +396,20 @@ def test_coarse_rows_of_the_kernels_are_the_eight_bit_rounding_alone() -> None:
     reference = rounded[2:].double() @ exact.double().t()
     assert (coarse[2:].double() - reference).abs().max() / reference.abs().max() < 1e-5
     assert (fine[2:].double() - reference).abs().max() / reference.abs().max() > 1e-4
+
+
+def test_one_place_chooses_how_a_pass_runs_and_a_model_the_kernel_refuses_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = int4_model()
+    fast = model.inference_pass()
+    assert fast.native_refusal is None
+    assert fast.path(1, 4, prefill=False) is PassPath.NATIVE and fast.path(1, 40, prefill=True) is PassPath.NATIVE
+    assert fast.path(2, 4, prefill=False) is PassPath.INT4  # several answers in torch's loop while that is cheaper
+    assert fast.path(4, 4, prefill=False) is PassPath.DENSE and fast.path(2, 40, prefill=True) is PassPath.DENSE
+    model.base.float()
+    with caplog.at_level(logging.WARNING, logger="model.runtime.fast_pass"):
+        model.use_int4(model.int4)  # fp32 weights: the kernel is written for bf16
+        refused = model.inference_pass()
+    assert refused.native_refusal == "torch.float32 weights, not bf16" and refused.path(1, 4, False) is PassPath.INT4
+    assert "decode kernel does not take this model (torch.float32 weights, not bf16)" in caplog.text
