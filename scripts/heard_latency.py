@@ -261,13 +261,14 @@ async def run_turn(mic: Microphone, listener: Listener, path: Path) -> Turn:
     return turn
 
 
-async def conversation(url: str, paths: list[Path]) -> list[Turn]:
+async def conversation(url: str, paths: list[Path], echo_cancellation: str = "client") -> list[Turn]:
     try:
         ws = await connect(url, max_size=2**22, open_timeout=15)
     except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as error:
         raise ConnectionError(f"cannot reach {url}: {error}") from error
     async with ws:
-        await ws.send(json.dumps({"type": "hello", "sample_rate": RATE}))
+        hello = {"type": "hello", "sample_rate": RATE, "echo_cancellation": echo_cancellation}
+        await ws.send(json.dumps(hello))
         listener = Listener()
         reader = asyncio.create_task(listener.run(ws), name="heard-latency-reader")
         mic = Microphone(ws)
@@ -328,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=60, help="turns (held-out prompts, or the given files cycled)")
     parser.add_argument("--seed", type=int, default=0, help="which held-out prompts")
     parser.add_argument("--json", type=Path, help="write every turn and the summary here")
+    parser.add_argument("--echo-cancellation", choices=("client", "server"), default="client",
+                        help="what `hello` asks for: server, the server cancels the answers' echo from this "
+                        "microphone (what it costs the latency; this client feeds no echo back)")
     args = parser.parse_args(argv)
 
     given = args.audio
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             server = spawn_server(port, args.server_arg, Path(f"/tmp/heard-latency-server-{port}.log"))
             asyncio.run(wait_ready(port, server))
             url = f"ws://127.0.0.1:{port}/ws"
-        turns = asyncio.run(conversation(url, paths))
+        turns = asyncio.run(conversation(url, paths, args.echo_cancellation))
     except ConnectionError as error:
         print(f"heard_latency: {error}", file=sys.stderr)
         return 2
