@@ -65,9 +65,10 @@ class EchoPath:
     holds its latency (measured: 121 ms for 120, and the gain within 0.1 dB once settled). The user's speech
     path cannot be made fast: the pipe source has a fixed latency of one pipe buffer (4 KiB, 128 ms at 16 kHz s16
     mono) and module-loopback raises any lower `latency_msec` to it, so the user's speech reaches the assistant about
-    130 ms later than without `echo` (measured 128-137 ms). `VirtualDevices.mic_delay_s` is that delay as measured
-    at start (0 without `echo`): add it to `MicFeeder.clip_ends` to get when the assistant heard a clip end, so that
-    latency figures (voice-to-voice) do not count it as the assistant's.
+    130 ms later than without `echo`. `VirtualDevices.mic_delay_s` is that delay as measured at start (0 without
+    `echo`; 132-137 ms seen); the loopback steers its latency slowly, so it wanders afterwards (119-134 ms seen
+    up to 10 s later). Add it to `MicFeeder.clip_ends` to get when the assistant heard a clip end, so that
+    latency figures (voice-to-voice) do not count it as the assistant's; it is good to ~15 ms.
     """
 
     delay_ms: int = 120
@@ -300,7 +301,7 @@ class VirtualDevices:
                 devices._open_room(echo)
             devices.mic.start()
             if echo is not None:
-                devices.mic_delay_s = devices._measure_mic_delay()
+                devices.mic_delay_s = devices.measure_mic_delay()
             if record:
                 devices.speaker = SpeakerRecorder(devices.env)
             yield devices
@@ -361,9 +362,10 @@ class VirtualDevices:
                 return block.split(None, 1)[0]
         raise PulseUnavailable(f"module-loopback (module {module}) has no sink input")
 
-    def _measure_mic_delay(self, bursts: int = 3) -> float:
-        """Say short noise bursts into the mic and find them in `room.monitor`: the median of the seconds from a
-        burst's first sample going into the pipe to its first sample in the room.
+    def measure_mic_delay(self, bursts: int = 3) -> float:
+        """With `echo`: say short noise bursts into the mic and find them in `room.monitor`: the median of the seconds
+        from a burst's first sample going into the pipe to its first sample in the room. `start` stores it in
+        `mic_delay_s`; call it again (while no assistant listens: it would hear the bursts) to see how it wandered.
 
         The bursts are short (0.1 s) and below 1 kHz because module-loopback resamples to steer its latency, fast
         (~0.2 %) in its first seconds: a longer or brighter burst drifts out of step with itself."""
