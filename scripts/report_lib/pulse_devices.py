@@ -5,6 +5,9 @@
         devices.mic.say(pcm16_16k)                      # real speech into the pipe source `mic`, in real time
         devices.speaker.first_voice_after(t)            # what reached the null sink `spk` (recorded from its monitor)
 
+    with VirtualDevices.start(folder, echo=EchoPath()) as devices:   # open speakers on a desk (see `EchoPath`)
+        devices.mic_delay_s                             # measured: how late the user's speech reaches the assistant
+
 The server is user-mode (`--daemonize=no`, no autospawn, no D-Bus), so it works as root in CI; pulseaudio only warns
 about root. ALSA is routed to it by an extra ALSA config file named in `ALSA_CONFIG_PATH` (`pcm.!default` of type
 `pulse`, from libasound2-plugins) and `PULSE_SERVER`, so nothing outside the temporary folder changes and a user's own
@@ -19,6 +22,7 @@ import contextlib
 import fcntl
 import glob
 import os
+import re
 import shutil
 import subprocess
 import termios
@@ -41,6 +45,34 @@ ROUTE_ALSA_TO_PULSE = """\
 pcm.!default { type pulse hint { show on description "PulseAudio (virtual devices)" } }
 ctl.!default { type pulse }
 """
+
+
+@dataclass(frozen=True)
+class EchoPath:
+    """Open speakers on a desk (the defaults are `open_speakers.Room`'s): what is played on `spk` comes back into the
+    microphone the assistant records `delay_ms` later and `gain_db` louder (negative: quieter), mixed with the user's
+    speech from the pipe source `mic`.
+
+    Built from PulseAudio's own modules, so the server does the mixing in real time:
+
+        spk (null sink) ── spk.monitor ── module-loopback latency_msec=delay_ms, sink-input volume gain_db ─┐
+        mic (pipe source) ─────────────── module-loopback at its lowest latency ──────────────────────────┤
+                                                                                 room (null sink) ──── room.monitor
+                                                                                 = the default source: what the
+                                                                                   assistant records
+
+    The delay is from `spk`'s monitor (what `SpeakerRecorder` records) to the default source. The echo loopback
+    holds its latency (measured: 121 ms for 120, and the gain within 0.1 dB once settled). The user's speech
+    path cannot be made fast: the pipe source has a fixed latency of one pipe buffer (4 KiB, 128 ms at 16 kHz s16
+    mono) and module-loopback raises any lower `latency_msec` to it, so the user's speech reaches the assistant about
+    130 ms later than without `echo`. `VirtualDevices.mic_delay_s` is that delay as measured at start (0 without
+    `echo`; 132-137 ms seen); the loopback steers its latency slowly, so it wanders afterwards (119-134 ms seen
+    up to 10 s later). Add it to `MicFeeder.clip_ends` to get when the assistant heard a clip end, so that
+    latency figures (voice-to-voice) do not count it as the assistant's; it is good to ~15 ms.
+    """
+
+    delay_ms: int = 120
+    gain_db: float = -8.0
 
 
 class PulseUnavailable(RuntimeError):
@@ -213,9 +245,38 @@ def _voiced_spans(
     return spans
 
 
+def noise_burst(seconds: float, rms: float, seed: int = 0, below_hz: float = 3000.0) -> np.ndarray:
+    """Noise at 16 kHz with nothing above `below_hz`, to find by cross-correlation after a trip through the server:
+    module-loopback resamples to steer its latency (up to ~0.2 % off in its first seconds, ~0.02 % once settled),
+    so over a burst white noise slides out of step with itself; short and low, it still correlates (~0.99)."""
+    noise = np.random.default_rng(seed).standard_normal(int(seconds * MIC_RATE))
+    spectrum = np.fft.rfft(noise)
+    spectrum[int(below_hz / MIC_RATE * len(noise)) :] = 0
+    noise = np.fft.irfft(spectrum, len(noise))
+    return (noise * rms / np.sqrt(np.mean(noise**2))).clip(-1, 1).astype(np.float32)
+
+
+def find_delay(reference: np.ndarray, recording: np.ndarray, max_lag: int) -> tuple[int, float, float]:
+    """Where `reference` shows up in `recording` (both starting at the same moment, same rate): (lag in samples, up
+    to `max_lag`; gain in dB, the RMS of the recording's lagged stretch against the reference's; the normalised
+    correlation at that lag, 1.0 for an exact scaled copy, near 0 for something else)."""
+    recording = recording[: len(reference) + max_lag]
+    size = 1 << int(np.ceil(np.log2(len(reference) + len(recording))))
+    correlation = np.fft.irfft(np.fft.rfft(recording, size) * np.conj(np.fft.rfft(reference, size)), size)
+    lag = int(np.argmax(correlation[: max(1, min(max_lag, len(recording) - len(reference)) + 1)]))
+    heard = recording[lag : lag + len(reference)]
+    played = reference[: len(heard)]
+    energy = float(np.sqrt(np.sum(played**2) * np.sum(heard**2)))
+    if not energy:
+        return lag, float("-inf"), 0.0
+    gain_db = 10 * float(np.log10(max(float(np.sum(heard**2)), 1e-20) / float(np.sum(played**2))))
+    return lag, gain_db, float(np.dot(played, heard)) / energy
+
+
 @dataclass
 class VirtualDevices:
-    """A running private PulseAudio server with a null sink `spk` and a pipe source `mic` (both the defaults)."""
+    """A running private PulseAudio server with a null sink `spk` and a pipe source `mic` (both the defaults), or with
+    `echo`, `mic` and the echo of `spk` mixed into a null sink `room` whose monitor is the default source."""
 
     folder: Path
     env: dict[str, str]
@@ -223,16 +284,24 @@ class VirtualDevices:
     mic: MicFeeder
     speaker: SpeakerRecorder | None = None
     log_path: Path = field(default_factory=Path)
+    echo: EchoPath | None = None
+    mic_delay_s: float = 0.0  # with `echo`: how late speech written to the mic pipe reaches the default source
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, folder: Path, record: bool = True):  # type: ignore[no-untyped-def]
-        """Start the server, the microphone feeder and (with `record`) the speaker recorder; stop all on exit."""
+    def start(cls, folder: Path, record: bool = True, echo: EchoPath | None = None):  # type: ignore[no-untyped-def]
+        """Start the server, the microphone feeder and (with `record`) the speaker recorder; stop all on exit. With
+        `echo`, the room is set up and `mic_delay_s` measured before this yields (three 0.1 s noise bursts said into
+        the mic, not counted in `mic.clip_ends`; about 4 s more to start)."""
         if missing := missing_parts():
             raise PulseUnavailable("missing " + ", ".join(missing) + " (`make install` installs them)")
         devices = cls._launch(folder)
         try:
+            if echo is not None:
+                devices._open_room(echo)
             devices.mic.start()
+            if echo is not None:
+                devices.mic_delay_s = devices.measure_mic_delay()
             if record:
                 devices.speaker = SpeakerRecorder(devices.env)
             yield devices
@@ -274,15 +343,74 @@ class VirtualDevices:
         devices.pactl("set-default-source", "mic")
         return devices
 
+    def _open_room(self, echo: EchoPath) -> None:
+        """The null sink `room`, the two loopbacks into it (before the mic feeder starts, so nothing is queued in the
+        pipe when the loopback starts reading it) and `room.monitor` as the default source."""
+        self.pactl("load-module", "module-null-sink", "sink_name=room", f"rate={MIC_RATE}", "channels=1")
+        common = ["sink=room", f"rate={MIC_RATE}", "channels=1", "source_dont_move=1", "sink_dont_move=1"]
+        module = self.pactl("load-module", "module-loopback", "source=spk.monitor", f"latency_msec={echo.delay_ms}",
+                            *common).strip()  # fmt: skip
+        # latency_msec=1 asks for the lowest: PulseAudio raises it to the pipe source's fixed latency (and logs so)
+        self.pactl("load-module", "module-loopback", "source=mic", "latency_msec=1", *common)
+        self.pactl("set-sink-input-volume", self._sink_input_of(module), f"{echo.gain_db:.2f}dB")
+        self.pactl("set-default-source", "room.monitor")
+        self.echo = echo
+
+    def _sink_input_of(self, module: str) -> str:
+        for block in self.pactl("list", "sink-inputs").split("Sink Input #")[1:]:
+            if re.search(rf"^\s*Owner Module: {module}$", block, re.MULTILINE):
+                return block.split(None, 1)[0]
+        raise PulseUnavailable(f"module-loopback (module {module}) has no sink input")
+
+    def measure_mic_delay(self, bursts: int = 3) -> float:
+        """With `echo`: say short noise bursts into the mic and find them in `room.monitor`: the median of the seconds
+        from a burst's first sample going into the pipe to its first sample in the room. `start` stores it in
+        `mic_delay_s`; call it again (while no assistant listens: it would hear the bursts) to see how it wandered.
+
+        The bursts are short (0.1 s) and below 1 kHz because module-loopback resamples to steer its latency, fast
+        (~0.2 %) in its first seconds: a longer or brighter burst drifts out of step with itself."""
+        room = SpeakerRecorder(self.env, device="room.monitor")
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not room.audio()[1].size:  # parec takes a moment to deliver its first samples
+                if time.monotonic() > deadline:
+                    raise PulseUnavailable("nothing could be recorded from room.monitor")
+                time.sleep(0.05)
+            spoken = len(self.mic.clip_ends)
+            delays = []
+            for index in range(bursts):
+                time.sleep(0.3)  # the recording starts before the burst, with room to spare
+                delays.append(self._find_in_room(room, noise_burst(0.1, 0.2, seed=index, below_hz=1000.0)))
+            del self.mic.clip_ends[spoken:]  # the bursts are the harness's, not clips a test said
+            return float(np.median(delays))
+        finally:
+            room.stop()
+
+    def _find_in_room(self, room: SpeakerRecorder, burst: np.ndarray, early: float = 0.05, late: float = 0.5) -> float:
+        """Say `burst` and find it in `room`'s recording, searching from `early` before it began to `late` after."""
+        self.mic.say((burst * 32767).astype("<i2").tobytes())
+        began = self.mic.wait_spoken(len(self.mic.clip_ends) + 1, START_TIMEOUT_S) - len(burst) / MIC_RATE
+        time.sleep(max(0.0, began + len(burst) / MIC_RATE + late + 0.1 - time.monotonic()))
+        anchor, samples = room.audio()
+        first = int((began - early - anchor) * SPEAKER_RATE)
+        window = samples[max(0, first) : first + int((early + late) * SPEAKER_RATE) + len(burst)]
+        window = np.concatenate([np.zeros(max(0, -first), np.float32), window])
+        reference = np.concatenate([np.zeros(int(early * MIC_RATE)), burst]).astype(np.float32)
+        lag, _, correlation = find_delay(reference, window, int(late * SPEAKER_RATE))
+        if correlation < 0.5:
+            raise PulseUnavailable(f"the mic did not reach room.monitor (correlation {correlation:.2f})")
+        return lag / SPEAKER_RATE
+
     def pactl(self, *args: str) -> str:
         done = subprocess.run(["pactl", *args], env=self.env, capture_output=True, text=True, timeout=10, check=True)
         return done.stdout
 
     def streams(self) -> dict[str, list[str]]:
-        """Client playback and recording streams now open, except this harness's own recorder."""
+        """Client playback and recording streams now open, except this harness's own recorder and loopbacks."""
         result: dict[str, list[str]] = {}
         for kind in ("sink-inputs", "source-outputs"):
             lines = [line for line in self.pactl("list", "short", kind).splitlines() if line.strip()]
+            lines = [line for line in lines if "\tmodule-loopback.c\t" not in line]  # the room's own (`echo`)
             if self.speaker is not None and kind == "source-outputs":
                 lines = [line for line in lines if "spk.monitor" not in self._source_of(line)]
             result[kind] = lines

@@ -15,7 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from report_lib.local_assistant import ROOT, LocalAssistant
-from report_lib.pulse_devices import PulseUnavailable, VirtualDevices, missing_parts
+from report_lib.open_speakers import voice_onset
+from report_lib.pulse_devices import (
+    SPEAKER_RATE,
+    EchoPath,
+    PulseUnavailable,
+    SpeakerRecorder,
+    VirtualDevices,
+    find_delay,
+    missing_parts,
+    noise_burst,
+)
 from report_lib.speech_samples import LIBRIVOX_DIR
 
 from tests.integration.ollama_store import OLLAMA_MODEL, smollm2_store
@@ -54,6 +64,20 @@ def devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VirtualDevices
             yield started
     except PulseUnavailable as err:
         pytest.fail(str(err))  # installed but not starting is a failure, not a skip
+
+
+@pytest.fixture(scope="module")
+def echo_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VirtualDevices]:
+    """Devices of their own with open speakers (`EchoPath`): the room's monitor is the default source."""
+    if not QUESTION.is_file():
+        pytest.skip("Debian's pocketsphinx-testdata is not installed (`make install` installs it)")
+    if missing := missing_parts():
+        pytest.skip(f"PulseAudio is not available: missing {', '.join(missing)} (`make install` installs it)")
+    try:
+        with VirtualDevices.start(tmp_path_factory.mktemp("pulse-room"), echo=EchoPath()) as started:
+            yield started
+    except PulseUnavailable as err:
+        pytest.fail(str(err))
 
 
 @pytest.fixture
@@ -199,6 +223,65 @@ def test_speaker_recorder_timeline(devices: VirtualDevices) -> None:
     spans = devices.speaker.voiced_spans(started)
     assert spans and 0.8 < spans[0][1] - spans[0][0] < 1.3
     assert not devices.speaker.sounding(started)  # the tone is over
+
+
+def recorded_since(anchor: float, samples: np.ndarray, since: float) -> np.ndarray:
+    """A `SpeakerRecorder` recording (`audio()`) from monotonic time `since` on: 16 kHz float32."""
+    first = round((since - anchor) * SPEAKER_RATE)
+    assert first >= 0, f"the recording began {-first / SPEAKER_RATE:.3f} s after {since}"
+    return samples[first:]
+
+
+def test_room_echo_and_the_users_speech_reach_the_default_source(echo_devices: VirtualDevices) -> None:
+    """The harness itself, with open speakers: what is recorded from the default source (what the assistant hears)
+    has a noise burst played to the speaker ~120 ms later and ~8 dB down, and the speech written into the mic."""
+    devices = echo_devices
+    assert devices.speaker is not None and devices.echo == EchoPath(delay_ms=120, gain_db=-8.0)
+    heard = SpeakerRecorder(devices.env, device="@DEFAULT_SOURCE@")
+    try:
+        deadline = time.monotonic() + 10
+        while not (heard.audio()[1].size and devices.speaker.audio()[1].size):
+            assert time.monotonic() < deadline, "nothing recorded from the speaker or the default source"
+            time.sleep(0.05)
+        time.sleep(0.3)  # both recordings start well before what is played
+        # short and below 2 kHz: module-loopback resamples a little to hold its latency (see `noise_burst`)
+        burst = noise_burst(0.3, 0.2, seed=1, below_hz=2000.0)
+        started = time.monotonic()
+        subprocess.run(["pacat", "--playback", "--raw", "--format=s16le", "--rate=16000", "--channels=1"],
+                       input=(burst * 32767).astype("<i2").tobytes(), env=devices.env, check=True,
+                       timeout=30)  # fmt: skip
+        time.sleep(0.8)
+        spans = devices.speaker.voiced_spans(started)
+        assert spans, "the burst never reached the speaker"
+        begin = spans[0][0] - 0.05
+        reference = recorded_since(*devices.speaker.audio(), begin)[: int(0.4 * SPEAKER_RATE)]
+        lag, gain_db, correlation = find_delay(reference, recorded_since(*heard.audio(), begin), SPEAKER_RATE // 2)
+        delay_ms = lag * 1000 / SPEAKER_RATE
+        print(f"echo: {delay_ms:.1f} ms later, {gain_db:+.1f} dB, correlation {correlation:.2f}")
+        assert correlation > 0.5, "what the default source recorded is not the speaker's echo"
+        assert 60 <= delay_ms <= 300
+        assert -14 <= gain_db <= -4
+
+        clip = speech(QUESTION)
+        said = np.frombuffer(clip, dtype="<i2").astype(np.float32) / 32768
+        spoken = len(devices.mic.clip_ends)
+        devices.mic.say(clip)
+        began = devices.mic.wait_spoken(spoken + 1, 30) - len(said) / SPEAKER_RATE
+        time.sleep(0.6)
+        # 0.4 s of the speech from where the voice begins (the clip opens with room tone)
+        onset = voice_onset(said)
+        reference = np.concatenate([np.zeros(int(0.05 * SPEAKER_RATE), np.float32),
+                                    said[onset : onset + int(0.4 * SPEAKER_RATE)]])  # fmt: skip
+        recording = recorded_since(*heard.audio(), began + onset / SPEAKER_RATE - 0.05)
+        lag, gain_db, correlation = find_delay(reference, recording, SPEAKER_RATE // 2)
+        delay_s = lag / SPEAKER_RATE
+        print(f"speech: {delay_s * 1000:.1f} ms later (measured at start: {devices.mic_delay_s * 1000:.1f} ms), "
+              f"{gain_db:+.1f} dB, correlation {correlation:.2f}")  # fmt: skip
+        assert correlation > 0.5, "the speech written into the mic did not reach the default source"
+        assert -3 <= gain_db <= 1
+        assert delay_s < 0.4 and abs(delay_s - devices.mic_delay_s) < 0.05
+    finally:
+        heard.stop()
 
 
 def test_speaker_recorder_knows_when_the_speaker_is_sounding(devices: VirtualDevices) -> None:
