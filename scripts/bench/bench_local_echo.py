@@ -17,7 +17,6 @@ speaker within 1 s of reaching the microphone, and how the barge-ins were transc
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 import time
@@ -42,36 +41,56 @@ QUIET_S = 1.5  # the answer is over once the speaker has been quiet this long
 LONG_ANSWERS = "You are a storyteller. Answer every message with a story of at least three sentences."
 
 
+def judge(lines: list[tuple[float, str]], said: list[tuple[float, float, bool]]) -> tuple[int, int]:
+    """Turns started by the echo and answers cut by their own echo, from the console's timed lines. Each utterance
+    of the user's explains one `you:` line, the first after it ends (half duplex hears a question said over an
+    answer only once the answer is over): the `you:` lines left over were started by something else, the echo. An
+    `[interrupted]` is the user's doing when an utterance began within the 4 s before it (a barge-in, or the next
+    question said over an answer's tail); the others were the echo's."""
+    ends = sorted(end for _, end, _ in said)
+    echo_starts = 0
+    for t in (t for t, line in lines if line.startswith("you: ")):
+        if ends and ends[0] - 0.5 <= t:
+            ends.pop(0)
+        else:
+            echo_starts += 1
+    cut = [t for t, line in lines if "[interrupted]" in line]
+    self_cuts = sum(1 for t in cut if not any(start <= t <= start + 4.0 for start, _, _ in said))
+    return echo_starts, self_cuts
+
+
 def run_config(devices: VirtualDevices, name: str, args: list[str], turns: int) -> dict[str, Any]:
     assert devices.speaker is not None
     questions, cards = librivox_clips(), card_clips()
     assistant = LocalAssistant(devices, ["--max-new-tokens", "48", "--system-prompt", LONG_ANSWERS, *args])
     assistant.wait_ready()
-    said, barge_ins, stopped_after, heard_as, self_cuts = 0, 0, [], [], 0
+    said: list[tuple[float, float, bool]] = []  # (start, end, barge-in) as the assistant's microphone hears them
+    stopped_after: list[float] = []
+    heard_as: list[tuple[str, str]] = []
+
+    spoken_before = len(devices.mic.clip_ends)  # the clips earlier configurations said into the same microphone
+
+    def say(path: Path, barge_in: bool) -> tuple[float, float]:
+        start = time.monotonic() + devices.mic_delay_s
+        devices.mic.say(float32_to_pcm16(load_audio_16k(path)))
+        end = devices.mic.wait_spoken(spoken_before + len(said) + 1, 60) + devices.mic_delay_s
+        said.append((start, end, barge_in))
+        return start, end
+
     try:
         for index in range(turns):
-            question = questions[index % len(questions)]
-            lines_before = len(assistant.lines)
-            devices.mic.say(float32_to_pcm16(load_audio_16k(question.path)))
-            said += 1
-            speech_end = devices.mic.wait_spoken(said, 60) + devices.mic_delay_s
+            _, speech_end = say(questions[index % len(questions)].path, barge_in=False)
             deadline = time.monotonic() + ANSWER_WAIT_S
             while (answer_at := devices.speaker.first_voice_after(speech_end)) is None:
                 if time.monotonic() > deadline:
                     raise AssistantFailed(f"turn {index + 1}: no answer heard; console:\n{assistant.output()}")
                 time.sleep(0.05)
-            barge = index % 2 == 1
-            if barge:
+            if index % 2 == 1:  # talk over this answer (one over before then leaves nothing to interrupt)
                 time.sleep(max(0.0, answer_at + BARGE_IN_AFTER_S - time.monotonic()))
-                self_cuts += sum("[interrupted]" in line for _, line in assistant.lines[lines_before:])
                 card = cards[(index // 2) % len(cards)]
                 lines_at_barge = len(assistant.lines)
-                reaches_mic = time.monotonic() + devices.mic_delay_s
-                devices.mic.say(float32_to_pcm16(load_audio_16k(card.path)))
-                said += 1
-                barge_end = devices.mic.wait_spoken(said, 60) + devices.mic_delay_s
-                barge_ins += 1
-                spans = [s for s in devices.speaker.voiced_spans(answer_at) if s[0] < barge_end]
+                reaches_mic, barge_end = say(card.path, barge_in=True)
+                spans = [span for span in devices.speaker.voiced_spans(answer_at) if span[0] < barge_end]
                 interrupted = any("[interrupted]" in line for _, line in assistant.lines[lines_at_barge:])
                 if spans and interrupted:
                     stopped_after.append(round(spans[-1][1] - reaches_mic, 3))
@@ -86,26 +105,20 @@ def run_config(devices: VirtualDevices, name: str, args: list[str], turns: int) 
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
-            if not barge:
-                self_cuts += sum("[interrupted]" in line for _, line in assistant.lines[lines_before:])
     finally:
         assistant.stop()
-    console = assistant.output()
-    you_lines = len(re.findall(r"^you: ", console, re.MULTILINE))
-    wer = word_error_rate(heard_as) if heard_as else None
+    echo_starts, self_cuts = judge(assistant.lines, said)
+    barge_ins = sum(1 for *_, barge_in in said if barge_in)
     return {
-        "config": name,
-        "args": args,
-        "turns": turns,
-        "user_utterances": said,
-        "turns_started_by_echo": max(0, you_lines - said),
+        "config": name, "args": args, "turns": turns, "user_utterances": len(said),
+        "turns_started_by_echo": echo_starts,
         "answers_cut_by_their_echo": self_cuts,
         "barge_ins": barge_ins,
         "barge_ins_stopped_within_1s": sum(1 for s in stopped_after if s <= 1.0),
         "speaker_stopped_after_s": stopped_after,
-        "barge_in_wer": wer,
-        "barge_ins_heard_as": heard_as,
-        "fell_back": "microphone is muted" in console and not args,
+        "barge_in_wer": word_error_rate(heard_as) if heard_as else None, "barge_ins_heard_as": heard_as,
+        "fell_back": "microphone is muted" in assistant.output() and not args,
+        "said": said, "console": assistant.lines,
     }
 
 
@@ -136,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     except (PulseUnavailable, AssistantFailed) as err:
         print(f"bench_local_echo: {err}", file=sys.stderr)
         return 2
-    summary = [{k: v for k, v in r.items() if k not in ("barge_ins_heard_as", "args")} for r in results]
+    summary = [{k: v for k, v in r.items() if k not in ("barge_ins_heard_as", "args", "said", "console")}
+               for r in results]
     echo_path = {"delay_ms": args.delay_ms, "gain_db": args.gain_db}
     print_and_save({"runs": summary}, {"echo_path": echo_path, "runs": results}, args.json)
     return 0
