@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
-from report_lib.stats import percentile
+from report_lib.stats import auc, percentile
 from report_lib.turn_cases import (
     Recording,
     load_recordings,
@@ -126,15 +126,10 @@ def summarise(cases: list[Case], threshold: float) -> list[dict[str, object]]:
         cut = [c for c in chosen if not c.complete]
         balanced = 0.5 * (sum(c.probability > threshold for c in complete) / len(complete)
                           + sum(c.probability <= threshold for c in cut) / len(cut))
+        separation = auc([c.probability for c in complete], [c.probability for c in cut])
         rows.append({"trailing_ms": trailing_ms, "source": "all", "kind": "balanced", "n": len(chosen),
-                     "accuracy": round(balanced, 3), "mean_probability": None, "auc": auc(complete, cut)})
+                     "accuracy": round(balanced, 3), "mean_probability": None, "auc": separation})
     return rows
-
-
-def auc(complete: list[Case], cut: list[Case]) -> float:
-    """Chance that a complete utterance scores above an incomplete one: the separation, whatever the threshold."""
-    wins = [(a.probability > b.probability) + 0.5 * (a.probability == b.probability) for a in complete for b in cut]
-    return round(statistics.fmean(wins), 3)
 
 
 def main() -> None:

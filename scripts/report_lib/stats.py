@@ -38,3 +38,12 @@ def percentile_or(values: Sequence[float], q: float, default: Default) -> float 
     """`percentile`, or `default` when there are no values: None where a report's field may be absent, NaN where a
     benchmark's JSON row always carries a number."""
     return percentile(values, q) if values else default
+
+
+def auc(positives: Sequence[float], negatives: Sequence[float]) -> float:
+    """The area under the ROC curve of a score: the chance that a positive scores above a negative, ties counting
+    half (the separation, whatever the threshold), to three decimals."""
+    if not positives or not negatives:
+        raise ValueError("the AUC needs a positive and a negative")
+    wins = sum((a > b) + 0.5 * (a == b) for a in positives for b in negatives)
+    return round(wins / (len(positives) * len(negatives)), 3)

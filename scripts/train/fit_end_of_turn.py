@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib, train
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
+from report_lib.stats import auc
 from report_lib.turn_cases import load_recordings, speech_bounds_and_pauses, with_silence, word_cuts
 from train.end_of_turn_fit import fit_rule
 
@@ -112,11 +113,6 @@ def split(cases: list[Case]) -> tuple[set[str], set[str]]:
         for index, name in enumerate(names):
             (fit if index % 2 == 0 else held).add(name)
     return fit, held
-
-
-def auc(scores_complete: list[float], scores_cut: list[float]) -> float:
-    wins = [(a > b) + 0.5 * (a == b) for a in scores_complete for b in scores_cut]
-    return round(statistics.fmean(wins), 3)
 
 
 def figures(cases: list[Case], released: list[bool], scores: list[float]) -> dict[str, object]:

@@ -169,15 +169,14 @@ def test_sigterm_exits_cleanly_within_a_second(
     assert_stops_cleanly(start(devices, assistant_factory), devices, signal.SIGTERM)
 
 
-def test_headset_barge_in_stops_the_speaker_and_keeps_what_was_heard(
-    devices: VirtualDevices, assistant_factory: list[LocalAssistant]
-) -> None:
+def ask_then_barge_in(devices: VirtualDevices, assistant: LocalAssistant) -> tuple[float, str]:
+    """Say QUESTION, wait until its answer is heard, and talk over it (BARGE_IN) BARGE_IN_AFTER_S into the answer;
+    returns how long the answer went on after the barge-in reached the assistant's microphone, and the console as it
+    was just before the barge-in."""
     assert devices.speaker is not None
-    assistant = start(devices, assistant_factory, "--headset", "--max-new-tokens", "64",
-                      "--system-prompt", LONG_ANSWERS)  # fmt: skip
     spoken = len(devices.mic.clip_ends)
     devices.mic.say(speech(QUESTION))
-    speech_end = devices.mic.wait_spoken(spoken + 1, 30)
+    speech_end = devices.mic.wait_spoken(spoken + 1, 30) + devices.mic_delay_s
     deadline = time.monotonic() + TURN_TIMEOUT_S
     while (answer_at := devices.speaker.first_voice_after(speech_end)) is None:
         assert time.monotonic() < deadline, f"the answer was never heard; console:\n{assistant.output()}"
@@ -188,15 +187,25 @@ def test_headset_barge_in_stops_the_speaker_and_keeps_what_was_heard(
     while not devices.speaker.sounding(answer_at):
         assert time.monotonic() < deadline, f"the answer went quiet and never resumed; console:\n{assistant.output()}"
         time.sleep(0.02)
-    barge_in_at = time.monotonic()
+    before = assistant.output()
+    barge_in_at = time.monotonic() + devices.mic_delay_s  # when the assistant's microphone starts hearing it
     devices.mic.say(speech(BARGE_IN))
-    barge_in_end = devices.mic.wait_spoken(spoken + 2, 30)
+    barge_in_end = devices.mic.wait_spoken(spoken + 2, 30) + devices.mic_delay_s
     assistant.wait_line(r"\[interrupted\]", TURN_TIMEOUT_S)
-    end = assistant.wait_line(r"\[.*underruns \d+.*heard: '(.*)'\]", TURN_TIMEOUT_S)
     # the answer's audio stops soon after the user starts talking, and stays off while they talk
     speaking = [span for span in devices.speaker.voiced_spans(answer_at) if span[0] < barge_in_end]
     assert speaking[-1][1] > barge_in_at - 0.3, "the answer was over before the barge-in: nothing to interrupt"
-    stopped_after = speaking[-1][1] - barge_in_at
+    return speaking[-1][1] - barge_in_at, before
+
+
+def test_headset_barge_in_stops_the_speaker_and_keeps_what_was_heard(
+    devices: VirtualDevices, assistant_factory: list[LocalAssistant]
+) -> None:
+    assert devices.speaker is not None
+    assistant = start(devices, assistant_factory, "--headset", "--max-new-tokens", "64",
+                      "--system-prompt", LONG_ANSWERS)  # fmt: skip
+    stopped_after, _ = ask_then_barge_in(devices, assistant)
+    end = assistant.wait_line(r"\[.*underruns \d+.*heard: '(.*)'\]", TURN_TIMEOUT_S)
     assert stopped_after < SPEAKER_STOPS_WITHIN_S, f"speaker went on {stopped_after:.2f} s after the barge-in"
     print(f"the speaker stopped {stopped_after:.2f} s after the barge-in began; heard: {end.group(1)!r}")
     # the history keeps what was heard: the start of the answer, not all of it (the answer line comes when the LM
@@ -221,30 +230,12 @@ def test_on_open_speakers_its_own_voice_starts_nothing_and_a_barge_in_stops_it(
     devices = echo_devices
     assert devices.speaker is not None
     assistant = start(devices, assistant_factory, "--max-new-tokens", "64", "--system-prompt", LONG_ANSWERS)
-    spoken = len(devices.mic.clip_ends)
-    devices.mic.say(speech(QUESTION))
-    speech_end = devices.mic.wait_spoken(spoken + 1, 30) + devices.mic_delay_s
-    deadline = time.monotonic() + TURN_TIMEOUT_S
-    while (answer_at := devices.speaker.first_voice_after(speech_end)) is None:
-        assert time.monotonic() < deadline, f"the answer was never heard; console:\n{assistant.output()}"
-        time.sleep(0.05)
-    time.sleep(max(0.0, answer_at + BARGE_IN_AFTER_S - time.monotonic()))
-    while not devices.speaker.sounding(answer_at):
-        assert time.monotonic() < deadline, f"the answer went quiet and never resumed; console:\n{assistant.output()}"
-        time.sleep(0.02)
-    before_barge_in = assistant.output()
-    barge_in_at = time.monotonic() + devices.mic_delay_s  # when the assistant's microphone starts hearing it
-    devices.mic.say(speech(BARGE_IN))
-    barge_in_end = devices.mic.wait_spoken(spoken + 2, 30) + devices.mic_delay_s
-    assistant.wait_line(r"\[interrupted\]", TURN_TIMEOUT_S)
+    stopped_after, before_barge_in = ask_then_barge_in(devices, assistant)
     assistant.wait_line(r"\[.*underruns \d+.*heard: '(.*)'\]", TURN_TIMEOUT_S)
     # until the barge-in, the assistant heard only the question: its own voice (1 s of it, from the room) started no
     # turn and interrupted nothing, and the canceller neither fell behind nor lost the speaker
     assert re.findall(r"^you: ", before_barge_in, re.MULTILINE) == ["you: "], before_barge_in
     assert "[interrupted]" not in before_barge_in and "microphone is muted" not in before_barge_in, before_barge_in
-    speaking = [span for span in devices.speaker.voiced_spans(answer_at) if span[0] < barge_in_end]
-    assert speaking[-1][1] > barge_in_at - 0.3, "the answer was over before the barge-in: nothing to interrupt"
-    stopped_after = speaking[-1][1] - barge_in_at
     assert stopped_after < SPEAKER_STOPS_WITHIN_S, f"speaker went on {stopped_after:.2f} s after the barge-in"
     print(f"open speakers: the speaker stopped {stopped_after:.2f} s after the barge-in reached the microphone")
     assert "ALSA lib" not in assistant.output()

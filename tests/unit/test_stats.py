@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from report_lib.stats import percentile, percentile_or
+from report_lib.stats import auc, percentile, percentile_or
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -41,3 +41,10 @@ def test_percentile_or_says_not_measured_without_values() -> None:
     assert percentile_or([], 95, None) is None
     assert math.isnan(percentile_or([], 95, math.nan))
     assert percentile_or([1.0, 3.0], 50, None) == 2.0
+
+
+def test_auc_is_the_chance_a_positive_outscores_a_negative_ties_counting_half() -> None:
+    assert auc([0.9, 0.8], [0.1, 0.8]) == 0.875  # 0.9 beats both, 0.8 beats 0.1 and ties 0.8
+    assert auc([1.0], [0.0]) == 1.0 and auc([0.0], [1.0]) == 0.0
+    with pytest.raises(ValueError):
+        auc([], [0.5])
