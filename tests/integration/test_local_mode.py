@@ -53,31 +53,28 @@ def speech(path: Path) -> bytes:
     return float32_to_pcm16(load_audio_16k(path))
 
 
-@pytest.fixture(scope="module")
-def devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VirtualDevices]:
+def started_devices(folder: Path, echo: EchoPath | None = None) -> Iterator[VirtualDevices]:
+    """The virtual devices for a module's tests, or a skip naming what this machine lacks."""
     if not QUESTION.is_file():
         pytest.skip("Debian's pocketsphinx-testdata is not installed (`make install` installs it)")
     if missing := missing_parts():
         pytest.skip(f"PulseAudio is not available: missing {', '.join(missing)} (`make install` installs it)")
     try:
-        with VirtualDevices.start(tmp_path_factory.mktemp("pulse")) as started:
+        with VirtualDevices.start(folder, echo=echo) as started:
             yield started
     except PulseUnavailable as err:
         pytest.fail(str(err))  # installed but not starting is a failure, not a skip
 
 
 @pytest.fixture(scope="module")
+def devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VirtualDevices]:
+    yield from started_devices(tmp_path_factory.mktemp("pulse"))
+
+
+@pytest.fixture(scope="module")
 def echo_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VirtualDevices]:
     """Devices of their own with open speakers (`EchoPath`): the room's monitor is the default source."""
-    if not QUESTION.is_file():
-        pytest.skip("Debian's pocketsphinx-testdata is not installed (`make install` installs it)")
-    if missing := missing_parts():
-        pytest.skip(f"PulseAudio is not available: missing {', '.join(missing)} (`make install` installs it)")
-    try:
-        with VirtualDevices.start(tmp_path_factory.mktemp("pulse-room"), echo=EchoPath()) as started:
-            yield started
-    except PulseUnavailable as err:
-        pytest.fail(str(err))
+    yield from started_devices(tmp_path_factory.mktemp("pulse-room"), EchoPath())
 
 
 @pytest.fixture
