@@ -5,21 +5,26 @@ The runner is made once and kept, so a conversation's next prompt encodes only w
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import torch
 
 from model.bundled.block_diffusion import BlockDiffusionLM
 from model.chat.backend import AnswerPlan
 from model.decoding.block_passes import BlockPasses, DiffusionSequence
-from model.decoding.draft_policy import DraftPolicy
+from model.decoding.draft_policy import PRIOR_ACCEPTANCE, DraftPolicy
 from model.decoding.end_of_turn import EndOfTurnProbe
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig, validate_request
 from model.decoding.speculative import SpeculativeDecoding
 from model.decoding.step import DecodingSequence, FoldingSequence
+from model.drafting.context import DraftingContext
+from model.drafting.drafter import Drafter, TargetShape, load_drafter
+from model.drafting.native import NativeDrafter
 from model.errors import ModelError
 from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, Run
 
@@ -60,6 +65,11 @@ class BlockDiffusionBackend:
         # One policy per mask count: what it learns about pass costs and acceptance holds for every answer
         self._draft_policies: dict[int, DraftPolicy] = {}
         self._policies_lock = threading.Lock()
+        # A drafter on the network's own hidden rows (model/drafting/): when set, self-speculative answers draft with
+        # it instead of mask rows (`use_drafter`)
+        self.drafter: Drafter | None = None
+        self._drafter_policy: DraftPolicy | None = None
+        self._native_drafter: NativeDrafter | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -77,6 +87,29 @@ class BlockDiffusionBackend:
         if config.cfg_scale > 0:
             raise ModelError("the block-diffusion model does not support classifier-free guidance (cfg_scale): set it "
                              "to 0")
+
+    def use_drafter(self, drafter: Drafter | None, prior: Sequence[float] = ()) -> None:
+        """Draft with `drafter` (None: with the adapter's mask rows again); `prior`: its measured acceptance by draft
+        position (cumulative, as drafter.json holds it), the draft policy's starting point."""
+        if drafter is not None:
+            drafter.check_target(TargetShape.of(self.model.base.config))
+        self.drafter = drafter
+        self._native_drafter = None if drafter is None or NativeDrafter.unavailable() else NativeDrafter(drafter)
+        conditional = tuple(b / a if a > 0 else 0.0 for a, b in zip((1.0, *prior), prior, strict=False))
+        self._drafter_policy = None if drafter is None else DraftPolicy(
+            drafter.config.block, prior=tuple(min(0.95, max(0.05, p)) for p in conditional) or PRIOR_ACCEPTANCE)
+
+    def load_drafter(self, directory: Path) -> None:
+        """`use_drafter` with the drafter saved in `directory` (model/drafting/drafter.py), its head rows read from
+        this network's head, its measured acceptance as the policy's prior."""
+        head = self.model.base.get_output_embeddings().weight.detach()
+        drafter = load_drafter(directory, TargetShape.of(self.model.base.config), lambda ids: head[ids].float())
+        meta = json.loads((directory / "drafter.json").read_text())
+        self.use_drafter(drafter, meta.get("acceptance", {}).get("after", ()))
+
+    def embedded(self, ids: torch.Tensor) -> torch.Tensor:
+        """The network's token embeddings of `ids` `[n]` -> `[n, hidden]` fp32 (a drafted block's first row)."""
+        return self.model.base.get_input_embeddings()(ids).float()
 
     def answer(self, plan: AnswerPlan, cancel: threading.Event | None) -> _RunPasses:
         options = plan.options
@@ -106,9 +139,15 @@ class BlockDiffusionBackend:
             raise ModelError(f"{config.decoding} decoding needs the KV cache (drop --no-cache)")
         else:
             masks = config.draft_masks if config.decoding == "self-speculative" else 0
+            drafting = None
+            policy = self.draft_policy(config)
+            if masks and self.drafter is not None:
+                drafting = DraftingContext(self.drafter, self.embedded, len(plan.prompt) - 1, self._native_drafter)
+                masks = self.drafter.config.block
+                policy = self._drafter_policy if policy is not None else None
             sequence = SpeculativeDecoding(
                 plan.prompt, plan.length, masks, self.mask_id, self.eos_ids, options.temperature, options.seed,
-                plan.guard, config.draft_branches, self.draft_policy(config), plan.grammar, options.draft_lead,
+                plan.guard, config.draft_branches, policy, plan.grammar, options.draft_lead, drafting,
             )
         if plan.probe is None:
             return sequence

@@ -84,6 +84,9 @@ class DraftPolicy:
     """Chooses masks per block in [0, max_masks] for lone self-speculative passes; `observe` after each pass."""
 
     max_masks: int
+    # P(draft i accepted | the drafts before it were) before any pass: the drafts' measured rates (a drafter's
+    # drafter.json), else the bundled adapter's
+    prior: tuple[float, ...] = PRIOR_ACCEPTANCE
     tried: list[float] = field(default_factory=list)  # per draft position: passes that verified it
     accepted: list[float] = field(default_factory=list)  # ... and accepted it
     layouts: list[_Layout] = field(default_factory=list)
@@ -103,7 +106,7 @@ class DraftPolicy:
         if self.max_masks < 1:
             raise ValueError(f"max_masks must be at least 1, got {self.max_masks}")
         for i in range(self.max_masks):
-            prior = PRIOR_ACCEPTANCE[min(i, len(PRIOR_ACCEPTANCE) - 1)]
+            prior = self.prior[min(i, len(self.prior) - 1)]
             self.tried.append(PRIOR_WEIGHT)
             self.accepted.append(PRIOR_WEIGHT * prior)
         self.layouts = [_Layout() for _ in range(self.max_masks + 1)]

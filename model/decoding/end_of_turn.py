@@ -29,7 +29,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from model.decoding.refinement import Refinement
-from model.decoding.step import Feed, FoldingSequence, TimesItsPasses
+from model.decoding.step import Feed, FoldingSequence, ReadsTaps, TimesItsPasses
 
 
 def message_tail(with_words: Sequence[int], words: Sequence[int]) -> tuple[int, ...] | None:
@@ -90,6 +90,10 @@ class EndOfTurnProbe:
 
     def feed(self, crowd: int = 1) -> Feed:
         return self.inner.feed(crowd)
+
+    def take_taps(self, tapped: torch.Tensor) -> None:
+        if isinstance(self.inner, ReadsTaps):
+            self.inner.take_taps(tapped)
 
     def untimed(self) -> None:
         if isinstance(self.inner, TimesItsPasses):

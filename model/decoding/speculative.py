@@ -43,7 +43,7 @@ from model.decoding.draft_policy import DraftPolicy
 from model.decoding.grammar import Grammar, constrain_drafts, constrain_rows
 from model.decoding.refinement import Refinement
 from model.decoding.speech_guard import SpeechGuard, guarded
-from model.decoding.step import Feed
+from model.decoding.step import Drafts, Feed
 from model.errors import ModelError
 
 
@@ -113,6 +113,7 @@ class SpeculativeDecoding:
         policy: DraftPolicy | None = None,
         grammar: Grammar | None = None,
         draft_lead: int = 0,
+        drafting: Drafts | None = None,
     ) -> None:
         if not prompt_ids:
             raise ModelError("the prompt is empty: nothing to condition the answer on")
@@ -131,6 +132,10 @@ class SpeculativeDecoding:
         self.branches = branches  # a block of masks after every draft (see the module docstring), when alone
         self.policy = policy  # None: `masks` every pass; else the policy's choice (up to `masks`) for lone passes
         self.draft_lead = draft_lead  # the answer's first tokens: drafted (`masks` a pass) whatever the policy says
+        # The drafter (model/drafting/) instead of mask rows: the pass verifies its drafts with clean rows only, and
+        # the drafter drafts the next block after it, from the rows the pass tapped (`take_taps`)
+        self.drafting = drafting
+        self._tapped: torch.Tensor | None = None
         self._branched = False  # whether the last feed() drafted a block after every draft
         self._fed_masks = masks  # masks per block in the last feed()
         # When the last consume() returned, and whether the answer has been alone in its passes since: a layout's cost
@@ -177,11 +182,18 @@ class SpeculativeDecoding:
         self._fed_masks = masks
         self.drafts = self.drafts[: min(masks, self.max_new_tokens - len(self.answer) - 1)]  # k + 1 new at most
         clean = (*self.lead, self.last, *self.drafts)
+        if self.drafting is not None:
+            self._branched = False
+            return Feed(clean=clean, taps=self.drafting.taps)
         self._branched = self.branches and masks > 0 and crowd <= 1 and not leading
         if not self._branched:
             return Feed(clean=clean, noisy=(self.mask_id,) * masks, drafts=True)
         after = tuple(g for g in range(len(self.lead) + 1, len(clean) + 1) for _ in range(masks))
         return Feed(clean=clean, noisy=(self.mask_id,) * len(after), after=after, drafts=True)
+
+    def take_taps(self, tapped: torch.Tensor) -> None:
+        """The pass's tapped rows of this answer's clean rows (`ReadsTaps`), for the drafter's context."""
+        self._tapped = tapped
 
     def untimed(self) -> None:
         """The pass just fed is not a usual one (`TimesItsPasses`): the step it ends is not timed for the policy."""
@@ -220,12 +232,18 @@ class SpeculativeDecoding:
         masks = self._fed_masks
         now = time.perf_counter()
         if self.policy is not None:  # a lone step in the steady layout of `masks` says what that layout costs
-            steady = not lead and len(drafts) == masks and (self._branched or not masks)
+            steady = not lead and len(drafts) == masks and (self._branched or not masks or self.drafting is not None)
             step_s = now - self._consumed_at if self._consumed_at is not None and self._alone else None
             self.policy.observe(masks, len(drafts), accepted, step_s * 1e3 if steady and step_s else None)
         self._consumed_at, self._alone = now, True
         block = accepted if self._branched else 0
-        if masks and (self._branched or accepted == len(drafts)) and stop is None:
+        if self.drafting is not None:
+            if self._tapped is None:
+                raise ModelError("a drafting pass came back without the rows its drafter reads")
+            self.drafting.extend(self._tapped[lead : lead + 1 + accepted])  # the kept rows from `last` on
+            self._tapped = None
+            self.drafts, self.draft_conf = self.drafting.draft(self.last) if stop is None else ([], [])
+        elif masks and (self._branched or accepted == len(drafts)) and stop is None:
             block_logits = mask_logits[block * masks : (block + 1) * masks].float()
             if self.grammar is not None:  # drafts the grammar allows, after the answer as committed
                 block_logits = block_logits.clone()

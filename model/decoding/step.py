@@ -48,6 +48,9 @@ class Feed:
     # False: the rows only write their keys and values (a prompt's part encoded beside other answers' passes:
     # model/runtime/batch_runner.py), and the pass computes no logits for them
     logits: bool = True
+    # The target's residual rows after these layers, for the clean rows: what a drafter reads (model/drafting/); the
+    # pass hands them to the sequence (`ReadsTaps`)
+    taps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         after = self.after
@@ -82,6 +85,29 @@ class DecodingSequence(Protocol):
         """The pass's logits for this answer's rows (clean `[len(clean), V]`, noisy `[len(noisy), V]`), the pass's
         time, and whether the caller cancelled -> (the pass's Refinement, how many clean rows the cache keeps)."""
         ...
+
+
+class Drafts(Protocol):
+    """An answer's drafter (model/drafting/context.py): it reads the target's tapped rows of the tokens the answer
+    keeps and drafts the block after them."""
+
+    @property
+    def taps(self) -> tuple[int, ...]: ...
+
+    @property
+    def block(self) -> int: ...
+
+    def extend(self, tapped: torch.Tensor) -> None: ...
+
+    def draft(self, last: int) -> tuple[list[int], list[float]]: ...
+
+
+@runtime_checkable
+class ReadsTaps(Protocol):
+    """A sequence whose feeds ask for tapped rows (`Feed.taps`): the runner hands it the clean rows' ones
+    `[len(clean), taps, hidden]` right before `consume`."""
+
+    def take_taps(self, tapped: torch.Tensor) -> None: ...
 
 
 @runtime_checkable

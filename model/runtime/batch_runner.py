@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 import torch
 
 from model.decoding.refinement import Refinement
-from model.decoding.step import DecodingSequence, Feed, FoldsPrompt, ReadsPromptRow, TimesItsPasses
+from model.decoding.step import DecodingSequence, Feed, FoldsPrompt, ReadsPromptRow, ReadsTaps, TimesItsPasses
 from model.errors import GenerationCancelled, ModelError
-from model.runtime.batching import SlotCache, batched_pass, common_prefix, keep, prefill, rows_pass_of
+from model.runtime.batching import SlotCache, common_prefix, keep, prefill, rows_pass_of, tapped_pass
 from model.spare_cores import SpareCores, usable_cores
 
 log = logging.getLogger(__name__)
@@ -372,8 +372,8 @@ class BatchRunner:
         try:
             feeds = [sequence.feed(len(runs)) for sequence in sequences]
             with self._team(runs, sequences):
-                logits = batched_pass(self.model, self.cache, [run.slot for run in (*runs, *filling)],
-                                      [*feeds, *chunks])
+                logits, tapped = tapped_pass(self.model, self.cache, [run.slot for run in (*runs, *filling)],
+                                             [*feeds, *chunks])
         except Exception as error:  # a failed forward ends the answers in it, never the runner
             log.exception("batched pass failed")
             for run in (*runs, *filling):
@@ -388,8 +388,11 @@ class BatchRunner:
                 with self._condition:
                     self._active[run] = run.sequence
         ended: list[tuple[Run, BaseException | None]] = []  # ended after every keep: `_end` may shrink the cache
-        for run, sequence, feed, (clean, noisy) in zip(runs, sequences, feeds, logits[: len(runs)], strict=True):
+        for run, sequence, feed, (clean, noisy), rows in zip(runs, sequences, feeds, logits[: len(runs)],
+                                                             tapped[: len(runs)], strict=True):
             try:
+                if rows is not None and isinstance(sequence, ReadsTaps):
+                    sequence.take_taps(rows)
                 refinement, kept = sequence.consume(clean, noisy, elapsed, run.cancelled())
             except Exception as error:  # one answer's decoding failed: the others in the pass go on
                 log.exception("decoding step failed")

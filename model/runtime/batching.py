@@ -34,7 +34,7 @@ from transformers.cache_utils import Cache
 
 from model.decoding.step import Feed
 from model.device import upload
-from model.errors import GenerationCancelled
+from model.errors import GenerationCancelled, ModelError
 from model.runtime.noisy_rows import noisy_suffix
 
 PREFILL_CHUNK = 1024  # at most this many prompt tokens per prefill forward (see `prefill`)
@@ -296,6 +296,17 @@ class PassesRows(Protocol):
     def rows_pass(self, rows: PassRows, cache: SlotCache, keep: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
+@runtime_checkable
+class TapsRows(Protocol):
+    """A `PassesRows` that also hands out the residual rows after given layers (`FastPass.tapped_rows`)."""
+
+    def tapped_rows(
+        self, rows: PassRows, cache: SlotCache, taps: Sequence[int]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+
+    def logits(self, h: torch.Tensor, coarse: int | None) -> torch.Tensor: ...
+
+
 def rows_pass_of(model: torch.nn.Module) -> PassesRows | None:
     """The model's pass when it takes `PassRows` (every answer of a pass in the decode kernel's calls), else None."""
     fast = model.inference_pass()
@@ -331,26 +342,64 @@ def batched_pass(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One forward over every sequence's feed; returns each one's (clean logits `[len(clean), V]`, noisy logits
     `[len(noisy), V]`), float32. The new keys are written after each slot's cached tokens but not kept: call `keep`."""
+    return tapped_pass(model, cache, slots, feeds)[0]
+
+
+@torch.inference_mode()
+def tapped_pass(
+    model: torch.nn.Module, cache: SlotCache, slots: Sequence[int], feeds: Sequence[Feed]
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor | None]]:
+    """`batched_pass`, and for each feed that asks for taps (`Feed.taps`, one set for the pass) its clean rows'
+    tapped residual rows `[len(clean), taps, hidden]` fp32 (None for the others). Taps need the decode kernel."""
     lengths = [len(cache.slots[slot].ids) for slot in slots]
     cache.bind(slots, lengths)
     fast = rows_pass_of(model)
+    taps = sorted({tap for feed in feeds for tap in feed.taps})
+    if taps and (fast is None or not isinstance(fast, TapsRows)):
+        raise ModelError("a drafter reads the model's hidden rows through the decode kernel, which does not take "
+                         "this model")
     if fast is not None:
         rows = PassRows.of(slots, lengths, feeds, KEY_MULTIPLE)
-        if all(feed.logits for feed in feeds):
-            flat = fast.rows_pass(rows, cache)  # [R, V] fp32
-            return [(flat[clean], flat[noisy]) for clean, noisy in rows.answers]
-        # the head only for the rows whose logits someone reads; each feed's rows stay contiguous among them
-        wanted = sorted(r for feed, spans in zip(feeds, rows.answers, strict=True) if feed.logits
-                        for span in spans for r in range(span.start, span.stop))
-        flat = fast.rows_pass(rows, cache, torch.tensor(wanted, dtype=torch.long))
-        at = {r: j for j, r in enumerate(wanted)}
+        # the head only for the rows whose logits someone reads (ascending: the drafting rows among them are still
+        # the last ones); each feed's rows stay contiguous among them
+        wanted = None if all(feed.logits for feed in feeds) else torch.tensor(
+            [r for feed, spans in zip(feeds, rows.answers, strict=True) if feed.logits
+             for span in spans for r in range(span.start, span.stop)], dtype=torch.long)
+        tapped: list[torch.Tensor | None] = [None] * len(feeds)
+        if taps:
+            assert isinstance(fast, TapsRows)
+            h, layers = fast.tapped_rows(rows, cache, taps)
+            stacked = torch.stack(layers, dim=1)  # [R, taps, hidden]
+            tapped = [stacked[clean] if feed.taps else None
+                      for feed, (clean, _) in zip(feeds, rows.answers, strict=True)]
+            coarse = rows.coarse if wanted is None else int((wanted < rows.coarse).sum())
+            flat = fast.logits(h if wanted is None else h[wanted].contiguous(), coarse)
+        else:
+            flat = fast.rows_pass(rows, cache, wanted)  # [R, V] fp32
+        return _per_feed(flat, rows, feeds, wanted), tapped
+    return _layout_pass(model, cache, lengths, feeds), [None] * len(feeds)
 
-        def kept(span: slice) -> torch.Tensor:
-            first = at.get(span.start, 0)
-            return flat[first : first + span.stop - span.start]
 
-        return [(kept(clean), kept(noisy)) if feed.logits else (flat[:0], flat[:0])
-                for feed, (clean, noisy) in zip(feeds, rows.answers, strict=True)]
+def _per_feed(
+    flat: torch.Tensor, rows: PassRows, feeds: Sequence[Feed], wanted: torch.Tensor | None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each feed's (clean, noisy) logits out of a pass's `flat` ones (of the `wanted` rows, None: every row)."""
+    if wanted is None:
+        return [(flat[clean], flat[noisy]) for clean, noisy in rows.answers]
+    at = {r: j for j, r in enumerate(wanted.tolist())}
+
+    def kept(span: slice) -> torch.Tensor:
+        first = at.get(span.start, 0)
+        return flat[first : first + span.stop - span.start]
+
+    return [(kept(clean), kept(noisy)) if feed.logits else (flat[:0], flat[:0])
+            for feed, (clean, noisy) in zip(feeds, rows.answers, strict=True)]
+
+
+def _layout_pass(
+    model: torch.nn.Module, cache: SlotCache, lengths: list[int], feeds: Sequence[Feed]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A pass through the model's `__call__` over a padded `pass_layout` (a model the decode kernel does not take)."""
     ids, positions, noisy, allowed = pass_layout(lengths, feeds, KEY_MULTIPLE)
     # one copy back per pass, of every sequence's logits: the decoding decisions are made on the host
     logits = _forward(model, cache, (ids, positions, noisy, allowed)).float().cpu()  # [B, S, V]

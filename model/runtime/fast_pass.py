@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -199,6 +200,12 @@ def _native_linear(weight: PackedLinear, lora: _LoRA, held: list[torch.Tensor]) 
         members, len(weight.members),
         quant_kernels.LoRA(a.data_ptr(), b.data_ptr(), rank, len(ends), (ctypes.c_int64 * 4)(*ends)),
     )
+
+
+def _at(array: ctypes.Array, index: int) -> Any:
+    """A pointer to `array[index]`, for a C function that takes the array from there on."""
+    element = array._type_
+    return ctypes.cast(ctypes.addressof(array) + index * ctypes.sizeof(element), ctypes.POINTER(element))
 
 
 class FastPass:
@@ -500,6 +507,14 @@ class FastPass:
     def hidden_rows(self, rows: PassRows, cache: SlotCache) -> torch.Tensor:
         """The last layer's residual rows `[R, hidden]` fp32 of a pass (`rows_pass` before its head): every layer in
         one `decode_layers` call, the rows' keys and values written into `cache`."""
+        return self.tapped_rows(rows, cache, ())[0]
+
+    def tapped_rows(
+        self, rows: PassRows, cache: SlotCache, taps: Sequence[int]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`hidden_rows`, and a copy of the residual rows after each of the first `taps` layers (ascending, 1 to the
+        layer count): what a drafter reads of the model (model/drafting/). The pass is split into one
+        `decode_layers` call per tap, each row's arithmetic unchanged."""
         lib = quant_kernels.library()
         assert self.native is not None and self.int4_head is not None
         r = rows.ids.shape[0]
@@ -510,18 +525,28 @@ class FastPass:
         key_len = bias.shape[-1]
         like = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=torch.bfloat16)
         buffers = cache.layer_buffers(len(self.native), key_len, like)
-        failed = ctypes.c_int64(-1)
-        status = lib.decode_layers(
-            self.native, len(self.native), h.data_ptr(), r, rows.start, rows.coarse, cos.ctypes.data, sin.ctypes.data,
-            buffers.keys, buffers.values, buffers.capacity, slots.data_ptr(), writes.data_ptr(), key_len,
-            bias.data_ptr(), torch.get_num_threads(),
-            ctypes.byref(failed),
-        )
-        if status == 1:
-            raise MemoryError(f"decode_layer could not allocate its buffers (layer {failed.value})")
-        if status:
-            raise ValueError(f"decode_layer refused layer {failed.value}'s shapes ({status})")
-        return h
+        count = len(self.native)
+        if list(taps) != sorted(set(taps)) or any(not 1 <= tap <= count for tap in taps):
+            raise ValueError(f"taps must be ascending layer counts in [1, {count}], got {list(taps)}")
+        tapped: list[torch.Tensor] = []
+        done = 0
+        ends = list(taps) if taps and taps[-1] == count else [*taps, count]
+        for end in ends:
+            failed = ctypes.c_int64(-1)
+            status = lib.decode_layers(
+                _at(self.native, done), end - done, h.data_ptr(), r, rows.start, rows.coarse, cos.ctypes.data,
+                sin.ctypes.data, _at(buffers.keys, done), _at(buffers.values, done), _at(buffers.capacity, done),
+                slots.data_ptr(), writes.data_ptr(), key_len, bias.data_ptr(), torch.get_num_threads(),
+                ctypes.byref(failed),
+            )
+            if status == 1:
+                raise MemoryError(f"decode_layer could not allocate its buffers (layer {done + failed.value})")
+            if status:
+                raise ValueError(f"decode_layer refused layer {done + failed.value}'s shapes ({status})")
+            done = end
+            if end in taps:
+                tapped.append(h.clone())
+        return h, tapped
 
     def logits(self, h: torch.Tensor, coarse: int | None) -> torch.Tensor:
         """The final norm and the int4 head on the last layer's rows `h` `[R, hidden]` fp32 (`hidden_rows`) -> `[R, V]`

@@ -40,7 +40,7 @@ def stop_batching(chat: DiffusionChatModel) -> None:
 
 class PassLog:
     """The batch runner's passes as they run: the slots of every pass, in order (`with PassLog() as log:`). It wraps
-    the runner's one call of `batched_pass`, so it sees the passes the runner really makes, of every runner alive."""
+    the runner's one call of `tapped_pass`, so it sees the passes the runner really makes, of every runner alive."""
 
     def __init__(self) -> None:
         self.slots: list[tuple[int, ...]] = []  # the slots each pass carried (one answer a slot)
@@ -57,16 +57,16 @@ class PassLog:
         return next((index for index, slots in enumerate(self.slots) if slot in slots), None)
 
     def __enter__(self) -> PassLog:
-        original = self._original = batch_runner.batched_pass
+        original = self._original = batch_runner.tapped_pass
 
         def recorded(model: Any, cache: Any, slots: Sequence[int], *args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 self.slots.append(tuple(slots))
             return original(model, cache, slots, *args, **kwargs)
 
-        batch_runner.batched_pass = recorded
+        batch_runner.tapped_pass = recorded
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._original is not None:
-            batch_runner.batched_pass = self._original
+            batch_runner.tapped_pass = self._original

@@ -225,6 +225,8 @@ def main() -> None:
     parser.add_argument("--prefills", choices=("auto", "bf16"), default="auto",
                         help="how this runtime encodes prompts: as it runs on this CPU (int4 through the decode "
                         "kernel), or always with the bf16 weights (their cost to quality)")
+    parser.add_argument("--drafter", type=Path, default=None,
+                        help="self-speculative decoding drafts with this drafter (model/drafting/) instead of masks")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.prefills == "bf16":
@@ -237,6 +239,8 @@ def main() -> None:
     settings = DecodingSettings(draft_masks=args.draft_masks, draft_branches=False if args.no_draft_branches else None)
     spec = ModelSpec(str(args.adapter) if args.adapter else None, weights=args.weights, decoding=settings)
     chat = load_default_chat_model(spec)
+    if args.drafter is not None:
+        chat.backend.load_drafter(args.drafter)
     eos_id = chat.tokenizer.eos_token_id
     layout = chat.sampler.draft_layout
     for prompt in WARMUP_PROMPTS:  # kernels, allocator, the guard's vocabulary scan, the system prompt's cache

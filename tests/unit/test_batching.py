@@ -686,13 +686,13 @@ def test_a_leads_passes_run_on_the_wider_team_only_where_the_cores_are_spare(mon
     if usable_cores() < 2:
         pytest.skip("one core: no wider team to take")
     teams: list[int] = []
-    real = batch_runner.batched_pass
+    real = batch_runner.tapped_pass
 
     def recording(*args, **kwargs):
         teams.append(torch.get_num_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batch_runner, "batched_pass", recording)
+    monkeypatch.setattr(batch_runner, "tapped_pass", recording)
     chat = engine()
     runner: BatchRunner = chat.backend.runner
     prompt, config = prompts(1, seed=21)[0], MODES["autoregressive"]

@@ -125,13 +125,13 @@ def test_prompts_encoded_beside_other_answers_leave_every_answer_as_alone(
     texts = tuple(" ".join(f"word{i} number{i * j}" for j in range(12 + 5 * i)) for i in range(4))
     assert min(len(chat.prompt_ids([ChatMessage("user", text)])) for text in texts) > 2 * batch_runner.PREFILL_STEP
     passes: list[list[Feed]] = []
-    recorded = batch_runner.batched_pass
+    recorded = batch_runner.tapped_pass
 
     def recording(model, cache, slots, feeds):  # type: ignore[no-untyped-def]
         passes.append(list(feeds))
         return recorded(model, cache, slots, feeds)
 
-    monkeypatch.setattr(batch_runner, "batched_pass", recording)
+    monkeypatch.setattr(batch_runner, "tapped_pass", recording)
     assert_batched_answers_equal_lone_answers(chat, 12, texts)
     chunks = [feed for feeds in passes for feed in feeds if not feed.logits]
     assert chunks and all(len(feed.clean) <= batch_runner.PREFILL_STEP and not feed.noisy for feed in chunks)
