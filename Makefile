@@ -93,6 +93,7 @@ report: install
 
 train: install
 	nice -n 19 $(PY) scripts/train/train_default_model.py
+	nice -n 19 $(PY) scripts/train/train_drafter.py --publish
 
 eval: install
 	$(PY) scripts/train/eval_default_model.py --json artifacts/eval_default_model.json

@@ -44,6 +44,8 @@ def _common(parser: argparse.ArgumentParser, repeated: bool = False) -> None:
         lm.add_argument("--threshold", type=float, help="confidence threshold of parallel decoding (local model)"),
         lm.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"),
                         help="local model's decoding mode (default: the model's own)"),
+        lm.add_argument("--no-drafter", action="store_true",
+                        help="local model: draft with the adapter's mask rows, not its drafter (for comparisons)"),
         lm.add_argument("--max-batch", type=int, help="local model: answers decoded together in one pass (default 8)"),
         lm.add_argument("--lm-threads", type=int, default=0,
                         help="torch threads of the local model (default 0: half the cores; Whisper and Piper use the "
@@ -128,7 +130,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise SystemExit(f"voice-assistant: --max-batch must be at least 1, got {args.max_batch}")
     if args.lm_threads < 0:
         raise SystemExit(f"voice-assistant: --lm-threads must be 0 (half the cores) or more, got {args.lm_threads}")
-    settings = DecodingSettings(decoding=args.decoding, threshold=args.threshold)
+    settings = DecodingSettings(decoding=args.decoding, threshold=args.threshold, drafter=not args.no_drafter)
     lm = ModelSpec(source=args.model, adapter=args.adapter, device=args.device, weights=args.weights, decoding=settings,
                    max_batch=args.max_batch)
     return EngineConfig(

@@ -27,6 +27,7 @@ from model.drafting.drafter import Drafter, TargetShape, load_drafter
 from model.drafting.native import NativeDrafter
 from model.errors import ModelError
 from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, Run
+from model.runtime.batching import TapsRows, rows_pass_of
 
 
 class _RunPasses:
@@ -93,11 +94,19 @@ class BlockDiffusionBackend:
         position (cumulative, as drafter.json holds it), the draft policy's starting point."""
         if drafter is not None:
             drafter.check_target(TargetShape.of(self.model.base.config))
+            if not self.taps_rows():
+                raise ModelError("a drafter reads the network's hidden rows through the decode kernel, which does "
+                                 "not run this model here (no int4 weights, or not a CPU)")
         self.drafter = drafter
         self._native_drafter = None if drafter is None or NativeDrafter.unavailable() else NativeDrafter(drafter)
         conditional = tuple(b / a if a > 0 else 0.0 for a, b in zip((1.0, *prior), prior, strict=False))
         self._drafter_policy = None if drafter is None else DraftPolicy(
             drafter.config.block, prior=tuple(min(0.95, max(0.05, p)) for p in conditional) or PRIOR_ACCEPTANCE)
+
+    def taps_rows(self) -> bool:
+        """Whether the passes can hand a drafter the network's hidden rows (the decode kernel runs them)."""
+        fast = rows_pass_of(self.model)
+        return fast is not None and isinstance(fast, TapsRows)
 
     def load_drafter(self, directory: Path) -> None:
         """`use_drafter` with the drafter saved in `directory` (model/drafting/drafter.py), its head rows read from
@@ -144,7 +153,6 @@ class BlockDiffusionBackend:
             if masks and self.drafter is not None:
                 drafting = DraftingContext(self.drafter, self.embedded, len(plan.prompt) - 1, self._native_drafter)
                 masks = self.drafter.config.block
-                policy = self._drafter_policy if policy is not None else None
             sequence = SpeculativeDecoding(
                 plan.prompt, plan.length, masks, self.mask_id, self.eos_ids, options.temperature, options.seed,
                 plan.guard, config.draft_branches, policy, plan.grammar, options.draft_lead, drafting,
@@ -157,5 +165,7 @@ class BlockDiffusionBackend:
         """The shared draft policy for `config` (one per mask count), or None when the layout is fixed."""
         if config.decoding != "self-speculative" or config.draft_layout != "adaptive":
             return None
+        if self._drafter_policy is not None:  # the drafter's, whatever the masks
+            return self._drafter_policy
         with self._policies_lock:
             return self._draft_policies.setdefault(config.draft_masks, DraftPolicy(config.draft_masks))

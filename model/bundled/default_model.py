@@ -195,6 +195,9 @@ def _load_default_chat_model(spec: ModelSpec, device: torch.device) -> tuple[Dif
     if _int4_wanted(spec.weights, device):
         model.use_int4(cached_int4_weights(base_gguf_path(), base.config, int4_cache_file()))
     backend = BlockDiffusionBackend(model, eos_ids(tokenizer), spec.max_batch)
+    # drafts from the drafter on the network's hidden rows where the decode kernel runs the passes, else the masks
+    if spec.decoding.drafter and (directory / "drafter.json").is_file() and backend.taps_rows():
+        backend.load_drafter(directory)
     chat = DiffusionChatModel(
         name=DEFAULT_MODEL_NAME,
         tokenizer=tokenizer,
@@ -221,8 +224,10 @@ def calibration_key(chat: DiffusionChatModel, backend: BlockDiffusionBackend, de
     cpu = quant_kernels.cpu_name()
     isa = ",".join(f"{name}={os.environ.get(name, '')}" for name in ISA_VARIABLES)
     weights = "int4" if backend.model.int4 is not None else str(backend.dtype).removeprefix("torch.")
+    drafts = f"masks={chat.sampler.draft_masks}" if backend.drafter is None else (
+        f"drafter={backend.drafter.config.block}x{backend.drafter.config.shortlist}")
     return (f"{DEFAULT_MODEL_NAME}|{cpu}|{device}|threads={torch.get_num_threads()}|{weights}|"
-            f"masks={chat.sampler.draft_masks}|torch={torch.__version__}|kernels={quant_kernels.fingerprint()}|{isa}")
+            f"{drafts}|torch={torch.__version__}|kernels={quant_kernels.fingerprint()}|{isa}")
 
 
 # environment variables that change which kernels torch and ours pick (tests/unit/test_other_cpus.py profiles)

@@ -45,6 +45,9 @@ class DecodingSettings:
     draft_masks: int | None = None  # self-speculative: tokens drafted ahead per pass
     draft_branches: bool | None = None  # self-speculative: a block of masks after every draft (or one after all)
     use_cache: bool = True  # False: re-encode the prompt every pass (diffusion only, for comparisons)
+    # self-speculative: draft with the model's drafter (model/drafting/) where it has one; False: with its adapter's
+    # mask rows (for comparisons)
+    drafter: bool = True
 
     @property
     def changed(self) -> tuple[str, ...]:

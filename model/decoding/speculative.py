@@ -136,6 +136,7 @@ class SpeculativeDecoding:
         # the drafter drafts the next block after it, from the rows the pass tapped (`take_taps`)
         self.drafting = drafting
         self._tapped: torch.Tensor | None = None
+        self._drafted = True  # whether `drafts` follow `last` (the drafter runs only for a pass that verifies drafts)
         self._branched = False  # whether the last feed() drafted a block after every draft
         self._fed_masks = masks  # masks per block in the last feed()
         # When the last consume() returned, and whether the answer has been alone in its passes since: a layout's cost
@@ -180,6 +181,9 @@ class SpeculativeDecoding:
         if self.policy is not None and masks and not leading:
             masks = 0 if crowd > 1 else min(masks, self.policy.choose())
         self._fed_masks = masks
+        if self.drafting is not None and masks and not self._drafted:
+            self.drafts, self.draft_conf = self.drafting.draft(self.last)
+            self._drafted = True
         self.drafts = self.drafts[: min(masks, self.max_new_tokens - len(self.answer) - 1)]  # k + 1 new at most
         clean = (*self.lead, self.last, *self.drafts)
         if self.drafting is not None:
@@ -242,7 +246,12 @@ class SpeculativeDecoding:
                 raise ModelError("a drafting pass came back without the rows its drafter reads")
             self.drafting.extend(self._tapped[lead : lead + 1 + accepted])  # the kept rows from `last` on
             self._tapped = None
-            self.drafts, self.draft_conf = self.drafting.draft(self.last) if stop is None else ([], [])
+            # drafted now when the drafts are shown (a voice answer's lead: its first phrase is spoken from them) or
+            # always verified; else by the next `feed`, only if its pass verifies drafts
+            self.drafts, self.draft_conf, self._drafted = [], [], stop is not None
+            if stop is None and (self.policy is None or len(answer) < self.draft_lead):
+                self.drafts, self.draft_conf = self.drafting.draft(self.last)
+                self._drafted = True
         elif masks and (self._branched or accepted == len(drafts)) and stop is None:
             block_logits = mask_logits[block * masks : (block + 1) * masks].float()
             if self.grammar is not None:  # drafts the grammar allows, after the answer as committed

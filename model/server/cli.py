@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds running answers may finish after SIGTERM/SIGINT")
     parser.add_argument("--decoding", choices=("self-speculative", "autoregressive", "diffusion"), default=None,
                         help="self-speculative | autoregressive | diffusion (default: the model's own)")
+    parser.add_argument("--no-drafter", action="store_true",
+                        help="draft with the adapter's mask rows, not the model's drafter (for comparisons)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="answers decoded together in one batched pass (default 8; 1: one at a time)")
     # the choices of model.device.DEVICE_CHOICES, spelled out: importing it imports torch before the flags are checked
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         spec = ModelSpec(source=args.model, adapter=args.adapter, device=args.device, weights=args.weights,
                          max_batch=args.max_batch,
-                         decoding=DecodingSettings(decoding=args.decoding))
+                         decoding=DecodingSettings(decoding=args.decoding, drafter=not args.no_drafter))
     except ModelError as error:  # a bad --model (or flag for it): refused before anything heavy is imported
         print(f"dlm-serve: {error}", file=sys.stderr)
         sys.exit(2)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
-from model.bundled.default_model import load_default_chat_model
+from model.bundled.default_model import ADAPTER_DIR, load_default_chat_model
 from model.drafting.drafter import Drafter, DrafterConfig, TargetShape, save_drafter
 from model.drafting.training import (
     Traced,
@@ -50,6 +50,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--publish", action="store_true",
+                   help="also write the drafter beside the bundled adapter (model/bundled/default/), which loads it")
+    p.add_argument("--context-from", choices=("answer", "prompt"), default="answer",
+                   help="the context a block sees: from the prompt's last token (as decoding gives it) or the whole "
+                   "prompt")
     return p.parse_args()
 
 
@@ -99,9 +104,9 @@ def main() -> None:
           "held-out answers' tokens")
     drafter = Drafter(dataclasses.replace(base_config, shortlist=len(shortlist)), shortlist, head[shortlist])
     drafter.init_from_layer(model.base.model.layers[-1])
-    before = acceptance(drafter, held, embed)
+    before = acceptance(drafter, held, embed, context_from=args.context_from)
     print("acceptance before:", [round(x, 3) for x in before])
-    settings = TrainSettings(steps=args.steps, lr=args.lr, minutes=args.minutes)
+    settings = TrainSettings(steps=args.steps, lr=args.lr, minutes=args.minutes, context_from=args.context_from)
     started = time.monotonic()
     bar = tqdm(total=settings.steps, desc="drafter")
     for step, loss, _ in train_drafter(drafter, data, embed, settings):
@@ -109,11 +114,15 @@ def main() -> None:
         bar.set_postfix(loss=f"{loss:.3f}")
         if step % 250 == 0:
             bar.write(f"step {step}: loss {loss:.3f}, acceptance "
-                      f"{[round(x, 3) for x in acceptance(drafter, held, embed)]}")
+                      f"{[round(x, 3) for x in acceptance(drafter, held, embed, context_from=args.context_from)]}")
     bar.close()
-    after = acceptance(drafter, held, embed)
+    after = acceptance(drafter, held, embed, context_from=args.context_from)
     print("acceptance after:", [round(x, 3) for x in after], f"({time.monotonic() - started:.0f} s of training)")
-    save_drafter(drafter, args.out, {"acceptance": {"before": before, "after": after}, "examples": len(data)})
+    meta = {"acceptance": {"before": before, "after": after}, "examples": len(data), "steps": args.steps,
+            "context_from": args.context_from}
+    save_drafter(drafter, args.out, meta)
+    if args.publish:
+        save_drafter(drafter, ADAPTER_DIR, meta)
 
 
 if __name__ == "__main__":

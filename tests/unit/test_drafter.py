@@ -97,15 +97,23 @@ class OracleDrafting(DraftingContext):
         return [t if self.rng.random() > 0.25 else (t + 1) % 200 for t in truth] or drafts, confidence
 
 
+@pytest.mark.parametrize("layout", ["fixed", "adaptive"])
 def test_drafted_answers_are_the_autoregressive_ones_token_for_token(
-    chat: DiffusionChatModel, monkeypatch: pytest.MonkeyPatch
+    chat: DiffusionChatModel, monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
+    """Fixed: every pass verifies the drafter's block, drafted right after the pass before. Adaptive, with costs
+    seeded so that two drafts a pass pay: the drafter runs only when the next pass verifies drafts (or the answer's
+    lead shows them), lazily, before that pass."""
     backend = chat.backend
     autoregressive = {text: answer(chat, text, 24) for text in TEXTS}
     monkeypatch.setattr(chat, "sampler", dataclasses.replace(chat.sampler, decoding="self-speculative", draft_masks=4,
-                                                             draft_layout="fixed"))
+                                                             draft_layout=layout))
     made: list[OracleDrafting] = []
-    backend.use_drafter(drafter_for(chat))  # type: ignore[attr-defined]
+    backend.use_drafter(drafter_for(chat), prior=(0.9, 0.8, 0.7, 0.6))  # type: ignore[attr-defined]
+    policy = backend.draft_policy(chat.sampler)  # type: ignore[attr-defined]
+    assert (policy is None) == (layout == "fixed")
+    if policy is not None:
+        policy.seed([10.0, 10.5, 11.0, 30.0, 40.0])
     try:
         for seed, text in enumerate(TEXTS):
             prompt, reference = autoregressive[text]
@@ -170,7 +178,9 @@ def test_training_on_the_targets_answers_teaches_the_drafter(chat: DiffusionChat
     assert after[0] > before[0] + 0.3 and after[0] > 0.5
     save_drafter(drafter, tmp_path / "d", {"acceptance": {"after": after}})
     again = load_drafter(tmp_path / "d", drafter.config.target, lambda ids: head)  # rows in the shortlist's order
-    assert acceptance(again, traced, embed) == after
+    # saved in fp16: the same drafter up to that rounding
+    assert all(abs(a - b) <= 0.05 for a, b in zip(acceptance(again, traced, embed), after, strict=True))
+    assert torch.allclose(again.q.weight, drafter.q.weight, rtol=1e-3, atol=1e-4)
     other = dataclasses.replace(drafter.config.target, layers=drafter.config.target.layers + 1)
     with pytest.raises(ModelError, match="trained for a model of shape"):
         load_drafter(tmp_path / "d", other, lambda ids: head)
