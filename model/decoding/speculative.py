@@ -246,10 +246,14 @@ class SpeculativeDecoding:
                 raise ModelError("a drafting pass came back without the rows its drafter reads")
             self.drafting.extend(self._tapped[lead : lead + 1 + accepted])  # the kept rows from `last` on
             self._tapped = None
-            # drafted now when the drafts are shown (a voice answer's lead: its first phrase is spoken from them) or
-            # always verified; else by the next `feed`, only if its pass verifies drafts
+            # drafted now when every pass verifies drafts, or a voice answer's lead is drafted (`leading` in `feed`:
+            # its first phrase is rendered from them); else by the next `feed`, only if its pass verifies drafts.
+            # Shown to speech on every CPU, the drafts of the lead got 0.80-0.83 speculative-TTS hits a turn on the
+            # 2-core AVX2 EPYC, but the renders of drafts took the cores from the passes that commit them: heard p50
+            # 904-1,110 ms against 720-858 without (30 held-out turns each, one sitting; docs/drafter.md)
             self.drafts, self.draft_conf, self._drafted = [], [], stop is not None
-            if stop is None and (self.policy is None or len(answer) < self.draft_lead):
+            leading = len(answer) < self.draft_lead and self.policy is not None and self.policy.lead_pays()
+            if stop is None and (self.policy is None or leading):
                 self.drafts, self.draft_conf = self.drafting.draft(self.last)
                 self._drafted = True
         elif masks and (self._branched or accepted == len(drafts)) and stop is None:

@@ -33,7 +33,6 @@ class DraftingContext:
         self.native = native
         self.length = 0  # context rows in the drafter's cache
         self._pending: list[torch.Tensor] = []  # fused context rows not yet run
-        self._newest = torch.zeros(drafter.config.target.hidden)  # the newest fused context row
         self._cache = SlotCache(1) if native is not None else None
         t = drafter.config.target
         self._keys = torch.empty(t.kv_heads, 0, t.head_dim)  # the torch form's cache
@@ -61,9 +60,7 @@ class DraftingContext:
         drafter = self.drafter
         context = torch.cat(self._pending) if self._pending else torch.empty(0, drafter.config.target.hidden)
         self._pending = []
-        if context.shape[0]:
-            self._newest = context[-1]
-        block = drafter.block_rows(self.embed(torch.tensor([last]))[0], self._newest)
+        block = drafter.block_rows(self.embed(torch.tensor([last]))[0])
         if self.native is not None and self._cache is not None:
             logits = self.native.block_logits(context, block, self._cache, self.length, self.first_position)
         else:

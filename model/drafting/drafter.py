@@ -69,9 +69,6 @@ class DrafterConfig:
     taps: tuple[int, ...]  # target layers (the residual after this many) the context is fused from
     block: int = 4  # drafts per pass: rows [last token, block - 1 masks]
     shortlist: int = 4096  # head rows the drafts are chosen among
-    # every block row also starts from (a projection of) the newest context row, the one that predicted the last
-    # token (EAGLE's input: a feature beside the next token's embedding), not only through attention
-    carry: bool = True
 
     @staticmethod
     def for_target(target: TargetShape, block: int = 4, shortlist: int = 4096) -> DrafterConfig:
@@ -89,7 +86,7 @@ class DrafterConfig:
     @staticmethod
     def from_json(data: dict[str, Any]) -> DrafterConfig:
         return DrafterConfig(TargetShape(**data["target"]), tuple(data["taps"]), int(data["block"]),
-                             int(data["shortlist"]), bool(data.get("carry", False)))
+                             int(data["shortlist"]))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -128,9 +125,6 @@ class Drafter(nn.Module):
         self.down = nn.Linear(t.intermediate, t.hidden, bias=False)
         self.out_norm = nn.Parameter(torch.ones(t.hidden))
         self.masks = nn.Parameter(torch.randn(config.block - 1, t.hidden) * 0.02)
-        self.carry = nn.Linear(t.hidden, t.hidden, bias=False) if config.carry else None
-        if self.carry is not None:
-            nn.init.zeros_(self.carry.weight)  # starts as no carry
         self.register_buffer("shortlist", shortlist.long().clone(), persistent=True)
         self.register_buffer("head", head.float().clone(), persistent=False)  # the target's: never trained or saved
         inv_freq = 1.0 / (t.rope_theta ** (torch.arange(0, t.head_dim, 2, dtype=torch.float32) / t.head_dim))
@@ -162,12 +156,11 @@ class Drafter(nn.Module):
         """Keys and values `[kv_heads, rows, head_dim]` of committed tokens' tapped rows `[rows, taps, hidden]`."""
         return self.keys_values(self.fuse(tapped), positions)
 
-    def block_rows(self, embedding: torch.Tensor, newest: torch.Tensor) -> torch.Tensor:
+    def block_rows(self, embedding: torch.Tensor) -> torch.Tensor:
         """The block's layer inputs `[..., block, hidden]`: the last token's embedding `[..., hidden]`, then the
-        masks, each plus the carried newest context row `newest` `[..., hidden]` (`DrafterConfig.carry`)."""
+        masks."""
         masks = self.masks.expand(*embedding.shape[:-1], *self.masks.shape)
-        rows = torch.cat([embedding.float().unsqueeze(-2), masks], dim=-2)
-        return rows if self.carry is None else rows + self.carry(newest).unsqueeze(-2)
+        return torch.cat([embedding.float().unsqueeze(-2), masks], dim=-2)
 
     def _layer(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of the layer after attention: output projection, residual, MLP, the output norm."""
@@ -212,10 +205,8 @@ class Drafter(nn.Module):
         t = self.config.target
         b, n = tapped.shape[:2]
         k = self.config.block
-        fused = self.fuse(tapped)  # [B, N, hidden]
-        ctx_k, ctx_v = self.keys_values(fused, torch.arange(n).expand(b, n))  # [B, kv, N, d]
-        newest = torch.gather(fused, 1, (anchors - 1).clamp(min=0).unsqueeze(-1).expand(-1, -1, fused.shape[-1]))
-        x = self.block_rows(embedded, newest)  # [B, A, block, hidden]
+        ctx_k, ctx_v = self.keys_values(self.fuse(tapped), torch.arange(n).expand(b, n))  # [B, kv, N, d]
+        x = self.block_rows(embedded)  # [B, A, block, hidden]
         positions = anchors.unsqueeze(-1) + torch.arange(k)  # [B, A, block]
         q = self._queries(x, positions)  # [B, A, heads, block, d]
         blk_k, blk_v = self.keys_values(x, positions)  # [B, A, kv, block, d]

@@ -114,3 +114,9 @@ def test_the_first_phrase_holds_the_language_model_until_its_first_chunk_and_no_
     # nothing stands aside: no phrase may take the other cores
     voice = asyncio.run(scenario(_Render(0, "first phrase", committed=True), with_hold=False))
     assert voice.leads == [("first phrase", False), ("second phrase", False)]
+    # a speculative render of the first phrase (from drafts) shares the cores with the passes, which must go on to
+    # commit that phrase before its audio may leave: no hold, not a lead
+    holds.clear()
+    voice = asyncio.run(scenario(_Render(0, "drafted phrase", committed=False), with_hold=True))
+    assert holds == []
+    assert ("drafted phrase", False) in voice.leads

@@ -241,7 +241,11 @@ class SpeakStage:
         the queue with its synthesis kept) as soon as a committed phrase waits: someone is listening for that one."""
         if render.chunk_source is None:
             render.started_ns = now_ns()
-            lead = render.phrase_id == 0 and self._first_audio_hold is not None  # rendered while the LM stands aside
+            # rendered while the LM stands aside: the committed first phrase only. A speculative render of it shares
+            # the cores with the passes, which must go on to commit the phrase before its audio may leave: when the
+            # passes stood aside for the drafted first phrase, it committed 300-800 ms later (AVX2 EPYC, 30 held-out
+            # turns: p50 384 ms against 47 without drafts) and voice-to-voice p50 rose 858 -> 1,110 ms
+            lead = render.phrase_id == 0 and render.committed and self._first_audio_hold is not None
             render.chunk_source = self._synthesizer.synthesize(render.text, render.cancel, lead=lead)
         chunks = render.chunk_source
         try:
@@ -250,7 +254,8 @@ class SpeakStage:
                     self._queue.append(render)
                     return
                 started = time.perf_counter_ns()
-                hold = self._first_audio_hold if render.phrase_id == 0 and not render.chunks else None
+                first = render.phrase_id == 0 and render.committed and not render.chunks
+                hold = self._first_audio_hold if first else None
                 with hold() if hold is not None else nullcontext():
                     chunk, cpu_ns = await self._pull(chunks)
                 render.wall_ns += time.perf_counter_ns() - started
