@@ -71,6 +71,7 @@ class BlockDiffusionBackend:
         self.drafter: Drafter | None = None
         self._drafter_policy: DraftPolicy | None = None
         self._native_drafter: NativeDrafter | None = None
+        self.drafter_acceptance: tuple[float, ...] = ()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -98,6 +99,7 @@ class BlockDiffusionBackend:
                 raise ModelError("a drafter reads the network's hidden rows through the decode kernel, which does "
                                  "not run this model here (no int4 weights, or not a CPU)")
         self.drafter = drafter
+        self.drafter_acceptance = tuple(prior)  # measured by its training, cumulative by draft position
         self._native_drafter = None if drafter is None or NativeDrafter.unavailable() else NativeDrafter(drafter)
         conditional = tuple(b / a if a > 0 else 0.0 for a, b in zip((1.0, *prior), prior, strict=False))
         self._drafter_policy = None if drafter is None else DraftPolicy(
