@@ -100,7 +100,7 @@ class BlockDiffusionBackend:
                                  "not run this model here (no int4 weights, or not a CPU)")
         self.drafter = drafter
         self.drafter_acceptance = tuple(prior)  # measured by its training, cumulative by draft position
-        self._native_drafter = None if drafter is None or NativeDrafter.unavailable() else NativeDrafter(drafter)
+        self._native_drafter = None if drafter is None else NativeDrafter(drafter)  # taps mean the kernels run
         conditional = tuple(b / a if a > 0 else 0.0 for a, b in zip((1.0, *prior), prior, strict=False))
         self._drafter_policy = None if drafter is None else DraftPolicy(
             drafter.config.block, prior=tuple(min(0.95, max(0.05, p)) for p in conditional) or PRIOR_ACCEPTANCE)

@@ -177,7 +177,7 @@ class SpeculativeDecoding:
         first in the first pass."""
         masks = self.masks
         self._alone = self._alone and crowd <= 1
-        leading = len(self.answer) < self.draft_lead and self.policy is not None and self.policy.lead_pays()
+        leading = self._leading()
         if self.policy is not None and masks and not leading:
             masks = 0 if crowd > 1 else min(masks, self.policy.choose())
         self._fed_masks = masks
@@ -194,6 +194,10 @@ class SpeculativeDecoding:
             return Feed(clean=clean, noisy=(self.mask_id,) * masks, drafts=True)
         after = tuple(g for g in range(len(self.lead) + 1, len(clean) + 1) for _ in range(masks))
         return Feed(clean=clean, noisy=(self.mask_id,) * len(after), after=after, drafts=True)
+
+    def _leading(self) -> bool:
+        """Whether the next pass drafts the answer's lead whatever the policy chooses (see `feed`)."""
+        return len(self.answer) < self.draft_lead and self.policy is not None and self.policy.lead_pays()
 
     def take_taps(self, tapped: torch.Tensor) -> None:
         """The pass's tapped rows of this answer's clean rows (`ReadsTaps`), for the drafter's context."""
@@ -252,8 +256,7 @@ class SpeculativeDecoding:
             # 2-core AVX2 EPYC, but the renders of drafts took the cores from the passes that commit them: heard p50
             # 904-1,110 ms against 720-858 without (30 held-out turns each, one sitting; docs/drafter.md)
             self.drafts, self.draft_conf, self._drafted = [], [], stop is not None
-            leading = len(answer) < self.draft_lead and self.policy is not None and self.policy.lead_pays()
-            if stop is None and (self.policy is None or leading):
+            if stop is None and (self.policy is None or self._leading()):
                 self.drafts, self.draft_conf = self.drafting.draft(self.last)
                 self._drafted = True
         elif masks and (self._branched or accepted == len(drafts)) and stop is None:

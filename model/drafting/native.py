@@ -16,7 +16,7 @@ import ctypes
 import torch
 
 from model.decoding.step import Feed
-from model.drafting.drafter import Drafter
+from model.drafting.drafter import Drafter, rms_norm
 from model.runtime import quant_kernels
 from model.runtime.batching import KEY_MULTIPLE, PassRows, SlotCache
 from model.runtime.packed import GROUP, PackedLinear, PackedWeight
@@ -33,7 +33,8 @@ def q8_0(weight: torch.Tensor) -> PackedWeight:
 
 
 class NativeDrafter:
-    """A `Drafter`'s layer and head packed for the decode kernel; `unavailable()` None where it runs."""
+    """A `Drafter`'s layer and head packed for the decode kernel (where the kernels run: `quant_kernels.unavailable()`
+    None)."""
 
     def __init__(self, drafter: Drafter) -> None:
         t = drafter.config.target
@@ -54,19 +55,12 @@ class NativeDrafter:
               for w in (self.qkv, self.o, self.gate_up, self.down)),
         ))
 
-    @staticmethod
-    def unavailable() -> str | None:
-        """Why the kernels do not run here, or None."""
-        return quant_kernels.unavailable()
-
     def fuse(self, tapped: torch.Tensor) -> torch.Tensor:
         """`Drafter.fuse` with the packed fc."""
         d = self.drafter
         eps = d.config.target.rms_eps
-        normed = tapped.float()
-        normed = (normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2)
-        fused = self.fc(normed.contiguous())
-        return fused * torch.rsqrt(fused.pow(2).mean(-1, keepdim=True) + eps) * d.context_norm.detach()
+        normed = rms_norm(tapped.float(), None, eps).flatten(-2)
+        return rms_norm(self.fc(normed.contiguous()), d.context_norm.detach(), eps)
 
     def block_logits(self, context: torch.Tensor, block: torch.Tensor, cache: SlotCache, length: int,
                      first_position: int) -> torch.Tensor:
