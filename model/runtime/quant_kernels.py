@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -133,7 +134,7 @@ def build(target: str) -> ctypes.CDLL:
 
     if platform.machine() not in ("x86_64", "AMD64"):
         raise OSError(f"the kernels are x86-64 ones (this machine is {platform.machine()})")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     if not compiler:
         raise OSError("no C compiler found (install gcc)")
     path = _library_path(compiler, target)
@@ -172,6 +173,28 @@ def library() -> ctypes.CDLL:
     if lib is None:
         raise OSError(why)
     return lib
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def instruction_sets(target: str) -> dict[str, str]:
+    """The instruction-set macros the kernels' sources test (`defined(__AVX2__)`, ...) as the compiler defines them
+    for `target`: two targets with the same compile the same kernels, whatever else their flags tune (an AVX2-only
+    CPU's -march=native and the `avx2` target), so a test of one build is a test of the other."""
+    tested = {
+        macro
+        for name in SOURCES + HEADERS
+        for macro in re.findall(r"(?:defined\(|#\s*ifn?def\s+)(__\w+__)", (SOURCE_DIR / name).read_text())
+    }
+    compiler = _compiler()
+    if not compiler:
+        raise OSError("no C compiler found (install gcc)")
+    done = subprocess.run([compiler, *target.split(), "-dM", "-E", "-x", "c", os.devnull],
+                          capture_output=True, text=True, timeout=60, check=True)
+    defined = dict(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.count(" ") >= 2)
+    return {macro: defined[macro] for macro in sorted(tested) if macro in defined}
 
 
 def runs_here(cpu: str) -> bool:

@@ -452,15 +452,16 @@ def test_in_bf16_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() ->
 
 def rows_whose_logits_differ(model: BlockDiffusionLM, lengths: range) -> list[tuple[int, int]]:
     """(cache length, rows) of every pass whose first clean row's logits differ from the same token's as a lone
-    autoregressive step after the same cache."""
+    autoregressive step after the same cache. The passes share one prefilled cache (a pass keeps nothing: `keep`),
+    so each after the first also runs over the keys the last one left past the slot's length, as decoding does."""
     generator = torch.Generator().manual_seed(1)
     differ = []
     for length in lengths:
         tokens = torch.randint(3, 512, (length,), generator=generator).tolist()
         alone = None
+        cache = SlotCache(1)
+        prefill(model, cache, 0, tokens[:-1])
         for rows in (1, 1, 4, 8, 16):  # an autoregressive step first (one row, no masks), then drafting passes
-            cache = SlotCache(1)
-            prefill(model, cache, 0, tokens[:-1])
             clean = (tokens[-1], *torch.randint(3, 512, (rows - 1,), generator=generator).tolist())
             masks = (model.mask_id,) * (3 if alone is not None else 0)
             [(logits, _)] = batched_pass(model, cache, [0], [Feed(clean=clean, noisy=masks)])
