@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from report_lib.cluster import Cluster, scrape
-from report_lib.haproxy import Backend, BalancerConfig, haproxy_config
-from report_lib.inputs import recorded_speech
-from report_lib.load import LoadTestError, SpawnedServer, run_level
-from report_lib.page import machine_info
-from report_lib.results import save_json
-
+from scripts.report_lib.cluster import Cluster, scrape
+from scripts.report_lib.haproxy import Backend, BalancerConfig, haproxy_config
+from scripts.report_lib.inputs import recorded_speech
+from scripts.report_lib.load import LoadTestError, SpawnedServer, run_level
+from scripts.report_lib.page import machine_info
+from scripts.report_lib.results import save_json
 from web.metrics import histogram_buckets, histogram_quantile
 
 

@@ -37,11 +37,6 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's model/ first: report_lib needs it
-
-from report_lib.passes import PassLog
-from report_lib.tiny_models import smollm2_shaped_llama
-
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM
 from model.bundled.default_model import ADAPTER_DIR, BASE_NAME, DRAFT_MASKS, adapter_meta, load_default_chat_model
 from model.chat import ChatMessage
@@ -55,6 +50,8 @@ from model.disk_cache import cache_root
 from model.errors import ModelError
 from model.runtime.batch_runner import BatchRunner, Run
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from scripts.report_lib.passes import PassLog
+from scripts.report_lib.tiny_models import smollm2_shaped_llama
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
 ROWS = (1, 4, 16)

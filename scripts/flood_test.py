@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report_lib.load import (
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from scripts.report_lib.load import (
     LoadTestError,
     SpawnedServer,
     add_server_target,
@@ -37,9 +40,7 @@ from report_lib.load import (
     rss_mb,
     sample_rss,
 )
-from report_lib.results import print_and_save
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from scripts.report_lib.results import print_and_save
 
 MODES = ("audio", "turns", "messages", "oversize")
 FRAME_BYTES = 64 * 1024  # the server's default message limit

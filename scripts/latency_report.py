@@ -23,12 +23,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from report_lib.inputs import InputError, check_audio, pick_turns, resolve_inputs
-from report_lib.report_math import summary, turn_record
-from report_lib.runners import InProcessRunner, ServerUnreachable, TurnResult, WebSocketRunner
-from report_lib.work_trace import WorkTrace, instrument, render_summary, work_summary
 from tqdm import tqdm
 
+from scripts.report_lib.inputs import InputError, check_audio, pick_turns, resolve_inputs
+from scripts.report_lib.report_math import summary, turn_record
+from scripts.report_lib.runners import InProcessRunner, ServerUnreachable, TurnResult, WebSocketRunner
+from scripts.report_lib.work_trace import WorkTrace, instrument, render_summary, work_summary
 from voice.errors import AudioFormatError, VoiceError
 from voice.think.spoken import spoken_answer
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     report["command"] = command
     written = write_report(report, args.out)
     print(f"report written to {args.out} ({', '.join(sorted(p.name for p in written))})", file=sys.stderr)
-    from report_lib.page import comparison_table, summary_table
+    from scripts.report_lib.page import comparison_table, summary_table
 
     print(summary_table(report["runs"]))
     print(comparison_table(report["runs"]))
@@ -211,7 +211,7 @@ def _postfix(result: TurnResult) -> str:
 
 
 def _report_head(args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    from report_lib.page import machine_info
+    from scripts.report_lib.page import machine_info
 
     return {
         "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -241,8 +241,8 @@ def _run_entry(name: str, config: dict[str, Any], results: list[TurnResult]) -> 
 
 
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:
-    from report_lib.page import render
-    from report_lib.plots import plot_distribution, plot_timeline
+    from scripts.report_lib.page import render
+    from scripts.report_lib.plots import plot_distribution, plot_timeline
 
     out.mkdir(parents=True, exist_ok=True)
     plots = {

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from report_lib.inputs import InputError, check_audio, recorded_speech, resolve_inputs
-from report_lib.load import (
+from scripts.report_lib.inputs import InputError, check_audio, recorded_speech, resolve_inputs
+from scripts.report_lib.load import (
     LoadTestError,
     SpawnedServer,
     add_server_target,
@@ -33,11 +33,10 @@ from report_lib.load import (
     run_level,
     sample_rss,
 )
-from report_lib.page import machine_info
-from report_lib.report_math import largest_passing
-from report_lib.results import save_json
-from report_lib.runners import ServerUnreachable
-
+from scripts.report_lib.page import machine_info
+from scripts.report_lib.report_math import largest_passing
+from scripts.report_lib.results import save_json
+from scripts.report_lib.runners import ServerUnreachable
 from voice.errors import AudioFormatError
 
 MAX_CLIENTS = 8

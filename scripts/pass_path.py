@@ -19,16 +19,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from model.runtime import batch_runner, quant_kernels
+from scripts.report_lib.inputs import recorded_speech
+from voice.engines import EngineConfig, load_engines
+from voice.modes.files import run_files
+from voice.turn.config import SessionConfig
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))  # report_lib
-sys.path.insert(0, str(ROOT))
-
-from report_lib.inputs import recorded_speech  # noqa: E402
-
-from model.runtime import batch_runner, quant_kernels  # noqa: E402
-from voice.engines import EngineConfig, load_engines  # noqa: E402
-from voice.modes.files import run_files  # noqa: E402
-from voice.turn.config import SessionConfig  # noqa: E402
 
 PACKAGES = ("model", "voice", "web")
 LM_RUN = "voice/think/lm_run.py"

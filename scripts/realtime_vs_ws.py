@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report_lib.load import SpawnedServer
-from report_lib.speech_samples import librivox_clips
-from report_lib.turn_cases import speech_bounds_and_pauses
 from websockets.asyncio.client import connect
 
+from scripts.report_lib.load import SpawnedServer
+from scripts.report_lib.speech_samples import librivox_clips
+from scripts.report_lib.turn_cases import speech_bounds_and_pauses
 from voice.audio import float32_to_pcm16, load_audio_16k, resample
 
 CHUNK_S = 0.02

@@ -28,13 +28,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
-from report_lib.load import LoadTestError, SpawnedServer, add_server_target, check_loopback, pid_of, rss_mb
-from report_lib.page import machine_info
-from report_lib.results import print_and_save
-from report_lib.runners import ServerUnreachable, VoiceConnection
-from report_lib.soak_inputs import soak_turns
-
+from scripts.report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
+from scripts.report_lib.load import LoadTestError, SpawnedServer, add_server_target, check_loopback, pid_of, rss_mb
+from scripts.report_lib.page import machine_info
+from scripts.report_lib.results import print_and_save
+from scripts.report_lib.runners import ServerUnreachable, VoiceConnection
+from scripts.report_lib.soak_inputs import soak_turns
 from voice.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k
 
 FRAME_MS = 20

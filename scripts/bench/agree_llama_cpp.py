@@ -24,7 +24,7 @@ argmax only at near-ties, a few percent of positions in a 49k vocabulary. Perple
 log-probability differences, which cancel. So the criteria (`within_tolerance`): this runtime is at least as
 close to the exact network as llama.cpp is (mean KL; top-1 is reported), and the two perplexities agree within 1 %;
 the disagreement between the engines is then llama.cpp's own rounding, and its size is reported, not bounded. The
-1 % holds for a trained model on text; a tiny random network (tests/unit/tiny_gguf.py: perplexities of ~10^4 on a
+1 % holds for a trained model on text; a tiny random network (scripts/report_lib/tiny_gguf.py: perplexities of ~10^4 on a
 262-token vocabulary, its logits far larger than a trained model's) moves its perplexity by percents under either
 engine's rounding, so there only the closeness to the exact network is held to. A wrong layer (a
 missing bias or norm, rows in the wrong order, a mis-read scale) puts this runtime far from the exact network: KL
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,7 +43,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # this checkout's model/
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
 MAX_PPL_RATIO_OFF = 0.01  # the perplexity ratio's tolerance, from the module docstring

@@ -27,15 +27,11 @@ from pathlib import Path
 
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.stats import percentile_or
-from report_lib.tiny_models import tiny_bert
-
 from model.chat import ChatModel
 from model.server.background import serve_in_thread
 from model.server.config import ServerConfig
+from scripts.report_lib.stats import percentile_or
+from scripts.report_lib.tiny_models import tiny_bert
 
 HELDOUT = Path(__file__).resolve().parents[2] / "tests" / "data" / "heldout_prompts.txt"
 

@@ -40,13 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.speech_samples import SpeechClip, card_clips, librivox_clips
-from report_lib.stats import percentile_or
-from report_lib.wer import word_error_rate
-
+from scripts.report_lib.speech_samples import SpeechClip, card_clips, librivox_clips
+from scripts.report_lib.stats import percentile_or
+from scripts.report_lib.wer import word_error_rate
 from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.events import Event, SpeechEnd, Transcript
 from voice.listen.asr_models import LoadedModel, load_model

@@ -18,9 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
 from model.bundled.default_model import load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT

@@ -31,14 +31,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
-from report_lib.soak_inputs import SOAK_QUESTIONS, interleave
-
 from model.bundled.default_model import load_base, load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
+from scripts.report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
+from scripts.report_lib.soak_inputs import SOAK_QUESTIONS, interleave
 from voice.think.dialogue import Dialogue, DialogueConfig
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 

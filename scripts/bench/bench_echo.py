@@ -29,14 +29,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib, heard_latency
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's voice/, web/
-
-from heard_latency import free_port, wait_ready
-from report_lib.open_speakers import RATE, Log, OpenSpeakerClient, Room, judge
-from report_lib.speech_samples import card_clips, librivox_clips
-from report_lib.wer import word_error_rate
-
+from scripts.heard_latency import free_port, wait_ready
+from scripts.report_lib.open_speakers import RATE, Log, OpenSpeakerClient, Room, judge
+from scripts.report_lib.speech_samples import card_clips, librivox_clips
+from scripts.report_lib.wer import word_error_rate
 from voice.audio import load_audio_16k
 from voice.listen.echo import FRAME, EchoCanceller
 

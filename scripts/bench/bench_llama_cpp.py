@@ -36,19 +36,15 @@ import json
 import multiprocessing
 import platform
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.passes import answer_refinements
-from report_lib.resident import resident_memory
-from report_lib.stats import percentile
+from scripts.report_lib.passes import answer_refinements
+from scripts.report_lib.resident import resident_memory
+from scripts.report_lib.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,12 +30,6 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.passes import PassLog, answer_refinements, stop_batching
-from report_lib.tiny_models import smollm2_shaped_llama
-
 from model.adapters.sampler_backend import SamplerBackend
 from model.bundled.backend import BlockDiffusionBackend
 from model.chat.engine import DiffusionChatModel
@@ -45,6 +39,8 @@ from model.decoding.sampler import SamplerConfig
 from model.device import DEVICE_CHOICES, describe, resolve_device
 from model.errors import ModelError
 from model.runtime.batching import KEY_MULTIPLE, Feed, PassRows, SlotCache, batched_pass, prefill
+from scripts.report_lib.passes import PassLog, answer_refinements, stop_batching
+from scripts.report_lib.tiny_models import smollm2_shaped_llama
 
 PROMPTS = (
     "What's the weather like on Mars?",

@@ -23,15 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.local_assistant import AssistantFailed, LocalAssistant
-from report_lib.pulse_devices import EchoPath, PulseUnavailable, VirtualDevices
-from report_lib.results import print_and_save
-from report_lib.speech_samples import card_clips, librivox_clips
-from report_lib.wer import word_error_rate
-
+from scripts.report_lib.local_assistant import AssistantFailed, LocalAssistant
+from scripts.report_lib.pulse_devices import EchoPath, PulseUnavailable, VirtualDevices
+from scripts.report_lib.results import print_and_save
+from scripts.report_lib.speech_samples import card_clips, librivox_clips
+from scripts.report_lib.wer import word_error_rate
 from voice.audio import float32_to_pcm16, load_audio_16k
 
 CONFIGS = {"cancelled": [], "headset, no cancelling": ["--headset"], "half duplex": ["--half-duplex"]}

@@ -28,15 +28,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.local_assistant import TURN_SUMMARY, AssistantFailed, LocalAssistant
-from report_lib.pulse_devices import MIC_RATE, PulseUnavailable, VirtualDevices
-from report_lib.results import print_and_save
-from report_lib.speech_samples import librivox_clips
-from report_lib.stats import percentile
-
+from scripts.report_lib.local_assistant import TURN_SUMMARY, AssistantFailed, LocalAssistant
+from scripts.report_lib.pulse_devices import MIC_RATE, PulseUnavailable, VirtualDevices
+from scripts.report_lib.results import print_and_save
+from scripts.report_lib.speech_samples import librivox_clips
+from scripts.report_lib.stats import percentile
 from voice.audio import float32_to_pcm16, load_audio_16k
 
 TURN_TIMEOUT_S = 120.0

@@ -34,11 +34,8 @@ from typing import Any
 import httpx
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.load import free_port
-from report_lib.stats import percentile
+from scripts.report_lib.load import free_port
+from scripts.report_lib.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/
 
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel

@@ -30,8 +30,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
 from model.bundled.default_model import load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.tools import constraint

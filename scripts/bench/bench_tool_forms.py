@@ -24,11 +24,8 @@ from typing import Any
 
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-
-from report_lib.local_service import free_port, wait_ready
-
 from model.chat.tools import tool_object
+from scripts.report_lib.local_service import free_port, wait_ready
 from voice.tools.builtin import BUILTIN_FUNCTIONS
 
 HERE = Path(__file__).resolve().parents[2]

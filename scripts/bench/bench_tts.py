@@ -18,20 +18,15 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.stats import percentile
-
 from model.chat import ChatMessage, ChatModel, Draft, DraftPiece, GenerationOptions
 from model.chat.spec import ModelSpec
 from model.errors import ModelError
+from scripts.report_lib.stats import percentile
 from voice.events import AudioOut, Event, PhraseCommitted, SpeculationResult
 from voice.speak.speculator import Commit, PhraseSpeculator, Render, SpeculatorConfig
 from voice.speak.stage import SpeakReport, SpeakStage

@@ -30,18 +30,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.stats import auc, percentile
-from report_lib.turn_cases import (
+from scripts.report_lib.stats import auc, percentile
+from scripts.report_lib.turn_cases import (
     Recording,
     load_recordings,
     speech_bounds_and_pauses,
     with_silence,
     word_cuts,
 )
-
 from voice.engines import keep_numpy_blas_on_its_caller
 from voice.listen.turn_detector import (
     SAMPLE_RATE,

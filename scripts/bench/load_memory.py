@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/
-
-from report_lib.resident import resident_memory
+from scripts.report_lib.resident import resident_memory
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """GGUF files of every block type the kernels read, made on this machine, offline: the bundled SmolLM2 weights
-re-quantized by llama.cpp's own quantizer, and tiny random qwen2 and qwen3 models (tests/unit/tiny_gguf.py, written
+re-quantized by llama.cpp's own quantizer, and tiny random qwen2 and qwen3 models (scripts/report_lib/tiny_gguf.py, written
 in F32) quantized by it too; the files scripts/bench/agree_llama_cpp.py and bench_llama_cpp.py compare on.
 
     python scripts/bench/requantize.py [--out artifacts/gguf] [--types Q4_0,...] [--no-tiny]
@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # this checkout's model/
-sys.path.insert(0, str(ROOT / "scripts"))  # report_lib, which tiny_gguf imports
-sys.path.insert(0, str(ROOT / "tests" / "unit"))  # tiny_gguf: the tests' writer of tiny models
 
 # The file types asked of the quantizer (llama.cpp's LLAMA_FTYPE_MOSTLY_* names), one per block type the kernels read
 FILE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
@@ -52,7 +48,8 @@ def tiny_source(architecture: str, out_dir: Path) -> Path:
     """A tiny random `architecture` model in F32 (rows of 256, so every K-quant applies), untied head for qwen2
     and tied for qwen3, as the released models of each are most often."""
     from gguf import GGMLQuantizationType
-    from tiny_gguf import K_SHAPE, write_model
+
+    from scripts.report_lib.tiny_gguf import K_SHAPE, write_model
 
     path = out_dir / f"tiny-{architecture}-F32.gguf"
     if not path.exists():

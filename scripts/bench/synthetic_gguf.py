@@ -18,16 +18,13 @@ Q4_K, Q8_0 for Q6_K. An untied embedding is Q4_K (as llama.cpp's), Q8_0 in a Q8_
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-
-from report_lib.gguf_parts import add_bpe_tokenizer, random_blocks, vocabulary
+from scripts.report_lib.gguf_parts import add_bpe_tokenizer, random_blocks, vocabulary
 
 T = GGMLQuantizationType
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from report_lib.haproxy import Backend, BalancerConfig, haproxy_binary, haproxy_config
-from report_lib.load import LoadTestError, SpawnedServer
-from report_lib.local_service import NotReady, free_port, wait_ready
+from scripts.report_lib.haproxy import Backend, BalancerConfig, haproxy_binary, haproxy_config
+from scripts.report_lib.load import LoadTestError, SpawnedServer
+from scripts.report_lib.local_service import NotReady, free_port, wait_ready
 from voice.engines import default_lm_threads
 
 LM_NAME = "voice-lm"

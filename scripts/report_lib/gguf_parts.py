@@ -1,7 +1,7 @@
 """What a GGUF written for a test or a benchmark is made of: a byte-level BPE vocabulary with ChatML's control
 tokens, and random blocks of ggml's block types with small, finite scales.
 
-The unit tests' tiny files (tests/unit/tiny_gguf.py) and the full-size files of scripts/bench/synthetic_gguf.py are
+The unit tests' tiny files (scripts/report_lib/tiny_gguf.py) and the full-size files of scripts/bench/synthetic_gguf.py are
 built from these: scripts/ must not import tests/, and tests already import scripts/report_lib.
 """
 

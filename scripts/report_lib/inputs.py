@@ -16,7 +16,7 @@ import numpy as np
 import soundfile
 
 from model.disk_cache import cache_root
-from report_lib.speech_samples import TESTDATA_DIR
+from scripts.report_lib.speech_samples import TESTDATA_DIR
 from voice.audio import TARGET_RATE, load_audio_16k, pcm16_to_float32, resample
 
 CACHE_DIR = cache_root() / "report-audio"

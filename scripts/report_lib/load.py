@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from report_lib.local_service import free_port
-from report_lib.report_math import LATENCY_FIELDS, Summary, summarise
-from report_lib.runners import ServerUnreachable, TurnResult, WebSocketRunner
+from scripts.report_lib.local_service import free_port
+from scripts.report_lib.report_math import LATENCY_FIELDS, Summary, summarise
+from scripts.report_lib.runners import ServerUnreachable, TurnResult, WebSocketRunner
 
 START_TIMEOUT_S = 180.0  # loading three models on a busy 2-core machine
 

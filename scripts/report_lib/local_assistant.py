@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from report_lib.pulse_devices import VirtualDevices
+from scripts.report_lib.pulse_devices import VirtualDevices
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # three models on a busy 2-core machine

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from report_lib.report_math import LATENCY_FIELDS, change
+from scripts.report_lib.report_math import LATENCY_FIELDS, change
 
 SUMMARY_ROWS: tuple[tuple[str, str], ...] = (
     ("endpoint_delay", "endpoint delay (ms)"),

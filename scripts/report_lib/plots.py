@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after use(): the backend must be chosen before pyplot loads
 import numpy as np
 
-from report_lib.report_math import SEGMENTS
+from scripts.report_lib.report_math import SEGMENTS
 
 COLOURS = ("#9aa5b1", "#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756")
 Run = Mapping[str, Any]  # {"name": str, "turns": [turn records]}

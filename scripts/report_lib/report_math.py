@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from report_lib.stats import percentile
+from scripts.report_lib.stats import percentile
 from voice.latency import STAGE_NAMES
 
 # Every latency figure a turn record carries, in ms (None when the turn could not measure it); the stages are

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from report_lib.inputs import synthesised_questions
-from report_lib.speech_samples import TESTDATA_DIR
+from scripts.report_lib.inputs import synthesised_questions
+from scripts.report_lib.speech_samples import TESTDATA_DIR
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from report_lib.speech_samples import card_clips, command_recordings, librivox_clips
+from scripts.report_lib.speech_samples import card_clips, command_recordings, librivox_clips
 from voice.audio import load_audio_16k, pcm16_to_float32, resample
 from voice.listen.turn_detector import SAMPLE_RATE
 from voice.listen.vad import FRAME_SAMPLES, SileroVad

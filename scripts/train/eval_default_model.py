@@ -37,16 +37,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.passes import answer_refinements
-
 from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.chat.spec import DecodingSettings, ModelSpec
 from model.runtime.fast_pass import FastPass
+from scripts.report_lib.passes import answer_refinements
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,18 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: report_lib, train
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
-
-from report_lib.stats import auc
-from report_lib.turn_cases import load_recordings, speech_bounds_and_pauses, with_silence, word_cuts
-from train.end_of_turn_fit import fit_rule
-
+from scripts.report_lib.stats import auc
+from scripts.report_lib.turn_cases import load_recordings, speech_bounds_and_pauses, with_silence, word_cuts
+from scripts.train.end_of_turn_fit import fit_rule
 from voice.end_of_turn import EndOfTurnRule, Signals
 from voice.listen.words import asks_a_question, trails_off
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's model/, voice/, web/
 
 from model.bundled.default_model import ADAPTER_DIR, load_default_chat_model
 from model.drafting.drafter import Drafter, DrafterConfig, TargetShape, save_drafter

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-from report_lib.local_service import free_port
 
+from scripts.report_lib.local_service import free_port
 from tests.integration.ws_harness import SPEECH_WORDS, load_test_engines, running_server
 from voice.audio import load_audio_16k, resample
 from voice.engines import Engines

@@ -10,11 +10,10 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from report_lib.local_service import wait_ready
-
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
 from model.server.background import RunningServer
 from model.server.background import serve_in_thread as serve
+from scripts.report_lib.local_service import wait_ready
 
 __all__ = ["PacedModel", "RunningServer", "serve", "start_lm_service", "tiny_chat_model"]
 
@@ -24,10 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def tiny_chat_model(folder: Path, block_length: int = 8) -> ChatModel:
     """A real `DiffusionChatModel` over a random 2-layer BERT (scripts/report_lib/tiny_models.py): fast, offline, and
     multi-pass (one token committed per pass), so streams have many drafts. Its words are random, not an answer."""
-    from report_lib.tiny_models import tiny_bert
-
     from model.chat.spec import DecodingSettings, ModelSpec
     from model.loading import load_chat_model
+    from scripts.report_lib.tiny_models import tiny_bert
 
     return load_chat_model(ModelSpec(str(tiny_bert(folder)), decoding=DecodingSettings(block_length=block_length)))
 

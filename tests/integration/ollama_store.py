@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from model.bundled.default_model import base_gguf_path
-from tests.unit.tiny_gguf import ollama_layout
+from scripts.report_lib.tiny_gguf import ollama_layout
 
 OLLAMA_MODEL = "ollama:smollm2:135m"
 

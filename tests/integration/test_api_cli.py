@@ -13,10 +13,10 @@ import httpx
 import openai
 import pytest
 import torch
-from report_lib.local_service import free_port
-from report_lib.tiny_models import tiny_bert
 
 from model.server.cli import build_parser, config_from_args, is_loopback
+from scripts.report_lib.local_service import free_port
+from scripts.report_lib.tiny_models import tiny_bert
 
 pytestmark = pytest.mark.timeout(120)
 DLM_SERVE = Path(sys.executable).parent / "dlm-serve"

@@ -14,11 +14,11 @@ from collections.abc import Iterator, Sequence
 import httpx
 import openai
 import pytest
-from report_lib.tiny_models import scripted_byte_model
 
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
 from model.errors import ModelError
 from model.server import ServerConfig
+from scripts.report_lib.tiny_models import scripted_byte_model
 from tests.integration.api_harness import PacedModel, RunningServer, serve
 
 pytestmark = pytest.mark.timeout(120)

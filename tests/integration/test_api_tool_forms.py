@@ -15,10 +15,10 @@ from typing import Any
 import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
-from report_lib.tiny_models import BYTE_EOS, scripted_byte_model
 
 from model.chat.engine import DiffusionChatModel
 from model.server import ServerConfig
+from scripts.report_lib.tiny_models import BYTE_EOS, scripted_byte_model
 from tests.integration.api_harness import RunningServer, serve
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,12 +15,12 @@ from typing import Any
 
 import openai
 import pytest
-from report_lib.local_service import free_port
 
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.client import OpenAIChatModel
 from model.chat.tools import Function, constraint, read_calls
 from model.server.config import ServerConfig
+from scripts.report_lib.local_service import free_port
 from tests.integration.api_harness import RunningServer, serve, start_lm_service
 from tests.integration.test_api_tools import ARGUMENTS, PROMPTS, TOOLS, valid_call
 from voice.tools.loop import RunTools, ToolLoop

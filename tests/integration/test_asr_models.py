@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from report_lib.speech_samples import librivox_clips
-from report_lib.wer import word_error_rate
 
+from scripts.report_lib.speech_samples import librivox_clips
+from scripts.report_lib.wer import word_error_rate
 from voice.errors import ASRError
 from voice.listen.asr_models import base_parts_available, join_base_model, resolve_model, tiny_en_folder
 from voice.listen.transcriber import transcribe_file

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import soundfile
 import soxr
-from report_lib.speech_samples import librivox_clips
-from report_lib.wer import word_error_rate
 
 from model.fair_lock import FairLock
+from scripts.report_lib.speech_samples import librivox_clips
+from scripts.report_lib.wer import word_error_rate
 from voice.audio import float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.errors import AudioFormatError
 from voice.events import Event, SpeechEnd, SpeechStart, Transcript

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-from report_lib.cluster import Cluster, scrape
-from report_lib.inputs import recorded_speech
-from report_lib.load import run_level
 from websockets.asyncio.client import connect
 
+from scripts.report_lib.cluster import Cluster, scrape
+from scripts.report_lib.inputs import recorded_speech
+from scripts.report_lib.load import run_level
 from tests.integration.ws_harness import Received, collect
 from web.metrics import LATENCY_BUCKETS, bucket_index, histogram_buckets
 

@@ -6,7 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from report_lib.haproxy import Backend, BalancerConfig, haproxy_binary, haproxy_config
+
+from scripts.report_lib.haproxy import Backend, BalancerConfig, haproxy_binary, haproxy_config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-from report_lib.report_math import LATENCY_FIELDS, MARK_FIELDS, SEGMENTS, STAT_FIELDS, SUMMARY_FIELDS
 
+from scripts.report_lib.report_math import LATENCY_FIELDS, MARK_FIELDS, SEGMENTS, STAT_FIELDS, SUMMARY_FIELDS
 from voice.audio import load_audio_16k, resample
 from voice.latency import STAGE_NAMES
 
@@ -49,7 +49,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = folder / "out"
     model: list[str] = []
     if not DEFAULT_ADAPTER.exists():  # the bundled model is being trained: a tiny random BERT runs the same code
-        from report_lib.tiny_models import tiny_bert
+        from scripts.report_lib.tiny_models import tiny_bert
 
         model = ["--model", str(tiny_bert(folder / "tiny-bert"))]
     done = _report(str(CLIP), str(stereo), "--turns", "2", "--no-realtime", "--no-warmup",
@@ -107,7 +107,7 @@ def test_plots_are_valid_pngs_and_the_page_links_them(report_dir: Path) -> None:
 
 
 def test_the_trace_times_each_model_call_of_the_turns(report_dir: Path) -> None:
-    from report_lib.work_trace import ASR_PARTIAL, KINDS, LIKELY_FINAL, LM_PASS, TTS_RENDER
+    from scripts.report_lib.work_trace import ASR_PARTIAL, KINDS, LIKELY_FINAL, LM_PASS, TTS_RENDER
 
     trace = json.loads((report_dir / "trace.json").read_text())
     kinds = {interval["kind"] for interval in trace}
@@ -150,10 +150,9 @@ def test_an_unreachable_server_fails_in_one_line(tmp_path: Path) -> None:
 
 
 def test_the_conversational_turns_are_new_speech_half_of_it_with_a_pause_inside(tmp_path: Path) -> None:
-    from report_lib.inputs import CONVERSATIONAL, PAUSE_S, QUESTIONS, conversational_turns
-    from report_lib.soak_inputs import SOAK_QUESTIONS
-
     from model.training.teacher_data import assistant_questions
+    from scripts.report_lib.inputs import CONVERSATIONAL, PAUSE_S, QUESTIONS, conversational_turns
+    from scripts.report_lib.soak_inputs import SOAK_QUESTIONS
 
     spoken = {part for turn in CONVERSATIONAL for part in turn}
     assert not spoken & (set(QUESTIONS) | set(SOAK_QUESTIONS) | set(assistant_questions()))  # unseen elsewhere

@@ -8,9 +8,9 @@ import asyncio
 import time
 
 import pytest
-from report_lib.local_service import free_port
 
 from model.chat.client import OpenAIChatModel
+from scripts.report_lib.local_service import free_port
 from tests.integration.api_harness import start_lm_service
 from voice.engines import Engines
 from voice.events import AnswerDone, DraftUpdate, ErrorEvent, Event, TurnEnd

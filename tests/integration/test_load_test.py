@@ -29,7 +29,7 @@ def test_one_client_one_turn_on_a_spawned_server(tmp_path: Path) -> None:
         pytest.skip("pocketsphinx-testdata not installed")
     model: list[str] = []
     if not DEFAULT_ADAPTER.exists():  # the bundled model is being trained: a tiny random BERT runs the same code
-        from report_lib.tiny_models import tiny_bert
+        from scripts.report_lib.tiny_models import tiny_bert
 
         model = ["--model", str(tiny_bert(tmp_path / "tiny-bert"))]
     out = tmp_path / "load.json"

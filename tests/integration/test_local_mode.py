@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from report_lib.local_assistant import ROOT, LocalAssistant
-from report_lib.open_speakers import voice_onset
-from report_lib.pulse_devices import (
+
+from scripts.report_lib.local_assistant import ROOT, LocalAssistant
+from scripts.report_lib.open_speakers import voice_onset
+from scripts.report_lib.pulse_devices import (
     SPEAKER_RATE,
     EchoPath,
     PulseUnavailable,
@@ -26,8 +27,7 @@ from report_lib.pulse_devices import (
     missing_parts,
     noise_burst,
 )
-from report_lib.speech_samples import LIBRIVOX_DIR
-
+from scripts.report_lib.speech_samples import LIBRIVOX_DIR
 from tests.integration.ollama_store import OLLAMA_MODEL, smollm2_store
 from voice.audio import float32_to_pcm16, load_audio_16k
 

@@ -224,9 +224,8 @@ def test_a_tool_call_its_output_and_the_spoken_answer(tmp_path_factory: pytest.T
     """The session's own tools (`--tools`) through Realtime events, on a spoken question (Piper's voice): the LM is
     the scripted tool-capable stand-in of tests/integration/test_voice_tools_ws.py (the bundled model almost never
     calls a tool); the ASR, the tool, the TTS, the server and the official client are real."""
-    from report_lib.inputs import synthesised_questions
-
     from model.chat.tools import call_text
+    from scripts.report_lib.inputs import synthesised_questions
     from tests.unit.test_voice_tools import ScriptedLM
     from voice.audio import load_audio_16k
     from voice.listen.asr_models import load_model

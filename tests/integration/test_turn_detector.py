@@ -14,8 +14,8 @@ import statistics
 
 import numpy as np
 import pytest
-from report_lib.speech_samples import LIBRIVOX_DIR, librivox_clips
 
+from scripts.report_lib.speech_samples import LIBRIVOX_DIR, librivox_clips
 from voice.audio import load_audio_16k, resample
 from voice.end_of_turn import EndOfTurnRule, Signals
 from voice.errors import AudioFormatError

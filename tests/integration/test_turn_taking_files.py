@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from report_lib.speech_samples import LIBRIVOX_DIR
-from report_lib.wer import word_error_rate
 
+from scripts.report_lib.speech_samples import LIBRIVOX_DIR
+from scripts.report_lib.wer import word_error_rate
 from tests.integration.ws_harness import load_test_engines
 from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.engines import Engines

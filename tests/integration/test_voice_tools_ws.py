@@ -45,7 +45,7 @@ def calls(user: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def question_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from report_lib.inputs import synthesised_questions
+    from scripts.report_lib.inputs import synthesised_questions
 
     [path] = synthesised_questions(tmp_path_factory.mktemp("speech"), ("What time is it?",))
     return path

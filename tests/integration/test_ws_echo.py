@@ -8,10 +8,10 @@ import asyncio
 import contextlib
 
 import pytest
-from report_lib.open_speakers import OpenSpeakerClient, Room, judge
-from report_lib.speech_samples import card_clips, librivox_clips
 from websockets.asyncio.client import connect
 
+from scripts.report_lib.open_speakers import OpenSpeakerClient, Room, judge
+from scripts.report_lib.speech_samples import card_clips, librivox_clips
 from tests.integration.ws_harness import load_test_engines, running_server
 from voice.audio import load_audio_16k
 from voice.engines import Engines

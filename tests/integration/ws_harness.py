@@ -38,7 +38,7 @@ def load_test_engines(tmp_folder: Path) -> Engines:
     if DEFAULT_ADAPTER.exists():
         lm = load_chat_model(None)
     else:
-        from report_lib.tiny_models import tiny_bert
+        from scripts.report_lib.tiny_models import tiny_bert
 
         lm = load_chat_model(ModelSpec(str(tiny_bert(tmp_folder)), decoding=DecodingSettings(block_length=4)))
     return Engines(asr=load_model(None), tts=load_synthesizer(), lm=lm, load_seconds={})

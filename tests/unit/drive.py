@@ -7,7 +7,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
-from report_lib.tiny_models import LLAMA_EOS
 
 from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import BlockDiffusionLM
@@ -20,6 +19,7 @@ from model.decoding.speculative import SpeculativeDecoding
 from model.decoding.step import DecodingSequence
 from model.runtime.batch_runner import BatchRunner
 from model.runtime.batching import Feed, SlotCache, additive_mask, batched_pass, keep, pass_layout, prefill
+from scripts.report_lib.tiny_models import LLAMA_EOS
 
 
 def sequence(

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from tiny_gguf import Shape, write_model
 
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
@@ -25,6 +24,7 @@ from model.loading import load_chat_model
 from model.runtime.int4_weights import available
 from model.training.adapt import TEACHER_SYSTEM_PROMPT, adapt
 from model.training.settings import AdaptSettings, Recipe
+from scripts.report_lib.tiny_gguf import Shape, write_model
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
 
 T = GGMLQuantizationType

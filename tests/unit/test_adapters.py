@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from report_lib.tiny_models import tiny_bert, tiny_remote_code
 from transformers import BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
@@ -17,6 +16,7 @@ from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig, generate
 from model.errors import ModelError
 from model.loading import architecture, load_chat_model, read_config
+from scripts.report_lib.tiny_models import tiny_bert, tiny_remote_code
 
 MASK, EOS = 63, 1
 

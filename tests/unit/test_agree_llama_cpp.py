@@ -9,7 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bench.agree_llama_cpp import (
+from gguf import GGMLQuantizationType
+from test_gguf_fast import mixed
+
+from model.runtime.int4_weights import available
+from scripts.bench.agree_llama_cpp import (
     HELDOUT,
     agreement,
     closer_to_exact,
@@ -19,11 +23,7 @@ from bench.agree_llama_cpp import (
     text_ids,
     within_tolerance,
 )
-from gguf import GGMLQuantizationType
-from test_gguf_fast import mixed
-from tiny_gguf import K_SHAPE, write_model
-
-from model.runtime.int4_weights import available
+from scripts.report_lib.tiny_gguf import K_SHAPE, write_model
 
 T = GGMLQuantizationType
 no_kernels = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -72,7 +72,7 @@ def test_the_runtime_side_on_its_own_blocks_agrees_with_the_files_de_quantized_n
 def test_the_runtime_is_closer_than_llama_cpp_to_the_exact_network_on_files_llama_cpps_quantizer_wrote(
     tmp_path: Path, architecture: str, file_type: str
 ) -> None:
-    from bench.requantize import requantize
+    from scripts.bench.requantize import requantize
 
     source = write_model(tmp_path / "f32.gguf", architecture, T.F32, tied=architecture != "qwen2", seed=5,
                          shape=K_SHAPE).path

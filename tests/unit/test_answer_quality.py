@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
+from scripts.report_lib.answer_quality import has_ngram_loop, non_words, repeated_ngram_rate
 
 
 def test_the_decayed_answer_of_issue_21_is_caught() -> None:

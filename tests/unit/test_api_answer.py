@@ -4,12 +4,12 @@ applies them to what it commits, the view only to what it has not (model/chat/st
 from __future__ import annotations
 
 import pytest
-from report_lib.tiny_models import scripted_byte_model
 
 import model.server.answer as answer_module
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
 from model.chat.stop_strings import cut_at_stop, end_at_stop, stable_length
 from model.server.answer import view_of
+from scripts.report_lib.tiny_models import scripted_byte_model
 
 
 def draft(committed: str, guess: str = "", done: bool = False, finish: str | None = None) -> Draft:

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from report_lib.passes import PassLog, answer_refinements, stop_batching
-from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 
 from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import BlockDiffusionLM
@@ -35,6 +33,8 @@ from model.runtime.batching import (
     pass_layout,
     prefill,
 )
+from scripts.report_lib.passes import PassLog, answer_refinements, stop_batching
+from scripts.report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, byte_tokenizer
 from tests.unit.drive import reference_logits as cache_free_logits
 from tests.unit.drive import sequence
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
@@ -316,10 +316,9 @@ def test_the_engine_streams_concurrent_answers_through_one_runner() -> None:
 def test_the_api_scheduler_runs_concurrent_jobs_in_shared_passes(passes: PassLog) -> None:
     import asyncio
 
-    from report_lib.tiny_models import word_tokenizer
-
     from model.chat import ChatMessage
     from model.server.scheduler import Scheduler
+    from scripts.report_lib.tiny_models import word_tokenizer
 
     chat = DiffusionChatModel("tiny", word_tokenizer(), BlockDiffusionBackend(adapted(), [EOS]), MODES["diffusion"])
     questions = ["hello how are you", "what is your name", "the cat and the dog", "good day"]

@@ -4,7 +4,8 @@ row's output independent of the rest of the pass, torch's dynamic int8 linear do
 from __future__ import annotations
 
 import torch
-from bench.bench_int8_linear import Bf16, Int8Dynamic, Int8FixedScale
+
+from scripts.bench.bench_int8_linear import Bf16, Int8Dynamic, Int8FixedScale
 
 
 def _weight_and_rows() -> tuple[torch.Tensor, torch.Tensor]:

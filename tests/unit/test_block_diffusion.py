@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from report_lib.passes import answer_refinements, stop_batching
-from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 
 from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import (
@@ -22,6 +20,8 @@ from model.decoding.sampler import SamplerConfig
 from model.errors import ModelError
 from model.runtime.batching import SlotCache, additive_mask
 from model.training.block_training import batch_logits, block_diffusion_loss, make_batch
+from scripts.report_lib.passes import answer_refinements, stop_batching
+from scripts.report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 from tests.unit.drive import BlockAnswer, uncached_block_logits
 
 VOCAB = LLAMA_VOCAB

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from report_lib.tiny_models import tiny_bert
 
 from model.chat import Draft, DraftPiece
 from model.cli import DIM_UNDERLINE, LiveView, main, render_ansi, render_plain
+from scripts.report_lib.tiny_models import tiny_bert
 
 
 def test_generate_prints_every_pass_and_the_speed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

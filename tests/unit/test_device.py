@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 import torch
-from report_lib.tiny_models import LLAMA_EOS
 
 from model.bundled.backend import BlockDiffusionBackend
 from model.device import describe, resolve_device, synchronize, upload
 from model.errors import ModelError
 from model.runtime.batching import Feed, SlotCache, batched_pass, keep, pass_layout, prefill
 from model.runtime.fast_pass import FastPass
+from scripts.report_lib.tiny_models import LLAMA_EOS
 from tests.unit.drive import reference_logits, sequence
 from tests.unit.test_batching import MODES, alone, prompts, requests, stream
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
@@ -180,9 +180,8 @@ def test_the_stand_in_counts_the_reads_a_pass_makes_when_it_finds_the_noisy_rows
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_decoding_mode_on_the_device_gives_the_cpu_answer(device: str) -> None:
     """Answers decoded together by the batch runner on `device` (fp32) are the answers decoded alone on the CPU."""
-    from report_lib.tiny_models import byte_tokenizer
-
     from model.chat.engine import DiffusionChatModel
+    from scripts.report_lib.tiny_models import byte_tokenizer
 
     chat = DiffusionChatModel("tiny", byte_tokenizer(), tiny_on(device), MODES["diffusion"])
     cases = requests(4)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from device_check import (
+
+from model.device import resolve_device
+from model.runtime.batching import SlotCache
+from scripts.device_check import (
     BATCHES,
     DECODING_BATCHES,
     MODES,
@@ -17,9 +20,6 @@ from device_check import (
     pass_costs,
     random_model,
 )
-
-from model.device import resolve_device
-from model.runtime.batching import SlotCache
 from tests.unit.test_device import DEVICES
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)
 

@@ -6,7 +6,6 @@ import threading
 
 import pytest
 import torch
-from report_lib.tiny_models import word_tokenizer
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from transformers.models.diffusion_gemma.configuration_diffusion_gemma import DiffusionGemmaTextConfig
 
@@ -14,6 +13,7 @@ from model.adapters.diffusion_gemma import diffusion_gemma_chat_model, diffusion
 from model.chat import ChatMessage, GenerationOptions
 from model.decoding.grammar import GrammarError, response_format
 from model.errors import ModelError
+from scripts.report_lib.tiny_models import word_tokenizer
 
 CANVAS, EOS = 8, 5
 

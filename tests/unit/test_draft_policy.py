@@ -4,7 +4,6 @@ cost and how often drafts are accepted; answers stay the teacher's whatever it c
 from __future__ import annotations
 
 import pytest
-from report_lib.tiny_models import tiny_llama, word_tokenizer
 
 from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.draft_calibration import calibrate_drafts
@@ -19,6 +18,7 @@ from model.decoding.draft_policy import (
 from model.decoding.sampler import SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding
 from model.runtime.batch_runner import BatchRunner
+from scripts.report_lib.tiny_models import tiny_llama, word_tokenizer
 from tests.unit.drive import decode, speculative
 from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse)
     EOS,

@@ -13,7 +13,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf_answers import TEXTS, answer
-from tiny_gguf import write_model
 
 from model.bundled import backend as backend_module
 from model.chat import ChatMessage
@@ -28,6 +27,7 @@ from model.errors import ModelError
 from model.loading import load_chat_model
 from model.runtime.batching import KEY_MULTIPLE, PassRows, SlotCache, batched_pass, prefill, tapped_pass
 from model.runtime.int4_weights import available
+from scripts.report_lib.tiny_gguf import write_model
 
 T = GGMLQuantizationType
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))

@@ -8,8 +8,7 @@ import itertools
 import math
 import random
 
-from train.end_of_turn_fit import fit_rule, tolerance_factor
-
+from scripts.train.end_of_turn_fit import fit_rule, tolerance_factor
 from voice.end_of_turn import EndOfTurnRule, Signals
 from voice.turn.machine import (
     LmTurnVerdict,

@@ -5,13 +5,12 @@ mode, whether the words were folded into the first pass or prefilled, and the an
 
 from __future__ import annotations
 
-from report_lib.tiny_models import word_tokenizer
-
 from model.bundled.backend import BlockDiffusionBackend
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.decoding.end_of_turn import end_probability, message_tail, probe_row
 from model.runtime.batching import SlotCache, prefill
+from scripts.report_lib.tiny_models import word_tokenizer
 from tests.unit.drive import sequence
 from tests.unit.test_batching import MODES
 from tests.unit.test_self_speculative import adapted, one_thread  # noqa: F401  (autouse: tiny tensors, 1 thread)

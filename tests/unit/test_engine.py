@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from report_lib.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 from model.adapters.masked_lm import MaskedLMDenoiser, load_masked_lm
 from model.adapters.sampler_backend import SamplerBackend
@@ -19,6 +18,7 @@ from model.chat.text import TokenTexts, draft_from_refinement, token_texts
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
 from model.errors import ContextLengthExceeded, ModelError
+from scripts.report_lib.tiny_models import BYTE_EOS, byte_tokenizer, scripted_byte_model, tiny_bert
 
 
 @pytest.fixture(scope="module")

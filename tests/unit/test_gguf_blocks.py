@@ -13,8 +13,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
-from report_lib.gguf_parts import K_TYPES
-from tiny_gguf import K_SHAPE, write_model
 
 from model.gguf import blocks as blocks_module
 from model.gguf.blocks import FORMATS, Unpacked, packed, raw_blocks, unpacked, unreadable
@@ -22,6 +20,8 @@ from model.gguf.header import read_header
 from model.runtime import quant_kernels
 from model.runtime.int4_weights import Int4Linear, Q4Blocks, available, check_rows_independent
 from model.runtime.packed import GROUP, PackedLinear
+from scripts.report_lib.gguf_parts import K_TYPES
+from scripts.report_lib.tiny_gguf import K_SHAPE, write_model
 
 T = GGMLQuantizationType
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))

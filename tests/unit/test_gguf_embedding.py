@@ -10,8 +10,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf_answers import TEXTS, answer
-from report_lib.gguf_parts import K_TYPES
-from tiny_gguf import K_SHAPE, write_model
 
 from model.bundled.block_diffusion import _mean_embedding
 from model.chat.engine import DiffusionChatModel
@@ -20,6 +18,8 @@ from model.gguf.embedding import BlockEmbedding, dense_rows
 from model.gguf.header import read_header
 from model.loading import load_chat_model
 from model.runtime.int4_weights import available
+from scripts.report_lib.gguf_parts import K_TYPES
+from scripts.report_lib.tiny_gguf import K_SHAPE, write_model
 
 T = GGMLQuantizationType
 KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")

@@ -11,7 +11,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf_answers import answer, assert_batched_answers_equal_lone_answers
-from tiny_gguf import K_SHAPE, write_model
 
 from model.chat import ChatMessage
 from model.chat.engine import DiffusionChatModel
@@ -21,6 +20,7 @@ from model.runtime import batch_runner
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.runtime.int4_weights import available
 from model.runtime.packed import PackedLinear
+from scripts.report_lib.tiny_gguf import K_SHAPE, write_model
 
 T = GGMLQuantizationType
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))

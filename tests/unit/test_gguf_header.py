@@ -13,11 +13,11 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, RopeScalingType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
-from report_lib.gguf_parts import SPECIALS, vocabulary
-from tiny_gguf import K_SHAPE, Shape, write_model
 
 from model.errors import ModelError
 from model.gguf.header import SUPPORTED_ARCHITECTURES, SUPPORTED_TYPES, check_supported, read_header
+from scripts.report_lib.gguf_parts import SPECIALS, vocabulary
+from scripts.report_lib.tiny_gguf import K_SHAPE, Shape, write_model
 
 T = GGMLQuantizationType
 

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_gguf import ollama_layout, write_model
 
 from model.chat.spec import DecodingSettings, ModelSpec
 from model.errors import ModelError
 from model.gguf.locate import OllamaName, locate_gguf, manifest_blob, model_files
+from scripts.report_lib.tiny_gguf import ollama_layout, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf_answers import answer, assert_batched_answers_equal_lone_answers
-from tiny_gguf import K_SHAPE, TinyModel, ollama_layout, write_model
 
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.chat.spec import ModelSpec
 from model.loading import load_chat_model
+from scripts.report_lib.tiny_gguf import K_SHAPE, TinyModel, ollama_layout, write_model
 
 T = GGMLQuantizationType
 

@@ -9,8 +9,6 @@ import json
 import llguidance
 import pytest
 import torch
-from report_lib.passes import PassLog
-from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB
 
 from model.decoding.block_passes import BlockPasses, DiffusionSequence
 from model.decoding.grammar import Grammar, GrammarError, compile_format, constrain_drafts, response_format
@@ -19,6 +17,8 @@ from model.decoding.refinement import Refinement
 from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speech_guard import SpeechGuard
 from model.runtime.batch_runner import BatchRunner
+from scripts.report_lib.passes import PassLog
+from scripts.report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB
 from tests.unit.drive import decode_alone, speculative
 from tests.unit.test_batching import drain_together
 from tests.unit.test_self_speculative import (  # noqa: F401  (one_thread: autouse, tiny tensors on 1 thread)

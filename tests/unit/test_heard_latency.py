@@ -7,9 +7,10 @@ import ast
 import wave
 from pathlib import Path
 
-import heard_latency as hl
 import numpy as np
 import pytest
+
+from scripts import heard_latency as hl
 
 RATE = 8000
 
@@ -79,14 +80,14 @@ def test_the_summary_reads_percentiles_holds_and_speculation() -> None:
 
 
 def test_the_client_shares_no_code_with_the_session() -> None:
-    """Its figure is only independent while it imports nothing of voice/, web/ or model/ (nor report_lib, which
-    does)."""
+    """Its figure is only independent while it imports nothing of voice/, web/ or model/ (nor the other scripts,
+    whose helpers do)."""
     tree = ast.parse(Path(hl.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"voice", "web", "model", "report_lib"}
+    assert not imported & {"voice", "web", "model", "scripts"}
 
 
 def test_an_unreadable_recording_or_no_server_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:

@@ -282,11 +282,10 @@ def test_the_weights_choice_is_checked_before_loading() -> None:
 
 
 def test_int4_weights_are_refused_for_a_checkpoint_without_the_bundled_gguf(tmp_path) -> None:
-    from report_lib.tiny_models import tiny_bert
-
     from model.chat.spec import ModelSpec
     from model.errors import ModelError
     from model.loading import load_chat_model
+    from scripts.report_lib.tiny_models import tiny_bert
 
     with pytest.raises(ModelError, match="bundled model's GGUF"):
         load_chat_model(ModelSpec(str(tiny_bert(tmp_path / "bert")), weights="int4"))

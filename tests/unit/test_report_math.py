@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from report_lib.report_math import (
+
+from scripts.report_lib.report_math import (
     LATENCY_FIELDS,
     MARK_FIELDS,
     SEGMENTS,
@@ -19,7 +20,6 @@ from report_lib.report_math import (
     summary,
     turn_record,
 )
-
 from voice.latency import STAGE_NAMES, breakdown
 
 
@@ -108,7 +108,7 @@ def test_change_between_configurations() -> None:
 
 
 def test_the_soak_interleaves_two_questions_then_one_recording_and_cycles_each_list() -> None:
-    from report_lib.soak_inputs import interleave
+    from scripts.report_lib.soak_inputs import interleave
 
     assert interleave(["q1", "q2", "q3"], ["r1", "r2"], 8) == ["q1", "q2", "r1", "q3", "q1", "r2", "q2", "q3"]
     assert interleave(["q1"], [], 3) == ["q1", "q1", "q1"]  # no recordings on this machine: questions only

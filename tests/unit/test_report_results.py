@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from report_lib.results import print_and_save
+
+from scripts.report_lib.results import print_and_save
 
 
 def test_the_summary_goes_to_stdout_and_the_whole_result_to_the_file(tmp_path: Path,

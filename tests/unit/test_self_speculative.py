@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from model.adapters.sampler_backend import SamplerBackend
@@ -28,6 +27,7 @@ from model.errors import ModelError
 from model.runtime.batch_runner import BatchRunner
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.training.block_training import make_batch
+from scripts.report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 from tests.unit.drive import decode, decode_alone, one_pass, speculative
 
 VOCAB = LLAMA_VOCAB
@@ -389,9 +389,8 @@ def test_the_speech_guard_holds_in_diffusion_decoding_too() -> None:
 def test_dlm_generate_refuses_self_speculative_for_a_masked_lm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from report_lib.tiny_models import tiny_bert
-
     from model.cli import main
+    from scripts.report_lib.tiny_models import tiny_bert
 
     folder = tiny_bert(tmp_path / "bert")
     for mode in ("self-speculative", "autoregressive"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from soak_session import Listener, SoakTurn, summarise
+from scripts.soak_session import Listener, SoakTurn, summarise
 
 
 def test_output_of_an_earlier_turn_after_the_next_began_is_late() -> None:

@@ -219,9 +219,8 @@ def test_commits_are_only_ever_committed_text(final: list[str], data: st.DataObj
 
 
 def test_engine_drafts_with_a_character_split_across_tokens_never_feed_half_a_character() -> None:
-    from report_lib.tiny_models import scripted_byte_model
-
     from model.chat import ChatMessage, GenerationOptions
+    from scripts.report_lib.tiny_models import scripted_byte_model
 
     answer = "Café au lait, très bien. Merci beaucoup!"  # "é" straddles the end of the first block of 4
     actions: list[object] = []

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from report_lib.stats import auc, percentile, percentile_or
+
+from scripts.report_lib.stats import auc, percentile, percentile_or
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench.synthetic_gguf import SHAPES, ModelShape, more_bits, tensor_type, write
 from gguf import GGMLQuantizationType
-from report_lib.gguf_parts import SPECIALS
 
 from model.gguf.embedding import dense_rows
 from model.gguf.header import read_header
+from scripts.bench.synthetic_gguf import SHAPES, ModelShape, more_bits, tensor_type, write
+from scripts.report_lib.gguf_parts import SPECIALS
 
 T = GGMLQuantizationType
 

@@ -8,7 +8,6 @@ import json
 
 import llguidance
 import pytest
-from report_lib.tiny_models import ScriptedDenoiser, byte_tokenizer
 
 from model.adapters.sampler_backend import SamplerBackend
 from model.chat import ChatMessage
@@ -35,6 +34,7 @@ from model.server.answer import ToolCallDeltas
 from model.server.config import ServerConfig
 from model.server.inputs import ApiError, chat_messages, tools_of
 from model.server.protocol import ChatCompletionRequest
+from scripts.report_lib.tiny_models import ScriptedDenoiser, byte_tokenizer
 
 WEATHER = json.dumps({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
                       "required": ["city"], "additionalProperties": False}, separators=(",", ":"))

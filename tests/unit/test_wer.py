@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from report_lib.wer import edit_distance, word_error_rate
 
+from scripts.report_lib.wer import edit_distance, word_error_rate
 from voice.listen.words import normalize_words, same_words
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from report_lib.work_trace import (
+
+from scripts.report_lib.work_trace import (
     LM_PASS,
     MIN_MS,
     SMART_TURN,

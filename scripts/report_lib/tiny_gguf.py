@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
 from gguf.quants import dequantize, quantize
-from report_lib.gguf_parts import K_TYPES, add_bpe_tokenizer, random_blocks, vocabulary
+
+from scripts.report_lib.gguf_parts import K_TYPES, add_bpe_tokenizer, random_blocks, vocabulary
 
 # A sentencepiece vocabulary (TinyLlama's and Llama 2's kind: `tokenizer.ggml.model` "llama"): unknown, BOS, EOS, the
 # byte fallbacks, then pieces by score; and the Zephyr template TinyLlama's chat models use (EOS ends a message)

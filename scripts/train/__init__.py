@@ -1,0 +1,1 @@
+"""Training and evaluation of the bundled model, its drafter and the end-of-turn rule."""
