@@ -24,8 +24,8 @@ argmax only at near-ties, a few percent of positions in a 49k vocabulary. Perple
 log-probability differences, which cancel. So the criteria (`within_tolerance`): this runtime is at least as
 close to the exact network as llama.cpp is (mean KL; top-1 is reported), and the two perplexities agree within 1 %;
 the disagreement between the engines is then llama.cpp's own rounding, and its size is reported, not bounded. The
-1 % holds for a trained model on text; a tiny random network (scripts/report_lib/tiny_gguf.py: perplexities of ~10^4 on a
-262-token vocabulary, its logits far larger than a trained model's) moves its perplexity by percents under either
+1 % holds for a trained model on text; a tiny random network (scripts/report_lib/tiny_gguf.py: perplexities of ~10^4 on
+a 262-token vocabulary, its logits far larger than a trained model's) moves its perplexity by percents under either
 engine's rounding, so there only the closeness to the exact network is held to. A wrong layer (a
 missing bias or norm, rows in the wrong order, a mis-read scale) puts this runtime far from the exact network: KL
 of order 1, top-1 near chance.

@@ -1,6 +1,6 @@
 """GGUF files of every block type the kernels read, made on this machine, offline: the bundled SmolLM2 weights
-re-quantized by llama.cpp's own quantizer, and tiny random qwen2 and qwen3 models (scripts/report_lib/tiny_gguf.py, written
-in F32) quantized by it too; the files scripts/bench/agree_llama_cpp.py and bench_llama_cpp.py compare on.
+re-quantized by llama.cpp's own quantizer, and tiny random qwen2 and qwen3 models (scripts/report_lib/tiny_gguf.py,
+written in F32) quantized by it too; the files scripts/bench/agree_llama_cpp.py and bench_llama_cpp.py compare on.
 
     python scripts/bench/requantize.py [--out artifacts/gguf] [--types Q4_0,...] [--no-tiny]
 

@@ -1,8 +1,8 @@
 """What a GGUF written for a test or a benchmark is made of: a byte-level BPE vocabulary with ChatML's control
 tokens, and random blocks of ggml's block types with small, finite scales.
 
-The unit tests' tiny files (scripts/report_lib/tiny_gguf.py) and the full-size files of scripts/bench/synthetic_gguf.py are
-built from these: scripts/ must not import tests/, and tests already import scripts/report_lib.
+The tests' tiny files (tiny_gguf.py here) and the full-size files of scripts/bench/synthetic_gguf.py are built from
+these.
 """
 
 from __future__ import annotations
