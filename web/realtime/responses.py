@@ -10,25 +10,30 @@ from voice import events as ev
 from web.realtime.actions import Action, AnswerToolResults, Interrupt, Send, SendText, SetInstructions, TruncateHeard
 from web.realtime.client_events import RealtimeError, Unsupported
 from web.realtime.response_output import ResponseOutput
-from web.realtime.translator_state import ResponseState, UserItem
+from web.realtime.translator_state import ResponseState, TranslatorState, UserItem
 
 
-class Responses(ResponseOutput):
-    """response.create / response.cancel, and response.created / response.done from the session's turns."""
+class Responses:
+    """response.create / response.cancel, and response.created / response.done from the session's turns; the
+    events inside a response are `output`'s."""
 
-    def _create_response(self, instructions: str | None) -> list[Action]:
-        if any(not r.held and not r.cancel_reason for r in self._responses.values()):
+    def __init__(self, state: TranslatorState, output: ResponseOutput) -> None:
+        self.state = state
+        self.output = output
+
+    def create(self, instructions: str | None) -> list[Action]:
+        if any(not r.held and not r.cancel_reason for r in self.state.responses.values()):
             raise RealtimeError("a response is in progress: cancel it first or wait for response.done",
                                 "conversation_already_has_active_response")
         # this response's own instructions hold until it ends (`_turn_end` restores the session's)
         prompt: list[Action] = [SetInstructions(instructions)] if instructions is not None else []
-        outputs, self._outputs_in = self._outputs_in, False  # in the history already: any answer reads them
-        if self._pending_texts:
-            texts, self._pending_texts = self._pending_texts, []
-            self._typed_next = UserItem(texts[-1][0], typed=True, committed=True)
-            self._own_instructions = instructions is not None
+        outputs, self.state.outputs_in = self.state.outputs_in, False  # in the history already: any answer reads them
+        if self.state.pending_texts:
+            texts, self.state.pending_texts = self.state.pending_texts, []
+            self.state.typed_next = UserItem(texts[-1][0], typed=True, committed=True)
+            self.state.own_instructions = instructions is not None
             return [*prompt, SendText(" ".join(text for _, text in texts))]
-        held = sorted((r for r in self._responses.values() if r.held), key=lambda r: r.turn)
+        held = sorted((r for r in self.state.responses.values() if r.held), key=lambda r: r.turn)
         if held:
             if instructions is not None:
                 raise Unsupported("response.instructions: the answer to those words is already written (the session "
@@ -36,50 +41,51 @@ class Responses(ResponseOutput):
                                   "committing", param="response.instructions")
             return self._release(held[-1])
         if outputs:
-            self._credits += 1
-            self._own_instructions = instructions is not None
+            self.state.credits += 1
+            self.state.own_instructions = instructions is not None
             return [*prompt, AnswerToolResults()]
-        if self._committed_next is not None or self._open_spoken_item() is not None:
-            self._credits += 1  # the answer to the words just committed is on its way
-            self._own_instructions = instructions is not None
+        if self.state.committed_next is not None or self.state.open_spoken_item() is not None:
+            self.state.credits += 1  # the answer to the words just committed is on its way
+            self.state.own_instructions = instructions is not None
             return prompt
         raise RealtimeError("nothing to respond to: add a user message or commit audio first (this server answers "
                             "the user's latest words)", "response_create_nothing_new")
 
-    def _cancel(self, response_id: str | None) -> list[Action]:
-        for response in self._responses.values():
+    def cancel(self, response_id: str | None) -> list[Action]:
+        for response in self.state.responses.values():
             if response_id in (None, response.id) and response.cancel_reason is None:
                 response.cancel_reason = "client_cancelled"
                 return [Interrupt()]
         raise RealtimeError("there is no response in progress to cancel", "response_cancel_not_active",
                             "response_id" if response_id else None)
 
-    def _response_started(self, turn: int) -> list[Action]:
-        user = self._items.get(turn)
-        if user is None and self._typed_next is not None:
-            user = self._user_item(turn, spoken=False)  # the typed turn's answer came before its transcript
+    def started(self, turn: int) -> list[Action]:
+        user = self.state.items.get(turn)
+        if user is None and self.state.typed_next is not None:
+            user = self.state.user_item(turn, spoken=False)  # the typed turn's answer came before its transcript
         if user is not None:
             user.closed = True
         typed = user is not None and user.typed
-        held = not typed and (not self.settings.creates_responses or (user is not None and user.explicit))
-        if self._credits:  # a response.create was waiting for this answer (asked for or not, it answers it)
-            self._credits -= 1
+        held = not typed and (not self.state.settings.creates_responses or (user is not None and user.explicit))
+        if self.state.credits:  # a response.create was waiting for this answer (asked for or not, it answers it)
+            self.state.credits -= 1
             held = False
-        for old in [r for r in self._responses.values() if r.held]:
-            del self._responses[old.turn]  # an answer nobody asked for, to words the user has since followed
-        response = ResponseState(self._new_id("resp"), self._new_id("item"), turn, held)
-        response.before_commit = user is not None and not user.committed and self.settings.turn_detection is not None
-        response.own_instructions, self._own_instructions = self._own_instructions, False
-        self._responses[turn] = response
+        for old in [r for r in self.state.responses.values() if r.held]:
+            del self.state.responses[old.turn]  # an answer nobody asked for, to words the user has since followed
+        response = ResponseState(self.state.new_id("resp"), self.state.new_id("item"), turn, held)
+        spoken_uncommitted = user is not None and not user.committed
+        response.before_commit = spoken_uncommitted and self.state.settings.turn_detection is not None
+        response.own_instructions, self.state.own_instructions = self.state.own_instructions, False
+        self.state.responses[turn] = response
         return self._out(response, [
-            self._event("response.created", response=self._response_json(response, "in_progress")),
+            self.state.event("response.created", response=self._response_json(response, "in_progress")),
         ])
 
     def _release(self, response: ResponseState) -> list[Action]:
         response.held = False
         if response.before_commit:
             return []  # its user item's commit sends them (`_committed_answer`)
-        return self._send_held(response)
+        return self.state.send_held(response)
 
     def _out(self, response: ResponseState, events: list[dict[str, Any]]) -> list[Action]:
         if response.held or response.before_commit:
@@ -87,55 +93,55 @@ class Responses(ResponseOutput):
             return []
         return [Send(event) for event in events]
 
-    def _in_response(self, turn: int, step: Any, value: Any) -> list[Action]:
-        response = self._responses.get(turn)
+    def in_response(self, turn: int, step: Any, value: Any) -> list[Action]:
+        response = self.state.responses.get(turn)
         if response is None:
             return []
         return self._out(response, step(response, value))
 
-    def _turn_end(self, event: ev.TurnEnd) -> list[Action]:
-        response = self._responses.pop(event.turn, None)
+    def turn_end(self, event: ev.TurnEnd) -> list[Action]:
+        response = self.state.responses.pop(event.turn, None)
         actions: list[Action] = []
-        user = self._items.get(event.turn)
+        user = self.state.items.get(event.turn)
         if user is not None:
             user.closed = True
-        if user is not None and not user.typed and self.settings.transcription and not user.transcript \
+        if user is not None and not user.typed and self.state.settings.transcription and not user.transcript \
                 and event.user_text:
             user.transcript = event.user_text
-            actions.append(Send(self._event("conversation.item.input_audio_transcription.completed",
-                                            item_id=user.id, content_index=0, transcript=event.user_text,
+            actions.append(Send(self.state.event("conversation.item.input_audio_transcription.completed",
+                                                 item_id=user.id, content_index=0, transcript=event.user_text,
                                             usage={"type": "duration", "seconds": 0.0})))
         if response is None:
             return actions
         if response.held:
-            self._responses[event.turn] = response  # finished, still waiting for a response.create
+            self.state.responses[event.turn] = response  # finished, still waiting for a response.create
         if event.interrupted and response.cancel_reason is None:
             response.cancel_reason = "turn_detected"
         status = "failed" if response.error else "cancelled" if response.cancel_reason else "completed"
         if response.handed_out and response.message_index is None:  # it ends with the calls: no message
             if response.own_instructions:
-                actions.append(SetInstructions(self.settings.instructions))
-            done = self._event("response.done", response=self._response_json(response, status))
+                actions.append(SetInstructions(self.state.settings.instructions))
+            done = self.state.event("response.done", response=self._response_json(response, status))
             return [*actions, *self._out(response, [done])]
         transcript = event.spoken if event.interrupted else (event.answer or response.answer)
-        events = self._message_begins(response)
-        where = self._where(response)
-        events += self._audio_done(response, None)
+        events = self.output.message_begins(response)
+        where = self.output.where(response)
+        events += self.output.audio_done(response, None)
         events += [
-            self._event("response.output_audio_transcript.done", transcript=transcript, **where),
-            self._event("response.content_part.done", part={"type": "audio", "transcript": transcript}, **where),
+            self.state.event("response.output_audio_transcript.done", transcript=transcript, **where),
+            self.state.event("response.content_part.done", part={"type": "audio", "transcript": transcript}, **where),
         ]
-        item = self._assistant_item(response, "completed" if status == "completed" else "incomplete", transcript)
+        item = self.output.assistant_item(response, "completed" if status == "completed" else "incomplete", transcript)
         events += [
-            self._event("response.output_item.done", response_id=response.id, output_index=response.message_index,
-                        item=item),
-            self._event("conversation.item.done", item=item, previous_item_id=None),
-            self._event("response.done", response=self._response_json(response, status, item)),
+            self.state.event("response.output_item.done", response_id=response.id, output_index=response.message_index,
+                             item=item),
+            self.state.event("conversation.item.done", item=item, previous_item_id=None),
+            self.state.event("response.done", response=self._response_json(response, status, item)),
         ]
-        rate = self.settings.output_format.rate
-        self._finished = (response.item_id, event.turn, response.audio_samples * 1000 // rate)
+        rate = self.state.settings.output_format.rate
+        self.state.finished = (response.item_id, event.turn, response.audio_samples * 1000 // rate)
         if response.own_instructions:
-            actions.append(SetInstructions(self.settings.instructions))
+            actions.append(SetInstructions(self.state.settings.instructions))
         if response.truncated_at is not None and not event.interrupted:
             # truncated while it ran, yet it ended in full (no cancel): the history keeps what was heard
             actions.append(TruncateHeard(response.truncated_at, event.turn))
@@ -159,6 +165,7 @@ class Responses(ResponseOutput):
                      "output_token_details": {"text_tokens": response.tokens, "audio_tokens": 0}}
         return {"id": response.id, "object": "realtime.response", "status": status, "status_details": details,
                 "output": [*response.calls, *([item] if item is not None else [])],
-                "conversation_id": f"conv_{self.session_id}",
+                "conversation_id": f"conv_{self.state.session_id}",
                 "output_modalities": ["audio"], "max_output_tokens": "inf", "metadata": None, "usage": usage,
-                "audio": {"output": {"format": self.settings.output_format.as_json(), "voice": self.settings.voice}}}
+                "audio": {"output": {"format": self.state.settings.output_format.as_json(),
+                                     "voice": self.state.settings.voice}}}

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from voice import events as ev
+from voice.turn.tuning import TurnTuning
 from web.realtime.actions import Action, Send, SetInstructions, SetTools, TuneTurns
 from web.realtime.client_events import (
     AppendAudio,
@@ -29,26 +30,48 @@ from web.realtime.client_events import (
     CreateUserText,
     DeleteItem,
     RealtimeError,
+    SessionSettings,
     SessionUpdate,
     TruncateItem,
 )
 from web.realtime.conversation_items import ConversationItems
 from web.realtime.input_audio_buffer import InputAudioBuffer
+from web.realtime.response_output import ResponseOutput
 from web.realtime.responses import Responses
+from web.realtime.translator_state import TranslatorState
+from web.realtime.turn_detection import SERVER_TUNING
 
 
-class RealtimeTranslator(InputAudioBuffer, ConversationItems, Responses):
-    """One connection's protocol state. `start()` greets; `client_event` and `session_event` return the actions.
+class RealtimeTranslator:
+    """One connection's protocol core. `start()` greets; `client_event` and `session_event` return the actions.
 
-    The state is TranslatorState's (translator_state.py); each base class adds the steps of one family of events,
-    and this class dispatches each event to its step."""
+    Its state is one `TranslatorState` (translator_state.py), shared by the objects of the four families of events;
+    this class dispatches each event to its family."""
+
+    def __init__(self, session_id: str, output_sample_rate: int, default_instructions: str,
+                 settings: SessionSettings | None = None, server_tuning: TurnTuning = SERVER_TUNING) -> None:
+        self.state = TranslatorState(session_id, output_sample_rate, default_instructions, settings, server_tuning)
+        self.audio = InputAudioBuffer(self.state)
+        self.items = ConversationItems(self.state)
+        self.responses = Responses(self.state, ResponseOutput(self.state))
+
+    @property
+    def settings(self) -> SessionSettings:
+        """The session's settings as the client last set them (the shell puts back the old ones when the session
+        refuses an update)."""
+        return self.state.settings
+
+    @settings.setter
+    def settings(self, settings: SessionSettings) -> None:
+        self.state.settings = settings
 
     # --- the greeting and errors ---------------------------------------------------------------------------------
     def start(self) -> list[Action]:
-        return [Send(self._event("session.created", session=self._session_json()))]
+        return [Send(self.state.event("session.created", session=self._session_json()))]
 
     def _session_json(self) -> dict[str, Any]:
-        return self.settings.as_json(f"sess_{self.session_id}", self._default_instructions, self._server_tuning)
+        return self.state.settings.as_json(f"sess_{self.state.session_id}", self.state.default_instructions,
+                                           self.state.server_tuning)
 
     def error(self, err: RealtimeError | Exception, code: str | None = None) -> Send:
         """The Realtime `error` event for `err` (a refused client event, or the session's own failure)."""
@@ -58,7 +81,7 @@ class RealtimeTranslator(InputAudioBuffer, ConversationItems, Responses):
         else:
             body = {"type": "server_error", "code": code or getattr(err, "code", "server_error"),
                     "message": str(err), "param": None, "event_id": None}
-        return Send(self._event("error", error=body))
+        return Send(self.state.event("error", error=body))
 
     # --- client events -------------------------------------------------------------------------------------------
     def client_event(self, event: ClientEvent) -> list[Action]:
@@ -73,75 +96,75 @@ class RealtimeTranslator(InputAudioBuffer, ConversationItems, Responses):
         match event:
             case SessionUpdate(settings=settings):
                 # the tools first: the session may refuse them (a name of its own), and then nothing changes
-                actions: list[Action] = [SetTools(settings.tools)] if settings.tools != self.settings.tools else []
-                if settings.turn_tuning != self.settings.turn_tuning:
+                before = self.state.settings
+                actions: list[Action] = [SetTools(settings.tools)] if settings.tools != before.tools else []
+                if settings.turn_tuning != before.turn_tuning:
                     actions.insert(0, TuneTurns(settings.turn_tuning))
-                if settings.instructions != self.settings.instructions:
+                if settings.instructions != before.instructions:
                     actions.append(SetInstructions(settings.instructions))
                 if settings.turn_detection is not None:
-                    self._manual_buffer.clear()
-                self.settings = settings
-                return [*actions, Send(self._event("session.updated", session=self._session_json()))]
+                    self.state.manual_buffer.clear()
+                self.state.settings = settings
+                return [*actions, Send(self.state.event("session.updated", session=self._session_json()))]
             case AppendAudio(audio=audio):
-                return self._append(audio)
+                return self.audio.append(audio)
             case CommitAudio():
-                return self._commit()
+                return self.audio.commit()
             case ClearAudio():
-                self._manual_buffer.clear()
-                return [Send(self._event("input_audio_buffer.cleared"))]
+                return self.audio.clear()
             case CreateUserText(item_id=item_id, text=text):
-                return self._create_text(item_id or self._new_id("item"), text)
+                return self.items.create_text(item_id or self.state.new_id("item"), text)
             case CreateUserAudio(item_id=item_id, audio=audio):
-                return self._create_audio(item_id or self._new_id("item"), audio)
+                return self.items.create_audio(item_id or self.state.new_id("item"), audio)
             case CreateToolOutput(item_id=item_id, call_id=call_id, output=output):
-                return self._tool_output(item_id or self._new_id("item"), call_id, output)
+                return self.items.tool_output(item_id or self.state.new_id("item"), call_id, output)
             case CreateResponse(instructions=instructions):
-                return self._create_response(instructions)
+                return self.responses.create(instructions)
             case CancelResponse(response_id=response_id):
-                return self._cancel(response_id)
+                return self.responses.cancel(response_id)
             case TruncateItem():
-                return self._truncate(event)
+                return self.items.truncate(event)
             case DeleteItem(item_id=item_id):
-                return self._delete(item_id)
+                return self.items.delete(item_id)
 
     # --- session events ------------------------------------------------------------------------------------------
     def session_event(self, event: ev.Event) -> list[Action]:
         """The server events one session event becomes (most internal events become none)."""
         match event:
             case ev.SpeechStart(turn=turn):
-                return self._speech_started(turn)
+                return self.audio.speech_started(turn)
             case ev.SpeechEnd(turn=turn):
-                return self._speech_stopped(turn)
+                return self.audio.speech_stopped(turn)
             case ev.Transcript():
-                return self._transcript(event)
+                return self.audio.transcript(event)
             case ev.LmStarted(turn=turn):
-                return self._response_started(turn)
+                return self.responses.started(turn)
             case ev.ToolCalled(turn=turn):
-                return self._in_response(turn, self._tool_called, event)
+                return self.responses.in_response(turn, self.responses.output.tool_called, event)
             case ev.ToolRequested(turn=turn):
-                return self._in_response(turn, self._tool_requested, event)
+                return self.responses.in_response(turn, self.responses.output.tool_requested, event)
             case ev.PhraseCommitted(turn=turn, text=text):
-                return self._in_response(turn, self._transcript_delta, text)
+                return self.responses.in_response(turn, self.responses.output.transcript_delta, text)
             case ev.AudioStart(turn=turn, sample_rate=rate):
-                return self._in_response(turn, self._audio_start, rate)
+                return self.responses.in_response(turn, self.responses.output.audio_start, rate)
             case ev.AudioOut(turn=turn, pcm=pcm):
-                return self._in_response(turn, self._audio_delta, pcm)
+                return self.responses.in_response(turn, self.responses.output.audio_delta, pcm)
             case ev.AudioEnd(turn=turn):
-                return self._in_response(turn, self._audio_done, None)
+                return self.responses.in_response(turn, self.responses.output.audio_done, None)
             case ev.AnswerDone(turn=turn):
-                if (response := self._responses.get(turn)) is not None:
+                if (response := self.state.responses.get(turn)) is not None:
                     response.answer, response.tokens = event.text, event.tokens
                     response.prompt_tokens, response.cached_prompt_tokens = event.prompt_tokens, \
                         event.cached_prompt_tokens
                 return []
             case ev.Clear(turn=turn):
-                if (response := self._responses.get(turn)) is not None and response.cancel_reason is None:
+                if (response := self.state.responses.get(turn)) is not None and response.cancel_reason is None:
                     response.cancel_reason = "turn_detected"
                 return []
             case ev.TurnEnd(turn=turn):
-                return self._turn_end(event)
+                return self.responses.turn_end(event)
             case ev.ErrorEvent(turn=turn, code=code, message=message):
-                if (response := self._responses.get(turn)) is not None:
+                if (response := self.state.responses.get(turn)) is not None:
                     response.error = {"type": "server_error", "code": code, "message": message}
                 return [self.error(RuntimeError(message), code)]
         return []

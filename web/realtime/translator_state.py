@@ -1,7 +1,7 @@
 """What one Realtime connection's translator remembers, and what every family of its events uses: ids, the event
-envelope, the user item of each session turn. Each family (input_audio_buffer, conversation_items, response_output,
-responses) adds the methods of one group of events over this state; translator.RealtimeTranslator joins them and
-dispatches.
+envelope, the user item of each session turn. One `TranslatorState` is shared by one object per family
+(input_audio_buffer, conversation_items, response_output, responses), each holding it as `state`: the fields below
+are what the families share, and the only thing they share; translator.RealtimeTranslator owns them and dispatches.
 """
 
 from __future__ import annotations
@@ -66,64 +66,64 @@ class TranslatorState:
     def __init__(self, session_id: str, output_sample_rate: int, default_instructions: str,
                  settings: SessionSettings | None = None, server_tuning: TurnTuning = SERVER_TUNING) -> None:
         self.session_id = session_id
-        self._server_tuning = server_tuning  # the session's listener as the server configured it
+        self.server_tuning = server_tuning  # the session's listener as the server configured it
         self.settings = settings or SessionSettings()
-        self._output_rate = output_sample_rate
-        self._default_instructions = default_instructions
+        self.output_rate = output_sample_rate
+        self.default_instructions = default_instructions
         self._ids = itertools.count(1)
         self._salt = uuid.uuid4().hex[:8]
-        self._manual_buffer = bytearray()  # PCM16 at the input format's rate, manual turn detection only
-        self._audio_ms = 0  # input audio received, for speech_started / stopped
-        self._items: dict[int, UserItem] = {}  # session turn -> its user item
-        self._last_item_id: str | None = None
-        self._pending_texts: list[tuple[str, str]] = []  # typed user items not yet answered (item id, text)
-        self._typed_next: UserItem | None = None  # the typed item the next new session turn is
-        self._committed_next: UserItem | None = None  # a manual commit waiting for its session turn
-        self._responses: dict[int, ResponseState] = {}  # session turn -> its response
-        self._credits = 0  # response.create calls waiting for an answer to release
-        self._own_instructions = False  # the next response runs under its response.create's instructions
-        self._finished: tuple[str, int, int] | None = None  # the last finished assistant item: (id, turn, ms sent)
-        self._calls_out: dict[str, str] = {}  # calls of the client's tools waiting for output: call id -> item id
-        self._outputs_in = False  # a function_call_output came since the last response.create
+        self.manual_buffer = bytearray()  # PCM16 at the input format's rate, manual turn detection only
+        self.audio_ms = 0  # input audio received, for speech_started / stopped
+        self.items: dict[int, UserItem] = {}  # session turn -> its user item
+        self.last_item_id: str | None = None
+        self.pending_texts: list[tuple[str, str]] = []  # typed user items not yet answered (item id, text)
+        self.typed_next: UserItem | None = None  # the typed item the next new session turn is
+        self.committed_next: UserItem | None = None  # a manual commit waiting for its session turn
+        self.responses: dict[int, ResponseState] = {}  # session turn -> its response
+        self.credits = 0  # response.create calls waiting for an answer to release
+        self.own_instructions = False  # the next response runs under its response.create's instructions
+        self.finished: tuple[str, int, int] | None = None  # the last finished assistant item: (id, turn, ms sent)
+        self.calls_out: dict[str, str] = {}  # calls of the client's tools waiting for output: call id -> item id
+        self.outputs_in = False  # a function_call_output came since the last response.create
 
-    def _new_id(self, prefix: str) -> str:
+    def new_id(self, prefix: str) -> str:
         return f"{prefix}_{self._salt}{next(self._ids):05d}"
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        return {"type": kind, "event_id": self._new_id("event"), **fields}
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "event_id": self.new_id("event"), **fields}
 
-    def _user_item(self, turn: int, spoken: bool) -> UserItem:
-        item = self._items.get(turn)
+    def user_item(self, turn: int, spoken: bool) -> UserItem:
+        item = self.items.get(turn)
         if item is None:
             if spoken:
-                item, self._committed_next = self._committed_next or UserItem(self._new_id("item")), None
+                item, self.committed_next = self.committed_next or UserItem(self.new_id("item")), None
             else:
-                item, self._typed_next = self._typed_next or UserItem(self._new_id("item"), typed=True), None
-            self._items[turn] = item
-            for old in [t for t in self._items if t < turn - 8]:  # a long session keeps only recent turns
-                del self._items[old]
+                item, self.typed_next = self.typed_next or UserItem(self.new_id("item"), typed=True), None
+            self.items[turn] = item
+            for old in [t for t in self.items if t < turn - 8]:  # a long session keeps only recent turns
+                del self.items[old]
         return item
 
-    def _committed_answer(self, turn: int) -> list[Action]:
+    def committed_answer(self, turn: int) -> list[Action]:
         """The spoken user item of `turn` is committed: what its response held back for that goes out now, unless a
         `response.create` must still ask for it."""
-        response = self._responses.get(turn)
+        response = self.responses.get(turn)
         if response is None or not response.before_commit:
             return []
         response.before_commit = False
-        return [] if response.held else self._send_held(response)
+        return [] if response.held else self.send_held(response)
 
-    def _send_held(self, response: ResponseState) -> list[Action]:
+    def send_held(self, response: ResponseState) -> list[Action]:
         """What `response` held back, in order, now sent."""
         events, response.held_events = response.held_events, []
         return [Send(event) for event in events]
 
-    def _added_user_item(self, item: UserItem, content: list[dict[str, Any]]) -> Send:
-        previous, self._last_item_id = self._last_item_id, item.id
+    def added_user_item(self, item: UserItem, content: list[dict[str, Any]]) -> Send:
+        previous, self.last_item_id = self.last_item_id, item.id
         body = {"id": item.id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
                 "content": content}
-        return Send(self._event("conversation.item.added", item=body, previous_item_id=previous))
+        return Send(self.event("conversation.item.added", item=body, previous_item_id=previous))
 
-    def _open_spoken_item(self) -> UserItem | None:
+    def open_spoken_item(self) -> UserItem | None:
         """The spoken user item of a turn the session has not answered yet."""
-        return next((item for item in self._items.values() if not item.typed and not item.closed), None)
+        return next((item for item in self.items.values() if not item.typed and not item.closed), None)
