@@ -25,7 +25,7 @@ from voice.speak.speculator import SpeculatorConfig
 from voice.speak.tts import TTSConfig
 from voice.think.spoken import spoken_answer
 from voice.tools.toolbox import ToolsConfig
-from voice.turn.machine import TurnTakingConfig
+from voice.turn.machine_config import TurnTakingConfig
 from voice.turn.session import SessionConfig
 
 

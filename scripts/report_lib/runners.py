@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from voice.audio import TARGET_RATE, float32_to_pcm16, load_audio_16k, stream_pcm16
 from voice.engines import Engines
 from voice.events import ErrorEvent, SpeechStart, Transcript, TurnEnd
-from voice.turn.machine import TurnTakingConfig
+from voice.turn.machine_config import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 
 # A live microphone keeps sending silence after the question; the end of turn is judged on that audio's clock, and

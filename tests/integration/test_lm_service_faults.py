@@ -17,7 +17,7 @@ from voice.events import AnswerDone, DraftUpdate, ErrorEvent, Event, TurnEnd
 from voice.listen.asr_models import load_model
 from voice.speak.tts import load_synthesizer
 from voice.think.spoken import spoken_answer
-from voice.turn.machine import TurnTakingConfig
+from voice.turn.machine_config import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

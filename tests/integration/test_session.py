@@ -28,7 +28,7 @@ from voice.events import (
 from voice.modes.files import run_files, write_wav
 from voice.speak.speculator import SpeculatorConfig
 from voice.think.spoken import spoken_answer
-from voice.turn.machine import TurnTakingConfig
+from voice.turn.machine_config import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -20,7 +20,7 @@ from voice.engines import Engines
 from voice.events import AnswerDone, AudioOut, DraftUpdate, Event, Transcript, TurnEnd
 from voice.listen.asr_models import load_model
 from voice.speak.tts import load_synthesizer
-from voice.turn.machine import TurnTakingConfig
+from voice.turn.machine_config import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -20,7 +20,7 @@ from voice.turn.detector_schedule import (
     TurnPaused,
     UserSpoke,
 )
-from voice.turn.machine import TurnVerdict
+from voice.turn.machine_events import TurnVerdict
 
 RATE = 16000
 

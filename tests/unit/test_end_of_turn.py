@@ -10,13 +10,13 @@ import random
 
 from scripts.train.end_of_turn_fit import fit_rule, tolerance_factor
 from voice.end_of_turn import EndOfTurnRule, Signals
-from voice.turn.machine import (
+from voice.turn.machine import TurnTaking
+from voice.turn.machine_config import TurnTakingConfig
+from voice.turn.machine_events import (
     LmTurnVerdict,
     ReleaseAnswer,
     Silence,
     StartAnswer,
-    TurnTaking,
-    TurnTakingConfig,
     TurnVerdict,
     UserFinal,
     UserLikelyFinal,

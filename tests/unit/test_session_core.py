@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from voice.turn.detector_schedule import AskDetector, AwaitVerdict, DetectorAnswered, DetectorSchedule, DropVerdict
-from voice.turn.machine import (
+from voice.turn.machine import TurnTakingError
+from voice.turn.machine_config import TurnTakingConfig
+from voice.turn.machine_events import (
     AnswerAudio,
     AnswerFinished,
     CancelAnswer,
@@ -20,8 +22,6 @@ from voice.turn.machine import (
     Silence,
     StartAnswer,
     State,
-    TurnTakingConfig,
-    TurnTakingError,
     UserDone,
     UserFinal,
     UserSpeechStarted,

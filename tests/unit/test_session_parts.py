@@ -8,7 +8,7 @@ import asyncio
 from voice.think.dialogue import Dialogue
 from voice.turn.answer import Answer
 from voice.turn.clock import TurnClock
-from voice.turn.machine import ClockTick, State, TurnEvent
+from voice.turn.machine_events import ClockTick, State, TurnEvent
 from voice.turn.records import TurnRecord, TurnRecords
 
 

@@ -34,7 +34,7 @@ from voice.think.lm_run import LmRun
 from voice.think.spoken import spoken_answer
 from voice.turn.detector_runs import DetectorRuns
 from voice.turn.detector_schedule import DetectorAnswered
-from voice.turn.machine import State
+from voice.turn.machine_events import State
 from voice.turn.session import Session, SessionConfig
 
 WORDS = ("Sure.", "Here", "is", "a", "fairly", "long", "answer,", "with", "several", "phrases,", "so", "that", "speech",

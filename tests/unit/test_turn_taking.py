@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from voice.turn.machine import (
+from voice.turn.machine import TurnTaking, TurnTakingError
+from voice.turn.machine_config import TurnTakingConfig
+from voice.turn.machine_events import (
     AbandonTurn,
     AnswerAudio,
     AnswerFinished,
@@ -21,9 +23,6 @@ from voice.turn.machine import (
     Silence,
     StartAnswer,
     State,
-    TurnTaking,
-    TurnTakingConfig,
-    TurnTakingError,
     TurnVerdict,
     TypedText,
     UserDone,

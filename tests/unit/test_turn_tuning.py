@@ -17,7 +17,7 @@ from voice.engines import Engines
 from voice.errors import ProtocolError
 from voice.listen.endpointer import Endpointer
 from voice.listen.stage import ListenConfig
-from voice.turn.machine import TurnTakingConfig
+from voice.turn.machine_config import TurnTakingConfig
 from voice.turn.session import Session, SessionConfig
 from voice.turn.tuning import TurnTuning
 from web.realtime.actions import TuneTurns

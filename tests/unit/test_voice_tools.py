@@ -36,7 +36,8 @@ from voice.tools.calculator import calculate, convert, spoken_number
 from voice.tools.loop import COULD_NOT_FINISH, Apologise, RunTools, Speak, ToolLoop
 from voice.tools.timers import Timers, spoken_now
 from voice.tools.toolbox import Toolbox, ToolsConfig
-from voice.turn.machine import AssistantAnnounces, StartAnswer, State, TurnTaking
+from voice.turn.machine import TurnTaking
+from voice.turn.machine_events import AssistantAnnounces, StartAnswer, State
 from voice.turn.session import Session, SessionConfig
 
 

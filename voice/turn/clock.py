@@ -12,7 +12,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from voice.turn.machine import ClockTick, State, TurnEvent, TurnTaking
+from voice.turn.machine import TurnTaking
+from voice.turn.machine_events import ClockTick, State, TurnEvent
 
 CLOCK_TICK_S = 0.1  # how often the turn-taking core hears the wall clock while the user holds or contests the floor
 CLOCKED_STATES = (State.USER_SPEAKING, State.USER_PAUSED, State.BARGE_IN_PENDING)

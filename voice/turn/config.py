@@ -13,7 +13,7 @@ from voice.speak.speculator import SpeculatorConfig
 from voice.think.dialogue import DialogueConfig
 from voice.think.spoken import spoken_answer
 from voice.tools.toolbox import ToolsConfig
-from voice.turn.machine import TurnTakingConfig
+from voice.turn.machine_config import TurnTakingConfig
 
 
 @dataclass(frozen=True, slots=True)

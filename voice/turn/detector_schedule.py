@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from voice.audio import TARGET_RATE
-from voice.turn.machine import TurnVerdict
+from voice.turn.machine_events import TurnVerdict
 
 
 # --- events ----------------------------------------------------------------------------------------------------------

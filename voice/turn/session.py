@@ -48,7 +48,7 @@ from voice.turn.clock import TurnClock
 from voice.turn.config import SessionConfig
 from voice.turn.detector_runs import DetectorRuns
 from voice.turn.detector_schedule import AskDetector, AwaitVerdict, DetectorSchedule, DropVerdict
-from voice.turn.machine import (
+from voice.turn.machine_events import (
     AbandonTurn,
     AnswerAudio,
     AnswerFinished,

@@ -40,7 +40,9 @@ from voice.turn.detector_schedule import (
     TurnPaused,
     UserSpoke,
 )
-from voice.turn.machine import (
+from voice.turn.machine import TurnTaking, TurnTakingError
+from voice.turn.machine_config import TurnTakingConfig
+from voice.turn.machine_events import (
     PLAYING_STATES,
     AnswerAudio,
     AnswerFinished,
@@ -53,9 +55,6 @@ from voice.turn.machine import (
     StartAnswer,
     State,
     TurnAction,
-    TurnTaking,
-    TurnTakingConfig,
-    TurnTakingError,
     TypedText,
     UserDone,
     UserFinal,
