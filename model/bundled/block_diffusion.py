@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from model.errors import ModelError
-from model.runtime import fast_pass, row_exact
+from model.runtime import fused_layers, row_exact
 from model.runtime.batching import prefill_bucket
 from model.runtime.fast_pass import FastPass
 from model.runtime.huge_pages import onto_huge_pages
@@ -202,7 +202,7 @@ class BlockDiffusionLM(nn.Module):
     def inference_pass(self) -> FastPass | BlockDiffusionLM:
         """What runs a decoding pass over a `SlotCache`: the fused `FastPass` for a plain Llama (built once from the
         current weights), else this module itself. Training (autograd) always uses the module."""
-        if self.training or not fast_pass.supports(self):
+        if self.training or not fused_layers.supports(self):
             return self
         if self._fast_pass is None:
             # normal tensors even when first asked inside a pass: the modules' weights become views of the fused ones

@@ -30,8 +30,7 @@ import ctypes
 import enum
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -40,7 +39,18 @@ from torch import nn
 
 from model.runtime import quant_kernels, row_exact
 from model.runtime.batching import PassRows
-from model.runtime.int4_weights import Int4Layer, Int4Weights
+from model.runtime.fused_layers import (
+    AdaptedModel,
+    FusedLayer,
+    LayerLoRA,
+    base_linear,
+    fuse,
+    native_linear,
+    native_linears,
+    native_lora_rank,
+    pointer_at,
+)
+from model.runtime.int4_weights import Int4Layer
 from model.runtime.noisy_rows import Suffix, noisy_suffix
 from model.runtime.packed import Head, PackedLinear
 
@@ -58,154 +68,9 @@ class PassPath(enum.Enum):
     DENSE = "dense"  # torch's layer loop on the dense (bf16 or fp32) weights
 
 
-class LoRALinear(Protocol):
-    """What the fused pass reads of an adapted linear layer (model/bundled/block_diffusion.py's GatedLoRALinear):
-    its base layer, whose weight it replaces by a view of the fused one, and its LoRA factors."""
-
-    base: nn.Linear
-    lora_a: torch.Tensor  # [rank, in]
-    lora_b: torch.Tensor  # [out, rank]
-    scale: float
-
-
-class AdaptedModel(Protocol):
-    """What the fused pass reads of a block-diffusion network (model/bundled/block_diffusion.py's BlockDiffusionLM):
-    the base Llama with its linears adapted, the adapter's targets, the int4 weights when it decodes with them, and
-    its embedding of mask tokens."""
-
-    base: Any  # a transformers Llama (Qwen2, Qwen3) causal LM whose linears are LoRALinear, or plain when no targets
-    config: Any  # its AdapterConfig (`targets`)
-    int4: Int4Weights | None
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _LoRA:
-    """A fused group's LoRA: each member's `scale * (x @ a.T) @ b.T`, side by side (fp32 factors on a CPU: thin
-    matmuls run faster). Computed member by member, as the modules do: stacking the factors into one pair (a
-    block-diagonal B) changed the sums' rounding on MKL's AVX2 kernels, whose thin matmuls round by their width."""
-
-    factors: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per member: a [rank, in], b [out, rank]
-    scale: float
-
-    def delta(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.factors:  # no adapter
-            return torch.zeros(*x.shape[:-1], 0, dtype=x.dtype)
-        h = x.to(self.factors[0][0].dtype)
-        parts = [self.scale * ((h @ a.t()) @ b.t()) for a, b in self.factors]
-        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
-
-
-@dataclass(frozen=True, slots=True)
-class _Layer:
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    qkv: torch.Tensor  # [heads * d + 2 * kv_heads * d, hidden]
-    o: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor
-    qkv_lora: _LoRA
-    o_lora: _LoRA
-    gate_up_lora: _LoRA
-    down_lora: _LoRA
-    qkv_bias: torch.Tensor | None  # Qwen2's q, k, v biases, side by side
-    q_norm: torch.Tensor | None  # Qwen3's RMS norm weights of each q and k head
-    k_norm: torch.Tensor | None
-    int4: Int4Layer | None  # the same linears as the GGUF's int4 blocks, for decoding (model.runtime.int4_weights)
-
-
 # Rows of a batched pass (several answers) in torch, where the decode kernel does not take the model (an fp32 one),
 # up to which the int4 kernels with the torch glue a batch needs beat bf16 (scripts/bench/bench_lm.py --batch-costs)
 INT4_BATCH_ROWS = 8
-
-
-# What the pass computes beyond a plain Llama: Qwen2's biases on q, k and v, Qwen3's norms on q and k
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
-ALL_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-
-
-def supports(model: AdaptedModel) -> bool:
-    """Whether `FastPass` computes what `model`'s own forward does: a plain Llama (SmolLM2's architecture), exactly,
-    or Qwen2 or Qwen3 (full attention, default rotary; Qwen2's biases added to the projection's rounded output, one
-    rounding more than transformers' fused bias in bf16), with the LoRA on every linear layer or no adapter at all."""
-    config = model.base.config
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    kind = getattr(config, "model_type", "")
-    return (
-        kind in ARCHITECTURES
-        and getattr(config, "hidden_act", "") == "silu"
-        and not (kind != "qwen2" and getattr(config, "attention_bias", False))
-        and not getattr(config, "mlp_bias", False)
-        and not getattr(config, "use_sliding_window", False)
-        and rope.get("rope_type", "default") == "default"
-        and set(model.config.targets) in (ALL_TARGETS, set())
-    )
-
-
-def _base_linear(module: LoRALinear | nn.Linear) -> nn.Linear:
-    return module if isinstance(module, nn.Linear) else module.base
-
-
-def _fuse(modules: list[LoRALinear] | list[nn.Linear]) -> tuple[torch.Tensor, _LoRA]:
-    """Stack the base weights of `modules` (same input) into one matrix whose rows the modules then view; keep
-    their LoRA factors member by member (none for plain linears: a model without an adapter)."""
-    linears = [_base_linear(m) for m in modules]
-    fused = torch.cat([linear.weight.detach() for linear in linears])
-    offset = 0
-    for linear in linears:
-        rows = linear.weight.shape[0]
-        linear.weight = nn.Parameter(fused[offset : offset + rows], requires_grad=False)  # a view: no second copy
-        offset += rows
-    adapted = [m for m in modules if not isinstance(m, nn.Linear)]
-    if not adapted:
-        return fused, _LoRA((), 0.0)
-    scales = {m.scale for m in adapted}
-    if len(scales) != 1:
-        raise ValueError("fused LoRA members must share one scale")
-    return fused, _LoRA(tuple((m.lora_a.detach(), m.lora_b.detach()) for m in adapted), scales.pop())
-
-
-def _native_lora_rank(lora: _LoRA) -> int | None:
-    """The LoRA's rank when decode_layer.c takes it (one rank, at most 4 members, members x rank at most 256; 0 for
-    none)."""
-    if not lora.factors:
-        return 0
-    ranks = {a.shape[0] for a, _ in lora.factors}
-    rank = ranks.pop() if len(ranks) == 1 else None
-    return rank if rank is not None and len(lora.factors) <= 4 and len(lora.factors) * rank <= 256 else None
-
-
-def _native_linears(layer: _Layer, int4: Int4Layer) -> tuple[tuple[PackedLinear, _LoRA], ...]:
-    """The layer's int4 linears, each with its LoRA, in the order decode_layer.c takes them: qkv, o, gate_up, down."""
-    return ((int4.qkv, layer.qkv_lora), (int4.o, layer.o_lora), (int4.gate_up, layer.gate_up_lora),
-            (int4.down, layer.down_lora))
-
-
-def _native_linear(weight: PackedLinear, lora: _LoRA, held: list[torch.Tensor]) -> quant_kernels.Linear:
-    """The C kernel's view of one fused linear: its packed weights and its LoRA's factors (bf16, members stacked)."""
-    rank = _native_lora_rank(lora)
-    if rank is None:
-        raise ValueError("the decode kernel needs one LoRA rank, at most 4 fused members and 256 LoRA columns")
-    members = (quant_kernels.QWeight * quant_kernels.MEMBERS)(*weight.structs)
-    if not rank:
-        return quant_kernels.Linear(members, len(weight.members), quant_kernels.LoRA())
-    # bf16: the factors are read once a pass (decode_layer.c); they only act on noisy rows, which never reach the
-    # clean rows' logits
-    a = torch.cat([a for a, _ in lora.factors]).bfloat16().contiguous()
-    b = torch.cat([b for _, b in lora.factors]).bfloat16().t().contiguous()  # [rank, out]
-    held += [a, b]  # the kernel reads them through raw pointers: the pass holds them
-    ends = torch.tensor([member_b.shape[0] for _, member_b in lora.factors]).cumsum(0).tolist()
-    return quant_kernels.Linear(
-        members, len(weight.members),
-        quant_kernels.LoRA(a.data_ptr(), b.data_ptr(), rank, len(ends), (ctypes.c_int64 * 4)(*ends)),
-    )
-
-
-def _at(array: ctypes.Array, index: int) -> Any:
-    """A pointer to `array[index]`, for a C function that takes the array from there on."""
-    element = array._type_
-    return ctypes.cast(ctypes.addressof(array) + index * ctypes.sizeof(element), ctypes.POINTER(element))
 
 
 class FastPass:
@@ -224,21 +89,21 @@ class FastPass:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.eps = float(config.rms_norm_eps)
         self.scaling = self.head_dim**-0.5
-        self.layers: list[_Layer] = []
+        self.layers: list[FusedLayer] = []
         int4 = model.int4.layers if model.int4 else [None] * len(base.model.layers)
         for layer, quantized in zip(base.model.layers, int4, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, qkv_lora = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            biases = [_base_linear(m).bias for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+            qkv, qkv_lora = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            biases = [base_linear(m).bias for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
             qkv_bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
             q_norm = attn.q_norm.weight.detach() if config.model_type == "qwen3" else None
             k_norm = attn.k_norm.weight.detach() if q_norm is not None else None
-            gate_up, gate_up_lora = _fuse([mlp.gate_proj, mlp.up_proj])
-            _, o_lora = _fuse([attn.o_proj])
-            _, down_lora = _fuse([mlp.down_proj])
-            self.layers.append(_Layer(
+            gate_up, gate_up_lora = fuse([mlp.gate_proj, mlp.up_proj])
+            _, o_lora = fuse([attn.o_proj])
+            _, down_lora = fuse([mlp.down_proj])
+            self.layers.append(FusedLayer(
                 layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                qkv, _base_linear(attn.o_proj).weight.detach(), gate_up, _base_linear(mlp.down_proj).weight.detach(),
+                qkv, base_linear(attn.o_proj).weight.detach(), gate_up, base_linear(mlp.down_proj).weight.detach(),
                 qkv_lora, o_lora, gate_up_lora, down_lora, qkv_bias, q_norm, k_norm, quantized,
             ))
         self.norm = base.model.norm.weight.detach()
@@ -279,7 +144,7 @@ class FastPass:
         config = self.model.base.config
         hidden, intermediate = int(config.hidden_size), int(config.intermediate_size)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        # (out, in) of qkv, o, gate_up, down: `_native_linears`' order
+        # (out, in) of qkv, o, gate_up, down: `native_linears`' order
         shapes = ((q_size + 2 * kv_size, hidden), (hidden, q_size), (2 * intermediate, hidden), (hidden, intermediate))
         checks: list[tuple[bool, str]] = [
             (self.model.int4 is not None and self.int4_head is not None, "no int4 weights"),
@@ -295,12 +160,12 @@ class FastPass:
         for index, layer in enumerate(self.layers):
             if layer.int4 is None:
                 return f"layer {index} has no int4 weights"
-            linears = _native_linears(layer, layer.int4)
+            linears = native_linears(layer, layer.int4)
             if any((linear.out_features, linear.in_features) != shape
                    for (linear, _), shape in zip(linears, shapes, strict=True)):  # fmt: skip
                 return f"layer {index}'s int4 shapes"
             loras = [lora for _, lora in linears]
-            if any(_native_lora_rank(lora) is None for lora in loras) or len({lora.scale for lora in loras}) != 1:
+            if any(native_lora_rank(lora) is None for lora in loras) or len({lora.scale for lora in loras}) != 1:
                 return f"layer {index}'s LoRA (ranks or scales it is not built for)"
             if layer.q_norm is not None and layer.q_norm.shape != (self.head_dim,):
                 return f"layer {index}'s query norm shape"
@@ -329,7 +194,7 @@ class FastPass:
                 int(config.hidden_size), self.heads, self.kv_heads, self.head_dim, int(config.intermediate_size),
                 self.eps, self.scaling, layer.qkv_lora.scale, norms[0].data_ptr(), norms[1].data_ptr(),
                 *(None if t is None else t.data_ptr() for t in extras),
-                *(_native_linear(linear, lora, self._held) for linear, lora in _native_linears(layer, layer.int4)),
+                *(native_linear(linear, lora, self._held) for linear, lora in native_linears(layer, layer.int4)),
             ))
         return (quant_kernels.Layer * len(layers))(*layers)
 
@@ -395,7 +260,7 @@ class FastPass:
     def _linear(
         x: torch.Tensor,
         weight: torch.Tensor | PackedLinear,
-        lora: _LoRA,
+        lora: LayerLoRA,
         start: int | None,
         rows: torch.Tensor | None,
     ) -> torch.Tensor:
@@ -448,7 +313,7 @@ class FastPass:
         cos, sin = self._rotary(position_ids)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
-            w: _Layer | Int4Layer = layer.int4 if int4 and layer.int4 is not None else layer
+            w: FusedLayer | Int4Layer = layer.int4 if int4 and layer.int4 is not None else layer
             x = self._rms_norm(h, layer.input_norm)
             qkv = self._linear(x, w.qkv, layer.qkv_lora, start, rows)
             if layer.qkv_bias is not None:
@@ -534,10 +399,10 @@ class FastPass:
         for end in ends:
             failed = ctypes.c_int64(-1)
             status = lib.decode_layers(
-                _at(self.native, done), end - done, h.data_ptr(), r, rows.start, rows.coarse, cos.ctypes.data,
-                sin.ctypes.data, _at(buffers.keys, done), _at(buffers.values, done), _at(buffers.capacity, done),
-                slots.data_ptr(), writes.data_ptr(), key_len, bias.data_ptr(), torch.get_num_threads(),
-                ctypes.byref(failed),
+                pointer_at(self.native, done), end - done, h.data_ptr(), r, rows.start, rows.coarse, cos.ctypes.data,
+                sin.ctypes.data, pointer_at(buffers.keys, done), pointer_at(buffers.values, done),
+                pointer_at(buffers.capacity, done), slots.data_ptr(), writes.data_ptr(), key_len, bias.data_ptr(),
+                torch.get_num_threads(), ctypes.byref(failed),
             )
             if status == 1:
                 raise MemoryError(f"decode_layer could not allocate its buffers (layer {done + failed.value})")
