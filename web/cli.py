@@ -204,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             write_turns_json(args.json, result)
         return 0
-    from voice.modes.local import LocalAudioConfig, check_devices, list_devices, run_local, sounddevice_module
+    from voice.modes.audio_devices import check_devices, list_devices, sounddevice_module
+    from voice.modes.local import LocalAudioConfig, run_local
 
     if args.list_devices:
         print(list_devices())

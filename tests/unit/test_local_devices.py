@@ -8,15 +8,8 @@ from typing import Any
 import pytest
 
 from voice.errors import NoAudioDevice
-from voice.modes.local import (
-    LocalAudioConfig,
-    SpeakerBuffer,
-    StreamCounters,
-    check_devices,
-    find_audio_device,
-    heard_samples,
-    supported_rates,
-)
+from voice.modes.audio_devices import check_devices, find_audio_device, supported_rates
+from voice.modes.local import LocalAudioConfig, SpeakerBuffer, StreamCounters, heard_samples
 
 
 class FakePortAudioError(Exception):
@@ -143,16 +136,16 @@ def test_alsa_messages_go_to_the_log_not_the_console(capfd: pytest.CaptureFixtur
     import ctypes
     import ctypes.util
 
-    from voice.modes import local
+    from voice.modes import audio_devices
 
-    if not local.quiet_alsa():
+    if not audio_devices.quiet_alsa():
         pytest.skip("no ALSA library on this machine")
     alsa = ctypes.CDLL(ctypes.util.find_library("asound"))
-    before = local.alsa_messages
+    before = audio_devices.alsa_messages
     handle = ctypes.c_void_p()
     # an unknown PCM name: ALSA reports "Unknown PCM no-such-device" through its error handler
     assert alsa.snd_pcm_open(ctypes.byref(handle), b"no-such-device", 0, 0) < 0
-    assert local.alsa_messages > before
+    assert audio_devices.alsa_messages > before
     assert "ALSA lib" not in capfd.readouterr().err
 
 
