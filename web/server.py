@@ -52,6 +52,7 @@ from web.ratelimit import TokenBucket, Verdict
 from web.realtime.shell import REALTIME_PATH, RealtimeConnection, RealtimeSession, realtime_error_frame
 from web.static_files import http_response, redirect_response, static_response
 from web.tls import names_to_cover, server_ssl_context
+from web.ws_events import queue_event, send_error
 
 if TYPE_CHECKING:
     from voice.engines import Engines
@@ -350,7 +351,7 @@ class VoiceServer:
 
         def flooding() -> None:
             flood = f"more than {cfg.max_messages_per_s:g} messages per second; frames are being dropped"
-            _send_error(state, LimitExceeded(flood))
+            send_error(state, LimitExceeded(flood))
 
         async def handle(data: str | bytes, now: float) -> CloseWith | None:
             try:
@@ -361,7 +362,7 @@ class VoiceServer:
             except ClientTooSlow:
                 raise
             except VoiceError as exc:  # ProtocolError, LimitExceeded, AudioFormatError...: this frame only
-                _send_error(state, exc)
+                send_error(state, exc)
             return None
 
         return await receive_frames(conn, cfg, flooding, handle)
@@ -418,7 +419,7 @@ class VoiceServer:
             event = session_event if state.echo is None else state.echo.on_event(session_event)
             track_turn(state, event)
             self.metrics.observe(event)
-            _queue_event(state, event)
+            queue_event(state, event)
             if isinstance(event, ev.TurnEnd):
                 # a turn's buffers (its audio, the answer's speech) are free now: hand the pages back, or a long
                 # session keeps the peak of its longest answers (a 60-turn soak: +184 MiB over turns 5-57)
@@ -438,13 +439,7 @@ class VoiceServer:
         the client and force an endpoint, so the session transcribes what it has instead of buffering forever. The
         assistant's turn has its own bound in the session (SessionConfig.max_turn_seconds)."""
         await cut_long_utterances(state, self.config.max_utterance_s, session.end_of_audio,
-                                  lambda message: _send_error(state, LimitExceeded(message)))
-
-
-def _send_error(state: Connection, exc: VoiceError, turn: int | None = None) -> None:
-    if state.metrics is not None:
-        state.metrics.error_sent(exc.code)
-    state.send(protocol.error_message(exc.code, str(exc), turn))
+                                  lambda message: send_error(state, LimitExceeded(message)))
 
 
 def _typed_turn_refusal(config: WebConfig, wait_s: float) -> str:
@@ -464,31 +459,6 @@ def _close_reason(text: str) -> str:
 def _refusal(denied: Denied) -> Response:
     reason = "Forbidden" if denied.status == 403 else "Unauthorized"
     return http_response(denied.status, reason, (denied.reason + "\n").encode(), "text/plain; charset=utf-8")
-
-
-def _queue_event(state: Connection, event: ev.Event) -> None:
-    """One session event into the outbound queue, in the lane it belongs to (see web/outbound.py)."""
-    out = state.out
-    match event:
-        case ev.AudioOut(pcm=pcm, turn=turn):
-            overflow = out.push_audio(pcm, turn)
-            if overflow is not None:
-                _send_error(state, overflow, turn)
-        case ev.AudioStart(turn=turn, sample_rate=rate):
-            out.push_audio_marker(protocol.text_frame(event), turn, rate)
-        case ev.AudioEnd(turn=turn):
-            out.push_audio_marker(protocol.text_frame(event), turn)
-        case ev.Clear(turn=turn):
-            out.push_clear(protocol.text_frame(event), turn)
-        case ev.Pause(turn=turn):
-            out.push_pause(protocol.text_frame(event), turn, time.monotonic())
-        case ev.Resume(turn=turn):
-            out.push_resume(protocol.text_frame(event), turn, time.monotonic())
-        case _:
-            frame = protocol.encode_event(event)
-            if isinstance(frame, str):
-                out.push_control(frame)
-    state.wake.set()
 
 
 class _CloseRequested(Exception):
