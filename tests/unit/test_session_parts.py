@@ -15,36 +15,36 @@ from voice.turn.records import TurnRecord, TurnRecords
 def two_phrase_answer() -> Answer:
     answer = Answer(answer_id=1, record=TurnRecord(turn=3, user_text="Tell me a story."), held=False, early=False)
     for phrase_id, text in enumerate(["Once upon a time.", "The end."]):
-        answer.ledger.begin_phrase(phrase_id, text)
-        answer.ledger.add_audio(phrase_id, 1000)
-        answer.ledger.end_phrase(phrase_id)
+        answer.playback.ledger.begin_phrase(phrase_id, text)
+        answer.playback.ledger.add_audio(phrase_id, 1000)
+        answer.playback.ledger.end_phrase(phrase_id)
     answer.text = "Once upon a time. The end."
-    answer.sample_rate = 1000
+    answer.playback.sample_rate = 1000
     return answer
 
 
 def test_pauses_are_counted_once_and_their_time_is_not_playback() -> None:
     answer = two_phrase_answer()
-    assert answer.pause(t_ns=1_000) and not answer.pause(t_ns=2_000)  # a second pause is no new pause
-    assert not answer.unpaused.is_set() and answer.pauses == 1
-    assert answer.paused_ns_until(5_000) == 4_000
-    assert answer.resume(t_ns=6_000) and not answer.resume(t_ns=7_000)
-    assert answer.unpaused.is_set() and answer.paused_ns_until(9_000) == 5_000
+    assert answer.playback.pause(t_ns=1_000) and not answer.playback.pause(t_ns=2_000)  # a second pause is no new pause
+    assert not answer.playback.unpaused.is_set() and answer.playback.pauses == 1
+    assert answer.playback.paused_ns_until(5_000) == 4_000
+    assert answer.playback.resume(t_ns=6_000) and not answer.playback.resume(t_ns=7_000)
+    assert answer.playback.unpaused.is_set() and answer.playback.paused_ns_until(9_000) == 5_000
 
 
 def test_the_outputs_report_of_what_played_beats_the_estimate() -> None:
     answer = two_phrase_answer()
-    assert answer.played_estimate() == 0 and answer.playback_left() == 0.0  # no audio went out yet
-    answer.reported_played = 1500
-    assert answer.played_estimate() == 1500
-    answer.first_audio_ns = 1
-    assert answer.playback_left() == 0.5  # 2000 samples out at 1000 Hz, 1500 of them played
+    assert answer.playback.played_estimate() == 0 and answer.playback.playback_left() == 0.0  # no audio went out yet
+    answer.playback.reported_played = 1500
+    assert answer.playback.played_estimate() == 1500
+    answer.playback.first_audio_ns = 1
+    assert answer.playback.playback_left() == 0.5  # 2000 samples out at 1000 Hz, 1500 of them played
 
 
 def test_an_interrupted_turn_keeps_only_what_was_heard_and_an_unanswered_one_only_the_words() -> None:
     records = TurnRecords("s", Dialogue())
     answer = two_phrase_answer()
-    answer.reported_played = 1000  # the first phrase only
+    answer.playback.reported_played = 1000  # the first phrase only
     record = records.get(3)
     record.user_text = "Tell me a story."
     assert records.messages_with("and more")[-1].content == "and more" and not records.dialogue.history

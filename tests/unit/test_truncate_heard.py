@@ -41,9 +41,9 @@ def _answered(records: TurnRecords, turn: int) -> Answer:
     answer = Answer(answer_id=turn, record=record, held=False, early=False)
     answer.text = "One. Two."
     for pid, text in enumerate(["One.", "Two."]):
-        answer.ledger.begin_phrase(pid, text)
-        answer.ledger.add_audio(pid, 1000)
-        answer.ledger.end_phrase(pid)
+        answer.playback.ledger.begin_phrase(pid, text)
+        answer.playback.ledger.add_audio(pid, 1000)
+        answer.playback.ledger.end_phrase(pid)
     records.end(record, answer, interrupted=False, stats={})
     return answer
 
@@ -68,4 +68,4 @@ def test_truncating_an_answer_that_left_no_message_adds_what_was_heard() -> None
     assert records.truncate(1, 0) == ""
     assert [m.role for m in dialogue.history] == ["user"]
     assert records.truncate(1, 1000) == "One." and dialogue.history[-1].content == "One."
-    assert answer.ledger.spoken_text() == "One."
+    assert answer.playback.ledger.spoken_text() == "One."

@@ -1,7 +1,8 @@
 """One answer: the LM's drafts spoken by the SpeakStage, its events gated, its playback position kept.
 
 `Answer` is one answer's state: whether its events are held (an early answer before the end of turn is
-confirmed) or dropped (cancelled), its latency marks, and how much of its audio has played, pauses excluded.
+confirmed) or dropped (cancelled), its latency marks, and its playback (voice/turn/answer_playback.py: how much of its
+audio has played, pauses excluded).
 `AnswerRunner` runs it: LmRun (the diffusion LM in a worker thread) -> drafts -> SpeakStage -> audio, every event
 through one gate, and then waits until the audio has had time to play; it pauses, resumes and cancels the outputs
 (`Pause`, `Resume`, `Clear`), and has the LM encode the next prompt ahead. What the answer means for the turn
@@ -44,11 +45,11 @@ from voice.events import (
     TtsFirstChunk,
     now_ns,
 )
-from voice.speak.playback_ledger import PlaybackLedger
 from voice.speak.stage import FIRST_AUDIO_HOLD_S, SpeakStage
 from voice.think.lm_run import LmRun
 from voice.tools.loop import Apologise, ClientTools, HandOut, RunTools, ToolLoop, offered_options
 from voice.tools.toolbox import Toolbox, ToolsConfig
+from voice.turn.answer_playback import AnswerPlayback
 from voice.turn.config import SessionConfig
 from voice.turn.record import TurnRecord
 
@@ -70,14 +71,7 @@ class Answer:
     held_events: list[Event] = field(default_factory=list)
     cancelled: bool = False
     marks: dict[str, int] = field(default_factory=dict)
-    ledger: PlaybackLedger = field(default_factory=PlaybackLedger)
-    sample_rate: int = 0
-    first_audio_ns: int | None = None
-    reported_played: int | None = None  # exact playback position from the output, when it reports one
-    unpaused: asyncio.Event = field(default_factory=asyncio.Event)  # clear while the outputs are paused
-    paused_at_ns: int | None = None
-    paused_ns: int = 0  # time spent paused before `paused_at_ns`
-    pauses: int = 0
+    playback: AnswerPlayback = field(default_factory=AnswerPlayback)  # how much of its audio has played
     text: str = ""  # what it says so far: its committed text (or its draft, before any commit)
     stats: dict[str, float] = field(default_factory=dict)
     announcement: str | None = None  # words to say instead of asking the model (a timer that is due)
@@ -91,51 +85,9 @@ class Answer:
     cached_prompt_tokens: int = 0
     continues: bool = False  # it answers tool results a client returned, with no new user words
 
-    def __post_init__(self) -> None:
-        self.unpaused.set()
-
     @property
     def turn(self) -> int:
         return self.record.turn
-
-    def paused_ns_until(self, t_ns: int) -> int:
-        """Time this answer's playback has spent paused up to `t_ns`."""
-        return self.paused_ns + (t_ns - self.paused_at_ns if self.paused_at_ns is not None else 0)
-
-    def pause(self, t_ns: int) -> bool:
-        """The outputs stop playing this answer at `t_ns`; False if they already had."""
-        if self.paused_at_ns is not None:
-            return False
-        self.paused_at_ns = t_ns
-        self.pauses += 1
-        self.unpaused.clear()
-        return True
-
-    def resume(self, t_ns: int) -> bool:
-        """The outputs play on from where they stopped; False if they were not paused."""
-        if self.paused_at_ns is None:
-            return False
-        self.paused_ns = self.paused_ns_until(t_ns)
-        self.paused_at_ns = None
-        self.unpaused.set()
-        return True
-
-    def played_estimate(self) -> int:
-        """Samples the listener heard: the output's own report, else real time since the first sample went out, less
-        the time playback was paused."""
-        if self.reported_played is not None:
-            return self.reported_played
-        if self.first_audio_ns is None or not self.sample_rate:
-            return 0
-        now = now_ns()
-        return int((now - self.first_audio_ns - self.paused_ns_until(now)) * self.sample_rate / 1e9)
-
-    def playback_left(self) -> float:
-        """Seconds until the audio handed out so far has played, assuming playback started with the first chunk."""
-        if self.first_audio_ns is None or not self.sample_rate:
-            return 0.0
-        played = self.played_estimate()
-        return max(0.0, (self.ledger.samples_out() - played) / self.sample_rate)
 
 
 def session_options(config: SessionConfig, session_id: str) -> GenerationOptions:
@@ -211,13 +163,13 @@ class AnswerRunner:
 
     def pause(self, answer: Answer) -> None:
         """The outputs stop playing `answer` (`Pause`), unless they already had."""
-        if answer.pause(now_ns()):
-            self._emit(Pause(session=self.session_id, turn=answer.turn, t_ns=answer.paused_at_ns))
+        if answer.playback.pause(now_ns()):
+            self._emit(Pause(session=self.session_id, turn=answer.turn, t_ns=answer.playback.paused_at_ns))
 
     def resume(self, answer: Answer) -> None:
         """The outputs play `answer` on from where they paused (`Resume`), if they had paused."""
         resumed = now_ns()
-        if answer.resume(resumed):
+        if answer.playback.resume(resumed):
             self._emit(Resume(session=self.session_id, turn=answer.turn, t_ns=resumed))
 
     def prepare_next(self, history: list[ChatMessage], words: str = "") -> None:
@@ -256,12 +208,12 @@ class AnswerRunner:
         """Wait until the answer's audio has had time to play (no wait without `wait_for_playback`); a pause, even
         one that begins during the wait, moves that moment later."""
         while True:
-            await answer.unpaused.wait()
-            pauses = answer.pauses
-            left = answer.playback_left() if self.config.wait_for_playback else 0.0
+            await answer.playback.unpaused.wait()
+            pauses = answer.playback.pauses
+            left = answer.playback.playback_left() if self.config.wait_for_playback else 0.0
             if left > 0:
                 await asyncio.sleep(left)
-            if answer.pauses == pauses and answer.unpaused.is_set():
+            if answer.playback.pauses == pauses and answer.playback.unpaused.is_set():
                 return
 
     async def _answer_body(self, answer: Answer, messages: list[ChatMessage]) -> None:
@@ -272,10 +224,10 @@ class AnswerRunner:
             session=self.session_id,
             turn=answer.turn,
             config=self.config.speculator,
-            ledger=answer.ledger,
+            ledger=answer.playback.ledger,
             first_audio_hold=self._first_audio_hold(),
         )
-        answer.sample_rate = speaker.sample_rate
+        answer.playback.sample_rate = speaker.sample_rate
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._think(answer, messages, drafts),
@@ -491,10 +443,10 @@ class AnswerRunner:
         answer.released.set()
 
     def _deliver(self, answer: Answer, event: Event) -> None:
-        if isinstance(event, AudioOut) and answer.first_audio_ns is None:
-            answer.first_audio_ns = now_ns()
-            answer.marks["first_audio_out"] = answer.first_audio_ns
-            self._emit(FirstAudioOut(session=self.session_id, turn=answer.turn, t_ns=answer.first_audio_ns))
+        if isinstance(event, AudioOut) and answer.playback.first_audio_ns is None:
+            answer.playback.first_audio_ns = now_ns()
+            answer.marks["first_audio_out"] = answer.playback.first_audio_ns
+            self._emit(FirstAudioOut(session=self.session_id, turn=answer.turn, t_ns=answer.playback.first_audio_ns))
             self._on_first_audio(answer)
         self._emit(event)
 

@@ -63,7 +63,7 @@ class TurnRecords:
             marks = {**record.marks, **answer.marks}
             answer_text = answer.text
             if interrupted:
-                answer.ledger.played_total(answer.played_estimate())
+                answer.playback.ledger.played_total(answer.playback.played_estimate())
                 spoken = _heard(answer)
             else:
                 spoken = answer.text
@@ -94,7 +94,7 @@ class TurnRecords:
         if self._last_answer is None or self._last_answer[0] != turn:
             return None
         answer = self._last_answer[1]
-        answer.ledger.played_until(samples)
+        answer.playback.ledger.played_until(samples)
         spoken = _heard(answer)
         if not self.dialogue.replace_last_assistant(spoken):
             self.dialogue.add_assistant(spoken)  # it had left no message (nothing heard then); some was, after all
@@ -103,6 +103,6 @@ class TurnRecords:
 
 def _heard(answer: Answer) -> str:
     """The answer's text the listener heard, by its playback ledger; the filler said first is not part of it."""
-    spoken = answer.ledger.spoken_text()
+    spoken = answer.playback.ledger.spoken_text()
     said = "".join(piece.text for piece in answer.said).strip()
     return spoken.removeprefix(said).strip() if said else spoken

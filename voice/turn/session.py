@@ -257,14 +257,14 @@ class Session:
         """The output says how many samples of the current answer were really played (speaker callback, or the
         browser's `played` message for `turn`; a report about another turn is stale and ignored)."""
         if self._answer is not None and (turn is None or turn == self._answer.turn):
-            self._answer.reported_played = samples
+            self._answer.playback.reported_played = samples
 
     def truncate_heard(self, turn: int, samples: int) -> str | None:
         """The listener heard only the first `samples` of `turn`'s answer: for the answer playing now, that is its
         played report; for the newest ended turn, its history message is cut to what those samples said (returned).
         None when `turn` is neither."""
         if self._answer is not None and self._answer.turn == turn:
-            self._answer.reported_played = samples
+            self._answer.playback.reported_played = samples
             return ""
         return self._records.truncate(turn, samples)
 
