@@ -50,6 +50,7 @@ from model.disk_cache import cache_root
 from model.errors import ModelError
 from model.runtime.batch_runner import BatchRunner, Run
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from model.threads import set_torch_threads
 from scripts.report_lib.passes import PassLog
 from scripts.report_lib.tiny_models import smollm2_shaped_llama
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     # Half the cores by default, as voice.engines.default_lm_threads gives a voice process's LM: on the 2-core
     # development machine shared with other work (load average ~6), two threads took 144 s for this check and one
     # 28 s; a team of two OpenMP threads stalls at every barrier while either waits for a core.
-    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // 2))
+    set_torch_threads(args.threads or max(1, (os.cpu_count() or 1) // 2))
     begun = time.perf_counter()
     try:
         device = resolve_device(args.device)

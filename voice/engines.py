@@ -79,11 +79,11 @@ def load_chat(config: EngineConfig) -> ChatModel:
         if not config.lm_remote_model:
             raise ModelError("--llm-url needs --llm-model: the name of the model at that endpoint")
         return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
-    import torch
 
     from model.loading import load_chat_model
+    from model.threads import set_torch_threads
 
-    torch.set_num_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
+    set_torch_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
     return load_chat_model(config.lm)
 
 

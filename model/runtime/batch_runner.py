@@ -39,6 +39,7 @@ from model.decoding.step import DecodingSequence, Feed, FoldsPrompt, ReadsPrompt
 from model.errors import GenerationCancelled, ModelError
 from model.runtime.batching import SlotCache, common_prefix, keep, prefill, rows_pass_of, tapped_pass
 from model.spare_cores import SpareCores, usable_cores
+from model.threads import torch_threads
 
 log = logging.getLogger(__name__)
 _RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
@@ -426,13 +427,8 @@ class BatchRunner:
             for sequence in sequences:
                 if isinstance(sequence, TimesItsPasses):
                     sequence.untimed()
-            torch.set_num_threads(team)
-        try:
-            with SpareCores.handing_over(team):
-                yield
-        finally:
-            if team != threads:
-                torch.set_num_threads(threads)
+        with torch_threads(team) if team != threads else contextlib.nullcontext(), SpareCores.handing_over(team):
+            yield
 
     def _end(self, run: Run, error: BaseException | None) -> None:
         run.ended = True

@@ -35,6 +35,7 @@ import torch
 from model.errors import ModelError
 from model.runtime import quant_kernels
 from model.runtime.packed import GROUP, Head, PackedLinear, PackedWeight
+from model.threads import torch_threads
 
 LAYOUT = "tiles16-groups32-quads-fp16-v3"  # the packed layout's name, in the cache file's stamp
 _BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
@@ -311,16 +312,12 @@ def available() -> str | None:
 def check_here(threads: int) -> str | None:
     """Whether the int4 kernel keeps a row's output independent of the rows beside it here, at `threads` torch
     threads, for the bundled model's shapes (random weights, ~0.1 s): None if it does, else what differed."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         generator = torch.Generator().manual_seed(0)
         for out_features, in_features in ((960, 576), (3072, 576), (576, 1536)):
             weight = torch.randn(out_features, in_features, generator=generator) * 0.05
             if not check_rows_independent(Int4Linear.from_blocks(quantize_q4_1(weight)), in_features):
                 return f"the int4 kernel ({in_features} -> {out_features}) rounds a row by the rows beside it"
-    finally:
-        torch.set_num_threads(previous)
     return None
 
 

@@ -36,6 +36,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from model.runtime.batching import additive_mask
+from model.threads import torch_threads
 
 ATTENTION_NAME = "dlm_exact_rows"
 # The most rows a pass may have for its exact rows to be exact on every kernel measured (see the module docstring).
@@ -142,27 +143,22 @@ def check_here(threads: int) -> str | None:
     what differed. Probes the bundled model's shapes (bf16 linears of 576 inputs, 9 query heads over 3 key heads)
     with random data, ~0.1 s; the tests do the same more thoroughly under other CPUs' kernel settings."""
     generator = torch.Generator().manual_seed(0)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.inference_mode():
-            for out_features, in_features in ((960, 576), (576, 576), (3072, 576), (576, 1536)):
-                weight = (torch.randn(out_features, in_features, generator=generator) * 0.05).bfloat16()
-                x = torch.randn(EXACT_ROWS, in_features, generator=generator).bfloat16()
-                alone = linear(x[:1], weight)[0]
-                for rows in (2, 4, 16, EXACT_ROWS):
-                    if not torch.equal(alone, linear(x[:rows], weight)[0]):
-                        return f"a bf16 linear {in_features} -> {out_features} rounds a row by the rows beside it"
-            q = torch.randn(1, 9, 16, 64, generator=generator).bfloat16()
-            keys = torch.randn(1, 3, 256, 64, generator=generator).bfloat16()
-            values = torch.randn(1, 3, 256, 64, generator=generator).bfloat16()
-            bias = torch.zeros(1, 1, 16, 256, dtype=torch.bfloat16)
-            bias[..., 200:] = torch.finfo(torch.bfloat16).min
-            among = attend(q, keys, values, bias, 0.125, exact_rows=4)
-            for row in range(4):
-                alone = attend(q[:, :, row : row + 1], keys, values, bias[:, :, row : row + 1], 0.125, exact_rows=1)
-                if not torch.equal(alone[0, 0], among[0, row]):
-                    return "bf16 attention rounds a query row by the rows beside it"
-    finally:
-        torch.set_num_threads(previous)
+    with torch_threads(threads), torch.inference_mode():
+        for out_features, in_features in ((960, 576), (576, 576), (3072, 576), (576, 1536)):
+            weight = (torch.randn(out_features, in_features, generator=generator) * 0.05).bfloat16()
+            x = torch.randn(EXACT_ROWS, in_features, generator=generator).bfloat16()
+            alone = linear(x[:1], weight)[0]
+            for rows in (2, 4, 16, EXACT_ROWS):
+                if not torch.equal(alone, linear(x[:rows], weight)[0]):
+                    return f"a bf16 linear {in_features} -> {out_features} rounds a row by the rows beside it"
+        q = torch.randn(1, 9, 16, 64, generator=generator).bfloat16()
+        keys = torch.randn(1, 3, 256, 64, generator=generator).bfloat16()
+        values = torch.randn(1, 3, 256, 64, generator=generator).bfloat16()
+        bias = torch.zeros(1, 1, 16, 256, dtype=torch.bfloat16)
+        bias[..., 200:] = torch.finfo(torch.bfloat16).min
+        among = attend(q, keys, values, bias, 0.125, exact_rows=4)
+        for row in range(4):
+            alone = attend(q[:, :, row : row + 1], keys, values, bias[:, :, row : row + 1], 0.125, exact_rows=1)
+            if not torch.equal(alone[0, 0], among[0, row]):
+                return "bf16 attention rounds a query row by the rows beside it"
     return None

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from model.threads import set_torch_threads
+
 ROOT = Path(__file__).resolve().parents[2]
 
 HELDOUT = ROOT / "tests" / "data" / "heldout_prompts.txt"
@@ -217,9 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("llama-cpp-python is not installed: `make install-bench` builds it for this CPU")
         return 1
-    import torch
 
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     text = args.text.read_text()
     rows = []
     print(f"{'file':31} {'arch':6} {'types':24} {'top-1':>6} {'KL':>8} {'ppl ratio':>9} | vs exact: "

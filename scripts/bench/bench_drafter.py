@@ -22,6 +22,7 @@ from model.bundled.default_model import load_default_chat_model
 from model.decoding.step import Feed
 from model.drafting.context import DraftingContext
 from model.runtime.batching import SlotCache, prefill, tapped_pass
+from model.threads import set_torch_threads
 
 PROMPT = [3 + (7 * i) % 2000 for i in range(106)]  # a 100-token context and up to 6 rows after it
 
@@ -62,7 +63,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=60)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     chat = load_default_chat_model()
     backend = chat.backend
     if backend.drafter is None:

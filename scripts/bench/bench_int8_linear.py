@@ -36,6 +36,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from model.threads import set_torch_threads
+
 METHODS = ("bf16", "int8 dynamic (fbgemm)", "int8 fixed scale (oneDNN)")
 
 
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     result = measure([int(r) for r in args.rows.split(",")], args.repeats)
     print(f"linear layers of one pass, {args.threads} thread(s), median of {args.repeats} (ms per pass)")
     methods = list(result["per_pass_ms"])

@@ -42,6 +42,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from model.threads import set_torch_threads
 from scripts.report_lib.passes import answer_refinements
 from scripts.report_lib.resident import resident_memory
 from scripts.report_lib.stats import percentile
@@ -94,9 +95,8 @@ def _llama_cpp_worker(conn: Connection, gguf: str, threads: int, eos: list[int])
 def _runtime_worker(conn: Connection, model: str | None, adapter: str | None, weights: str, threads: int) -> None:
     import dataclasses
 
-    import torch
 
-    torch.set_num_threads(threads)  # before the load: the batch runner's thread keeps the count it starts with
+    set_torch_threads(threads)  # before the load: the batch runner's thread keeps the count it starts with
 
     from model.bundled.default_model import load_default_chat_model
     from model.chat.engine import DiffusionChatModel

@@ -39,6 +39,7 @@ from model.decoding.sampler import SamplerConfig
 from model.device import DEVICE_CHOICES, describe, resolve_device
 from model.errors import ModelError
 from model.runtime.batching import KEY_MULTIPLE, Feed, PassRows, SlotCache, batched_pass, prefill
+from model.threads import set_torch_threads
 from scripts.report_lib.passes import PassLog, answer_refinements, stop_batching
 from scripts.report_lib.tiny_models import smollm2_shaped_llama
 
@@ -507,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_lm: {error}", file=sys.stderr)
         return 2
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_torch_threads(args.threads)
     if args.pass_costs:
         return pass_cost_main(args)
     if args.row_costs:

@@ -28,11 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from model.bundled.default_model import load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.tools import constraint
+from model.threads import set_torch_threads
 from voice.errors import ToolError
 from voice.think.spoken import spoken_answer
 from voice.tools.builtin import BUILTIN_FUNCTIONS, BuiltinTools
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     lm = load_default_chat_model()
     tools = BuiltinTools(Timers(time.monotonic))
     cases = [(kind, i, request) for kind, requests in REQUESTS.items() for i, request in enumerate(requests)]

@@ -15,6 +15,7 @@ import json
 import time
 from pathlib import Path
 
+from model.threads import set_torch_threads
 from scripts.report_lib.resident import resident_memory
 
 
@@ -25,10 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-tokens", type=int, default=16)
     args = parser.parse_args(argv)
 
-    import torch
     import transformers  # noqa: F401  (in the baseline: every load imports it)
 
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     from model.chat import ChatMessage, GenerationOptions
     from model.chat.spec import ModelSpec
     from model.loading import load_chat_model

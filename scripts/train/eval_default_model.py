@@ -42,6 +42,7 @@ from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.chat.spec import DecodingSettings, ModelSpec
 from model.runtime.fast_pass import FastPass
+from model.threads import set_torch_threads
 from scripts.report_lib.passes import answer_refinements
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 
@@ -227,7 +228,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.prefills == "bf16":
         FastPass.int4_prefill = lambda self, rows: False  # type: ignore[method-assign]
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     options = GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0, rules=SPOKEN_RULES)
     modes = ["autoregressive", *[m for m in args.modes.split(",") if m and m != "autoregressive"]]
 

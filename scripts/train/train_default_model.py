@@ -18,6 +18,7 @@ import torch
 
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter
 from model.bundled.default_model import ADAPTER_DIR, load_base
+from model.threads import set_torch_threads
 from model.training.recipe import ends_with, extend_teacher_file, train_adapter, use_bf16
 from model.training.settings import Recipe
 from model.training.teacher_data import (
@@ -151,7 +152,7 @@ def plot_losses(history: list[dict[str, float]], path: Path) -> None:
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)

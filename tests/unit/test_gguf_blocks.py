@@ -20,6 +20,7 @@ from model.gguf.header import read_header
 from model.runtime import quant_kernels
 from model.runtime.int4_weights import Int4Linear, Q4Blocks, available, check_rows_independent
 from model.runtime.packed import GROUP, PackedLinear
+from model.threads import torch_threads
 from scripts.report_lib.gguf_parts import K_TYPES
 from scripts.report_lib.tiny_gguf import K_SHAPE, write_model
 
@@ -29,10 +30,8 @@ pytestmark = pytest.mark.skipif(available() is not None, reason=str(available())
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from model.runtime.int4_weights import (
     read_gguf_head,
     read_gguf_linears,
 )
+from model.threads import torch_threads
 from tests.unit.test_self_speculative import assert_modes_agree, bf16_adapted, rows_whose_logits_differ
 
 
@@ -60,10 +61,8 @@ pytestmark = pytest.mark.skipif(available() is not None, reason=str(available())
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def test_q4_1_blocks_read_as_gguf_dequantizes_them() -> None:

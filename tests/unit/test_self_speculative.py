@@ -26,6 +26,7 @@ from model.decoding.speech_guard import SpeechGuard, WordClasses
 from model.errors import ModelError
 from model.runtime.batch_runner import BatchRunner
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
+from model.threads import torch_threads
 from model.training.block_training import make_batch
 from scripts.report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 from tests.unit.drive import decode, decode_alone, one_pass, speculative
@@ -37,10 +38,8 @@ EOS = LLAMA_EOS
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """Tiny tensors: thread hand-offs cost more than the work (100x on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def adapted(seed: int = 0) -> BlockDiffusionLM:
