@@ -48,9 +48,9 @@ from model.decoding.step import DecodingSequence
 from model.device import DEVICE_CHOICES, describe, resolve_device, synchronize
 from model.disk_cache import cache_root
 from model.errors import ModelError
+from model.process.threads import set_torch_threads
 from model.runtime.batch_runner import BatchRunner, Run
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
-from model.threads import set_torch_threads
 from scripts.report_lib.passes import PassLog
 from scripts.report_lib.tiny_models import smollm2_shaped_llama
 from voice.think.spoken import SPOKEN_SYSTEM_PROMPT

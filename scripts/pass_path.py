@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from model.runtime import batch_runner, quant_kernels
+from model.process import watch
 from scripts.report_lib.inputs import recorded_speech
 from voice.engines import EngineConfig, load_engines
 from voice.modes.files import run_files
@@ -29,6 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PACKAGES = ("model", "voice", "web")
 LM_RUN = "voice/think/lm_run.py"
+WATCH = "model/process/watch.py"  # the spans' own frames, below the call that marked one
+# The model's spans (model/process/watch.py) whose stacks are the path's: where the answer reaches the runner, and
+# the runner's first call of the C decode layer
+PLACES = {watch.LM_SUBMIT: "worker thread: the answer reaches the runner",
+          watch.DECODE_LAYERS: "runner thread: the pass reaches C"}
 
 
 def project_files(stack: list[traceback.FrameSummary]) -> list[str]:
@@ -38,28 +43,9 @@ def project_files(stack: list[traceback.FrameSummary]) -> list[str]:
         path = Path(frame.filename).resolve()
         if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
             name = str(path.relative_to(ROOT))
-            if name not in seen:
+            if name not in seen and name != WATCH:
                 seen.append(name)
     return seen
-
-
-class _RecordingLibrary:
-    """The kernel library with `decode_layers` (a pass's layers) recording the stack of its first call."""
-
-    def __init__(self, library: Any, stacks: dict[str, list[str]]) -> None:
-        self._library = library
-        self._stacks = stacks
-
-    def __getattr__(self, name: str) -> Any:
-        function = getattr(self._library, name)
-        if name != "decode_layers":
-            return function
-
-        def recorded(*args: Any) -> Any:
-            self._stacks.setdefault("runner thread: the pass reaches C", project_files(traceback.extract_stack()))
-            return function(*args)
-
-        return recorded
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stacks: dict[str, list[str]] = {}
     to_thread = asyncio.BaseEventLoop.run_in_executor
-    submit, library = batch_runner.BatchRunner.submit, quant_kernels.library
 
     def recording_to_thread(self: Any, *args: Any) -> Any:
         found = project_files(traceback.extract_stack())
@@ -80,16 +65,15 @@ def main(argv: list[str] | None = None) -> int:
             stacks.setdefault("event loop: the answer's thread starts", found)
         return to_thread(self, *args)
 
-    def recording_submit(self: Any, sequence: Any, *args: Any, **kwargs: Any) -> Any:
-        if sequence is not None:  # an answer, not a prompt encoded ahead
-            stacks.setdefault("worker thread: the answer reaches the runner", project_files(traceback.extract_stack()))
-        return submit(self, sequence, *args, **kwargs)
+    def seen(span: watch.Span) -> None:  # told at the span's end, on its thread, its call still on the stack
+        where = PLACES.get(span.kind)
+        if where is not None:
+            stacks.setdefault(where, project_files(traceback.extract_stack()))
 
-    engines = load_engines(EngineConfig())  # its draft calibration's passes are not the session's: hooked after
+    engines = load_engines(EngineConfig())  # its draft calibration's passes are not the session's: watched after
     asyncio.BaseEventLoop.run_in_executor = recording_to_thread  # type: ignore[method-assign]
-    batch_runner.BatchRunner.submit = recording_submit  # type: ignore[method-assign]
-    quant_kernels.library = lambda: _RecordingLibrary(library(), stacks)
-    asyncio.run(run_files(engines, clips[:1], SessionConfig()))
+    with watch.watching(seen):
+        asyncio.run(run_files(engines, clips[:1], SessionConfig()))
     files: list[str] = []
     for where, found in stacks.items():
         print(f"{where}:\n  " + "\n  ".join(found))

@@ -81,7 +81,7 @@ def load_chat(config: EngineConfig) -> ChatModel:
         return OpenAIChatModel.from_flags(config.lm_url, config.lm_remote_model, config.lm_key_env)
 
     from model.loading import load_chat_model
-    from model.threads import set_torch_threads
+    from model.process.threads import set_torch_threads
 
     set_torch_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
     return load_chat_model(config.lm)

@@ -37,9 +37,10 @@ import torch
 from model.decoding.refinement import Refinement
 from model.decoding.step import DecodingSequence, Feed, FoldsPrompt, ReadsPromptRow, ReadsTaps, TimesItsPasses
 from model.errors import GenerationCancelled, ModelError
+from model.process import watch
+from model.process.threads import torch_threads
 from model.runtime.batching import SlotCache, common_prefix, keep, prefill, rows_pass_of, tapped_pass
 from model.spare_cores import SpareCores, usable_cores
-from model.threads import torch_threads
 
 log = logging.getLogger(__name__)
 _RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
@@ -158,7 +159,8 @@ class BatchRunner:
         """Queue `sequence`; `owner` names the conversation it continues (its cache slot is kept for it). `lead`: its
         first tokens someone is waiting for (a voice answer's first phrase); the passes that make them (its first
         `lead`: every pass yields a token) run on `lead_threads` where those cores are spare (`_team`)."""
-        return self._queue(Run(sequence.cached_prompt, sequence, interactive, cancel, owner=owner, lead=lead))
+        with watch.span(watch.LM_SUBMIT):
+            return self._queue(Run(sequence.cached_prompt, sequence, interactive, cancel, owner=owner, lead=lead))
 
     def prepare(self, tokens: list[int], cancel: threading.Event | None = None, owner: str | None = None) -> Run:
         """Encode `tokens` into a slot when the runner is idle, without an answer (a run without a sequence), for
@@ -258,6 +260,10 @@ class BatchRunner:
         A short uncached part goes into the run's first pass instead (`FOLD_LIMIT`), when that pass runs alone: an
         interactive run's does, and so does any run's when nothing else is decoding (otherwise every answer in the
         pass would be padded to the folded rows)."""
+        with watch.span(watch.LM_PREFILL):
+            return self._encode_run(run)
+
+    def _encode_run(self, run: Run) -> bool:
         assert run.slot is not None
         sequence = run.sequence
         if sequence is not None and self._start_filling(run, sequence):
@@ -366,15 +372,22 @@ class BatchRunner:
         prompt); every run gets its Refinement (or the error)."""
         if not runs:
             return
+        with watch.span(watch.LM_PASS):
+            self._pass_of(runs, fills)
+
+    def _pass_of(self, runs: list[Run], fills: bool) -> None:
+        """`_pass` inside its span."""
         runs = sorted(runs, key=lambda run: run.slot)  # ascending slots: the cache returns views when contiguous
         sequences = [self._active[run] for run in runs]
         filling, chunks = self._fill_chunks() if fills else ([], [])
         started = time.perf_counter()
         try:
             feeds = [sequence.feed(len(runs)) for sequence in sequences]
-            with self._team(runs, sequences):
-                logits, tapped = tapped_pass(self.model, self.cache, [run.slot for run in (*runs, *filling)],
-                                             [*feeds, *chunks])
+            slots = [run.slot for run in (*runs, *filling)]
+            with self._team(runs, sequences), watch.span(watch.LM_FORWARD) as forward:
+                if forward is not None:  # told before any answer hears of the pass
+                    forward.detail = tuple(slots)
+                logits, tapped = tapped_pass(self.model, self.cache, slots, [*feeds, *chunks])
         except Exception as error:  # a failed forward ends the answers in it, never the runner
             log.exception("batched pass failed")
             for run in (*runs, *filling):

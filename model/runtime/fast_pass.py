@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.process import watch
 from model.runtime import quant_kernels, row_exact
 from model.runtime.batching import PassRows
 from model.runtime.fused_layers import (
@@ -398,12 +399,13 @@ class FastPass:
         ends = list(taps) if taps and taps[-1] == count else [*taps, count]
         for end in ends:
             failed = ctypes.c_int64(-1)
-            status = lib.decode_layers(
-                pointer_at(self.native, done), end - done, h.data_ptr(), r, rows.start, rows.coarse, cos.ctypes.data,
-                sin.ctypes.data, pointer_at(buffers.keys, done), pointer_at(buffers.values, done),
-                pointer_at(buffers.capacity, done), slots.data_ptr(), writes.data_ptr(), key_len, bias.data_ptr(),
-                torch.get_num_threads(), ctypes.byref(failed),
-            )
+            with watch.span(watch.DECODE_LAYERS):
+                status = lib.decode_layers(
+                    pointer_at(self.native, done), end - done, h.data_ptr(), r, rows.start, rows.coarse,
+                    cos.ctypes.data, sin.ctypes.data, pointer_at(buffers.keys, done), pointer_at(buffers.values, done),
+                    pointer_at(buffers.capacity, done), slots.data_ptr(), writes.data_ptr(), key_len, bias.data_ptr(),
+                    torch.get_num_threads(), ctypes.byref(failed),
+                )
             if status == 1:
                 raise MemoryError(f"decode_layer could not allocate its buffers (layer {done + failed.value})")
             if status:

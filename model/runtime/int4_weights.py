@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from model.errors import ModelError
+from model.process.threads import torch_threads
 from model.runtime import quant_kernels
 from model.runtime.packed import GROUP, Head, PackedLinear, PackedWeight
-from model.threads import torch_threads
 
 LAYOUT = "tiles16-groups32-quads-fp16-v3"  # the packed layout's name, in the cache file's stamp
 _BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles

@@ -35,8 +35,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from model.process.threads import torch_threads
 from model.runtime.batching import additive_mask
-from model.threads import torch_threads
 
 ATTENTION_NAME = "dlm_exact_rows"
 # The most rows a pass may have for its exact rows to be exact on every kernel measured (see the module docstring).

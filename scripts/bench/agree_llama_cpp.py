@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from model.threads import set_torch_threads
+from model.process.threads import set_torch_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,8 +21,8 @@ import torch
 from model.bundled.default_model import load_default_chat_model
 from model.decoding.step import Feed
 from model.drafting.context import DraftingContext
+from model.process.threads import set_torch_threads
 from model.runtime.batching import SlotCache, prefill, tapped_pass
-from model.threads import set_torch_threads
 
 PROMPT = [3 + (7 * i) % 2000 for i in range(106)]  # a 100-token context and up to 6 rows after it
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from model.threads import set_torch_threads
+from model.process.threads import set_torch_threads
 
 METHODS = ("bf16", "int8 dynamic (fbgemm)", "int8 fixed scale (oneDNN)")
 

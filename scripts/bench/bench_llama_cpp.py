@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from model.threads import set_torch_threads
+from model.process.threads import set_torch_threads
 from scripts.report_lib.passes import answer_refinements
 from scripts.report_lib.resident import resident_memory
 from scripts.report_lib.stats import percentile

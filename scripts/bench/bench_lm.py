@@ -38,8 +38,8 @@ from model.decoding.denoiser import Denoiser
 from model.decoding.sampler import SamplerConfig
 from model.device import DEVICE_CHOICES, describe, resolve_device
 from model.errors import ModelError
+from model.process.threads import set_torch_threads
 from model.runtime.batching import KEY_MULTIPLE, Feed, PassRows, SlotCache, batched_pass, prefill
-from model.threads import set_torch_threads
 from scripts.report_lib.passes import PassLog, answer_refinements, stop_batching
 from scripts.report_lib.tiny_models import smollm2_shaped_llama
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from model.bundled.default_model import load_default_chat_model
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.tools import constraint
-from model.threads import set_torch_threads
+from model.process.threads import set_torch_threads
 from voice.errors import ToolError
 from voice.think.spoken import spoken_answer
 from voice.tools.builtin import BUILTIN_FUNCTIONS, BuiltinTools

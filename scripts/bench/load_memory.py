@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from model.threads import set_torch_threads
+from model.process.threads import set_torch_threads
 from scripts.report_lib.resident import resident_memory
 
 

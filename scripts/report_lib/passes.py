@@ -3,17 +3,17 @@ they measure the loop that runs (the back end's), not a copy of it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 from model.bundled.backend import BlockDiffusionBackend
 from model.chat.engine import DiffusionChatModel
 from model.decoding.options import PLAIN, GenerationOptions
 from model.decoding.refinement import Refinement
 from model.decoding.sampler import SamplerConfig
-from model.runtime import batch_runner
+from model.process import watch
 
 
 def answer_refinements(
@@ -39,13 +39,14 @@ def stop_batching(chat: DiffusionChatModel) -> None:
 
 
 class PassLog:
-    """The batch runner's passes as they run: the slots of every pass, in order (`with PassLog() as log:`). It wraps
-    the runner's one call of `tapped_pass`, so it sees the passes the runner really makes, of every runner alive."""
+    """The batch runner's passes as they run: the slots of every pass, in order (`with PassLog() as log:`). It
+    watches the runner's own span of each pass's forward (model/process/watch.py), so it sees the passes the runner
+    really makes, of every runner alive, each before the answers in it hear of it."""
 
     def __init__(self) -> None:
         self.slots: list[tuple[int, ...]] = []  # the slots each pass carried (one answer a slot)
         self._lock = threading.Lock()
-        self._original: Callable[..., Any] | None = None
+        self._watching: contextlib.AbstractContextManager[None] | None = None
 
     @property
     def sizes(self) -> list[int]:
@@ -56,17 +57,17 @@ class PassLog:
         """The index of the first pass that carried `slot` (None: none did)."""
         return next((index for index, slots in enumerate(self.slots) if slot in slots), None)
 
-    def __enter__(self) -> PassLog:
-        original = self._original = batch_runner.tapped_pass
-
-        def recorded(model: Any, cache: Any, slots: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+    def _seen(self, span: watch.Span) -> None:
+        if span.kind == watch.LM_FORWARD:
             with self._lock:
-                self.slots.append(tuple(slots))
-            return original(model, cache, slots, *args, **kwargs)
+                self.slots.append(span.detail)
 
-        batch_runner.tapped_pass = recorded
+    def __enter__(self) -> PassLog:
+        self._watching = watch.watching(self._seen)
+        self._watching.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._original is not None:
-            batch_runner.tapped_pass = self._original
+        if self._watching is not None:
+            self._watching.__exit__(*exc)
+            self._watching = None

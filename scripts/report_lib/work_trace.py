@@ -3,8 +3,8 @@ renders) on one clock, and what each kind costs alone and beside the others.
 
 The latency report's stages say how long the user waited for each step; they cannot say why a step took that long.
 On a 2-core machine the answer is usually another model running at the same time: a Smart Turn verdict computed beside
-the likely-final decode, a Piper render beside an LM pass. `instrument` wraps the model calls the session makes (the
-classes themselves, for the duration of a `with` block) and records one `Interval` per call; `work_summary` then
+the likely-final decode, a Piper render beside an LM pass. `instrument` watches the spans the model calls mark
+(model/process/watch.py) for the duration of a `with` block and records one `Interval` per call; `work_summary` then
 groups each kind's calls by the company they kept, which shows the contention directly: "LM pass: 82 ms alone, 131 ms
 while Smart Turn runs".
 
@@ -17,10 +17,11 @@ import bisect
 import contextlib
 import statistics
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from model.process import watch
 
 # Kinds of work, in the order the summary lists them.
 LIKELY_FINAL = "ASR likely final"
@@ -148,62 +149,24 @@ def render_summary(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# --- the wrappers ----------------------------------------------------------------------------------------------------
-def _timed(trace: WorkTrace, kind: Callable[..., str], function: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter_ns()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            trace.add(kind(*args, **kwargs), start, time.perf_counter_ns())
-
-    return wrapper
+# --- the watcher ------------------------------------------------------------------------------------------------------
+# The model calls' own spans (model/process/watch.py) and the kinds they are here
+SPAN_KINDS = {
+    watch.ASR_LIKELY_FINAL: LIKELY_FINAL, watch.ASR_PARTIAL: ASR_PARTIAL, watch.ASR_FINAL: ASR_FINAL,
+    watch.SMART_TURN: SMART_TURN, watch.LM_PASS: LM_PASS, watch.LM_PREFILL: LM_PREFILL, watch.TTS_RENDER: TTS_RENDER,
+}
 
 
-def _timed_iterator(trace: WorkTrace, kind: str, function: Callable[..., Iterator[Any]]) -> Callable[..., Any]:
-    """For a generator: the time spent producing its items (not the time its consumer held them)."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        items = function(*args, **kwargs)
-        while True:
-            start = time.perf_counter_ns()
-            try:
-                item = next(items)
-            except StopIteration:
-                return
-            finally:
-                trace.add(kind, start, time.perf_counter_ns())
-            yield item
-
-    return wrapper
+def record_span(trace: WorkTrace, span: watch.Span) -> None:
+    """One model call's span into `trace`, when it is of a kind the trace counts."""
+    kind = SPAN_KINDS.get(span.kind)
+    if kind is not None:
+        trace.add(kind, span.start_ns, span.end_ns)
 
 
 @contextlib.contextmanager
 def instrument(trace: WorkTrace) -> Iterator[WorkTrace]:
-    """Record every model call of the voice pipeline into `trace` while the block runs (class attributes are
-    patched and restored, so every session of this process is traced)."""
-    from model.runtime.batch_runner import BatchRunner
-    from voice.listen.stage import ListenStage
-    from voice.listen.turn_detector import SmartTurn
-    from voice.speak.tts import PiperSynthesizer
-
-    patches: list[tuple[type, str, Callable[..., Any]]] = [
-        (ListenStage, "_locked_process", _timed(
-            trace, lambda _self, _chunks, likely_final: LIKELY_FINAL if likely_final else ASR_PARTIAL,
-            ListenStage._locked_process)),
-        (ListenStage, "_locked_finish", _timed(trace, lambda *_: ASR_FINAL, ListenStage._locked_finish)),
-        (SmartTurn, "is_complete", _timed(trace, lambda *_: SMART_TURN, SmartTurn.is_complete)),
-        # what the session calls (its probability joins the LM's); is_complete stays timed for other callers
-        (SmartTurn, "probability", _timed(trace, lambda *_: SMART_TURN, SmartTurn.probability)),
-        (BatchRunner, "_pass", _timed(trace, lambda *_, **__: LM_PASS, BatchRunner._pass)),
-        (BatchRunner, "_encode", _timed(trace, lambda *_: LM_PREFILL, BatchRunner._encode)),
-        (PiperSynthesizer, "synthesize", _timed_iterator(trace, TTS_RENDER, PiperSynthesizer.synthesize)),
-    ]
-    originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
-    try:
-        for owner, name, wrapped in patches:
-            setattr(owner, name, wrapped)
+    """Record every model call of the voice pipeline into `trace` while the block runs (the calls mark their own
+    spans: every session of this process is traced)."""
+    with watch.watching(lambda span: record_span(trace, span)):
         yield trace
-    finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)

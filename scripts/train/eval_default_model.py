@@ -41,8 +41,8 @@ from model.bundled.default_model import ADAPTER_DIR, load_base, load_default_cha
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.chat.spec import DecodingSettings, ModelSpec
+from model.process.threads import set_torch_threads
 from model.runtime.fast_pass import FastPass
-from model.threads import set_torch_threads
 from scripts.report_lib.passes import answer_refinements
 from voice.think.spoken import SPOKEN_RULES, SPOKEN_SYSTEM_PROMPT
 

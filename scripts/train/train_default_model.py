@@ -18,7 +18,7 @@ import torch
 
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter, save_adapter
 from model.bundled.default_model import ADAPTER_DIR, load_base
-from model.threads import set_torch_threads
+from model.process.threads import set_torch_threads
 from model.training.recipe import ends_with, extend_teacher_file, train_adapter, use_bf16
 from model.training.settings import Recipe
 from model.training.teacher_data import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from model.threads import torch_threads
+from model.process.threads import torch_threads
 
 
 def rows_and_coarse(row_counts: tuple[int, ...] = (1, 2, 3, 9)) -> Iterator[tuple[int, int]]:

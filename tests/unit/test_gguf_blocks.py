@@ -17,10 +17,10 @@ from gguf.quants import dequantize
 from model.gguf import blocks as blocks_module
 from model.gguf.blocks import FORMATS, Unpacked, packed, raw_blocks, unpacked, unreadable
 from model.gguf.header import read_header
+from model.process.threads import torch_threads
 from model.runtime import quant_kernels
 from model.runtime.int4_weights import Int4Linear, Q4Blocks, available, check_rows_independent
 from model.runtime.packed import GROUP, PackedLinear
-from model.threads import torch_threads
 from scripts.report_lib.gguf_parts import K_TYPES
 from scripts.report_lib.tiny_gguf import K_SHAPE, write_model
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from model.bundled.block_diffusion import GatedLoRALinear
+from model.process.threads import torch_threads
 from model.runtime import quant_kernels
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
 from model.runtime.fast_pass import PassPath
@@ -30,7 +31,6 @@ from model.runtime.int4_weights import (
     read_gguf_head,
     read_gguf_linears,
 )
-from model.threads import torch_threads
 from tests.unit.test_self_speculative import assert_modes_agree, bf16_adapted, rows_whose_logits_differ
 
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEAMS = """
 import os, time, torch
 from model.runtime.passing_thread import run_in_passing_thread
-from model.threads import set_torch_threads
+from model.process.threads import set_torch_threads
 
 def threads():
     return len(os.listdir("/proc/self/task"))

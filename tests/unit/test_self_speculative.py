@@ -24,9 +24,9 @@ from model.decoding.sampler import DiffusionDecoding, SamplerConfig
 from model.decoding.speculative import SpeculativeDecoding, accept_greedy, accept_sampled
 from model.decoding.speech_guard import SpeechGuard, WordClasses
 from model.errors import ModelError
+from model.process.threads import torch_threads
 from model.runtime.batch_runner import BatchRunner
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
-from model.threads import torch_threads
 from model.training.block_training import make_batch
 from scripts.report_lib.tiny_models import LLAMA_EOS, LLAMA_VOCAB, tiny_llama
 from tests.unit.drive import decode, decode_alone, one_pass, speculative

@@ -1,19 +1,19 @@
-"""The latency report's model-call trace: interval arithmetic, grouping by company, and the wrappers."""
+"""The latency report's model-call trace: interval arithmetic, grouping by company, and the spans it watches."""
 
 from __future__ import annotations
 
 import pytest
 
+from model.process import watch
 from scripts.report_lib.work_trace import (
     LM_PASS,
+    LM_PREFILL,
     MIN_MS,
     SMART_TURN,
     TTS_RENDER,
     Interval,
     WorkTrace,
     _KindIndex,
-    _timed,
-    _timed_iterator,
     company,
     covered_ns,
     instrument,
@@ -68,38 +68,33 @@ def test_summary_groups_each_kind_by_company_alone_first() -> None:
     assert rows[SMART_TURN]["by_company"] == {f"with {LM_PASS}": {"calls": 1, "median_ms": 110}}
 
 
-def test_wrappers_time_calls_and_generator_items_even_when_they_raise() -> None:
+def test_instrument_records_the_spans_calls_mark_even_when_they_raise_and_nothing_after_its_block() -> None:
     trace = WorkTrace()
-
-    def fails(kind: str) -> None:
-        raise ValueError(kind)
-
-    wrapped = _timed(trace, lambda kind: kind, fails)
-    with pytest.raises(ValueError, match="boom"):
-        wrapped("boom")
-    assert [i.kind for i in trace.intervals] == ["boom"]
-
-    def chunks():
-        yield b"a"
-        yield b"b"
-
-    assert list(_timed_iterator(trace, TTS_RENDER, chunks)()) == [b"a", b"b"]
-    renders = [i for i in trace.intervals if i.kind == TTS_RENDER]
-    assert len(renders) == 3  # each item, and the call that found the end
-    assert all(i.end_ns >= i.start_ns for i in renders)
-    assert [d["kind"] for d in trace.as_json()] == [i.kind for i in sorted(trace.intervals, key=lambda i: i.start_ns)]
+    with instrument(trace):
+        with watch.span(watch.LM_PASS):
+            pass
+        with pytest.raises(ValueError, match="boom"), watch.span(watch.TTS_RENDER):
+            raise ValueError("boom")
+        with watch.span(watch.DECODE_LAYERS):  # not a kind the trace counts
+            pass
+    with watch.span(watch.LM_PASS) as unwatched:  # after the block nobody watches: a span is not even made
+        assert unwatched is None
+    assert [i.kind for i in trace.intervals] == [LM_PASS, TTS_RENDER]
+    assert all(i.end_ns >= i.start_ns for i in trace.intervals)
 
 
-def test_instrument_patches_the_pipeline_classes_and_restores_them() -> None:
+def test_the_batch_runner_marks_its_prefills_and_passes() -> None:
     from model.runtime.batch_runner import BatchRunner
-    from voice.listen.stage import ListenStage
-    from voice.listen.turn_detector import SmartTurn
-    from voice.speak.tts import PiperSynthesizer
+    from tests.unit.drive import decode, speculative
+    from tests.unit.test_self_speculative import adapted
 
-    targets = [(ListenStage, "_locked_process"), (ListenStage, "_locked_finish"), (SmartTurn, "is_complete"),
-               (BatchRunner, "_pass"), (BatchRunner, "_encode"), (PiperSynthesizer, "synthesize")]
-    before = [owner.__dict__[name] for owner, name in targets]
-    with pytest.raises(RuntimeError), instrument(WorkTrace()):
-        assert all(owner.__dict__[n] is not original for (owner, n), original in zip(targets, before, strict=True))
-        raise RuntimeError("the block failed")
-    assert all(owner.__dict__[n] is original for (owner, n), original in zip(targets, before, strict=True))
+    model = adapted()
+    runner = BatchRunner(model, max_batch=1)
+    trace = WorkTrace()
+    with instrument(trace):
+        try:
+            refinements = decode(runner, speculative(model, [5, 6, 7, 8] * 10, 6, masks=0))
+        finally:
+            runner.close()  # its thread ends: the last pass's span, which ends after its answer heard of it, is in
+    kinds = [i.kind for i in trace.intervals]
+    assert kinds.count(LM_PREFILL) == 1 and kinds.count(LM_PASS) == len(refinements) > 1, kinds

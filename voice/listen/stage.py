@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.process import watch
 from model.spare_cores import SpareCores
 from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
 from voice.errors import VoiceError
@@ -304,7 +305,8 @@ class ListenStage:
 
     def _locked_process(self, chunks: list[np.ndarray], likely_final: bool) -> Hypothesis | None:
         # the likely final (the decode at silence onset) is what the answer waits for: ahead of others' partials
-        with self._model.lock.urgently() if likely_final else self._model.lock:
+        kind = watch.ASR_LIKELY_FINAL if likely_final else watch.ASR_PARTIAL
+        with watch.span(kind), self._model.lock.urgently() if likely_final else self._model.lock:
             for chunk in chunks:
                 self._transcriber.insert_audio(chunk)
             # the likely final's cores are the answer's first passes', which follow it (model/spare_cores.py)
@@ -312,7 +314,7 @@ class ListenStage:
                 return self._transcriber.process(force=True, as_final=likely_final)
 
     def _locked_finish(self, chunks: list[np.ndarray]) -> Hypothesis:
-        with self._model.lock.urgently():
+        with watch.span(watch.ASR_FINAL), self._model.lock.urgently():
             for chunk in chunks:
                 self._transcriber.insert_audio(chunk)
             return self._transcriber.finish()

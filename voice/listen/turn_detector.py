@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from model.process import watch
 from voice.audio import check_float32_mono
 from voice.errors import AudioFormatError, VoiceError
 
@@ -193,8 +194,9 @@ class SmartTurn:
         """Probability that the turn is complete, judged on the end of `audio_16k` (16 kHz mono float32, the turn's
         audio up to now, trailing silence included). Raises `TurnDetectorError` for audio it cannot judge."""
         _check_audio(audio_16k)
-        features = log_mel_features(model_window(audio_16k, self.config.max_seconds))[None]  # [1, 80, 800]
-        (logits,) = self._session.run(None, {"input_features": features})
+        with watch.span(watch.SMART_TURN):
+            features = log_mel_features(model_window(audio_16k, self.config.max_seconds))[None]  # [1, 80, 800]
+            (logits,) = self._session.run(None, {"input_features": features})
         return float(np.asarray(logits).reshape(-1)[0])
 
     def is_complete(self, audio_16k: np.ndarray) -> bool:

@@ -19,6 +19,7 @@ import onnxruntime
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from piper import PiperConfig, PiperVoice, SynthesisConfig
 
+from model.process import watch
 from model.spare_cores import SpareCores
 from voice.errors import TTSError
 from voice.speak.text_normalize import normalize_for_speech
@@ -139,7 +140,8 @@ class PiperSynthesizer:
         sentences = iter(voice.synthesize(spoken, syn_config=self._synthesis))
         while cancel is None or not cancel.is_set():
             try:
-                chunk = next(sentences, None)
+                with watch.span(watch.TTS_RENDER):
+                    chunk = next(sentences, None)
             except _ORT_ERRORS as error:
                 raise TTSError(f"Piper failed on {spoken!r}: {error}") from error
             if chunk is None:
