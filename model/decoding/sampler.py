@@ -50,6 +50,7 @@ from model.decoding.options import PLAIN, GenerationOptions
 from model.decoding.refinement import Refinement
 from model.decoding.speech_guard import SpeechGuard
 from model.errors import ModelError
+from model.process import watch
 
 REMASKING = ("low_confidence", "random", "left_to_right")
 DECODING_MODES = ("self-speculative", "autoregressive", "diffusion")
@@ -345,8 +346,9 @@ class DiffusionDecoding:
         valid = hi - lo
         if self.grammar is not None:
             unmasked = logits.clone()
-            proposal, valid = grammar_proposal(logits, canvas[lo:hi], committed[lo:hi], self.grammar, self.guard,
-                                               canvas[:lo].tolist(), self.temperature, self.generator)
+            with watch.span(watch.GRAMMAR):
+                proposal, valid = grammar_proposal(logits, canvas[lo:hi], committed[lo:hi], self.grammar, self.guard,
+                                                   canvas[:lo].tolist(), self.temperature, self.generator)
         elif self.guard is None:
             proposal = sample_tokens(logits, self.temperature, self.generator)  # [B]
         else:

@@ -45,6 +45,7 @@ from model.decoding.refinement import Refinement
 from model.decoding.speech_guard import SpeechGuard, guarded
 from model.decoding.step import Drafts, Feed
 from model.errors import ModelError
+from model.process import watch
 
 
 def accept_greedy(drafts: Sequence[int], logits: torch.Tensor) -> tuple[int, int]:
@@ -216,7 +217,8 @@ class SpeculativeDecoding:
         lead, self.lead = len(self.lead), ()
         logits = guarded(clean_logits[lead:], answer, drafts, self.guard, copy=self.grammar is not None)
         if self.grammar is not None:
-            constrain_rows(logits, clean_logits[lead:] if self.guard is not None else None, drafts, self.grammar)
+            with watch.span(watch.GRAMMAR):
+                constrain_rows(logits, clean_logits[lead:] if self.guard is not None else None, drafts, self.grammar)
         if self.temperature == 0:
             accepted, bonus = accept_greedy(drafts, logits)
         else:
@@ -263,7 +265,8 @@ class SpeculativeDecoding:
             block_logits = mask_logits[block * masks : (block + 1) * masks].float()
             if self.grammar is not None:  # drafts the grammar allows, after the answer as committed
                 block_logits = block_logits.clone()
-                constrain_drafts(block_logits, self.grammar)
+                with watch.span(watch.GRAMMAR):
+                    constrain_drafts(block_logits, self.grammar)
             mask_probs = torch.softmax(block_logits, dim=-1)
             best = mask_probs.max(dim=-1)  # [m]
             self.drafts, self.draft_conf = best.indices.tolist(), best.values.tolist()

@@ -25,6 +25,7 @@ LM_FORWARD = "lm forward"  # a pass's forward through the model; its detail: the
 # prompts) in it. It ends before any answer hears of the pass.
 DECODE_LAYERS = "decode layers"  # one call of the C decode layer over some of a pass's layers
 TTS_RENDER = "tts render"  # Piper rendering one sentence
+GRAMMAR = "grammar"  # a constrained answer's grammar work in one decoding step (its masks and proposals)
 
 
 @dataclass(slots=True)

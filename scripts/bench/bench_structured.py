@@ -15,19 +15,20 @@ the default schema, pydantic's own, lets an answer add properties. Figures are p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
-from model.decoding import sampler, speculative
+from model.decoding import sampler
 from model.decoding.grammar import compile_format, response_format
 from model.loading import load_chat_model
+from model.process import watch
 
 PROMPTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "heldout_prompts.txt"
 
@@ -52,24 +53,19 @@ def answer(chat: DiffusionChatModel, prompt: str, options: GenerationOptions
 
 
 class GrammarClock:
-    """Time spent in the step object's grammar calls (verification rows and drafts), by wrapping them where
-    model/decoding/speculative.py and model/decoding/sampler.py call them: the part of a constrained answer that is
-    not the network's."""
+    """Time spent in the step objects' grammar work (verification rows, drafts, proposals), from the spans
+    model/decoding/speculative.py and model/decoding/sampler.py mark around it (model/process/watch.py): the part of
+    a constrained answer that is not the network's. Counts while its `watching()` block runs."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        for module, name in ((speculative, "constrain_rows"), (speculative, "constrain_drafts"),
-                             (sampler, "grammar_proposal")):
-            setattr(module, name, self._timed(getattr(module, name)))
 
-    def _timed(self, function: Callable[..., object]) -> Callable[..., object]:
-        def timed(*args: object) -> object:
-            start = time.perf_counter()
-            result = function(*args)
-            self.seconds += time.perf_counter() - start
-            return result
+    def _seen(self, span: watch.Span) -> None:
+        if span.kind == watch.GRAMMAR:
+            self.seconds += (span.end_ns - span.start_ns) / 1e9
 
-        return timed
+    def watching(self) -> contextlib.AbstractContextManager[None]:
+        return watch.watching(self._seen)
 
 
 def main() -> None:
@@ -88,40 +84,42 @@ def main() -> None:
     fmt = response_format("json_schema", {**schema, "additionalProperties": False} if args.strict else schema, "Reply")
     compile_format(fmt)
     clock = GrammarClock()
-    for decoding in args.decoding or sampler.DECODING_MODES:
-        config = dataclasses.replace(bundled.sampler, decoding=decoding)
-        chat = DiffusionChatModel(bundled.name, bundled.tokenizer, bundled.backend, config, bundled.system_prompt,
-                                  bundled.context_length)
-        free = GenerationOptions(max_new_tokens=args.max_tokens)
-        constrained = dataclasses.replace(free, response_format=fmt)
-        answer(chat, prompts[0], constrained)  # warm: the grammar tokenizer is built on the first constrained answer
-        totals = {"free": [0, 0.0], "constrained": [0, 0.0]}
-        passes = {"free": 0, "constrained": 0}
-        valid, finishes = 0, []
-        clock.seconds = 0.0
-        for prompt in prompts:
-            for label, options in (("free", free), ("constrained", constrained)):
-                tokens, text, finish, seconds, steps = answer(chat, prompt, options)
-                totals[label][0] += len(tokens)
-                totals[label][1] += seconds
-                passes[label] += steps
-                if label == "constrained":
-                    finishes.append(finish)
-                    try:
-                        Reply.model_validate(json.loads(text))
-                        valid += 1
-                    except (json.JSONDecodeError, ValidationError):
-                        print(f"  invalid ({finish}): {text!r}")
-        rates = {label: count / seconds for label, (count, seconds) in totals.items()}
-        print(f"{decoding}: free {rates['free']:.1f} tokens/s ({totals['free'][0]} tokens), constrained "
-              f"{rates['constrained']:.1f} tokens/s ({totals['constrained'][0]} tokens), "
-              f"ratio {rates['constrained'] / rates['free']:.2f}; tokens a pass "
-              f"{totals['free'][0] / passes['free']:.2f} free, {totals['constrained'][0] / passes['constrained']:.2f} "
-              f"constrained; valid {valid}/{len(prompts)}; finishes "
-              f"{ {reason: finishes.count(reason) for reason in set(finishes)} }; grammar "
-              f"{100 * clock.seconds / totals['constrained'][1]:.1f} % of the constrained time "
-              f"({1e3 * clock.seconds / max(totals['constrained'][0], 1):.2f} of "
-              f"{1e3 * totals['constrained'][1] / max(totals['constrained'][0], 1):.1f} ms a token)")
+    with clock.watching():
+        for decoding in args.decoding or sampler.DECODING_MODES:
+            config = dataclasses.replace(bundled.sampler, decoding=decoding)
+            chat = DiffusionChatModel(bundled.name, bundled.tokenizer, bundled.backend, config, bundled.system_prompt,
+                                      bundled.context_length)
+            free = GenerationOptions(max_new_tokens=args.max_tokens)
+            constrained = dataclasses.replace(free, response_format=fmt)
+            answer(chat, prompts[0], constrained)  # warm: the grammar tokenizer is built by the first constrained one
+            totals = {"free": [0, 0.0], "constrained": [0, 0.0]}
+            passes = {"free": 0, "constrained": 0}
+            valid, finishes = 0, []
+            clock.seconds = 0.0
+            for prompt in prompts:
+                for label, options in (("free", free), ("constrained", constrained)):
+                    tokens, text, finish, seconds, steps = answer(chat, prompt, options)
+                    totals[label][0] += len(tokens)
+                    totals[label][1] += seconds
+                    passes[label] += steps
+                    if label == "constrained":
+                        finishes.append(finish)
+                        try:
+                            Reply.model_validate(json.loads(text))
+                            valid += 1
+                        except (json.JSONDecodeError, ValidationError):
+                            print(f"  invalid ({finish}): {text!r}")
+            rates = {label: count / seconds for label, (count, seconds) in totals.items()}
+            print(f"{decoding}: free {rates['free']:.1f} tokens/s ({totals['free'][0]} tokens), constrained "
+                  f"{rates['constrained']:.1f} tokens/s ({totals['constrained'][0]} tokens), "
+                  f"ratio {rates['constrained'] / rates['free']:.2f}; tokens a pass "
+                  f"{totals['free'][0] / passes['free']:.2f} free, "
+                  f"{totals['constrained'][0] / passes['constrained']:.2f} "
+                  f"constrained; valid {valid}/{len(prompts)}; finishes "
+                  f"{ {reason: finishes.count(reason) for reason in set(finishes)} }; grammar "
+                  f"{100 * clock.seconds / totals['constrained'][1]:.1f} % of the constrained time "
+                  f"({1e3 * clock.seconds / max(totals['constrained'][0], 1):.2f} of "
+                  f"{1e3 * totals['constrained'][1] / max(totals['constrained'][0], 1):.1f} ms a token)")
 
 
 if __name__ == "__main__":
