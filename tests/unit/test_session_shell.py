@@ -91,8 +91,9 @@ class FakeListen:
 
     instances: ClassVar[list[FakeListen]] = []
 
-    def __init__(self, session: str, emit, config=None, model=None) -> None:
+    def __init__(self, session: str, emit, config=None, model=None, on_likely_final=None) -> None:
         self.emit = emit
+        self.on_likely_final = on_likely_final
         self.config = config
         self.inside = 0
         self.overlaps = 0

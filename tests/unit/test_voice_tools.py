@@ -31,6 +31,7 @@ from voice.events import (
     now_ns,
 )
 from voice.think.spoken import spoken_answer
+from voice.tools import announcements
 from voice.tools.builtin import BUILTIN_FUNCTIONS, BuiltinTools
 from voice.tools.calculator import calculate, convert, spoken_number
 from voice.tools.loop import COULD_NOT_FINISH, Apologise, RunTools, Speak, ToolLoop
@@ -218,7 +219,7 @@ class SlowToolbox(Toolbox):
 @pytest.fixture
 def tool_session(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(session_module, "ListenStage", FakeListen)
-    monkeypatch.setattr(session_module, "TIMER_POLL_S", 0.02)
+    monkeypatch.setattr(announcements, "TIMER_POLL_S", 0.02)
 
     def make(lm: ScriptedLM, toolbox: Toolbox | None = None) -> Session:
         engines = Engines(asr=None, tts=FakeTTS(), lm=lm, load_seconds={})  # type: ignore[arg-type]

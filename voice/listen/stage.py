@@ -72,7 +72,8 @@ class ListenStage:
     """
 
     def __init__(self, session: str, emit: Emit, config: ListenConfig | None = None,
-                 model: LoadedModel | None = None, first_segment: int = 1) -> None:
+                 model: LoadedModel | None = None, first_segment: int = 1,
+                 on_likely_final: Callable[[np.ndarray, int], None] | None = None) -> None:
         self.session = session
         self.config = config or ListenConfig()
         self.segment = first_segment
@@ -101,7 +102,7 @@ class ListenStage:
         self.last_segment_audio = np.zeros(0, dtype=np.float32)  # ... of the segment that ended last (turn detector)
         # called with the segment's padded audio and when its last voiced sample arrived, as its likely final decode
         # starts (the session's turn detector, and the turn's timing if its answer goes out before the segment ends)
-        self.on_likely_final: Callable[[np.ndarray, int], None] | None = None
+        self.on_likely_final = on_likely_final
 
     def retune(self, config: ListenConfig) -> None:
         """Listen by `config`'s endpointer and lead-in from the next window on (a client's tuning of its session:

@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from model.chat import ChatModel, ConstrainsAnswers
 from model.chat.tools import Function
 from voice.errors import ToolError
 from voice.tools.builtin import BuiltinTools
@@ -88,3 +89,18 @@ class Toolbox:
     async def close(self) -> None:
         for server in self._servers:
             await server.close()
+
+
+def holds_to_calls(lm: ChatModel) -> bool:
+    """Whether `lm` can be held to calls of the tools it is offered (a grammar on its answers: `ConstrainsAnswers`)."""
+    return isinstance(lm, ConstrainsAnswers) and lm.constrains_answers
+
+
+def toolbox_for(tools: ToolsConfig | None, lm: ChatModel) -> Toolbox | None:
+    """A session's tools, when it has any and its model can be held to calls of them."""
+    if tools is None or not tools.any:
+        return None
+    if not holds_to_calls(lm):
+        log.info("no tools: %s cannot constrain its answers to tool calls", lm.name)
+        return None
+    return Toolbox(tools)

@@ -115,6 +115,7 @@ class AnswerRunner:
         emit: Callable[[Event], None],
         on_first_audio: Callable[[Answer], None],
         toolbox: Toolbox | None = None,
+        on_end_of_turn: Callable[[Answer, float], Awaitable[None]] | None = None,
     ) -> None:
         self.engines = engines
         self.toolbox = toolbox
@@ -124,7 +125,7 @@ class AnswerRunner:
         self._on_first_audio = on_first_audio
         # Told the LM's end-of-turn probability as soon as the first pass gives it (not held like the answer's
         # events: the end of turn waits on it)
-        self.on_end_of_turn: Callable[[Answer, float], Awaitable[None]] | None = None
+        self.on_end_of_turn = on_end_of_turn
         self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
         self.options = session_options(config, session_id)
         self.client_tools = ClientTools()

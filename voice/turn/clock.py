@@ -11,18 +11,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-from voice.turn.machine import TurnTaking
 from voice.turn.machine_events import ClockTick, State, TurnEvent
 
 CLOCK_TICK_S = 0.1  # how often the turn-taking core hears the wall clock while the user holds or contests the floor
 CLOCKED_STATES = (State.USER_SPEAKING, State.USER_PAUSED, State.BARGE_IN_PENDING)
 
 
+class HasFloorState(Protocol):
+    """Who holds the floor now (the turn machine's state; the session core's is the same)."""
+
+    @property
+    def state(self) -> State: ...
+
+
 class TurnClock:
     """Ticks `machine` through `dispatch` while its state needs the clock; tracks when audio last arrived."""
 
-    def __init__(self, machine: TurnTaking, dispatch: Callable[[TurnEvent], Awaitable[None]], name: str) -> None:
+    def __init__(self, machine: HasFloorState, dispatch: Callable[[TurnEvent], Awaitable[None]], name: str) -> None:
         self._machine = machine
         self._dispatch = dispatch
         self._name = name

@@ -34,15 +34,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from model.chat import ChatMessage, ChatModel, ConstrainsAnswers
+from model.chat import ChatMessage
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, ToolError, VoiceError
 from voice.events import AudioOut, ErrorEvent, Event, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
 from voice.listen.stage import ListenStage
 from voice.think.dialogue import Dialogue
+from voice.tools.announcements import Announcements
 from voice.tools.loop import ClientTools
-from voice.tools.toolbox import Toolbox, ToolsConfig
+from voice.tools.toolbox import holds_to_calls, toolbox_for
 from voice.turn.answer import Answer, AnswerRunner
 from voice.turn.clock import TurnClock
 from voice.turn.config import SessionConfig
@@ -84,9 +85,6 @@ from voice.turn.tuning import TurnTuning
 
 log = logging.getLogger(__name__)
 
-# How often the timer watch looks for a timer set since it last slept (a timer is due at most this late).
-TIMER_POLL_S = 0.25
-
 
 class Session:
     """One conversation. Many sessions share one `Engines` in a process."""
@@ -107,38 +105,26 @@ class Session:
         self._listen: ListenStage | None = None
         self._listen_lock = asyncio.Lock()  # the stage takes one call at a time: audio, flush (watchdog), close
         self._records = TurnRecords(self.id, self.dialogue)
-        self.toolbox = self._toolbox(config.tools, engines.lm)
-        self._announcements: deque[str] = deque()  # due timers' words, said once nobody holds the floor
-        self._timer_watch: asyncio.Task[None] | None = None
+        self.toolbox = toolbox_for(config.tools, engines.lm)
+        self._announcements = Announcements(self._announce, f"timers-{self.id}")  # said once the floor is free
         self._tools_warm: asyncio.Task[object] | None = None
         self._prepared_words = ""  # the user's words the last prepare encoded ahead
-        self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio, self.toolbox)
-        self._answers.on_end_of_turn = self._on_lm_end_of_turn
+        self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio, self.toolbox,
+                                     self._on_lm_end_of_turn)
         self._answer: Answer | None = None
         self._results_waiting: list[str] = []  # tool results returned while an answer ran: history at its end
         self._tuning = TurnTuning()
         self._answers_running: set[asyncio.Task[None]] = set()
-        self._clock = TurnClock(self.core.machine, self._dispatch, name=f"turn-clock-{self.id}")
+        self._clock = TurnClock(self.core, self._dispatch, name=f"turn-clock-{self.id}")
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
-
-    @staticmethod
-    def _toolbox(tools: ToolsConfig | None, lm: ChatModel) -> Toolbox | None:
-        """The session's tools, when it has any and its model can be held to calls of them (`ConstrainsAnswers`)."""
-        if tools is None or not tools.any:
-            return None
-        if not (isinstance(lm, ConstrainsAnswers) and lm.constrains_answers):
-            log.info("no tools: %s cannot constrain its answers to tool calls", lm.name)
-            return None
-        return Toolbox(tools)
 
     # --- public API ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._listen is None:
             self._listen = ListenStage(self.id, self._on_listen, self._tuning.listen(self.config.listen),
-                                       model=self.engines.asr)
-            self._listen.on_likely_final = self._on_likely_final
+                                       model=self.engines.asr, on_likely_final=self._on_likely_final)
             self._prepare_next_prompt()
         self._start_tools()
 
@@ -210,7 +196,7 @@ class Session:
         except ValueError as err:
             raise ProtocolError(f"turn detection: {err}") from None
         self._tuning = tuning
-        self.core.machine.retune(turn_taking)
+        self.core.retune(turn_taking)
         if self._listen is not None:
             self._listen.retune(listen)
 
@@ -220,7 +206,7 @@ class Session:
         `add_tool_result`. Raises ToolError (naming it) for a name the session's own tools use, or when the model
         cannot be held to tool calls; a refused offer changes nothing."""
         lm = self.engines.lm
-        if tools.functions and not (isinstance(lm, ConstrainsAnswers) and lm.constrains_answers):
+        if tools.functions and not holds_to_calls(lm):
             raise ToolError(f"{lm.name} cannot be held to tool calls (a remote or diffusion-mode model): no client "
                             "tools can be offered")
         own = {function.name for function in self.toolbox.offered} if self.toolbox is not None else set()
@@ -290,7 +276,8 @@ class Session:
             await self._answers.cancel(answer)
         await self._dispatch(SessionClosed())
         waits = self._detector.waits() if self._detector is not None else []
-        await cancel_and_wait(*self._answers_running, *waits, self._clock.task, self._timer_watch, self._tools_warm)
+        await cancel_and_wait(*self._answers_running, *waits, self._clock.task, self._announcements.task,
+                              self._tools_warm)
         if self.toolbox is not None:
             await self.toolbox.close()
         async with self._listen_lock:
@@ -302,32 +289,19 @@ class Session:
     def _start_tools(self) -> None:
         """Once: start the MCP servers while the user speaks (their start is not paid by the first answer), and the
         timer watch."""
-        if self.toolbox is None or self._timer_watch is not None:
+        if self.toolbox is None or self._announcements.task is not None:
             return
-        self._timer_watch = asyncio.create_task(self._watch_timers(), name=f"timers-{self.id}")
+        self._announcements.start(self.toolbox.timers)
         self._tools_warm = asyncio.create_task(self.toolbox.functions(), name=f"tools-start-{self.id}")
 
-    # --- timers ----------------------------------------------------------------------------------------------------
-    async def _watch_timers(self) -> None:
-        """Wake when a timer is due (checking at least every `TIMER_POLL_S`: a turn may set one at any time) and
-        queue its announcement; it is said between turns (`_announce`)."""
-        if self.toolbox is None:
-            return
-        timers = self.toolbox.timers
-        while True:
-            wait = timers.next_due()
-            await asyncio.sleep(TIMER_POLL_S if wait is None else min(wait, TIMER_POLL_S))
-            for timer in timers.due():
-                self._announcements.append(timer.announcement())
-            self._announce()
-
     def _announce(self) -> None:
-        """Say the next queued announcement if the floor is free; otherwise the core refuses it and it waits."""
-        if self._closed or not self._announcements:
+        """Say the next due timer's words if the floor is free; otherwise the core refuses them and they wait."""
+        words = self._announcements.next
+        if self._closed or words is None:
             return
-        actions = self.core.handle(AssistantAnnounces(self._announcements[0]))
+        actions = self.core.handle(AssistantAnnounces(words))
         if actions:
-            self._announcements.popleft()
+            self._announcements.said()
             self._execute_now(actions)
 
     # --- listening -------------------------------------------------------------------------------------------------
@@ -506,7 +480,7 @@ class Session:
     def _prepare_words(self, committed: str) -> None:
         """Words the recogniser committed while the user speaks are the start of the next answer's message: the LM
         encodes them now, idle, not in the answer's first pass (~4.7 ms a token on one core of the 2-core machine)."""
-        before = self.core.machine.words_so_far
+        before = self.core.words_so_far
         if before is None or not committed.strip():
             return
         words = f"{before} {committed.strip()}".strip()
@@ -517,7 +491,7 @@ class Session:
         """After every transition: whether the session is idle, and whether the core needs the clock."""
         if self.core.idle:
             self._idle.set()
-            if self._announcements:  # said from the loop, not from inside the transition that freed the floor
+            if self._announcements.next is not None:  # said from the loop, not inside the transition that freed it
                 asyncio.get_running_loop().call_soon(self._announce)
         else:
             self._idle.clear()

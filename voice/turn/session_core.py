@@ -140,11 +140,8 @@ class SessionCore:
 
     def __init__(self, config: TurnTakingConfig | None = None, detector: DetectorSchedule | None = None,
                  full_duplex: bool = True) -> None:
-        config = config or TurnTakingConfig()
-        if not full_duplex:  # the microphone goes deaf while the answer plays: the segment's end must come first
-            config = replace(config, release_on_likely_final=False)
-        self.machine = TurnTaking(config)
         self.full_duplex = full_duplex
+        self.machine = TurnTaking(self._duplex(config or TurnTakingConfig()))
         self._detector = detector  # None: no turn detector, the silence rule alone ends a pause
         self._segment_end: tuple[int, int] | None = None  # (last voiced sample, decided) of the latest segment
         self._likely_final_ns: int | None = None  # when the likely final the current answer started from came
@@ -163,6 +160,19 @@ class SessionCore:
     def turn_no(self) -> int:
         """The last turn number handed out."""
         return self.machine.turn_no
+
+    @property
+    def words_so_far(self) -> str | None:
+        """The user's words of the turn being spoken, when no answer to it is in flight (`TurnTaking.words_so_far`)."""
+        return self.machine.words_so_far
+
+    def retune(self, config: TurnTakingConfig) -> None:
+        """End turns by `config` from now on (a client's tuning of its session)."""
+        self.machine.retune(self._duplex(config))
+
+    def _duplex(self, config: TurnTakingConfig) -> TurnTakingConfig:
+        """In half duplex the microphone goes deaf while the answer plays: the segment's end must come first."""
+        return config if self.full_duplex else replace(config, release_on_likely_final=False)
 
     @property
     def accepts_audio(self) -> bool:
