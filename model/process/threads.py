@@ -21,8 +21,12 @@ def set_torch_threads(threads: int) -> None:
 
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
-    """torch's intra-op threads are `threads` inside the block and what they were before after it."""
+    """torch's intra-op threads are `threads` inside the block and what they were before after it (untouched when
+    they are `threads` already)."""
     previous = torch.get_num_threads()
+    if threads == previous:
+        yield
+        return
     torch.set_num_threads(threads)
     try:
         yield

@@ -440,7 +440,7 @@ class BatchRunner:
             for sequence in sequences:
                 if isinstance(sequence, TimesItsPasses):
                     sequence.untimed()
-        with torch_threads(team) if team != threads else contextlib.nullcontext(), SpareCores.handing_over(team):
+        with torch_threads(team), SpareCores.handing_over(team):
             yield
 
     def _end(self, run: Run, error: BaseException | None) -> None:

@@ -46,7 +46,7 @@ class PassLog:
     def __init__(self) -> None:
         self.slots: list[tuple[int, ...]] = []  # the slots each pass carried (one answer a slot)
         self._lock = threading.Lock()
-        self._watching: contextlib.AbstractContextManager[None] | None = None
+        self._watching = contextlib.ExitStack()
 
     @property
     def sizes(self) -> list[int]:
@@ -63,11 +63,8 @@ class PassLog:
                 self.slots.append(span.detail)
 
     def __enter__(self) -> PassLog:
-        self._watching = watch.watching(self._seen)
-        self._watching.__enter__()
+        self._watching.enter_context(watch.watching(self._seen))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._watching is not None:
-            self._watching.__exit__(*exc)
-            self._watching = None
+        self._watching.close()
