@@ -2,9 +2,12 @@
 
 The shape is h11's and websockets' `Protocol`: a small `State` enum, one method, `handle(event) -> list[action]`, that
 holds every legal transition (the states, events, actions and records are in machine_events.py, the waits in
-machine_config.py). The session core (voice/turn/session_core.py) joins it to the listener and the turn detector,
-and a thin async shell (`voice.turn.session.Session`) only executes the actions. Tests drive it with lists of events
-and assert the actions: no models, no sleeps, no event loop.
+machine_config.py; every move it makes is a row of the table in transitions.py, which a test holds it to). What it
+remembers beyond its state lives in the record of the state it belongs to: the user's turn (`UserTurn`), the answer
+in flight (`AnswerState`), and a contested sound while the answer speaks (`Contest`, in BARGE_IN_PENDING only).
+The session core (voice/turn/session_core.py) joins it to the listener and the turn detector, and a thin async shell
+(`voice.turn.session.Session`) only executes the actions. Tests drive it with lists of events and assert the actions:
+no models, no sleeps, no event loop.
 
 Speculative end of turn. The listener decodes a segment as soon as its speech has been followed by a moment of
 silence (~64 ms: the likely final, `UserLikelyFinal`), and the answer starts right there (`StartAnswer(held=True)`),
@@ -67,6 +70,7 @@ from voice.turn.machine_events import (
     CancelAnswer,
     ClientInterrupt,
     ClockTick,
+    Contest,
     EndSegment,
     FinishTurn,
     LikelyVerdict,
@@ -106,10 +110,7 @@ class TurnTaking:
         self._user: UserTurn | None = None  # the user turn being spoken, paused or answered
         self._answer: AnswerState | None = None
         self._answer_ids = 0
-        self._pending_start_ms = 0.0  # BARGE_IN_PENDING: when the contested speech began
-        self._output_paused = False  # BARGE_IN_PENDING: the answer's audio is paused
-        self._paused_since_ms: float | None = None  # on the shell's clock: the first tick after the pause
-        self._segment_end_asked = False  # EndSegment went out for the current stall
+        self._contest: Contest | None = None  # BARGE_IN_PENDING's record, in that state only (`_to` keeps it so)
 
     def retune(self, config: TurnTakingConfig) -> None:
         """Decide by `config` from now on (a client's tuning of its session: voice/turn/tuning.py)."""
@@ -121,7 +122,7 @@ class TurnTaking:
     @property
     def user_turn(self) -> int:
         """The turn number that the listener's events belong to now (contested speech: the turn it would open)."""
-        if self.state is State.BARGE_IN_PENDING and not self._continues(self._pending_start_ms):
+        if self._contest is not None and not self._continues(self._contest.started_ms):
             return self.turn_no + 1
         return self._user.turn if self._user is not None else self.turn_no
 
@@ -143,58 +144,29 @@ class TurnTaking:
         return self._user.text if self._user is not None else ""
 
     def handle(self, event: TurnEvent) -> list[TurnAction]:
-        """Apply one event; return what the shell must do, in order."""
+        """Apply one event; return what the shell must do, in order. Which states each event moves between, and what
+        it asks of the shell there, is `voice.turn.transitions.TRANSITIONS` (checked against this code by a test)."""
         match event:
             case UserSpeechStarted():
                 return self._speech_started(event)
             case UserSpeechEnded(at_ms=at_ms):
-                if self._user is not None and (self.state is State.USER_SPEAKING or self._user.released_early):
-                    self._user.last_voiced_ms = at_ms
-                return []  # a contested segment's end counts only if it proves to be words (see _confirm_barge_in)
+                return self._speech_ended(at_ms)
             case UserWords():
-                if self.state is State.BARGE_IN_PENDING:
-                    return self._confirm_barge_in()
-                return []
+                return self._confirm_barge_in() if self.state is State.BARGE_IN_PENDING else []
             case UserLikelyFinal(text=text):
                 return self._likely_final(text.strip())
             case UserResumed():
-                if self._user is not None:
-                    self._user.likely_verdict = None  # on audio the voice has since gone on from
-                if self.state is State.USER_SPEAKING and self._answer is not None:
-                    return self._cancel("user_continued", ends_turn=False)  # the answer to the likely final
-                if self._user is not None and self._user.released_early:  # ... released: the turn goes on
-                    return self._resumed_after_release()
-                return []
+                return self._resumed()
             case UserFinal(text=text):
                 return self._final(text.strip())
             case Silence(ms=ms):
-                if self.state is State.USER_PAUSED and self._user is not None:
-                    self._user.silence_ms = ms
-                    self._user.stalled_ms = 0.0
-                    return self._maybe_confirm()
-                if self.state is State.USER_SPEAKING and self._user is not None:
-                    self._user.silence_ms = ms
-                    return self._maybe_release_early()
-                return []
+                return self._silence(ms)
             case TurnVerdict(complete=complete, probability=probability):
-                if self.state is State.USER_PAUSED and self._user is not None:
-                    self._user.verdict, self._user.verdict_probability = complete, probability
-                    return self._maybe_confirm()
-                return []
+                return self._verdict(complete, probability)
             case LikelyVerdict(probability=probability):
-                if self.state is State.USER_SPEAKING and self._user is not None:
-                    self._user.likely_verdict = probability
-                    return self._maybe_release_early()
-                return []
+                return self._likely_verdict(probability)
             case LmTurnVerdict(answer_id=answer_id, probability=probability):
-                if self._is_current(answer_id):
-                    assert self._answer is not None
-                    self._answer.end_of_turn = probability
-                    if self.state is State.USER_PAUSED:
-                        return self._maybe_confirm()
-                    if self.state is State.USER_SPEAKING:
-                        return self._maybe_release_early()
-                return []
+                return self._lm_verdict(answer_id, probability)
             case UserDone():
                 return self._user_done()
             case ClockTick():
@@ -205,7 +177,7 @@ class TurnTaking:
                 return self._interrupt()
             case AnswerAudio(answer_id=answer_id):
                 if self._is_current(answer_id) and self.state is State.ANSWERING:
-                    self.state = State.SPEAKING
+                    self._to(State.SPEAKING)
                 return []
             case AnswerFinished(answer_id=answer_id):
                 return self._answer_finished(answer_id)
@@ -213,7 +185,60 @@ class TurnTaking:
                 return self._announce(text)
         raise TurnTakingError(f"unknown event {event!r}")
 
+    def _to(self, state: State) -> None:
+        """Move to `state`; BARGE_IN_PENDING's record goes with that state."""
+        self.state = state
+        if state is not State.BARGE_IN_PENDING:
+            self._contest = None
+
     # --- the user's side -------------------------------------------------------------------------------------------
+    def _speech_ended(self, at_ms: float) -> list[TurnAction]:
+        if self._user is not None and (self.state is State.USER_SPEAKING or self._user.released_early):
+            self._user.last_voiced_ms = at_ms
+        return []  # a contested segment's end counts only if it proves to be words (see _confirm_barge_in)
+
+    def _resumed(self) -> list[TurnAction]:
+        if self._user is not None:
+            self._user.likely_verdict = None  # on audio the voice has since gone on from
+        if self.state is State.USER_SPEAKING and self._answer is not None:
+            return self._cancel("user_continued", ends_turn=False)  # the answer to the likely final
+        if self._user is not None and self._user.released_early:  # ... released: the turn goes on
+            return self._resumed_after_release()
+        return []
+
+    def _silence(self, ms: float) -> list[TurnAction]:
+        if self.state is State.USER_PAUSED and self._user is not None:
+            self._user.silence_ms = ms
+            self._user.stalled_ms = 0.0
+            return self._maybe_confirm()
+        if self.state is State.USER_SPEAKING and self._user is not None:
+            self._user.silence_ms = ms
+            return self._maybe_release_early()
+        return []
+
+    def _verdict(self, complete: bool, probability: float | None) -> list[TurnAction]:
+        if self.state is State.USER_PAUSED and self._user is not None:
+            self._user.verdict, self._user.verdict_probability = complete, probability
+            return self._maybe_confirm()
+        return []
+
+    def _likely_verdict(self, probability: float | None) -> list[TurnAction]:
+        if self.state is State.USER_SPEAKING and self._user is not None:
+            self._user.likely_verdict = probability
+            return self._maybe_release_early()
+        return []
+
+    def _lm_verdict(self, answer_id: int, probability: float) -> list[TurnAction]:
+        if not self._is_current(answer_id):
+            return []
+        assert self._answer is not None
+        self._answer.end_of_turn = probability
+        if self.state is State.USER_PAUSED:
+            return self._maybe_confirm()
+        if self.state is State.USER_SPEAKING:
+            return self._maybe_release_early()
+        return []
+
     def _speech_started(self, event: UserSpeechStarted) -> list[TurnAction]:
         state = self.state
         if state is State.LISTENING:
@@ -223,7 +248,7 @@ class TurnTaking:
             return []  # the listener reports one start per segment; a repeat changes nothing
         if state is State.USER_PAUSED:  # the user went on: drop the speculation, same turn
             actions = self._cancel("user_continued", ends_turn=False)
-            self.state = State.USER_SPEAKING
+            self._to(State.USER_SPEAKING)
             return actions
         if state is State.ANSWERING:  # no audio out yet: the answer is dropped either way, never queued
             if self._continues(event.at_ms):
@@ -231,23 +256,23 @@ class TurnTaking:
             else:
                 actions = self._cancel("new_turn", ends_turn=True)
                 self._open_turn()
-            self.state = State.USER_SPEAKING
+            self._to(State.USER_SPEAKING)
             return actions
         # SPEAKING: maybe a barge-in, maybe a cough or the assistant's own echo: pause, and wait for words
-        self._pending_start_ms = event.at_ms
-        self.state = State.BARGE_IN_PENDING
-        self._output_paused, self._paused_since_ms = True, None
+        self._to(State.BARGE_IN_PENDING)
+        self._contest = Contest(event.at_ms)
         answer = self._answer
         assert answer is not None  # SPEAKING always has an answer
         return [PauseOutput(answer.answer_id, answer.turn)]
 
     def _confirm_barge_in(self) -> list[TurnAction]:
-        if self._continues(self._pending_start_ms):
+        assert self._contest is not None
+        if self._continues(self._contest.started_ms):
             actions = self._cancel("user_continued", ends_turn=False, clear=True)
         else:
             actions = self._cancel("barge_in", ends_turn=True, clear=True)
             self._open_turn()
-        self.state = State.USER_SPEAKING
+        self._to(State.USER_SPEAKING)
         return actions
 
     def _likely_final(self, text: str) -> list[TurnAction]:
@@ -265,9 +290,10 @@ class TurnTaking:
 
     def _final(self, text: str) -> list[TurnAction]:
         if self.state is State.BARGE_IN_PENDING:
-            if not text:
-                self.state = State.SPEAKING  # no words: a cough or an echo; the answer plays on
-                return self._resume()
+            if not text:  # no words: a cough or an echo; the answer plays on
+                actions = self._resume()
+                self._to(State.SPEAKING)
+                return actions
             actions = self._confirm_barge_in()
             return actions + self._final(text)
         if self._user is not None and self._user.released_early:  # the answered segment's end: the record only
@@ -283,22 +309,22 @@ class TurnTaking:
         if not user.text:  # noise that looked like speech: no words, no turn
             actions = self._cancel("no_words", ends_turn=False)
             self._user = None
-            self.state = State.LISTENING
+            self._to(State.LISTENING)
             return actions
         user.silence_ms = user.stalled_ms = 0.0
         user.verdict = user.verdict_probability = None
         confirmed = user.done
         started = self._answer
         if started is not None and same_words(started.text, user.text):  # the answer to the likely final's words
-            self.state = State.USER_PAUSED
+            self._to(State.USER_PAUSED)
             return self._confirm() if confirmed else []
         actions = self._cancel("transcript_changed", ends_turn=False)
         if not confirmed and not self.config.early_answer:
-            self.state = State.USER_PAUSED  # nothing starts until the end of turn is confirmed
+            self._to(State.USER_PAUSED)  # nothing starts until the end of turn is confirmed
             return actions
         user.speculations += 1
         answer = self._new_answer(user.turn, held=not confirmed, spoken_turn=True, text=user.text)
-        self.state = State.ANSWERING if confirmed else State.USER_PAUSED
+        self._to(State.ANSWERING if confirmed else State.USER_PAUSED)
         return [*actions, StartAnswer(answer.answer_id, user.turn, user.text, held=answer.held)]
 
     def _maybe_confirm(self) -> list[TurnAction]:
@@ -334,7 +360,7 @@ class TurnTaking:
         if self._answer is None:
             return []
         actions = self._cancel("user_continued", ends_turn=False, clear=self.state in PLAYING_STATES)
-        self.state = State.USER_SPEAKING
+        self._to(State.USER_SPEAKING)
         return actions
 
     def _signals(self, user: UserTurn) -> Signals:
@@ -358,7 +384,7 @@ class TurnTaking:
         user = self._user
         if user is None:
             return []
-        self.state = State.ANSWERING
+        self._to(State.ANSWERING)
         if self._answer is not None:
             self._answer.held = False
             return [ReleaseAnswer(self._answer.answer_id)]
@@ -369,28 +395,36 @@ class TurnTaking:
     # --- the shell's clock -----------------------------------------------------------------------------------------
     def _tick(self, tick: ClockTick) -> list[TurnAction]:
         stalled = tick.audio_gap_ms >= self.config.stalled_audio_ms
-        if not stalled:
-            self._segment_end_asked = False
-        if self.state is State.BARGE_IN_PENDING and self._output_paused:
-            if self._paused_since_ms is None:
-                self._paused_since_ms = tick.now_ms
-            elif tick.now_ms - self._paused_since_ms >= self.config.resume_after_ms:
-                return self._resume()  # no word in time: play on (words that come later still barge in)
-            return []
+        if not stalled and self._user is not None:
+            self._user.segment_end_asked = False
+        if self._contest is not None:
+            return self._contest_tick(self._contest, tick.now_ms)
         if not stalled or self.config.explicit_end or self._user is None:
             return []  # explicit end: the caller ends each turn itself, however long its audio pauses
-        if self.state is State.USER_SPEAKING and not self._segment_end_asked:
-            self._segment_end_asked = True
+        if self.state is State.USER_SPEAKING and not self._user.segment_end_asked:
+            self._user.segment_end_asked = True
             return [EndSegment()]
         if self.state is State.USER_PAUSED:
             self._user.stalled_ms = tick.audio_gap_ms
             return self._maybe_confirm()
         return []
 
-    def _resume(self) -> list[TurnAction]:
-        if not self._output_paused or self._answer is None:
+    def _contest_tick(self, contest: Contest, now_ms: float) -> list[TurnAction]:
+        """A sound paused the answer: play on once `resume_after_ms` passed with no word (words that come later still
+        barge in)."""
+        if not contest.paused:
             return []
-        self._output_paused, self._paused_since_ms = False, None
+        if contest.paused_since_ms is None:
+            contest.paused_since_ms = now_ms
+        elif now_ms - contest.paused_since_ms >= self.config.resume_after_ms:
+            return self._resume()
+        return []
+
+    def _resume(self) -> list[TurnAction]:
+        contest = self._contest
+        if contest is None or not contest.paused or self._answer is None:
+            return []
+        contest.paused, contest.paused_since_ms = False, None
         return [ResumeOutput(self._answer.answer_id, self._answer.turn)]
 
     # --- the client ------------------------------------------------------------------------------------------------
@@ -399,7 +433,7 @@ class TurnTaking:
         self.turn_no += 1
         self._user = None
         answer = self._new_answer(self.turn_no, held=False, spoken_turn=False)
-        self.state = State.ANSWERING
+        self._to(State.ANSWERING)
         actions.append(StartAnswer(answer.answer_id, self.turn_no, text, held=False, continues=continues))
         return actions
 
@@ -410,14 +444,14 @@ class TurnTaking:
             return []
         self.turn_no += 1
         answer = self._new_answer(self.turn_no, held=False, spoken_turn=False)
-        self.state = State.ANSWERING
+        self._to(State.ANSWERING)
         return [StartAnswer(answer.answer_id, self.turn_no, text, held=False, announcement=True)]
 
     def _interrupt(self) -> list[TurnAction]:
         user_was_speaking = self.state in (State.USER_SPEAKING, State.BARGE_IN_PENDING)
         actions = self._stop_everything("interrupt")
         self._user = None
-        self.state = State.LISTENING
+        self._to(State.LISTENING)
         if user_was_speaking:  # the user is still talking: that speech is a turn of its own
             self._open_turn()
         return actions
@@ -437,23 +471,22 @@ class TurnTaking:
         answer = self._answer
         assert answer is not None
         self._answer = None
-        self._output_paused = False  # the shell finishes an answer only once its audio has played: nothing is paused
         user = self._user
         speculations, dropped = (user.speculations, user.dropped) if user is not None else (0, 0)
         actions: list[TurnAction] = [FinishTurn(answer_id, answer.turn, speculations, dropped)]
         self._user = None
         if self.state is State.BARGE_IN_PENDING:  # the answer ended while the user spoke: that speech is a new turn
             self._open_turn()
-            self.state = State.USER_SPEAKING
+            self._to(State.USER_SPEAKING)
         else:
-            self.state = State.LISTENING
+            self._to(State.LISTENING)
         return actions
 
     # --- helpers ---------------------------------------------------------------------------------------------------
     def _open_turn(self) -> None:
         self.turn_no += 1
         self._user = UserTurn(self.turn_no)
-        self.state = State.USER_SPEAKING
+        self._to(State.USER_SPEAKING)
 
     def _new_answer(self, turn: int, held: bool, spoken_turn: bool, text: str = "") -> AnswerState:
         self._answer_ids += 1
@@ -472,7 +505,6 @@ class TurnTaking:
         if answer is None:
             return []
         self._answer = None
-        self._output_paused = False  # a clear stops the paused audio for good
         user = self._user
         continues_as = None
         if not ends_turn and user is not None:

@@ -52,10 +52,21 @@ class UserTurn:
     likely_verdict: float | None = None  # the detector's probability on the likely final's audio (`LikelyVerdict`)
     released_early: bool = False  # its answer was released on the likely final: the open segment is the answered one
     stalled_ms: float = 0.0  # wall time since then, once the audio has stalled (0 while it flows)
+    segment_end_asked: bool = False  # `EndSegment` went out for the current stall of the client's audio
 
     @property
     def text(self) -> str:
         return " ".join(segment for segment in self.segments if segment)
+
+
+@dataclass(slots=True)
+class Contest:
+    """BARGE_IN_PENDING's own record (it exists in that state only): user sound over the answer's audio that has not
+    yet proved to be words."""
+
+    started_ms: float  # when the contested speech began, on the audio stream's clock
+    paused: bool = True  # the answer's audio is paused (False once it played on after `resume_after_ms`)
+    paused_since_ms: float | None = None  # on the shell's clock: the first tick after the pause
 
 
 # --- events (into the machine) ---------------------------------------------------------------------------------------
