@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 
 from voice.think.dialogue import Dialogue
-from voice.turn.answer import Answer
+from voice.turn.answer import Answer, AnswerGate
 from voice.turn.clock import TurnClock
 from voice.turn.machine_events import ClockTick, State, TurnEvent
 from voice.turn.records import TurnRecord, TurnRecords
 
 
 def two_phrase_answer() -> Answer:
-    answer = Answer(answer_id=1, record=TurnRecord(turn=3, user_text="Tell me a story."), held=False, early=False)
+    record = TurnRecord(turn=3, user_text="Tell me a story.")
+    answer = Answer(answer_id=1, record=record, gate=AnswerGate(held=False), early=False)
     for phrase_id, text in enumerate(["Once upon a time.", "The end."]):
         answer.playback.ledger.begin_phrase(phrase_id, text)
         answer.playback.ledger.add_audio(phrase_id, 1000)

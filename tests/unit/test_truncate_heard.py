@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from voice.speak.playback_ledger import PlaybackLedger
 from voice.think.dialogue import Dialogue
-from voice.turn.answer import Answer
+from voice.turn.answer import Answer, AnswerGate
 from voice.turn.record import TurnRecord
 from voice.turn.records import TurnRecords
 
@@ -38,7 +38,7 @@ def test_dialogue_replaces_only_an_assistant_message() -> None:
 def _answered(records: TurnRecords, turn: int) -> Answer:
     record = TurnRecord(turn)
     record.user_text = f"question {turn}"
-    answer = Answer(answer_id=turn, record=record, held=False, early=False)
+    answer = Answer(answer_id=turn, record=record, gate=AnswerGate(held=False), early=False)
     answer.text = "One. Two."
     for pid, text in enumerate(["One.", "Two."]):
         answer.playback.ledger.begin_phrase(pid, text)

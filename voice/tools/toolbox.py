@@ -7,6 +7,7 @@ which the turn speaks as an apology instead of ending dead.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 
 from model.chat import ChatModel, ConstrainsAnswers
 from model.chat.tools import Function
+from voice.cancellation import cancel_and_wait
 from voice.errors import ToolError
 from voice.tools.builtin import BuiltinTools
+from voice.tools.loop import ClientTools
 from voice.tools.mcp import McpServer
 from voice.tools.timers import Timers
 
@@ -47,6 +50,7 @@ class Toolbox:
         self._builtins = BuiltinTools(self.timers) if config.builtins else None
         self._servers = [McpServer(command) for command in config.mcp]
         self._owner: dict[str, BuiltinTools | McpServer] = {}
+        self._warming: asyncio.Task[object] | None = None
         # what the last turn offered (the built-ins before the first): the next prompt is encoded ahead with it
         self.offered: tuple[Function, ...] = self._builtins.functions if self._builtins is not None else ()
 
@@ -86,7 +90,13 @@ class Toolbox:
             return await owner.call(name, parsed)
         return owner.call(name, parsed)
 
+    def warm(self, name: str) -> None:
+        """Start the MCP servers now, in a task (`name`), so the first turn that offers their tools does not wait."""
+        if self._warming is None:
+            self._warming = asyncio.create_task(self.functions(), name=name)
+
     async def close(self) -> None:
+        await cancel_and_wait(self._warming)
         for server in self._servers:
             await server.close()
 
@@ -94,6 +104,18 @@ class Toolbox:
 def holds_to_calls(lm: ChatModel) -> bool:
     """Whether `lm` can be held to calls of the tools it is offered (a grammar on its answers: `ConstrainsAnswers`)."""
     return isinstance(lm, ConstrainsAnswers) and lm.constrains_answers
+
+
+def check_client_tools(tools: ClientTools, lm: ChatModel, toolbox: Toolbox | None) -> None:
+    """Raise ToolError (naming it) when a session cannot offer a client's `tools`: its model cannot be held to calls,
+    or a name is one of the session's own tools (`toolbox`)."""
+    if tools.functions and not holds_to_calls(lm):
+        raise ToolError(f"{lm.name} cannot be held to tool calls (a remote or diffusion-mode model): no client "
+                        "tools can be offered")
+    own = {function.name for function in toolbox.offered} if toolbox is not None else set()
+    clash = sorted(own & {function.name for function in tools.functions})
+    if clash:
+        raise ToolError(f"tool {clash[0]} is one of the server's own tools: give yours another name")
 
 
 def toolbox_for(tools: ToolsConfig | None, lm: ChatModel) -> Toolbox | None:

@@ -1,8 +1,8 @@
 """One answer: the LM's drafts spoken by the SpeakStage, its events gated, its playback position kept.
 
-`Answer` is one answer's state: whether its events are held (an early answer before the end of turn is
-confirmed) or dropped (cancelled), its latency marks, and its playback (voice/turn/answer_playback.py: how much of its
-audio has played, pauses excluded).
+`Answer` is one answer's state, in parts that change together: its gate (`AnswerGate`: its events held, for an early
+answer before the end of turn is confirmed, or dropped once cancelled), the LM's work (`LmUsage`), its latency marks,
+and its playback (voice/turn/answer_playback.py: how much of its audio has played, pauses excluded).
 `AnswerRunner` runs it: LmRun (the diffusion LM in a worker thread) -> drafts -> SpeakStage -> audio, every event
 through one gate, and then waits until the audio has had time to play; it pauses, resumes and cancels the outputs
 (`Pause`, `Resume`, `Clear`), and has the LM encode the next prompt ahead. What the answer means for the turn
@@ -57,33 +57,75 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
+class AnswerGate:
+    """Whether an answer's events go out: held (an early answer, until the end of turn is confirmed), then open; or
+    shut for good once the answer is cancelled."""
+
+    held: bool
+    held_events: list[Event] = field(default_factory=list)
+    released: asyncio.Event = field(default_factory=asyncio.Event)  # set once open: waits for the end of turn
+    cancelled: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.held:
+            self.released.set()
+
+    def admit(self, event: Event) -> bool:
+        """Whether `event` goes out now; a held one is kept for `open`, a cancelled answer's dropped."""
+        if self.cancelled:
+            return False
+        if self.held:
+            self.held_events.append(event)
+            return False
+        return True
+
+    def open(self) -> list[Event]:
+        """Let everything through from now on; returns what was held, in order."""
+        self.held = False
+        held, self.held_events = self.held_events, []
+        self.released.set()
+        return held
+
+
+@dataclass(slots=True)
+class LmUsage:
+    """The LM's work for one answer, over every round of its tool loop."""
+
+    passes: int = 0
+    seconds: float = 0.0
+    tokens: int = 0  # written
+    prompt_tokens: int = 0  # read ...
+    cached_prompt_tokens: int = 0  # ... of which its cache held these
+
+    def count(self, draft: Draft) -> None:
+        self.passes += 1
+        self.seconds += draft.elapsed_s
+        if draft.done:
+            self.tokens += draft.completion_tokens
+            self.prompt_tokens += draft.prompt_tokens
+            self.cached_prompt_tokens += draft.cached_prompt_tokens
+
+
+@dataclass(slots=True)
 class Answer:
-    """One answer being generated and spoken. Its events pass through `AnswerRunner.event`: held while `held`,
-    dropped once `cancelled`."""
+    """One answer being generated and spoken: what it answers (fixed at its start), what runs it, the gate its events
+    pass (`AnswerRunner.event`), the LM's work, and what it has said and played so far."""
 
     answer_id: int
     record: TurnRecord
-    held: bool
+    gate: AnswerGate
     early: bool  # started before the end of turn was confirmed
+    announcement: str | None = None  # words to say instead of asking the model (a timer that is due)
+    continues: bool = False  # it answers tool results a client returned, with no new user words
     task: asyncio.Task[None] | None = None
     run: LmRun | None = None
-    released: asyncio.Event = field(default_factory=asyncio.Event)
-    held_events: list[Event] = field(default_factory=list)
-    cancelled: bool = False
+    usage: LmUsage = field(default_factory=LmUsage)
     marks: dict[str, int] = field(default_factory=dict)
     playback: AnswerPlayback = field(default_factory=AnswerPlayback)  # how much of its audio has played
     text: str = ""  # what it says so far: its committed text (or its draft, before any commit)
-    stats: dict[str, float] = field(default_factory=dict)
-    announcement: str | None = None  # words to say instead of asking the model (a timer that is due)
     said: tuple[DraftPiece, ...] = ()  # words said before the model's final round (the filler while a tool runs)
     tool_messages: list[ChatMessage] = field(default_factory=list)  # the turn's tool calls and results
-    passes: int = 0  # the LM's passes, every round of the tool loop
-    lm_seconds: float = 0.0
-    # the LM's counts over every round: tokens written, prompt tokens read, and of those the ones its cache held
-    tokens: int = 0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    continues: bool = False  # it answers tool results a client returned, with no new user words
+    stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def turn(self) -> int:
@@ -127,6 +169,7 @@ class AnswerRunner:
         # events: the end of turn waits on it)
         self.on_end_of_turn = on_end_of_turn
         self._prepared: threading.Event | None = None  # cancels the next prompt's encoding ahead, while it waits
+        self.prepared_words = ""  # the user's words the last prepare encoded ahead
         self.options = session_options(config, session_id)
         self.client_tools = ClientTools()
         self.awaiting: dict[str, str] = {}
@@ -139,7 +182,7 @@ class AnswerRunner:
         try:
             async with asyncio.timeout(self.config.max_turn_seconds):
                 await self._answer_body(answer, messages)
-            await answer.released.wait()  # an answer ready before its end of turn was confirmed waits for it
+            await answer.gate.released.wait()  # an answer ready before its end of turn was confirmed waits for it
             await self._until_played(answer)
         except TimeoutError:
             self._error(answer, "turn_timeout", f"the turn took longer than {self.config.max_turn_seconds} s")
@@ -155,7 +198,7 @@ class AnswerRunner:
     async def cancel(self, answer: Answer, clear_reason: str | None = None) -> None:
         """Drop everything of `answer` from now on, so no audio follows its `Clear` (sent when `clear_reason` is
         given); then cancel its task and close its LM run (the worker thread stops at its next pass)."""
-        answer.cancelled = True
+        answer.gate.cancelled = True
         if clear_reason is not None:
             self._emit(Clear(session=self.session_id, turn=answer.turn, reason=clear_reason))
         await cancel_and_wait(answer.task)
@@ -178,6 +221,7 @@ class AnswerRunner:
         next words, the user header and the `words` the user is known to have begun with) while the user speaks, so
         the next answer's first pass encodes only the rest (`DiffusionChatModel.prepare`; a remote LM has no such
         step). A prepare still waiting when the next answer starts is dropped (`drop_prepared`)."""
+        self.prepared_words = words
         lm = self.engines.lm
         if not isinstance(lm, PreparesPrompts):
             return
@@ -296,8 +340,7 @@ class AnswerRunner:
         round's text once done (calls or words)."""
         session = self.session_id
         async for t_ns, draft in run.drafts():
-            answer.passes += 1
-            answer.lm_seconds += draft.elapsed_s
+            answer.usage.count(draft)
             if "lm_first_pass" not in answer.marks:
                 answer.marks["lm_first_pass"] = t_ns
                 self.event(answer, LmFirstPass(session=session, turn=answer.turn, t_ns=t_ns))
@@ -306,10 +349,6 @@ class AnswerRunner:
                     answer.stats["lm_end_of_turn"] = draft.end_of_turn
                     if self.on_end_of_turn is not None:
                         await self.on_end_of_turn(answer, draft.end_of_turn)
-            if draft.done:
-                answer.tokens += draft.completion_tokens
-                answer.prompt_tokens += draft.prompt_tokens
-                answer.cached_prompt_tokens += draft.cached_prompt_tokens
             # a tool call is never spoken nor shown, nor is a draft that may still become one; a finished answer is
             # a call only if it opens with a call's trigger
             if starts_calls(draft.text) if draft.done else opens_calls(draft.text):
@@ -334,7 +373,7 @@ class AnswerRunner:
                 tokens = draft.completion_tokens
                 # the end-of-sequence token is generated work too (as in scripts/train/eval_default_model.py)
                 generated = tokens + (1 if draft.finish_reason == "stop" else 0)
-                passes, lm_seconds = answer.passes, answer.lm_seconds
+                passes, lm_seconds = answer.usage.passes, answer.usage.seconds
                 answer.stats.update(
                     tokens=tokens,
                     passes=passes,
@@ -351,7 +390,7 @@ class AnswerRunner:
     async def _hand_out(self, answer: Answer, loop: ToolLoop, decision: HandOut) -> None:
         """Calls of a client's functions: they go out (once the turn is confirmed, as a tool's run waits) and the
         answer ends with them and no words; the history keeps them, and `awaiting` their ids."""
-        await answer.released.wait()
+        await answer.gate.released.wait()
         loop.handed_out(decision)
         answer.tool_messages = list(loop.added)
         for call, call_id in zip(decision.calls, decision.call_ids, strict=True):
@@ -370,7 +409,7 @@ class AnswerRunner:
         toolbox = self.toolbox
         if toolbox is None:
             raise RuntimeError("an answer offered no tools made tool calls")
-        await answer.released.wait()
+        await answer.gate.released.wait()
         task = asyncio.create_task(self._call_all(toolbox, answer, calls),
                                    name=f"tools-{self.session_id}-{answer.turn}")
         try:
@@ -413,10 +452,11 @@ class AnswerRunner:
         self._answer_done(answer, "stop")
 
     def _answer_done(self, answer: Answer, finish_reason: str) -> None:
+        usage = answer.usage
         self.event(answer, AnswerDone(session=self.session_id, turn=answer.turn, text=answer.text,
-                                      tokens=answer.tokens, passes=answer.passes, lm_seconds=answer.lm_seconds,
-                                      finish_reason=finish_reason, prompt_tokens=answer.prompt_tokens,
-                                      cached_prompt_tokens=answer.cached_prompt_tokens))
+                                      tokens=usage.tokens, passes=usage.passes, lm_seconds=usage.seconds,
+                                      finish_reason=finish_reason, prompt_tokens=usage.prompt_tokens,
+                                      cached_prompt_tokens=usage.cached_prompt_tokens))
 
     async def _on_speech(self, answer: Answer, event: Event) -> None:
         if isinstance(event, PhraseCommitted):
@@ -428,20 +468,13 @@ class AnswerRunner:
     # --- the gate ------------------------------------------------------------------------------------------------
     def event(self, answer: Answer, event: Event) -> None:
         """Every event of an answer comes through here: dropped once cancelled, held until released."""
-        if answer.cancelled:
-            return
-        if answer.held:
-            answer.held_events.append(event)
-            return
-        self._deliver(answer, event)
+        if answer.gate.admit(event):
+            self._deliver(answer, event)
 
     def release(self, answer: Answer) -> None:
         """The end of turn is confirmed: what the answer held goes out, and from now on everything goes out at once."""
-        answer.held = False
-        held, answer.held_events = answer.held_events, []
-        for event in held:
+        for event in answer.gate.open():
             self._deliver(answer, event)
-        answer.released.set()
 
     def _deliver(self, answer: Answer, event: Event) -> None:
         if isinstance(event, AudioOut) and answer.playback.first_audio_ns is None:

@@ -9,46 +9,8 @@ The session core (voice/turn/session_core.py) joins it to the listener and the t
 (`voice.turn.session.Session`) only executes the actions. Tests drive it with lists of events and assert the actions:
 no models, no sleeps, no event loop.
 
-Speculative end of turn. The listener decodes a segment as soon as its speech has been followed by a moment of
-silence (~64 ms: the likely final, `UserLikelyFinal`), and the answer starts right there (`StartAnswer(held=True)`),
-while the segment is still open: the LM and the first phrase's TTS run while the end of turn is undecided. A voice that
-comes back inside the segment (`UserResumed`) drops that answer. The segment's end (`UserFinal`, after ~320 ms of
-silence) keeps the answer when its transcript is the one the answer started from, or replaces it (state
-`USER_PAUSED`). The end of turn is confirmed by more silence (`Silence`: the silence rule, or
-Smart Turn's verdict shortening or lengthening it), or by the caller saying the user is done (`UserDone`: a file's
-end, push-to-talk); then the held audio is released at once (`ReleaseAnswer`). If the user speaks again first, the held
-answer is dropped and counted (`CancelAnswer(ends_turn=False)`), and the next segment continues the same turn.
-
-Released on the likely final. When both signals on the likely final's words are in (the detector's verdict on the very
-audio the segment will end with, and the LM's from the answer's first pass) and the rule calls the turn complete, the
-held answer is released once the silence reaches the rule's short wait (`complete_silence_ms`, 200 ms), without
-waiting for the segment's end (320 ms of silence, the endpointer's): its audio, often ready before then, goes out
-sooner. The segment's final comes later and only completes the turn's record. A voice that comes back inside the
-segment after that (`UserResumed`) is the turn going on: the answer is cancelled and its audio cleared, as for speech
-that resumes within `continuation_ms` of an answer that already spoke (`release_on_likely_final=False`: released at
-the segment's end only, as half duplex must: it stops hearing the microphone once the answer plays).
-
-Turn continuation. Speech that resumes within `continuation_ms` of the user's last voiced sample, before or while the
-answer starts, continues the same user turn: the answer is cancelled (and the output cleared) without ending the turn,
-the segments' transcripts are joined, and the turn gets one answer. Later speech starts a new turn, and an answer that
-has not finished is cancelled then, never queued behind the new turn.
-
-A transcript that trails off ("My brother and I...", "should I take the") waits as long as an unfinished verdict,
-whatever the detector heard (`voice.listen.words.trails_off`). The LM's own probability that the message ended
-there (`LmTurnVerdict`, from the answer's first pass) joins the detector's in one fitted rule (voice/end_of_turn.py).
-
-Barge-in needs real speech. Sound heard while the assistant is speaking pauses its audio (`PauseOutput`, state
-`BARGE_IN_PENDING`) and interrupts only once a word is recognised. A cough or an echo is not words: the audio resumes
-(`ResumeOutput`) when its transcript comes back empty, or `resume_after_ms` after the pause if no word has come by then
-(a long noise never holds the answer back); words recognised later still barge in. The answer is never dropped for a
-sound.
-
-Time. The end of turn is measured on the audio stream's own clock (`Silence`), so a slow step never stretches a pause.
-But a client can stop sending audio (a muted tab, a network stall, a file client done with its clip): the shell's clock
-then takes over (`ClockTick`, wall time, fed by the shell about every 100 ms, with how long it has waited for audio).
-Once no audio has come for `stalled_audio_ms`, an open speech segment is ended with what was heard (`EndSegment`), and
-a pause's silence goes on growing with the wall clock, so the turn ends as it would have on silent audio. The core
-reads no clock itself.
+Why the machine moves as it does (speculative end of turn, release on the likely final, turn continuation, barge-in
+that needs words, the two clocks) is told beside its table of moves, in voice/turn/transitions.py.
 
 At most one answer exists at a time: every `StartAnswer` is preceded by the `CancelAnswer` of the one before.
 """

@@ -23,6 +23,7 @@ class TurnRecords:
         self.dialogue = dialogue
         self._records: dict[int, TurnRecord] = {}
         self._last_answer: tuple[int, Answer] | None = None  # the newest ended turn's answer, for `truncate`
+        self._results_waiting: list[str] = []  # tool results returned while an answer ran: history at its end
 
     def get(self, turn: int) -> TurnRecord:
         """The turn's record, made on first use."""
@@ -43,6 +44,14 @@ class TurnRecords:
         record = self._records.pop(record.turn, record)
         record.turn = turn
         self._records[record.turn] = record
+
+    def add_tool_result(self, output: str, answering: bool) -> None:
+        """A client's function result joins the history: now, or, while an answer is `answering`, once its turn has
+        ended (after that turn's messages)."""
+        if answering:
+            self._results_waiting.append(output)
+        else:
+            self.dialogue.add_tool_messages([ChatMessage("tool", output)])
 
     def messages_with(self, user_text: str) -> list[ChatMessage]:
         """The history plus this turn's words; the history itself changes only when the turn ends."""
@@ -75,6 +84,8 @@ class TurnRecords:
             if answer is not None:
                 self.dialogue.add_tool_messages(answer.tool_messages)
         self.dialogue.add_assistant(spoken)
+        results, self._results_waiting = self._results_waiting, []
+        self.dialogue.add_tool_messages([ChatMessage("tool", output) for output in results])
         self._last_answer = None if answer is None or answer.announcement is not None else (record.turn, answer)
         return TurnEnd(
             session=self.session_id,

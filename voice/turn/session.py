@@ -29,22 +29,23 @@ import asyncio
 import logging
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
 from model.chat import ChatMessage
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
-from voice.errors import ProtocolError, ToolError, VoiceError
+from voice.errors import ProtocolError, VoiceError
 from voice.events import AudioOut, ErrorEvent, Event, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
 from voice.listen.stage import ListenStage
 from voice.think.dialogue import Dialogue
 from voice.tools.announcements import Announcements
 from voice.tools.loop import ClientTools
-from voice.tools.toolbox import holds_to_calls, toolbox_for
-from voice.turn.answer import Answer, AnswerRunner
+from voice.tools.toolbox import check_client_tools, toolbox_for
+from voice.turn.answer import Answer, AnswerGate, AnswerRunner
 from voice.turn.clock import TurnClock
 from voice.turn.config import SessionConfig
 from voice.turn.detector_runs import DetectorRuns
@@ -86,6 +87,13 @@ from voice.turn.tuning import TurnTuning
 log = logging.getLogger(__name__)
 
 
+class HeldActions(NamedTuple):
+    """Actions that wait for `wait`: what one of the core's actions takes time to finish (`Session._execute`)."""
+
+    wait: Awaitable[None]
+    rest: list[SessionAction]
+
+
 class Session:
     """One conversation. Many sessions share one `Engines` in a process."""
 
@@ -107,14 +115,11 @@ class Session:
         self._records = TurnRecords(self.id, self.dialogue)
         self.toolbox = toolbox_for(config.tools, engines.lm)
         self._announcements = Announcements(self._announce, f"timers-{self.id}")  # said once the floor is free
-        self._tools_warm: asyncio.Task[object] | None = None
-        self._prepared_words = ""  # the user's words the last prepare encoded ahead
         self._answers = AnswerRunner(engines, config, self.id, self._emit, self._on_first_audio, self.toolbox,
                                      self._on_lm_end_of_turn)
         self._answer: Answer | None = None
-        self._results_waiting: list[str] = []  # tool results returned while an answer ran: history at its end
         self._tuning = TurnTuning()
-        self._answers_running: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # answers, and actions held behind one that takes time
         self._clock = TurnClock(self.core, self._dispatch, name=f"turn-clock-{self.id}")
         self._idle = asyncio.Event()
         self._idle.set()
@@ -168,7 +173,7 @@ class Session:
             raise ProtocolError(f"the text turn is longer than {self.config.max_text_chars} characters")
         actions = self.core.handle(TextTyped(text, now_ns()))
         turn = self.core.turn_no
-        await self._execute(actions)
+        await self._carry_out(actions)
         self._emit(Transcript(session=self.id, turn=turn, text=text, committed=text, final=True))
 
     @property
@@ -205,14 +210,7 @@ class Session:
         answers from now on. A call of one ends its turn with a `ToolRequested`; the client's result comes back by
         `add_tool_result`. Raises ToolError (naming it) for a name the session's own tools use, or when the model
         cannot be held to tool calls; a refused offer changes nothing."""
-        lm = self.engines.lm
-        if tools.functions and not holds_to_calls(lm):
-            raise ToolError(f"{lm.name} cannot be held to tool calls (a remote or diffusion-mode model): no client "
-                            "tools can be offered")
-        own = {function.name for function in self.toolbox.offered} if self.toolbox is not None else set()
-        clash = sorted(own & {function.name for function in tools.functions})
-        if clash:
-            raise ToolError(f"tool {clash[0]} is one of the server's own tools: give yours another name")
+        check_client_tools(tools, self.engines.lm, self.toolbox)
         self._answers.client_tools = tools
         self._prepare_next_prompt()
 
@@ -222,10 +220,8 @@ class Session:
         ProtocolError for a call id no call is waiting under."""
         if self._answers.awaiting.pop(call_id, None) is None:
             raise ProtocolError(f"no function call {call_id} is waiting for its output")
-        if self._answer is not None:
-            self._results_waiting.append(output)
-        else:
-            self.dialogue.add_tool_messages([ChatMessage("tool", output)])
+        self._records.add_tool_result(output, answering=self._answer is not None)
+        if self._answer is None:
             self._prepare_next_prompt()
 
     async def answer_tool_results(self) -> None:
@@ -233,7 +229,7 @@ class Session:
         is (it takes the floor from an answer in progress)."""
         if self._closed:
             raise ProtocolError("the session is closed")
-        await self._execute(self.core.handle(TextTyped("", now_ns(), continues=True)))
+        await self._dispatch(TextTyped("", now_ns(), continues=True))
 
     async def interrupt(self, reason: str = "interrupt") -> None:
         """Stop speaking now: `Clear`, cancel the turn; the history keeps what was played."""
@@ -250,7 +246,7 @@ class Session:
         played report; for the newest ended turn, its history message is cut to what those samples said (returned).
         None when `turn` is neither."""
         if self._answer is not None and self._answer.turn == turn:
-            self._answer.playback.reported_played = samples
+            self.report_played(samples)
             return ""
         return self._records.truncate(turn, samples)
 
@@ -276,8 +272,7 @@ class Session:
             await self._answers.cancel(answer)
         await self._dispatch(SessionClosed())
         waits = self._detector.waits() if self._detector is not None else []
-        await cancel_and_wait(*self._answers_running, *waits, self._clock.task, self._announcements.task,
-                              self._tools_warm)
+        await cancel_and_wait(*self._tasks, *waits, self._clock.task, self._announcements.task)
         if self.toolbox is not None:
             await self.toolbox.close()
         async with self._listen_lock:
@@ -292,7 +287,7 @@ class Session:
         if self.toolbox is None or self._announcements.task is not None:
             return
         self._announcements.start(self.toolbox.timers)
-        self._tools_warm = asyncio.create_task(self.toolbox.functions(), name=f"tools-start-{self.id}")
+        self.toolbox.warm(f"tools-start-{self.id}")
 
     def _announce(self) -> None:
         """Say the next due timer's words if the floor is free; otherwise the core refuses them and they wait."""
@@ -302,7 +297,7 @@ class Session:
         actions = self.core.handle(AssistantAnnounces(words))
         if actions:
             self._announcements.said()
-            self._execute_now(actions)
+            self._carry_out_soon(actions)
 
     # --- listening -------------------------------------------------------------------------------------------------
     async def _on_listen(self, event: Event) -> None:
@@ -328,12 +323,12 @@ class Session:
             case Transcript():
                 actions = core.handle(FinalTranscript(event.text, event.t_ns, listen.last_segment_audio))
                 self._emit(replace(event, turn=core.user_turn))
-                await self._execute(actions)
+                await self._carry_out(actions)
 
     def _on_likely_final(self, segment: np.ndarray, speech_end_ns: int | None = None) -> None:
         """The listener starts the segment's likely final decode; `segment` is the segment's audio if the user stays
         silent: the turn detector may judge it now (the core says whether)."""
-        self._execute_now(self.core.handle(LikelyFinalDecoding(segment, speech_end_ns)))
+        self._carry_out_soon(self.core.handle(LikelyFinalDecoding(segment, speech_end_ns)))
 
     async def _end_segment(self) -> None:
         """The client stopped sending audio mid-speech: close the open segment as the end of a stream would, and
@@ -351,40 +346,48 @@ class Session:
 
     # --- executing the core's actions --------------------------------------------------------------------------------
     async def _dispatch(self, event: SessionEvent) -> None:
-        await self._execute(self.core.handle(event))
+        await self._carry_out(self.core.handle(event))
 
-    async def _execute(self, actions: list[SessionAction]) -> None:
-        for action in actions:
-            match action:
-                case CancelAnswer():
-                    await self._cancel_answer(action)
-                case EndSegment():
-                    await self._end_segment()
-                case DropVerdict(request=request) if self._detector is not None:
-                    await cancel_and_wait(self._detector.drop(request))
-                case _:
-                    self._execute_one(action)
+    async def _carry_out(self, actions: list[SessionAction], after: Awaitable[None] | None = None) -> None:
+        """Execute `actions` in order (once `after` is done), waiting for each one the next must wait for."""
+        held = HeldActions(after, actions) if after is not None else self._execute(actions)
+        while held is not None:
+            await held.wait
+            held = self._execute(held.rest)
+
+    def _carry_out_soon(self, actions: list[SessionAction]) -> None:
+        """From a synchronous callback (an answer's first audio or end, the likely final's decode, a due timer):
+        execute `actions` now as far as nothing must be waited for; the rest follow in a task."""
+        if (held := self._execute(actions)) is not None:
+            self._spawn(self._carry_out(held.rest, after=held.wait), f"actions-{self.id}")
+
+    def _execute(self, actions: list[SessionAction]) -> HeldActions | None:
+        """The session's one executor: do each action in order. One that takes time the next must wait for (an
+        answer's cancellation, a segment's end, a dropped verdict's wait) is returned with the actions after it."""
+        for at, action in enumerate(actions):
+            if (wait := self._execute_one(action)) is not None:
+                return HeldActions(wait, actions[at + 1:])
         self._update_idle()
+        return None
 
-    def _execute_now(self, actions: list[SessionAction]) -> None:
-        """Execute actions from a synchronous callback (an answer's end or first audio, the likely final's decode):
-        none of them waits, and a dropped detector request's wait is cancelled without being waited out."""
-        for action in actions:
-            if isinstance(action, DropVerdict) and self._detector is not None:
-                self._detector.drop(action.request)
-            else:
-                self._execute_one(action)
-        self._update_idle()
-
-    def _execute_one(self, action: SessionAction) -> None:
+    def _execute_one(self, action: SessionAction) -> Awaitable[None] | None:
         match action:
+            case CancelAnswer():
+                return self._cancel_answer(action)
+            case EndSegment():
+                return self._end_segment()
+            case DropVerdict(request=request) if self._detector is not None:
+                dropped = self._detector.drop(request)
+                return cancel_and_wait(dropped) if dropped is not None else None
             case StartAnswer():
                 self._start_answer(action)
             case ReleaseAnswer(answer_id=answer_id):
                 if (answer := self._current(answer_id)) is not None:
                     self._answers.release(answer)
-            case FinishTurn():
-                self._finish_answered(action)
+            case FinishTurn(answer_id=answer_id, speculations=speculations, dropped=dropped):
+                if (answer := self._current(answer_id)) is not None:
+                    self._answer = None
+                    self._end_answered(answer, speculations, dropped, interrupted=False)
             case AbandonTurn(turn=turn, text=text):
                 record = self._records.get(turn)
                 record.user_text = text
@@ -401,79 +404,64 @@ class Session:
                 self._detector.ask(request, audio)
             case AwaitVerdict(request=request, turn=turn) if self._detector is not None:
                 self._detector.await_verdict(request, turn)
-            case _:  # CancelAnswer and EndSegment wait: only `_execute` runs them
-                raise RuntimeError(f"the session cannot execute {action!r} here")
+        return None
 
     def _current(self, answer_id: int) -> Answer | None:
         """The answer running now, if it is answer `answer_id`."""
-        answer = self._answer
-        return answer if answer is not None and answer.answer_id == answer_id else None
+        return self._answer if self._answer is not None and self._answer.answer_id == answer_id else None
 
     def _start_answer(self, action: StartAnswer) -> None:
         self._answers.drop_prepared()
         self._start_tools()  # a typed turn may come before `start`
         record = self._records.get(action.turn)
         record.user_text = "" if action.announcement or action.continues else action.text
-        answer = Answer(action.answer_id, record, held=action.held, early=action.held,
+        answer = Answer(action.answer_id, record, AnswerGate(held=action.held), early=action.held,
                         announcement=action.text if action.announcement else None, continues=action.continues)
-        if not action.held:
-            answer.released.set()
         self._answer = answer
         if action.announcement:
             messages: list[ChatMessage] = []
         else:
             messages = self._records.messages() if action.continues else self._records.messages_with(action.text)
-        answer.task = asyncio.create_task(self._run_answer(answer, messages),
-                                          name=f"answer-{self.id}-{action.turn}-{action.answer_id}")
-        self._answers_running.add(answer.task)
-        answer.task.add_done_callback(self._answers_running.discard)
+        name = f"answer-{self.id}-{action.turn}-{action.answer_id}"
+        answer.task = self._spawn(self._run_answer(answer, messages), name)
 
     async def _run_answer(self, answer: Answer, messages: list[ChatMessage]) -> None:
         await self._answers.run(answer, messages)
-        if answer.cancelled:
+        if answer.gate.cancelled:
             return
-        await answer.released.wait()  # a failed answer still waits: its error belongs to a confirmed turn
+        await answer.gate.released.wait()  # a failed answer still waits: its error belongs to a confirmed turn
         # synchronous from here: the core learns of the end and the turn ends, with no other step in between
-        self._execute_now(self.core.handle(AnswerFinished(answer.answer_id)))
+        self._carry_out_soon(self.core.handle(AnswerFinished(answer.answer_id)))
 
     async def _on_lm_end_of_turn(self, answer: Answer, probability: float) -> None:
         """The answer's first pass read the LM's end-of-turn probability: the core weighs it with the detector's."""
         await self._dispatch(LmTurnVerdict(answer.answer_id, probability))
 
     def _on_first_audio(self, answer: Answer) -> None:
-        self._execute_now(self.core.handle(AnswerAudio(answer.answer_id)))
+        self._carry_out_soon(self.core.handle(AnswerAudio(answer.answer_id)))
 
     async def _cancel_answer(self, action: CancelAnswer) -> None:
-        answer = self._current(action.answer_id)
-        if answer is None:
+        if (answer := self._current(action.answer_id)) is None:
             return
         self._answer = None
         await self._answers.cancel(answer, clear_reason=action.reason if action.clear else None)
         if action.continues_as is not None:
             self._records.renumber(answer.record, action.continues_as)
         if action.ends_turn:
-            answer.stats.update(speculations=action.speculations, speculations_dropped=action.dropped)
-            self._end_turn(answer.record, answer, interrupted=True, stats=answer.stats)
+            self._end_answered(answer, action.speculations, action.dropped, interrupted=True)
 
-    def _finish_answered(self, action: FinishTurn) -> None:
-        answer = self._current(action.answer_id)
-        if answer is None:
-            return
-        self._answer = None
-        answer.stats.update(speculations=action.speculations, speculations_dropped=action.dropped)
-        self._end_turn(answer.record, answer, interrupted=False, stats=answer.stats)
+    def _end_answered(self, answer: Answer, speculations: int, dropped: int, interrupted: bool) -> None:
+        """`answer`'s turn ends (`FinishTurn`, or a `CancelAnswer` that ends it), its speculations counted."""
+        answer.stats.update(speculations=speculations, speculations_dropped=dropped)
+        self._end_turn(answer.record, answer, interrupted, stats=answer.stats)
 
-    def _end_turn(self, record: TurnRecord, answer: Answer | None, interrupted: bool,
-                  stats: dict[str, float]) -> None:
+    def _end_turn(self, record: TurnRecord, answer: Answer | None, interrupted: bool, stats: dict[str, float]) -> None:
         self._emit(self._records.end(record, answer, interrupted, stats))
-        results, self._results_waiting = self._results_waiting, []
-        self.dialogue.add_tool_messages([ChatMessage("tool", output) for output in results])
         self._prepare_next_prompt()
 
     def _prepare_next_prompt(self, words: str = "") -> None:
         """The LM encodes what the next answer will see before the user's next words while the user speaks (and the
         `words` already committed of them)."""
-        self._prepared_words = words
         if not self._closed:
             self._answers.prepare_next(self._records.messages_with("")[:-1], words)
 
@@ -484,7 +472,7 @@ class Session:
         if before is None or not committed.strip():
             return
         words = f"{before} {committed.strip()}".strip()
-        if words != self._prepared_words:
+        if words != self._answers.prepared_words:
             self._prepare_next_prompt(words)
 
     def _update_idle(self) -> None:
@@ -497,6 +485,12 @@ class Session:
             self._idle.clear()
         if not self._closed:
             self._clock.run_if_needed()
+
+    def _spawn(self, work: Coroutine[object, object, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _emit(self, event: Event) -> None:
         if not isinstance(event, AudioOut):
