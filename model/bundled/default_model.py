@@ -64,8 +64,15 @@ def base_gguf_path() -> Path:
 def ensure_base_checkpoint(progress: bool = True) -> Path:
     """Return a safetensors folder of the base model, converting the packaged GGUF once if needed."""
     target = cache_root() / BASE_NAME
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
+    if not ((target / "config.json").is_file() and (target / "model.safetensors").is_file()):
+        convert_base_checkpoint(target, progress)
+    return target
+
+
+def convert_base_checkpoint(target: Path, progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Convert the packaged GGUF into the safetensors folder `target` (written beside it, then renamed: no partial
+    folder is ever left under its name). Returns the model and tokenizer as transformers loaded them from the GGUF:
+    what the converted copy must compute."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -90,7 +97,7 @@ def ensure_base_checkpoint(progress: bool = True) -> Path:
         shutil.rmtree(target)
     tmp.rename(target)
     print(f"converted in {time.monotonic() - started:.1f} s", flush=True)
-    return target
+    return model, tokenizer
 
 
 def int4_cache_file() -> Path:

@@ -20,7 +20,7 @@ import pytest
 import soundfile
 
 from scripts.report_lib.local_service import free_port
-from tests.integration.ws_harness import SPEECH_WORDS, load_test_engines, running_server
+from tests.integration.ws_harness import SPEECH_WORDS, running_server
 from voice.audio import load_audio_16k, resample
 from voice.engines import Engines
 from web.config import WebConfig
@@ -68,11 +68,6 @@ def fake_microphone_wav(folder: Path) -> Path:
     path = folder / "fake_mic.wav"
     soundfile.write(path, np.concatenate([lead, speech, tail]), FAKE_MIC_RATE, subtype="PCM_16")
     return path
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    return load_test_engines(tmp_path_factory.mktemp("lm"))
 
 
 def test_spoken_turn_over_https_in_real_chromium(engines: Engines, tmp_path: Path) -> None:

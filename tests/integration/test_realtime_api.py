@@ -13,7 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.integration.realtime_client import until
-from tests.integration.ws_harness import SPEECH_WORDS, load_test_engines, running_server, speech_pcm16
+from tests.integration.ws_harness import SPEECH_WORDS, running_server, speech_pcm16
 from voice.audio import float32_to_pcm16, pcm16_to_float32, resample
 from voice.engines import Engines
 from web.config import WebConfig
@@ -25,11 +25,6 @@ RATE = 24_000
 CHUNK_S = 0.1
 TOKEN = "realtime-test-token-0123"
 USER_TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello how are you"}]}
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    return load_test_engines(tmp_path_factory.mktemp("lm"))
 
 
 def speech_24k() -> bytes:

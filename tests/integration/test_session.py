@@ -11,7 +11,7 @@ import pytest
 
 from model.chat import ChatMessage, ChatModel, Draft, GenerationOptions
 from model.errors import ModelError
-from tests.integration.ws_harness import load_test_engines, speech_pcm16
+from tests.integration.ws_harness import speech_pcm16
 from voice.audio import stream_pcm16
 from voice.engines import Engines
 from voice.events import (
@@ -59,11 +59,6 @@ class FailsOnce(RecordingModel):
         if len(self.prompts) == 1:
             raise ModelError("the model could not run this prompt (injected failure)")
         return self.inner.stream_chat(messages, options, cancel)
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    return load_test_engines(tmp_path_factory.mktemp("lm"))
 
 
 def with_lm(engines: Engines, lm: ChatModel) -> Engines:

@@ -11,7 +11,6 @@ import pytest
 
 from scripts.report_lib.speech_samples import LIBRIVOX_DIR
 from scripts.report_lib.wer import word_error_rate
-from tests.integration.ws_harness import load_test_engines
 from voice.audio import float32_to_pcm16, load_audio_16k
 from voice.engines import Engines
 from voice.modes.files import run_files, write_wav
@@ -26,11 +25,6 @@ FIRST = ("and mister john dashwood had then leisure to consider how much there m
 SECOND = "he was not an ill disposed young man"
 THIRD = "unless to be rather cold hearted and rather selfish is to be ill disposed"
 FOURTH = "had he married a more a amiable woman he might have been made still more respectable than he was"
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    return load_test_engines(tmp_path_factory.mktemp("lm"))
 
 
 def clip(number: int) -> np.ndarray:

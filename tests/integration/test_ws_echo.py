@@ -12,16 +12,11 @@ from websockets.asyncio.client import connect
 
 from scripts.report_lib.open_speakers import OpenSpeakerClient, Room, judge
 from scripts.report_lib.speech_samples import card_clips, librivox_clips
-from tests.integration.ws_harness import load_test_engines, running_server
+from tests.integration.ws_harness import running_server
 from voice.audio import load_audio_16k
 from voice.engines import Engines
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    return load_test_engines(tmp_path_factory.mktemp("lm"))
 
 
 def test_a_client_on_open_speakers_talks_over_an_answer_and_its_echo_starts_nothing(engines: Engines) -> None:

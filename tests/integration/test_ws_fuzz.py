@@ -8,14 +8,13 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
-from tests.integration.ws_harness import load_test_engines, session_config
+from tests.integration.ws_harness import session_config
 from voice.engines import Engines
 from web.config import WebConfig
 from web.server import VoiceServer
@@ -72,8 +71,7 @@ class ThreadedServer:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
-    engines = load_test_engines(Path(tmp_path_factory.mktemp("lm")))
+def server(engines: Engines) -> Iterator[ThreadedServer]:
     with ThreadedServer(engines) as running:
         yield running
     assert running.leftover == set(), f"tasks leaked past shutdown: {running.leftover}"

@@ -13,7 +13,6 @@ from websockets.exceptions import InvalidStatus
 from tests.integration.ws_harness import (
     Received,
     collect,
-    load_test_engines,
     running_server,
     speak_one_turn,
 )
@@ -23,11 +22,6 @@ from web.metrics import histogram_buckets
 from web.server import VoiceServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    return load_test_engines(tmp_path_factory.mktemp("lm"))
 
 
 def base(server: VoiceServer) -> str:

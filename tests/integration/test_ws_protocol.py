@@ -16,7 +16,6 @@ from tests.integration.ws_harness import (
     Received,
     collect,
     leftover_tasks,
-    load_test_engines,
     running_server,
     speak_one_turn,
     speech_pcm16,
@@ -27,11 +26,6 @@ from web.config import WebConfig
 from web.server import VoiceServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    return load_test_engines(tmp_path_factory.mktemp("lm"))
 
 
 def url(server: VoiceServer) -> str:
