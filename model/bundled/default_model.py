@@ -28,8 +28,9 @@ from model.decoding.sampler import SamplerConfig
 from model.device import resolve_device
 from model.disk_cache import cache_root
 from model.errors import ModelError
+from model.gguf.int4_file import cached_int4_weights
 from model.runtime import quant_kernels
-from model.runtime.int4_weights import available, cached_int4_weights
+from model.runtime.int4_weights import available
 from model.runtime.passing_thread import on_passing_thread
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def convert_base_checkpoint(target: Path, progress: bool = True) -> tuple[PreTra
 
 
 def int4_cache_file() -> Path:
-    """The packed int4 weights (`model.runtime.int4_weights.cached_int4_weights`), beside the converted checkpoint."""
+    """The packed int4 weights (`model.gguf.int4_file.cached_int4_weights`), beside the converted checkpoint."""
     return cache_root() / BASE_NAME / "int4.safetensors"
 
 

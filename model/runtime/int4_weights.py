@@ -18,18 +18,15 @@ instructions per 64 weights, so drafting passes stay cheap (scripts/bench/bench_
 batched passes of several answers go through the same kernels, all answers' rows in the same calls
 (`model.runtime.fast_pass`).
 
-The blocks are read from the GGUF once (~10 s: the reader parses the tokenizer too) and kept packed in the cache
-(`cached_int4_weights`), stamped with the layout's name and the file's size and time.
+model/gguf/int4_file.py reads the blocks from the GGUF and keeps them packed in the cache (`cached_int4_weights`),
+stamped with the layout's name (`LAYOUT`) and the file's size and time.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
 from model.errors import ModelError
@@ -38,13 +35,6 @@ from model.runtime import quant_kernels
 from model.runtime.packed import GROUP, Head, PackedLinear, PackedWeight
 
 LAYOUT = "tiles16-groups32-quads-fp16-v3"  # the packed layout's name, in the cache file's stamp
-_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
-_Q8_BLOCK_BYTES = 34  # fp16 d, 32 int8
-# The GGUF's tensor names for one layer's linears, in HF's names
-_GGUF_NAMES = {
-    "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-    "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,133 +149,21 @@ class Int4Layer:
     gate_up: PackedLinear
     down: PackedLinear
 
-
-def _read_q4_1(tensor: Any) -> Q4Blocks:
-    """A GGUF tensor of type Q4_1 (`gguf.GGUFReader`'s) as blocks, in the file's row order."""
-    raw = np.asarray(tensor.data)
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, _BLOCK_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    nibbles = blocks[..., 4:]  # element j in the low nibble of byte j, element j + 16 in its high one
-    q = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=-1).reshape(rows, -1).astype(np.int32)
-    return Q4Blocks(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(m))
-
-
-def _read_q8_0(tensor: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """A GGUF tensor of type Q8_0 as (int8 values `[N, K]`, fp16 scales as fp32 `[N, K / 32]`)."""
-    raw = np.asarray(tensor.data)
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, _Q8_BLOCK_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    q = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
-    return torch.from_numpy(q), torch.from_numpy(d)
+    @classmethod
+    def from_blocks(cls, w: dict[str, Q4Blocks]) -> Int4Layer:
+        """From one layer's Q4_1 blocks by HF's names (`q_proj` ... `down_proj`)."""
+        return cls(
+            qkv=Int4Linear.from_blocks(Q4Blocks.stack([w["q_proj"], w["k_proj"], w["v_proj"]])),
+            o=Int4Linear.from_blocks(w["o_proj"]),
+            gate_up=Int4Linear.from_blocks(Q4Blocks.stack([w["gate_proj"], w["up_proj"]])),
+            down=Int4Linear.from_blocks(w["down_proj"]),
+        )
 
 
 def unpermute_order(rows: int, heads: int) -> torch.Tensor:
     """The row order that undoes llama.cpp's rotary permutation of q and k (as transformers' GGUF loader does)."""
     half = rows // heads // 2
     return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(rows)
-
-
-def _gguf_tensors(path: Path) -> dict[str, Any]:
-    import gguf
-
-    return {t.name: t for t in gguf.GGUFReader(str(path)).tensors}  # ~4 s: it parses the tokenizer's 49k strings
-
-
-def read_gguf_linears(path: Path, config: Any, tensors: dict[str, Any] | None = None) -> list[dict[str, Q4Blocks]]:
-    """Per layer, each linear's Q4_1 blocks in HF's row order (keys `q_proj` ... `down_proj`)."""
-    tensors = tensors or _gguf_tensors(path)
-    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
-    layers = []
-    for index in range(int(config.num_hidden_layers)):
-        weights = {}
-        for hf_name, gguf_name in _GGUF_NAMES.items():
-            tensor = tensors.get(f"blk.{index}.{gguf_name}.weight")
-            if tensor is None or tensor.tensor_type.name != "Q4_1":
-                kind = "missing" if tensor is None else tensor.tensor_type.name
-                raise ModelError(f"{path.name}: blk.{index}.{gguf_name}.weight is {kind}, int4 weights need Q4_1")
-            blocks = _read_q4_1(tensor)
-            if hf_name in ("q_proj", "k_proj"):
-                blocks = blocks.rows(unpermute_order(blocks.q.shape[0], heads if hf_name == "q_proj" else kv_heads))
-            weights[hf_name] = blocks
-        layers.append(weights)
-    return layers
-
-
-def _fused(w: dict[str, Q4Blocks]) -> Int4Layer:
-    return Int4Layer(
-        qkv=Int4Linear.from_blocks(Q4Blocks.stack([w["q_proj"], w["k_proj"], w["v_proj"]])),
-        o=Int4Linear.from_blocks(w["o_proj"]),
-        gate_up=Int4Linear.from_blocks(Q4Blocks.stack([w["gate_proj"], w["up_proj"]])),
-        down=Int4Linear.from_blocks(w["down_proj"]),
-    )
-
-
-def read_gguf_head(path: Path, tensors: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The LM head's Q8_0 (values, scales): the output weight, or the tied embedding; None when it is not Q8_0."""
-    tensors = tensors or _gguf_tensors(path)
-    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
-    return None if tensor is None or tensor.tensor_type.name != "Q8_0" else _read_q8_0(tensor)
-
-
-def int4_weights(path: Path, config: Any) -> Int4Weights:
-    """The model's linears (fused for `model.runtime.fast_pass`) and LM head from the GGUF at `path`."""
-    tensors = _gguf_tensors(path)
-    head = read_gguf_head(path, tensors)
-    return Int4Weights(
-        [_fused(w) for w in read_gguf_linears(path, config, tensors)],
-        None if head is None else Q8Head.from_q8_0(*head),
-    )
-
-
-def cached_int4_weights(gguf_path: Path, config: Any, cache_file: Path) -> Int4Weights:
-    """`int4_weights`, kept packed in `cache_file` after the first time: reading the GGUF and packing it takes ~10 s
-    on 2 cores, loading the packed tensors a fraction of a second. The cache names the packed layout and the GGUF's
-    size and time that made it, and is rebuilt when they change."""
-    from safetensors.torch import load_file, save_file
-
-    stat = gguf_path.stat()
-    made_from = f"{gguf_path.name}:{stat.st_size}:{stat.st_mtime_ns}"
-    stamp = {"layout": LAYOUT, "gguf": made_from}
-    if cache_file.is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(cache_file), "pt") as handle:
-            fresh = handle.metadata() == stamp
-        if fresh:
-            return _unflatten(load_file(str(cache_file)))
-    weights = int4_weights(gguf_path, config)
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache_file.with_name(cache_file.name + ".partial")
-    save_file(_flatten(weights), str(partial), metadata=stamp)
-    partial.replace(cache_file)
-    return weights
-
-
-def _flatten(weights: Int4Weights) -> dict[str, torch.Tensor]:
-    flat = {}
-    for index, layer in enumerate(weights.layers):
-        for name, linear in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
-            prefix = f"layers.{index}.{name}"
-            flat.update({f"{prefix}.nibbles": linear.nibbles, f"{prefix}.d": linear.d, f"{prefix}.m": linear.m})
-            flat[f"{prefix}.out_features"] = torch.tensor(linear.out_features)
-    if weights.head is not None:
-        flat.update({"head.q": weights.head.q, "head.d": weights.head.d})
-        flat["head.out_features"] = torch.tensor(weights.head.out_features)
-    return flat
-
-
-def _unflatten(flat: dict[str, torch.Tensor]) -> Int4Weights:
-    def linear(prefix: str) -> Int4Linear:
-        parts = (flat[f"{prefix}.{part}"] for part in ("nibbles", "d", "m"))
-        return Int4Linear(*parts, int(flat[f"{prefix}.out_features"]))
-
-    count = len({key.split(".")[1] for key in flat if key.startswith("layers.")})
-    layers = [Int4Layer(*(linear(f"layers.{i}.{n}") for n in ("qkv", "o", "gate_up", "down"))) for i in range(count)]
-    head = Q8Head(flat["head.q"], flat["head.d"], int(flat["head.out_features"])) if "head.q" in flat else None
-    return Int4Weights(layers, head)
 
 
 def quantize_q4_1(weight: torch.Tensor) -> Q4Blocks:

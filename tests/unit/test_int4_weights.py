@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from model.bundled.block_diffusion import GatedLoRALinear
+from model.gguf.blocks import raw_blocks
+from model.gguf.header import read_header
+from model.gguf.int4_file import cached_int4_weights, read_gguf_head, read_gguf_linears, read_q4_1
 from model.process.threads import torch_threads
 from model.runtime import quant_kernels
 from model.runtime.batching import Feed, SlotCache, batched_pass, prefill
@@ -19,17 +22,14 @@ from model.runtime.fast_pass import PassPath
 from model.runtime.int4_weights import (
     GROUP,
     LAYOUT,
+    Int4Layer,
     Int4Linear,
     Int4Weights,
     Q4Blocks,
     Q8Head,
-    _fused,
-    _read_q4_1,
     available,
     check_rows_independent,
     quantize_q4_1,
-    read_gguf_head,
-    read_gguf_linears,
 )
 from tests.unit.test_self_speculative import assert_modes_agree, bf16_adapted, rows_whose_logits_differ
 
@@ -52,7 +52,7 @@ def int4_weights_of(causal_lm: Any) -> Int4Weights:
         modules = {**{n: getattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
                    **{n: getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")}}
         linears = {n: m.base if isinstance(m, GatedLoRALinear) else m for n, m in modules.items()}
-        layers.append(_fused({n: quantize_q4_1(linear.weight) for n, linear in linears.items()}))
+        layers.append(Int4Layer.from_blocks({n: quantize_q4_1(linear.weight) for n, linear in linears.items()}))
     head = Q8Head.from_q8_0(*quantize_q8_0(causal_lm.get_output_embeddings().weight))
     return Int4Weights(layers, head)
 
@@ -70,10 +70,10 @@ def test_q4_1_blocks_read_as_gguf_dequantizes_them() -> None:
 
     from model.bundled.default_model import base_gguf_path
 
-    reader = gguf.GGUFReader(str(base_gguf_path()))
-    tensor = next(t for t in reader.tensors if t.name == "blk.3.ffn_down.weight")
-    expected = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
-    assert torch.equal(_read_q4_1(tensor).dequantize(), torch.from_numpy(expected).float())
+    header = read_header(base_gguf_path())
+    raw = raw_blocks(header, header.tensor("blk.3.ffn_down.weight"))
+    expected = gguf.quants.dequantize(np.asarray(raw), gguf.GGMLQuantizationType.Q4_1)  # gguf-py's own arithmetic
+    assert torch.equal(read_q4_1(raw).dequantize(), torch.from_numpy(expected).float())
 
 
 @pytest.mark.slow
@@ -294,7 +294,6 @@ def test_the_packed_cache_loads_the_same_weights_and_is_rebuilt_for_another_file
     from transformers import AutoConfig
 
     from model.bundled.default_model import base_gguf_path, ensure_base_checkpoint
-    from model.runtime.int4_weights import cached_int4_weights
 
     config = AutoConfig.from_pretrained(ensure_base_checkpoint(progress=False))
     cache_file = tmp_path / "int4.safetensors"
