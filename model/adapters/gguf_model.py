@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from model.adapters.gguf_text import tokenizer_and_config
 from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter
 from model.bundled.default_model import adapter_meta, card_sampler
@@ -142,12 +143,11 @@ def _from_file(header: GGUFHeader, dtype: torch.dtype, dense_linears: bool) -> t
     """transformers' tokenizer and causal LM of the file, de-quantized to `dtype`; without `dense_linears`, the
     layers' linears empty and the head too when the kernels read it (model/gguf/network.py): the packed blocks
     serve the passes."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     folder, name = str(header.path.parent), header.path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        tokenizer, config = tokenizer_and_config(header)
         # transformers reads no head width for qwen3 (its config's default, 128, is every released Qwen3's): the
         # file's own (`attention.key_length`) for every architecture
         config.head_dim = header.head_dim

@@ -156,3 +156,30 @@ def test_the_templates_end_of_message_ends_answers_when_the_files_eos_is_another
     ids = chat.tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     assert chat.backend.eos_ids == frozenset(ids)  # type: ignore[attr-defined]
     assert chat.tokenizer.eos_token == "<|im_end|>" and chat.message_tail()[0] == ids[1]
+
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", "llama"])
+def test_the_tokenizer_and_config_come_back_from_the_cache_as_transformers_built_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer: str
+) -> None:
+    from model.adapters.gguf_text import CACHE_FOLDER, tokenizer_and_config
+    from model.gguf.header import read_header
+
+    monkeypatch.setenv("VOICE_ASSISTANT_CACHE", str(tmp_path / "cache"))
+    model = write_model(tmp_path / "tiny.gguf", tokenizer=tokenizer)
+    built_tokenizer, built_config = tokenizer_and_config(read_header(model.path))
+    entries = list((tmp_path / "cache" / CACHE_FOLDER).iterdir())
+    assert len(entries) == 1  # one entry, no partial folder beside it
+    copy = tmp_path / "elsewhere" / "blob"  # as an Ollama store keeps the same file under another name
+    copy.parent.mkdir()
+    copy.write_bytes(model.path.read_bytes())
+    cached_tokenizer, cached_config = tokenizer_and_config(read_header(copy))
+    assert cached_tokenizer.name_or_path == str(entries[0])  # read from the entry, not built again
+    assert list((tmp_path / "cache" / CACHE_FOLDER).iterdir()) == entries
+    text = "hello the world, hello"
+    messages = [{"role": "user", "content": text}]
+    assert cached_tokenizer(text).input_ids == built_tokenizer(text).input_ids
+    assert cached_tokenizer.apply_chat_template(messages) == built_tokenizer.apply_chat_template(messages)
+    assert (cached_tokenizer.bos_token, cached_tokenizer.eos_token) == (built_tokenizer.bos_token,
+                                                                        built_tokenizer.eos_token)
+    assert {**cached_config.to_dict(), "_name_or_path": ""} == {**built_config.to_dict(), "_name_or_path": ""}
