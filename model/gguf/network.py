@@ -18,6 +18,7 @@ from torch import nn
 from model.errors import ModelError
 from model.gguf.embedding import BlockEmbedding, dense_rows
 from model.gguf.header import GGUFHeader
+from model.runtime.int4_weights import unpermute_order
 
 _EMBEDDING = "model.embed_tokens.weight"
 _GLOBAL = {"token_embd.weight": _EMBEDDING, "output_norm.weight": "model.norm.weight",
@@ -95,3 +96,43 @@ def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype,
     base.eval()
     return base
 
+
+
+def dense_network(header: GGUFHeader, config: Any, dtype: torch.dtype) -> Any:
+    """transformers' causal LM for `config` with every tensor of the file de-quantized to `dtype` (gguf-py, as
+    transformers' loader does), q and k put back in HF's row order: what `from_pretrained(gguf_file=)` gives, without
+    its per-tensor name lookups and its second parse of the header (SmolLM2's file: ~27 s there on two cores)."""
+    from transformers import AutoModelForCausalLM
+
+    config.tie_word_embeddings = header.tied_head
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    rotary_type = type(base.model.rotary_emb)
+    base.to_empty(device="cpu")
+    base.model.rotary_emb = rotary_type(config=config)  # its frequencies, computed again on the CPU
+    heads = {"attn_q": header.heads, "attn_k": header.kv_heads} if header.architecture == "llama" else {}
+    state = {}
+    for info in header.tensors:
+        name = hf_name(info.name)
+        if name is None and info.name not in _SKIPPED:  # a layer's linear
+            _, layer, part = info.name.split(".", 2)
+            part = part.removesuffix(".weight")
+            name = f"model.layers.{layer}.{_LINEARS[part]}.weight"
+        if name is None:
+            continue
+        tensor = _dense(header, info.name, dtype)
+        part = info.name.split(".")[2] if info.name.startswith("blk.") else ""
+        if part in heads and info.name.endswith(".weight"):  # llama.cpp's converter permutes llama's q and k rows
+            tensor = tensor[unpermute_order(tensor.shape[0], heads[part])]
+        state[name] = tensor
+    if header.tied_head:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = base.load_state_dict(state, strict=False)
+    if header.tied_head:
+        base.lm_head.weight = base.model.embed_tokens.weight
+        missing = [key for key in missing if key != "lm_head.weight"]
+    if missing or unexpected:
+        raise ModelError(f"{header.path}: tensors missing from the file {missing[:3]} or not in the network "
+                         f"{unexpected[:3]}")
+    base.eval()
+    return base

@@ -162,8 +162,8 @@ def test_the_templates_end_of_message_ends_answers_when_the_files_eos_is_another
 def test_the_tokenizer_and_config_come_back_from_the_cache_as_transformers_built_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer: str
 ) -> None:
-    from model.adapters.gguf_text import CACHE_FOLDER, tokenizer_and_config
     from model.gguf.header import read_header
+    from model.gguf.text_config import CACHE_FOLDER, tokenizer_and_config
 
     monkeypatch.setenv("VOICE_ASSISTANT_CACHE", str(tmp_path / "cache"))
     model = write_model(tmp_path / "tiny.gguf", tokenizer=tokenizer)

@@ -85,7 +85,7 @@ def test_the_gguf_blocks_are_the_bundled_models_weights_in_hf_row_order() -> Non
 
     from model.bundled.default_model import base_gguf_path, ensure_base_checkpoint
 
-    folder = ensure_base_checkpoint(progress=False)
+    folder = ensure_base_checkpoint()
     config = AutoConfig.from_pretrained(folder)
     state = load_file(str(folder / "model.safetensors"))
     layers = read_gguf_linears(base_gguf_path(), config)
@@ -295,7 +295,7 @@ def test_the_packed_cache_loads_the_same_weights_and_is_rebuilt_for_another_file
 
     from model.bundled.default_model import base_gguf_path, ensure_base_checkpoint
 
-    config = AutoConfig.from_pretrained(ensure_base_checkpoint(progress=False))
+    config = AutoConfig.from_pretrained(ensure_base_checkpoint())
     cache_file = tmp_path / "int4.safetensors"
     built = cached_int4_weights(base_gguf_path(), config, cache_file)
     written = cache_file.stat().st_mtime_ns
