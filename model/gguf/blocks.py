@@ -234,10 +234,15 @@ def _unpacked_weight(header: GGUFHeader, name: str, heads: int | None) -> tuple[
     return info.type_name, weight
 
 
+def rotary_permuted(header: GGUFHeader) -> dict[str, int]:
+    """The linears whose rows llama.cpp's converter put in its rotary order (llama's q and k), with their heads."""
+    return {"attn_q": header.heads, "attn_k": header.kv_heads} if header.architecture == "llama" else {}
+
+
 def _linear(header: GGUFHeader, layer: int, parts: tuple[str, ...]) -> PackedLinear:
     """One fused linear: its members stacked into one weight when they share a format (one pass over the tiles),
     side by side otherwise (a "Q4_K_M"-style mix)."""
-    heads = {"attn_q": header.heads, "attn_k": header.kv_heads} if header.architecture == "llama" else {}
+    heads = rotary_permuted(header)
     weights = [_unpacked_weight(header, f"blk.{layer}.{part}.weight", heads.get(part)) for part in parts]
     kinds = {kind for kind, _ in weights}
     if len(kinds) == 1:

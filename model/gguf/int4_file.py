@@ -12,16 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from model.errors import ModelError
-from model.gguf.blocks import raw_blocks
-from model.gguf.header import GGUFHeader, read_header
+from model.gguf.blocks import unpacked
+from model.gguf.header import GGUFHeader, TensorInfo, read_header
 from model.runtime.int4_weights import LAYOUT, Int4Layer, Int4Linear, Int4Weights, Q4Blocks, Q8Head, unpermute_order
 
-_BLOCK_BYTES = 20  # Q4_1: fp16 d, fp16 m, 16 bytes of nibbles
-_Q8_BLOCK_BYTES = 34  # Q8_0: fp16 d, 32 int8
 # The GGUF's tensor names for one layer's linears, in HF's names
 _GGUF_NAMES = {
     "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
@@ -29,24 +26,17 @@ _GGUF_NAMES = {
 }
 
 
-def read_q4_1(raw: np.ndarray) -> Q4Blocks:
-    """A Q4_1 tensor's bytes `[rows, row bytes]` as blocks, in the file's row order."""
-    rows = raw.shape[0]
-    blocks = np.asarray(raw).reshape(rows, -1, _BLOCK_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    nibbles = blocks[..., 4:]  # element j in the low nibble of byte j, element j + 16 in its high one
-    q = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=-1).reshape(rows, -1).astype(np.int32)
-    return Q4Blocks(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(m))
+def read_q4_1(header: GGUFHeader, info: TensorInfo) -> Q4Blocks:
+    """A Q4_1 tensor's blocks (`w = d q + m`), in the file's row order."""
+    weight = unpacked(header, info)
+    assert weight.m is not None  # Q4_1 has a minimum per group
+    return Q4Blocks(weight.values.int(), weight.d, weight.m)
 
 
-def read_q8_0(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Q8_0 tensor's bytes `[rows, row bytes]` as (int8 values `[N, K]`, fp16 scales as fp32 `[N, K / 32]`)."""
-    rows = raw.shape[0]
-    blocks = np.asarray(raw).reshape(rows, -1, _Q8_BLOCK_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    q = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
-    return torch.from_numpy(q), torch.from_numpy(d)
+def read_q8_0(header: GGUFHeader, info: TensorInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 tensor as (int8 values `[N, K]`, fp16 scales as fp32 `[N, K / 32]`), in the file's row order."""
+    weight = unpacked(header, info)
+    return weight.values.to(torch.int8), weight.d
 
 
 def read_gguf_linears(path: Path, config: Any, header: GGUFHeader | None = None) -> list[dict[str, Q4Blocks]]:
@@ -58,11 +48,11 @@ def read_gguf_linears(path: Path, config: Any, header: GGUFHeader | None = None)
         weights = {}
         for hf_name, gguf_name in _GGUF_NAMES.items():
             name = f"blk.{index}.{gguf_name}.weight"
-            info = next((t for t in header.tensors if t.name == name), None)
+            info = header.tensor(name) if name in header.names else None
             if info is None or info.type_name != "Q4_1":
                 kind = "missing" if info is None else info.type_name
                 raise ModelError(f"{path.name}: {name} is {kind}, int4 weights need Q4_1")
-            blocks = read_q4_1(raw_blocks(header, info))
+            blocks = read_q4_1(header, info)
             if hf_name in ("q_proj", "k_proj"):
                 blocks = blocks.rows(unpermute_order(blocks.q.shape[0], heads if hf_name == "q_proj" else kv_heads))
             weights[hf_name] = blocks
@@ -73,8 +63,9 @@ def read_gguf_linears(path: Path, config: Any, header: GGUFHeader | None = None)
 def read_gguf_head(path: Path, header: GGUFHeader | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The LM head's Q8_0 (values, scales): the output weight, or the tied embedding; None when it is not Q8_0."""
     header = header or read_header(path)
-    info = next((t for name in ("output.weight", "token_embd.weight") for t in header.tensors if t.name == name), None)
-    return None if info is None or info.type_name != "Q8_0" else read_q8_0(raw_blocks(header, info))
+    name = "output.weight" if "output.weight" in header.names else "token_embd.weight"
+    info = header.tensor(name) if name in header.names else None
+    return None if info is None or info.type_name != "Q8_0" else read_q8_0(header, info)
 
 
 def int4_weights(path: Path, config: Any) -> Int4Weights:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from model.errors import ModelError
+from model.gguf.blocks import rotary_permuted
 from model.gguf.embedding import BlockEmbedding, dense_rows
 from model.gguf.header import GGUFHeader
 from model.runtime.int4_weights import unpermute_order
@@ -56,16 +57,13 @@ def _dense(header: GGUFHeader, name: str, dtype: torch.dtype) -> torch.Tensor:
     return dense_rows(header, info, dtype).reshape(info.shape[::-1])
 
 
-
 def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype, packed_head: bool) -> Any:
     """transformers' causal LM for `config` with every layer's linears empty (`[0, in]`), the token embedding read
     from the file's blocks row by row (model/gguf/embedding.py), and the other tensors de-quantized from the file to
     `dtype`; the head too unless `packed_head` (then it is empty). A tied head the kernels do not read (F16, BF16,
     F32) is multiplied by the dense matrix (`RowByRowHead`): that embedding stays a de-quantized copy, the head's."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        base = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        base = _module(config, dtype)
     for layer in base.model.layers:
         for path in _LINEARS.values():
             module: nn.Linear = layer.get_submodule(path)
@@ -73,9 +71,7 @@ def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype,
     dense_embedding = header.tied_head and not packed_head
     if not dense_embedding:
         base.model.embed_tokens = BlockEmbedding(header, header.tensor("token_embd.weight"), dtype)
-    rotary_type = type(base.model.rotary_emb)
-    base.to_empty(device="cpu")
-    base.model.rotary_emb = rotary_type(config=config)  # its frequencies, computed again on the CPU
+    _allocate(base, config)
     state = {}
     for info in header.tensors:
         name = hf_name(info.name)
@@ -89,50 +85,55 @@ def network_without_linears(header: GGUFHeader, config: Any, dtype: torch.dtype,
         base.lm_head.weight = nn.Parameter(torch.empty(0, base.lm_head.in_features, dtype=dtype), requires_grad=False)
     missing, unexpected = base.load_state_dict(state, strict=False)
     linears = {f"model.layers.{i}.{path}.weight" for i in range(header.layers) for path in _LINEARS.values()}
-    unloaded = [key for key in missing if key not in linears and key != "lm_head.weight"]
-    if unloaded or unexpected:
-        raise ModelError(f"{header.path}: tensors missing from the file {unloaded[:3]} or not in the network "
-                         f"{unexpected[:3]}")
+    _check_loaded(header, [key for key in missing if key not in linears and key != "lm_head.weight"], unexpected)
     base.eval()
     return base
-
 
 
 def dense_network(header: GGUFHeader, config: Any, dtype: torch.dtype) -> Any:
     """transformers' causal LM for `config` with every tensor of the file de-quantized to `dtype` (gguf-py, as
     transformers' loader does), q and k put back in HF's row order: what `from_pretrained(gguf_file=)` gives, without
     its per-tensor name lookups and its second parse of the header (SmolLM2's file: ~27 s there on two cores)."""
-    from transformers import AutoModelForCausalLM
-
     config.tie_word_embeddings = header.tied_head
     with torch.device("meta"):
-        base = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    rotary_type = type(base.model.rotary_emb)
-    base.to_empty(device="cpu")
-    base.model.rotary_emb = rotary_type(config=config)  # its frequencies, computed again on the CPU
-    heads = {"attn_q": header.heads, "attn_k": header.kv_heads} if header.architecture == "llama" else {}
+        base = _module(config, dtype)
+    _allocate(base, config)
+    permuted = rotary_permuted(header)
     state = {}
     for info in header.tensors:
-        name = hf_name(info.name)
-        if name is None and info.name not in _SKIPPED:  # a layer's linear
-            _, layer, part = info.name.split(".", 2)
-            part = part.removesuffix(".weight")
-            name = f"model.layers.{layer}.{_LINEARS[part]}.weight"
-        if name is None:
+        if info.name in _SKIPPED:
             continue
-        tensor = _dense(header, info.name, dtype)
-        part = info.name.split(".")[2] if info.name.startswith("blk.") else ""
-        if part in heads and info.name.endswith(".weight"):  # llama.cpp's converter permutes llama's q and k rows
-            tensor = tensor[unpermute_order(tensor.shape[0], heads[part])]
+        name, tensor = hf_name(info.name), _dense(header, info.name, dtype)
+        if name is None:  # a layer's linear
+            _, layer, part, _ = info.name.split(".")
+            name = f"model.layers.{layer}.{_LINEARS[part]}.weight"
+            if part in permuted:
+                tensor = tensor[unpermute_order(tensor.shape[0], permuted[part])]
         state[name] = tensor
     if header.tied_head:
         state.pop("lm_head.weight", None)
     missing, unexpected = base.load_state_dict(state, strict=False)
     if header.tied_head:
         base.lm_head.weight = base.model.embed_tokens.weight
-        missing = [key for key in missing if key != "lm_head.weight"]
+    _check_loaded(header, [key for key in missing if not (header.tied_head and key == "lm_head.weight")], unexpected)
+    base.eval()
+    return base
+
+
+def _module(config: Any, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+
+
+def _allocate(base: Any, config: Any) -> None:
+    """Give a network laid out on the meta device its CPU storage; the rotary frequencies computed again there."""
+    rotary_type = type(base.model.rotary_emb)
+    base.to_empty(device="cpu")
+    base.model.rotary_emb = rotary_type(config=config)
+
+
+def _check_loaded(header: GGUFHeader, missing: list[str], unexpected: list[str]) -> None:
     if missing or unexpected:
         raise ModelError(f"{header.path}: tensors missing from the file {missing[:3]} or not in the network "
                          f"{unexpected[:3]}")
-    base.eval()
-    return base

@@ -73,7 +73,8 @@ def test_q4_1_blocks_read_as_gguf_dequantizes_them() -> None:
     header = read_header(base_gguf_path())
     raw = raw_blocks(header, header.tensor("blk.3.ffn_down.weight"))
     expected = gguf.quants.dequantize(np.asarray(raw), gguf.GGMLQuantizationType.Q4_1)  # gguf-py's own arithmetic
-    assert torch.equal(read_q4_1(raw).dequantize(), torch.from_numpy(expected).float())
+    assert torch.equal(read_q4_1(header, header.tensor("blk.3.ffn_down.weight")).dequantize(),
+                       torch.from_numpy(expected).float())
 
 
 @pytest.mark.slow
