@@ -73,10 +73,10 @@ def ensure_base_checkpoint() -> Path:
     return target
 
 
-def convert_base_checkpoint(target: Path) -> PreTrainedModel:
+def convert_base_checkpoint(target: Path) -> None:
     """Convert the packaged GGUF into the safetensors folder `target` (written beside it, then renamed: no partial
     folder is ever left under its name): transformers' tokenizer and config of the file (model/gguf/text_config.py)
-    and its tensors de-quantized to fp32 (`dense_network`). Returns the model it wrote."""
+    and its tensors de-quantized to fp32 (`dense_network`)."""
     gguf = base_gguf_path()
     print(f"converting {gguf.name} to a safetensors cache in {target} (once) ...", flush=True)
     started = time.monotonic()
@@ -93,7 +93,6 @@ def convert_base_checkpoint(target: Path) -> PreTrainedModel:
         shutil.rmtree(target)
     tmp.rename(target)
     print(f"converted in {time.monotonic() - started:.1f} s", flush=True)
-    return model
 
 
 def int4_cache_file() -> Path:
