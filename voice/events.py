@@ -65,6 +65,14 @@ class VoiceResumed(Event):
     """The user's voice came back inside the current segment after its likely final (a pause too short to end it)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoWords(Event):
+    """A decode of the open segment heard no words in its audio through `through_ms` (the stream's clock): so far a
+    sound, not speech. The session's own (a sound over the answer proves wordless this way); not sent to clients."""
+
+    through_ms: float
+
+
 # --- thinking --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LmStarted(Event):
@@ -221,6 +229,7 @@ EVENT_TYPES: dict[type[Event], str] = {
     SpeechEnd: "speech_end",
     Transcript: "transcript",
     VoiceResumed: "voice_resumed",
+    NoWords: "no_words",
     LmStarted: "lm_started",
     DraftUpdate: "draft",
     LmFirstPass: "lm_first_pass",

@@ -250,3 +250,14 @@ def judge(log: Log) -> dict[str, Any]:
         "barge_ins_heard_within_1s": sum(1 for d in heard if d is not None and d <= 1.0),
         "turn_ends": len(log.turn_ends),
     }
+
+
+def timeline(log: Log) -> str:
+    """The conversation as lines a failed check can print: what the user said and when, and each message but the
+    drafts and the audio, on the client's clock."""
+    said = [(start, f"user says {text!r} until {end:.2f}" + (" (barge-in)" if barge_in else ""))
+            for start, end, text, barge_in in log.utterances]
+    heard = [(t, ", ".join(f"{k}={v!r}" for k, v in m.items() if k not in ("pieces", "stats")))
+             for t, m in log.messages if m["type"] not in ("draft", "audio")]
+    return "\n".join(f"{t:7.2f}  {line}" for t, line in sorted(said + heard, key=lambda item: item[0]))
+

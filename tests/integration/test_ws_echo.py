@@ -10,7 +10,7 @@ import contextlib
 import pytest
 from websockets.asyncio.client import connect
 
-from scripts.report_lib.open_speakers import OpenSpeakerClient, Room, judge
+from scripts.report_lib.open_speakers import OpenSpeakerClient, Room, judge, timeline
 from scripts.report_lib.speech_samples import card_clips, librivox_clips
 from tests.integration.ws_harness import running_server
 from voice.audio import load_audio_16k
@@ -45,14 +45,14 @@ def test_a_client_on_open_speakers_talks_over_an_answer_and_its_echo_starts_noth
     figures = judge(client.log)
     # no answer is cut by its own echo; a residual that only pauses the answer (a speech start that resumes) is still
     # seen in some runs on a loaded 2-core CI host (2 in one run of five), so it is reported, not asserted
-    assert figures["self_interruptions"] == 0, (figures, client.log.messages)
+    assert figures["self_interruptions"] == 0, f"{figures}\n{timeline(client.log)}"
     print(f"turns started by the echo: {figures['turns_started_by_echo']} (paused and resumed)")
     # the barge-in is heard: its sound paused the answer, its words cleared it. Not asserted: within 1 s of its first
     # sound, which scripts/bench/bench_echo.py measures: on the 2-core machine 0.47-0.73 s in one run, 0.6-1.7 s in
     # another beside someone's test run (a Whisper decode then takes 0.1-0.7 s): timed that tightly, it would fail on a
     # busy CI runner
     assert figures["barge_in_pause_s"][0] is not None and figures["barge_in_clear_s"][0] is not None, (
-        figures, client.log.messages)
+        f"{figures}\n{timeline(client.log)}")
     stats = client.log.turn_ends[-1]["stats"]
     # the stat counts the barge-in's double talk and the first second's convergence too: over one short turn it is
     # a few dB (bench_echo's longer runs without barge-ins read ~30 dB)

@@ -1,6 +1,7 @@
 """How often the listening stage looks at an open segment: twice as often until its first words (what a barge-in waits
-for), then at the usual step. Real speech through the real VAD; Whisper stood in for by a model that hears words only
-once it has heard enough of the segment, as tiny.en on the first syllables of a voice the echo canceller held down."""
+for, each wordless look reported as such), then at the usual step. Real speech through the real VAD; Whisper stood in
+for by a model that hears words only once it has heard enough of the segment, as tiny.en on the first syllables of a
+voice the echo canceller held down."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from model.fair_lock import FairLock
 from voice.audio import load_audio_16k
-from voice.events import Event, Transcript
+from voice.events import Event, NoWords, Transcript
 from voice.listen.asr_models import LoadedModel
 from voice.listen.stage import ListenConfig, ListenStage
 
@@ -43,10 +44,14 @@ def test_partials_come_twice_as_often_until_the_segments_first_words() -> None:
     speech = load_audio_16k(CLIP)
     whisper = LateWhisper()
     partials: list[str] = []
+    unheard: list[float] = []  # where each decode that heard no words reached, on the stream's clock
 
     async def emit(event: Event) -> None:
         if isinstance(event, Transcript) and not event.final:
             partials.append(event.text)
+        elif isinstance(event, NoWords):
+            assert not partials, "a decode without words after the first words"
+            unheard.append(event.through_ms)
 
     async def listen() -> None:
         stage = ListenStage("s", emit, ListenConfig(), model=LoadedModel("late", whisper, FairLock()))
@@ -63,3 +68,5 @@ def test_partials_come_twice_as_often_until_the_segments_first_words() -> None:
     before, after = steps[:first_words], steps[first_words : first_words + 4]
     assert len(before) >= 2 and before.max() < 0.2  # every ~0.125 s (+ a chunk) while no word has come
     assert np.median(after) >= 0.25  # then the usual step (a pause in the speech brings its likely final sooner)
+    # each look that heard nothing says how far it heard (what a paused answer's resume is judged on)
+    assert len(unheard) == first_words and np.allclose(np.diff(unheard), 1000 * steps[: first_words - 1])

@@ -28,6 +28,7 @@ from voice.turn.machine_events import (
     UserDone,
     UserFinal,
     UserLikelyFinal,
+    UserNoWords,
     UserResumed,
     UserSpeechEnded,
     UserSpeechStarted,
@@ -115,15 +116,26 @@ def test_a_cough_during_playback_pauses_the_answer_and_resumes_it_when_it_proves
     assert drive(machine, AnswerFinished(1)) == [FinishTurn(1, 1, 1, 0)]
 
 
-def test_a_paused_answer_resumes_on_the_clock_when_no_word_follows_and_later_words_still_barge_in():
-    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300, resume_after_ms=600))
+def test_a_paused_answer_resumes_once_the_sound_decodes_wordless_and_later_words_still_barge_in():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300, resume_after_ms=600, resume_limit_ms=2000))
     drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
     assert drive(machine, UserSpeechStarted(9000 * MS)) == [PauseOutput(1, 1)]
-    assert drive(machine, ClockTick(50_000, 0), ClockTick(50_500, 0)) == []  # a long noise, no words yet
-    assert drive(machine, ClockTick(50_600, 0)) == [ResumeOutput(1, 1)]
-    assert drive(machine, ClockTick(51_500, 0)) == []  # resumed once
+    # the wall clock alone does not resume it: a recogniser that is behind has not yet heard whether it is words
+    assert drive(machine, ClockTick(50_000, 0), ClockTick(51_900, 0)) == []
+    assert drive(machine, UserNoWords(9500 * MS)) == []  # 500 ms of it decoded: no words yet
+    assert drive(machine, UserNoWords(9600 * MS)) == [ResumeOutput(1, 1)]  # a long noise
+    assert drive(machine, UserNoWords(9800 * MS), ClockTick(53_000, 0)) == []  # resumed once
     actions = drive(machine, UserWords())  # the noise was speech after all
     assert actions == [CancelAnswer(1, 1, "barge_in", clear=True, ends_turn=True, speculations=1, dropped=0)]
+
+
+def test_a_paused_answer_resumes_on_the_clock_when_the_recogniser_is_too_slow_to_tell():
+    machine = TurnTaking(TurnTakingConfig(silence_rule_ms=300, resume_after_ms=600, resume_limit_ms=2000))
+    drive(machine, *segment(0, 1000, "Hello."), Silence(400), AnswerAudio(1))
+    assert drive(machine, UserSpeechStarted(9000 * MS)) == [PauseOutput(1, 1)]
+    assert drive(machine, ClockTick(50_000, 0), ClockTick(51_900, 0)) == []  # the first tick starts the wait
+    assert drive(machine, ClockTick(52_000, 0)) == [ResumeOutput(1, 1)]
+    assert drive(machine, UserNoWords(9600 * MS), ClockTick(53_000, 0)) == []  # resumed once
 
 
 def test_a_client_that_stops_sending_audio_in_a_pause_still_gets_its_turn_ended():

@@ -27,6 +27,7 @@ from voice.turn.machine_events import (
     UserDone,
     UserFinal,
     UserLikelyFinal,
+    UserNoWords,
     UserResumed,
     UserSpeechEnded,
     UserSpeechStarted,
@@ -40,16 +41,18 @@ Move = tuple[str, str, str, tuple[str, ...]]
 
 def alphabet(machine: TurnTaking, now_ms: float) -> list[TurnEvent]:
     """The events to try in `machine`'s state: each kind, with the values that lead to different cases (speech that
-    continues the turn or starts a new one, words that are or are not the likely final's, a silence past the rule's
-    shortest wait, a verdict each way, a tick that ends a pause's wait, and one with the client's audio stalled).
+    continues the turn or starts a new one, a wordless decode short of or past a paused answer's wait, words that are
+    or are not the likely final's, a silence past the rule's shortest wait, a verdict each way, a tick that ends a
+    pause's wait or a paused answer's, and one with the client's audio stalled).
     More values reach no other row and only slow the walk."""
     answer = machine.answer_id if machine.answer_id is not None else -1
     return [
         UserSpeechStarted(now_ms + 100), UserSpeechStarted(now_ms + 5000), UserSpeechEnded(now_ms + 50), UserWords(),
+        UserNoWords(now_ms + 200), UserNoWords(now_ms + 6000),
         UserLikelyFinal("what time is it?"), UserLikelyFinal("my brother and"), UserResumed(),
         UserFinal(""), UserFinal("what time is it?"), UserFinal("tell me more"),
         Silence(300), TurnVerdict(True, 0.9), TurnVerdict(False, 0.1), LikelyVerdict(0.95), LmTurnVerdict(answer, 0.95),
-        UserDone(), ClockTick(now_ms + 700, 0), ClockTick(now_ms + 100, 1500),
+        UserDone(), ClockTick(now_ms + 700, 0), ClockTick(now_ms + 3000, 0), ClockTick(now_ms + 100, 1500),
         TypedText("hi"), ClientInterrupt(), AnswerAudio(answer), AnswerFinished(answer), AssistantAnnounces("timer"),
     ]
 

@@ -30,7 +30,7 @@ from model.process import watch
 from model.spare_cores import SpareCores
 from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
 from voice.errors import VoiceError
-from voice.events import Emit, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
+from voice.events import Emit, NoWords, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.endpointer import EndpointDecision, Endpointer, EndpointerConfig
 from voice.listen.transcriber import Hypothesis, StreamingTranscriber, TranscriberConfig
@@ -64,8 +64,9 @@ class ListenStage:
     carries the segment's number, `segment`.
 
     Emits, per segment: `SpeechStart`, zero or more partial `Transcript(final=False)` (only when the text changed; a
-    likely final always, each followed by `VoiceResumed` if the speech goes on), `SpeechEnd`, then exactly one
-    `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then `segment` advances. Await
+    likely final always, each followed by `VoiceResumed` if the speech goes on) or `NoWords` (a decode heard none),
+    `SpeechEnd`, then exactly one `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then
+    `segment` advances. Await
     `accept` calls one at a time: the final decode runs inside the `accept` that ends the segment.
     Errors are raised, never swallowed: `AudioFormatError` from `accept` for a bad chunk (dropped; the stream goes
     on), `ASRError` from the `accept`/`flush` that ends a segment whose decode failed (that segment has no final).
@@ -286,11 +287,15 @@ class ListenStage:
             likely_final = self._fed_to >= self._padded_end(voiced_end)
             if likely_final and self.on_likely_final is not None and self._in_segment:
                 self.on_likely_final(np.concatenate(self._segment_audio), self._arrival_of(max(voiced_end - 1, 0)))
+            through = self._fed_to
             partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)
             current = partial is not None and self._in_segment and segment == self.segment
             # a likely final counts only if no speech came while it was decoded (else the next decode follows)
             likely = current and likely_final and ep.last_voiced_end == voiced_end
-            if partial is not None and current and partial.text and (likely or partial.text != self._last_partial_text):
+            if partial is not None and current and not partial.text:
+                through_ms = through * 1000 / TARGET_RATE
+                await self._emit(NoWords(session=self.session, turn=self.segment, through_ms=through_ms))
+            elif partial is not None and current and (likely or partial.text != self._last_partial_text):
                 self._last_partial_text = partial.text
                 if likely:
                     self._likely_voiced_end = voiced_end

@@ -50,6 +50,7 @@ from voice.turn.machine_events import (
     UserDone,
     UserFinal,
     UserLikelyFinal,
+    UserNoWords,
     UserResumed,
     UserSpeechEnded,
     UserSpeechStarted,
@@ -115,6 +116,8 @@ class TurnTaking:
                 return self._speech_ended(at_ms)
             case UserWords():
                 return self._confirm_barge_in() if self.state is State.BARGE_IN_PENDING else []
+            case UserNoWords(through_ms=through_ms):
+                return self._no_words(through_ms)
             case UserLikelyFinal(text=text):
                 return self._likely_final(text.strip())
             case UserResumed():
@@ -371,14 +374,23 @@ class TurnTaking:
             return self._maybe_confirm()
         return []
 
+    def _no_words(self, through_ms: float) -> list[TurnAction]:
+        """A sound paused the answer: play on once `resume_after_ms` of it was decoded without a word (words that come
+        later still barge in). Judged on what the recogniser heard, not on the wall clock: a busy CPU delays the
+        decode, and resuming before it speaks over a user whose words are still being read."""
+        contest = self._contest
+        if contest is None or not contest.paused or through_ms - contest.started_ms < self.config.resume_after_ms:
+            return []
+        return self._resume()
+
     def _contest_tick(self, contest: Contest, now_ms: float) -> list[TurnAction]:
-        """A sound paused the answer: play on once `resume_after_ms` passed with no word (words that come later still
-        barge in)."""
+        """... or once `resume_limit_ms` passed since the pause, however far the recogniser got (a long noise never
+        holds the answer back)."""
         if not contest.paused:
             return []
         if contest.paused_since_ms is None:
             contest.paused_since_ms = now_ms
-        elif now_ms - contest.paused_since_ms >= self.config.resume_after_ms:
+        elif now_ms - contest.paused_since_ms >= self.config.resume_limit_ms:
             return self._resume()
         return []
 

@@ -27,7 +27,13 @@ class TurnTakingConfig:
     continuation_ms: float = 1200.0  # speech resuming this soon after the last voiced sample continues the turn
     # Wall clock: no audio for this long means the client stopped sending (a frame every 20-100 ms is normal)
     stalled_audio_ms: float = 1000.0
-    resume_after_ms: float = 600.0  # a sound paused the answer: play on after this long if no word came
+    # a sound paused the answer: play on once this much of it (on the audio clock) was decoded without a word ...
+    # Whisper reads a voice that starts over the answer only from its first 0.7-0.9 s (the echo canceller holds its
+    # first 100-300 ms down): at 600 ms the answer played on over the user for the moment before the words came
+    resume_after_ms: float = 1000.0
+    # ... or once this long (wall clock) passed since the pause, however far the recogniser got: a slow or busy one
+    # (a decode of a barge-in's first words took 1-2 s on a loaded 2-core machine) holds the answer, never for long
+    resume_limit_ms: float = 2000.0
     explicit_end: bool = False
     early_answer: bool = True
     # release the likely final's answer before the segment ends when the rule calls it complete (module docstring)
@@ -40,7 +46,7 @@ class TurnTakingConfig:
             "silence_rule_ms": self.silence_rule_ms, "complete_silence_ms": self.complete_silence_ms,
             "incomplete_silence_ms": self.incomplete_silence_ms, "question_silence_ms": self.question_silence_ms,
             "continuation_ms": self.continuation_ms, "stalled_audio_ms": self.stalled_audio_ms,
-            "resume_after_ms": self.resume_after_ms,
+            "resume_after_ms": self.resume_after_ms, "resume_limit_ms": self.resume_limit_ms,
         }
         for name, value in durations.items():
             if value < 0:

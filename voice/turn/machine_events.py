@@ -65,7 +65,8 @@ class Contest:
     yet proved to be words."""
 
     started_ms: float  # when the contested speech began, on the audio stream's clock
-    paused: bool = True  # the answer's audio is paused (False once it played on after `resume_after_ms`)
+    paused: bool = True  # the answer's audio is paused (False once it played on: the sound proved wordless, or it took
+    # the recogniser too long to tell)
     paused_since_ms: float | None = None  # on the shell's clock: the first tick after the pause
 
 
@@ -92,6 +93,13 @@ class UserSpeechEnded:
 @dataclass(frozen=True, slots=True)
 class UserWords:
     """A partial transcript of the current segment holds words (not just noise)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserNoWords:
+    """A decode of the current segment heard no words in its audio through `through_ms` (the stream's clock)."""
+
+    through_ms: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +206,9 @@ class AnswerFinished:
     answer_id: int
 
 
-TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserLikelyFinal | UserResumed | UserFinal | Silence
-             | LikelyVerdict | TurnVerdict | LmTurnVerdict | UserDone | ClockTick | TypedText | ClientInterrupt
-             | AnswerAudio | AnswerFinished | AssistantAnnounces)
+TurnEvent = (UserSpeechStarted | UserSpeechEnded | UserWords | UserNoWords | UserLikelyFinal | UserResumed | UserFinal
+             | Silence | LikelyVerdict | TurnVerdict | LmTurnVerdict | UserDone | ClockTick | TypedText
+             | ClientInterrupt | AnswerAudio | AnswerFinished | AssistantAnnounces)
 
 
 # --- actions (out of the machine) ------------------------------------------------------------------------------------

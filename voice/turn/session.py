@@ -16,11 +16,10 @@ outputs (`Pause`, then `Resume` or `Clear`); the answer's turn ends only once it
 
 The core takes time as input: a clock task feeds it `ClockTick` (wall time, and how long the session has waited for
 audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client
-that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows.
-
-The parts: voice/turn/answer.py runs an answer, gates its events and acts on the outputs, voice/turn/clock.py is the
-clock, voice/turn/detector_runs.py runs the turn detector in threads, and voice/turn/records.py keeps each turn's
-record and ends it into the history. This module wires them to the core.
+that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows. The parts:
+voice/turn/answer.py runs an answer, gates its events and acts on the outputs, voice/turn/clock.py is the clock,
+voice/turn/detector_runs.py runs the turn detector in threads, voice/turn/records.py keeps each turn's record and ends
+it into the history; this module wires them to the core.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from model.chat import ChatMessage
 from voice.cancellation import cancel_and_wait
 from voice.engines import Engines
 from voice.errors import ProtocolError, VoiceError
-from voice.events import AudioOut, ErrorEvent, Event, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
+from voice.events import AudioOut, ErrorEvent, Event, NoWords, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
 from voice.listen.stage import ListenStage
 from voice.think.dialogue import Dialogue
 from voice.tools.announcements import Announcements
@@ -66,6 +65,7 @@ from voice.turn.machine_events import (
     Silence,
     StartAnswer,
     UserDone,
+    UserNoWords,
     UserResumed,
     UserSpeechStarted,
 )
@@ -157,8 +157,7 @@ class Session:
         await self._dispatch(UserDone())
 
     async def end_of_audio(self) -> None:
-        """The audio stream ended (end of a file, or an utterance cut off): close a turn still open, wait for its
-        final transcript, and end the user's turn there."""
+        """The audio stream ended (a file's end, a cut-off utterance): close an open segment, end the turn there."""
         async with self._listen_lock:
             if self._listen is not None:
                 await self._listen.flush()
@@ -282,8 +281,7 @@ class Session:
 
     # --- tools -----------------------------------------------------------------------------------------------------
     def _start_tools(self) -> None:
-        """Once: start the MCP servers while the user speaks (their start is not paid by the first answer), and the
-        timer watch."""
+        """Once: start the MCP servers while the user speaks (the first answer does not wait for them), the timers."""
         if self.toolbox is None or self._announcements.task is not None:
             return
         self._announcements.start(self.toolbox.timers)
@@ -315,6 +313,8 @@ class Session:
             case VoiceResumed():
                 self._emit(replace(event, turn=core.user_turn))
                 await self._dispatch(UserResumed())
+            case NoWords(through_ms=through_ms):
+                await self._dispatch(UserNoWords(through_ms))
             case Transcript(final=False):
                 self._emit(replace(event, turn=core.user_turn))
                 await self._dispatch(PartialTranscript(event.text, event.likely_final, event.t_ns))

@@ -59,6 +59,7 @@ from voice.turn.machine_events import (
     UserDone,
     UserFinal,
     UserLikelyFinal,
+    UserNoWords,
     UserResumed,
     UserSpeechEnded,
     UserSpeechStarted,
@@ -66,8 +67,8 @@ from voice.turn.machine_events import (
 )
 
 
-# --- events (into the core; the machine's own UserSpeechStarted, UserResumed, Silence, UserDone, ClockTick,
-# ClientInterrupt, AnswerAudio, AnswerFinished, LmTurnVerdict and AssistantAnnounces pass through to it) --------------
+# --- events (into the core; the machine's own UserSpeechStarted, UserResumed, UserNoWords, Silence, UserDone,
+# ClockTick, ClientInterrupt, AnswerAudio, AnswerFinished, LmTurnVerdict and AssistantAnnounces pass through to it) ---
 @dataclass(frozen=True, slots=True)
 class PartialTranscript:
     """A transcript of the open segment, made at `t_ns`. `likely_final`: decoded whole after a moment of silence, the
@@ -112,7 +113,7 @@ class SessionClosed:
     """The session closes: every detector request still out is dropped."""
 
 
-SessionEvent = (UserSpeechStarted | UserSpeechEnded | UserResumed | PartialTranscript | FinalTranscript
+SessionEvent = (UserSpeechStarted | UserSpeechEnded | UserResumed | UserNoWords | PartialTranscript | FinalTranscript
                 | LikelyFinalDecoding | DetectorAnswered | TextTyped | SessionClosed | Silence | UserDone | ClockTick
                 | ClientInterrupt | AnswerAudio | AnswerFinished | LmTurnVerdict | AssistantAnnounces)
 
@@ -226,8 +227,8 @@ class SessionCore:
             case TextTyped(text=text, t_ns=t_ns, continues=continues):
                 actions = machine.handle(TypedText(text, continues))
                 return [MarkTurn(machine.turn_no, {"text_in": t_ns}), *actions]
-            case (Silence() | UserDone() | ClockTick() | ClientInterrupt() | AnswerAudio() | AnswerFinished()
-                  | LmTurnVerdict() | AssistantAnnounces()):
+            case (UserNoWords() | Silence() | UserDone() | ClockTick() | ClientInterrupt() | AnswerAudio()
+                  | AnswerFinished() | LmTurnVerdict() | AssistantAnnounces()):
                 return list(machine.handle(event))
         raise TurnTakingError(f"not a session event: {event!r}")
 

@@ -32,9 +32,10 @@ there (`LmTurnVerdict`, from the answer's first pass) joins the detector's in on
 
 Barge-in needs real speech. Sound heard while the assistant is speaking pauses its audio (`PauseOutput`, state
 `BARGE_IN_PENDING`) and interrupts only once a word is recognised. A cough or an echo is not words: the audio resumes
-(`ResumeOutput`) when its transcript comes back empty, or `resume_after_ms` after the pause if no word has come by then
-(a long noise never holds the answer back); words recognised later still barge in. The answer is never dropped for a
-sound.
+(`ResumeOutput`) when its transcript comes back empty, once a decode of `resume_after_ms` of it heard no word
+(`UserNoWords`: judged on what the recogniser heard, so a busy CPU that reads the words late does not resume the answer
+over them), or `resume_limit_ms` after the pause however far the recogniser got (a long noise never holds the answer
+back); words recognised later still barge in. The answer is never dropped for a sound.
 
 Time. The end of turn is measured on the audio stream's own clock (`Silence`), so a slow step never stretches a pause.
 But a client can stop sending audio (a muted tab, a network stall, a file client done with its clip): the shell's clock
@@ -119,7 +120,8 @@ BARGE_IN_PENDING UserFinal          USER_PAUSED      CancelAnswer             ..
 BARGE_IN_PENDING UserFinal          ANSWERING        CancelAnswer StartAnswer ... continuing a turn the user was done
 BARGE_IN_PENDING UserFinal          SPEAKING         ResumeOutput             no words: a cough or an echo, play on
 BARGE_IN_PENDING UserFinal          SPEAKING         -                        ... (it already played on)
-BARGE_IN_PENDING ClockTick          BARGE_IN_PENDING ResumeOutput             no word within resume_after_ms
+BARGE_IN_PENDING UserNoWords        BARGE_IN_PENDING ResumeOutput             resume_after_ms of it decoded, no word
+BARGE_IN_PENDING ClockTick          BARGE_IN_PENDING ResumeOutput             no word within resume_limit_ms
 BARGE_IN_PENDING UserResumed        USER_SPEAKING    CancelAnswer             released early, and the voice came back
 BARGE_IN_PENDING AnswerFinished     USER_SPEAKING    FinishTurn               it ended: the sound is a new turn
 BARGE_IN_PENDING ClientInterrupt    USER_SPEAKING    CancelAnswer             the client stopped it: a new turn
