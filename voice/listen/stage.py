@@ -66,8 +66,8 @@ class ListenStage:
     Emits, per segment: `SpeechStart`, zero or more partial `Transcript(final=False)` (only when the text changed; a
     likely final always, each followed by `VoiceResumed` if the speech goes on) or `NoWords` (a decode heard none),
     `SpeechEnd`, then exactly one `Transcript(final=True)` (its `text` may be empty if Whisper heard no words); then
-    `segment` advances. Await
-    `accept` calls one at a time: the final decode runs inside the `accept` that ends the segment.
+    `segment` advances. Await `accept` calls one at a time: the final decode runs inside the `accept` that ends the
+    segment.
     Errors are raised, never swallowed: `AudioFormatError` from `accept` for a bad chunk (dropped; the stream goes
     on), `ASRError` from the `accept`/`flush` that ends a segment whose decode failed (that segment has no final).
     """
