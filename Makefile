@@ -74,8 +74,10 @@ test: models install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -ra --durations=25
 
+# test-fast: the unit tests but those marked slow (subprocesses, training, bf16 emulated on a CPU without it), for
+# the edit-test loop; make test runs them all
 test-fast: install-dev
-	$(VENV)/bin/python -m pytest -q tests/unit
+	$(VENV)/bin/python -m pytest -q -m "not slow" tests/unit
 
 # bench: the README's language-model tables (Measured figures): llama.cpp side by side with this runtime on the same
 # GGUF, in process and through both OpenAI-compatible servers

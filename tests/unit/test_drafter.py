@@ -153,6 +153,7 @@ def test_the_packed_drafter_drafts_what_its_torch_form_drafts(chat: DiffusionCha
         assert max(abs(x - y) for x, y in zip(p, q, strict=True)) < 0.05
 
 
+@pytest.mark.slow
 def test_training_on_the_targets_answers_teaches_the_drafter(chat: DiffusionChatModel, tmp_path: Path) -> None:
     model = target_of(chat)
     fast = model.inference_pass()

@@ -258,6 +258,7 @@ def test_with_int4_weights_a_tokens_logits_do_not_depend_on_the_rows_sharing_its
     assert rows_whose_logits_differ(int4_model(), range(5, 120, 7)) == []
 
 
+@pytest.mark.slow
 def test_with_int4_weights_self_speculative_answers_equal_autoregressive_ones_bit_for_bit() -> None:
     model = int4_model()
     with torch.no_grad():  # large logits: near-ties are common, as in SmolLM2's 49k vocabulary

@@ -46,6 +46,7 @@ def run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, **env}, check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc to count threads")
 def test_a_passing_thread_takes_its_openmp_workers_with_it():
     before, after_passing, after_main = map(int, run(TEAMS).stdout.split())
@@ -78,6 +79,7 @@ decode_words(load_model(cpu_threads=2).model, np.zeros(16000, np.float32), Trans
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="LD_DEBUG is glibc's")
 def test_ctranslate2_keeps_its_own_openmp_runtime_after_torch():
     """glibc prints each symbol binding with LD_DEBUG=bindings: CTranslate2's OpenMP calls must reach the libgomp it
@@ -123,6 +125,7 @@ print((time.process_time() - cpu) / (time.perf_counter() - wall))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a BLAS pool needs two cores to spin beside its caller")
 def test_numpy_blas_leaves_no_thread_spinning_after_its_products():
     """The process's CPU time per wall second while it makes small products and idles between them: OpenBLAS's pool

@@ -86,6 +86,7 @@ def same_as_this_cpus(profile: dict[str, str]) -> bool:
     return same_build and effective(kernels_chosen(profile)) == effective(kernels_chosen({}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PROFILES))
 def test_the_exactness_tests_pass_with_another_cpus_kernels(name: str) -> None:
     if same_as_this_cpus(PROFILES[name]):
@@ -95,6 +96,7 @@ def test_the_exactness_tests_pass_with_another_cpus_kernels(name: str) -> None:
     assert f"{len(EXACTNESS_TESTS)} passed" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_profile_really_changes_the_kernels() -> None:
     """The caps take effect (else the profiles would test this CPU twice): ATen's capability, and oneDNN's bf16
     matmul (without AVX-512 torch does not hand bf16 matmuls to oneDNN at all). On a CPU without AVX-512 the AMD

@@ -115,6 +115,7 @@ def final_tokens(refinements: list) -> list[int]:
     return list(last.tokens)
 
 
+@pytest.mark.slow
 def test_self_speculative_equals_autoregressive_equals_the_teacher() -> None:
     model = adapted()
     teacher = tiny_llama()  # same seed: the base weights without any adapter
@@ -441,6 +442,7 @@ def bf16_adapted(seed: int = 0) -> BlockDiffusionLM:
     return model.eval()
 
 
+@pytest.mark.slow
 def test_in_bf16_a_tokens_logits_do_not_depend_on_the_rows_sharing_its_pass() -> None:
     # The attention kernel's rounding depended on the pass's shape, and bf16 near-ties then flip whole answers: the
     # sum over L + 4 keys and over L + 19 keys differed (keys are now rounded up to KEY_MULTIPLE), and so did a lone
@@ -470,6 +472,7 @@ def rows_whose_logits_differ(model: BlockDiffusionLM, lengths: range) -> list[tu
     return differ
 
 
+@pytest.mark.slow
 def test_in_bf16_self_speculative_answers_equal_autoregressive_ones_bit_for_bit() -> None:
     model = bf16_adapted()
     with torch.no_grad():  # large logits: bf16 near-ties are common, as in SmolLM2's 49k vocabulary (2 of 24 answers

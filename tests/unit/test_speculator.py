@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -173,6 +174,7 @@ def test_eos_guess_makes_the_last_phrase_renderable_but_not_committable() -> Non
 VOCAB = ["Hello", " there", ",", " 3", ".", "5", " Dr", " Smith", "!", " ok", "\n", " yes", "?", " e.g", " a", " b"]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     final=st.lists(st.sampled_from(VOCAB), min_size=1, max_size=24),
