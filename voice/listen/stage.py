@@ -280,14 +280,13 @@ class ListenStage:
     async def _decode_once(self) -> None:
         try:
             chunks, self._pending = self._pending, []
-            self._decoded_from = self._fed_to
+            self._decoded_from = through = self._fed_to  # the audio this decode hears ends there
             segment = self.segment
             ep = self._endpointer
             voiced_end = ep.last_voiced_end
             likely_final = self._fed_to >= self._padded_end(voiced_end)
             if likely_final and self.on_likely_final is not None and self._in_segment:
                 self.on_likely_final(np.concatenate(self._segment_audio), self._arrival_of(max(voiced_end - 1, 0)))
-            through = self._fed_to
             partial = await asyncio.to_thread(self._locked_process, chunks, likely_final)
             current = partial is not None and self._in_segment and segment == self.segment
             # a likely final counts only if no speech came while it was decoded (else the next decode follows)

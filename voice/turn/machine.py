@@ -379,9 +379,9 @@ class TurnTaking:
         later still barge in). Judged on what the recogniser heard, not on the wall clock: a busy CPU delays the
         decode, and resuming before it speaks over a user whose words are still being read."""
         contest = self._contest
-        if contest is None or not contest.paused or through_ms - contest.started_ms < self.config.resume_after_ms:
+        if contest is None or through_ms - contest.started_ms < self.config.resume_after_ms:
             return []
-        return self._resume()
+        return self._resume()  # once: it only resumes a paused answer
 
     def _contest_tick(self, contest: Contest, now_ms: float) -> list[TurnAction]:
         """... or once `resume_limit_ms` passed since the pause, however far the recogniser got (a long noise never
