@@ -16,7 +16,7 @@ from model.chat import ChatModel
 from model.chat.spec import ModelSpec
 from model.device import resolve_device
 from model.errors import ModelError
-from model.spare_cores import SpareCores
+from model.process.cpu_budget import CpuBudget
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.turn_detector import SmartTurn, load_turn_detector
 from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
@@ -44,6 +44,7 @@ class Engines:
     lm: ChatModel
     load_seconds: dict[str, float]
     turn_detector: SmartTurn | None = None  # None: the end of a turn is decided by silence alone
+    cpu: CpuBudget = field(default_factory=CpuBudget)  # the cores, shared by every model's work (each holds its share)
 
 
 def default_lm_threads() -> int:
@@ -71,8 +72,9 @@ def keep_numpy_blas_on_its_caller() -> None:
     threadpool_limits(limits=1, user_api="blas")
 
 
-def load_chat(config: EngineConfig) -> ChatModel:
-    """The language model: a remote OpenAI-compatible endpoint when `lm_url` is set, else a local diffusion LM."""
+def load_chat(config: EngineConfig, cpu: CpuBudget | None = None) -> ChatModel:
+    """The language model: a remote OpenAI-compatible endpoint when `lm_url` is set, else a local diffusion LM whose
+    passes hold their threads in `cpu`."""
     if config.lm_url:
         from model.chat.client import OpenAIChatModel
 
@@ -84,25 +86,25 @@ def load_chat(config: EngineConfig) -> ChatModel:
     from model.process.threads import set_torch_threads
 
     set_torch_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
-    return load_chat_model(config.lm)
+    return load_chat_model(config.lm, cpu)
 
 
 def load_engines(config: EngineConfig | None = None) -> Engines:
     """Load all three models (raises ASRError, TTSError or ModelError with a clear message)."""
     config = config or EngineConfig()
     keep_numpy_blas_on_its_caller()
-    SpareCores.shared()  # sampling from now on: a first phrase's render and passes find a window of history to judge
+    cpu = CpuBudget()
     seconds: dict[str, float] = {}
     started = time.monotonic()
     asr = load_model(config.asr_model, device=resolve_device(config.device).type)
     seconds["asr"] = time.monotonic() - started
     started = time.monotonic()
-    tts = load_synthesizer(config.tts)
+    tts = load_synthesizer(config.tts, cpu)
     seconds["tts"] = time.monotonic() - started
     started = time.monotonic()
-    lm = load_chat(config)
+    lm = load_chat(config, cpu)
     seconds["lm"] = time.monotonic() - started
     started = time.monotonic()
     turn_detector = load_turn_detector() if config.turn_detector else None
     seconds["turn_detector"] = time.monotonic() - started
-    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds, turn_detector=turn_detector)
+    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds, turn_detector=turn_detector, cpu=cpu)

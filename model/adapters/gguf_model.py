@@ -45,6 +45,7 @@ from model.gguf.header import GGUFHeader
 from model.gguf.locate import OLLAMA_PREFIX
 from model.gguf.network import dense_network, network_without_linears
 from model.gguf.text_config import tokenizer_and_config
+from model.process.cpu_budget import CpuBudget
 from model.runtime import quant_kernels
 
 ROPE_FACTORS = "rope_freqs.weight"
@@ -52,7 +53,7 @@ ROPE_FACTORS = "rope_freqs.weight"
 AUTOREGRESSIVE = SamplerConfig(block_length=1, steps_per_block=1, decoding="autoregressive")
 
 
-def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
+def load_gguf_chat_model(spec: ModelSpec, cpu: CpuBudget | None = None) -> DiffusionChatModel:
     """The GGUF model `spec.gguf` names (checked by `ModelSpec`), ready to answer: with its draft adapter
     (`spec.draft_adapter`) self-speculatively by default, as the bundled model; without, autoregressively.
     Raises ModelError."""
@@ -85,7 +86,7 @@ def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     drafts = ("no draft adapter: make one with `dlm adapt`" if adapter is None
               else f"draft adapter {adapter}")
     note = f"{name} decodes {decoding_words(sampler)} ({drafts}); {header.describe()}, {weights}"
-    chat = DiffusionChatModel(name, tokenizer, BlockDiffusionBackend(model, ends, spec.max_batch), sampler,
+    chat = DiffusionChatModel(name, tokenizer, BlockDiffusionBackend(model, ends, spec.max_batch, cpu), sampler,
                               spec.system_prompt, context_length_of(base.config), note)
     model.inference_pass()  # the fused pass built now, not on the first answer
     chat.vocabulary()  # scanned now rather than on the first answer's critical path
