@@ -99,7 +99,7 @@ def load_engines(config: EngineConfig | None = None) -> Engines:
     asr = load_model(config.asr_model, device=resolve_device(config.device).type)
     seconds["asr"] = time.monotonic() - started
     started = time.monotonic()
-    tts = load_synthesizer(config.tts, cpu)
+    tts = load_synthesizer(config.tts)
     seconds["tts"] = time.monotonic() - started
     started = time.monotonic()
     lm = load_chat(config, cpu)
