@@ -22,7 +22,7 @@ from model.chat.spec import DecodingSettings, ModelSpec, add_model_options
 from model.decoding.sampler import DECODING_MODES
 from model.device import DEVICE_CHOICES
 from model.errors import ModelError
-from model.training.settings import AdaptSettings
+from model.training.settings import AdaptSettings, DrafterSettings
 
 DIM_UNDERLINE = "\033[2;4m"
 RESET = "\033[0m"
@@ -92,34 +92,45 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def add_adapt_parser(commands: argparse._SubParsersAction) -> None:
-    """`dlm adapt`, its defaults `AdaptSettings`' and `Recipe`'s (model/training/settings.py: no torch, so that the
-    flags are checked before anything heavy is imported)."""
-    settings = AdaptSettings()
-    recipe = settings.recipe
+    """`dlm adapt`, its defaults `AdaptSettings`' and `Recipe`'s, or `DrafterSettings`' with --drafter
+    (model/training/settings.py: no torch, so that the flags are checked before anything heavy is imported)."""
+    lora, drafter = AdaptSettings(), DrafterSettings()
+    recipe = lora.recipe
     adapt = commands.add_parser(
         "adapt", help="train a draft adapter for a GGUF model, so that it decodes self-speculatively",
-        description="Train the gated block-diffusion draft adapter for MODEL on its own greedy answers to the "
-        "project's training prompts (resumable: run it again to go on), then write adapter.safetensors and "
-        "adapter.json into --out. Keep the folder beside the file as FILE.gguf.dlm-adapter/ to have it found, or "
-        "pass it with --adapter.")
+        description="Train a draft adapter for MODEL on its own greedy answers to the project's training prompts "
+        "(resumable: run it again to go on): the gated block-diffusion LoRA (adapter.safetensors, adapter.json), or "
+        "with --drafter a one-layer drafter on the model's own hidden rows (drafter.safetensors, drafter.json), into "
+        "--out. Keep the folder beside the file as FILE.gguf.dlm-adapter/ to have it found, or pass it with "
+        "--adapter.")
     adapt.add_argument("model", help="a GGUF: FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf")
     adapt.add_argument("--out", required=True, help="the adapter's folder (also holds the teacher's answers and the "
                        "checkpoint a later run resumes from)")
-    adapt.add_argument("--minutes", type=float, default=recipe.minutes,
-                       help="stop training after this many minutes (this run)")
-    adapt.add_argument("--max-steps", type=int, default=recipe.max_steps,
-                       help="training steps in all (the learning rate schedule's length)")
-    adapt.add_argument("--examples", type=int, default=settings.examples, help="training prompts the teacher answers")
-    adapt.add_argument("--heldout", type=int, default=settings.heldout,
+    adapt.add_argument("--drafter", action="store_true",
+                       help="train a drafter on the model's hidden rows (a sliver of a pass a draft) instead of the "
+                       "LoRA; it needs the decode kernel (a CPU, the file's block types)")
+
+    def both(flag: str, kind: type, lora_default: object, drafter_default: object, words: str) -> None:
+        adapt.add_argument(flag, type=kind, default=None,
+                           help=f"{words} (default {lora_default}; with --drafter {drafter_default})")
+
+    both("--minutes", float, recipe.minutes, drafter.minutes, "stop training after this many minutes (this run)")
+    both("--max-steps", int, recipe.max_steps, drafter.steps,
+         "training steps in all (the learning rate schedule's length)")
+    both("--batch", int, recipe.batch, drafter.batch, "answers a training step")
+    both("--lr", float, recipe.lr, drafter.lr, "learning rate")
+    both("--eval-every", int, recipe.eval_every, drafter.eval_every,
+         "steps between measurements of the drafts' acceptance")
+    adapt.add_argument("--examples", type=int, default=lora.examples, help="training prompts the teacher answers")
+    adapt.add_argument("--heldout", type=int, default=lora.heldout,
                        help="held-out prompts the drafts' acceptance is measured on")
-    adapt.add_argument("--max-new-tokens", type=int, default=settings.max_new_tokens,
+    adapt.add_argument("--max-new-tokens", type=int, default=lora.max_new_tokens,
                        help="the teacher's answer budget")
-    adapt.add_argument("--batch", type=int, default=recipe.batch, help="answers a training step")
-    adapt.add_argument("--lr", type=float, default=recipe.lr)
-    adapt.add_argument("--eval-every", type=int, default=recipe.eval_every,
-                       help="steps between measurements of the drafts' acceptance")
-    adapt.add_argument("--device", choices=DEVICE_CHOICES, default=settings.device,
-                       help="where it trains (cuda: a GPU, minutes instead of hours)")
+    adapt.add_argument("--shortlist", type=int, default=drafter.shortlist,
+                       help="--drafter: the tokens its head scores (those the answers use most)")
+    adapt.add_argument("--device", choices=DEVICE_CHOICES, default=lora.device,
+                       help="where the LoRA trains (cuda: a GPU, minutes instead of hours); a drafter trains on the "
+                       "CPU")
 
 
 def adapt_command(args: argparse.Namespace, out: TextIO) -> None:
@@ -133,16 +144,30 @@ def adapt_command(args: argparse.Namespace, out: TextIO) -> None:
     header = open_gguf(args.model)
     if header is None:
         raise ModelError(f"dlm adapt takes a GGUF model, not {args.model!r}")
-    defaults = AdaptSettings()
-    recipe = replace(defaults.recipe, batch=args.batch, lr=args.lr, max_steps=args.max_steps, minutes=args.minutes,
-                     eval_every=args.eval_every)
-    settings = replace(defaults, examples=args.examples, heldout=args.heldout, max_new_tokens=args.max_new_tokens,
-                       device=args.device, recipe=recipe)
     folder = Path(args.out)
-    result = adapt(header, folder, settings, training_prompts(settings))
-    out.write(f"adapter after {result.steps} steps on {result.examples} answers written to {folder}\n"
-              f"drafts accepted by position on {settings.heldout} held-out prompts: before "
-              f"{describe_acceptance(result.before)}, now {describe_acceptance(result.after)}\n"
+    lora = AdaptSettings(examples=args.examples, heldout=args.heldout, max_new_tokens=args.max_new_tokens,
+                         device=args.device)
+    if args.drafter:
+        from model.training.adapt_drafter import adapt_drafter
+
+        chosen = {"minutes": args.minutes, "steps": args.max_steps, "batch": args.batch, "lr": args.lr,
+                  "eval_every": args.eval_every}
+        drafting = replace(DrafterSettings(), examples=args.examples, heldout=args.heldout,
+                           max_new_tokens=args.max_new_tokens, shortlist=args.shortlist,
+                           **{name: value for name, value in chosen.items() if value is not None})
+        drafted = adapt_drafter(header, folder, drafting, training_prompts(lora))
+        what, steps, examples, before, after = "drafter", drafted.steps, drafted.examples, drafted.before, drafted.after
+        took = f" in {drafted.seconds / 60:.1f} minutes"
+    else:
+        chosen = {"minutes": args.minutes, "max_steps": args.max_steps, "batch": args.batch, "lr": args.lr,
+                  "eval_every": args.eval_every}
+        recipe = replace(lora.recipe, **{name: value for name, value in chosen.items() if value is not None})
+        result = adapt(header, folder, replace(lora, recipe=recipe), training_prompts(lora))
+        what, steps, examples, before, after = "adapter", result.steps, result.examples, result.before, result.after
+        took = ""
+    out.write(f"{what} after {steps} steps on {examples} answers written to {folder}{took}\n"
+              f"drafts accepted by position on {args.heldout} held-out prompts: before "
+              f"{describe_acceptance(before)}, now {describe_acceptance(after)}\n"
               f"use it with --adapter {folder}, or keep it beside the model as {beside(header.path)}\n")
 
 

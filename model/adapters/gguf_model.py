@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from model.decoding.sampler import SamplerConfig
 from model.device import resolve_device
 from model.errors import ModelError
 from model.gguf.blocks import FORMATS, gguf_weights, unreadable
+from model.gguf.embedding import BlockEmbedding
 from model.gguf.header import GGUFHeader
 from model.gguf.locate import OLLAMA_PREFIX
 from model.gguf.network import dense_network, network_without_linears
@@ -55,25 +57,36 @@ AUTOREGRESSIVE = SamplerConfig(block_length=1, steps_per_block=1, decoding="auto
 
 def load_gguf_chat_model(spec: ModelSpec, cpu: CpuBudget | None = None) -> DiffusionChatModel:
     """The GGUF model `spec.gguf` names (checked by `ModelSpec`), ready to answer: with its draft adapter
-    (`spec.draft_adapter`) self-speculatively by default, as the bundled model; without, autoregressively.
-    Raises ModelError."""
+    (`spec.draft_adapter`: a gated LoRA, a drafter on its hidden rows, or both) self-speculatively by default, as the
+    bundled model; without, autoregressively. Raises ModelError."""
     header = spec.gguf
     if header is None or spec.source is None:
         raise ModelError("load_gguf_chat_model needs a ModelSpec whose source is a GGUF")
-    adapter = spec.draft_adapter
-    own = AUTOREGRESSIVE if adapter is None else adapter_sampler(adapter)
-    sampler = spec.decoding.apply(own)
-    if adapter is not None and sampler.block_length != own.block_length:
-        raise ModelError(f"the draft adapter in {adapter} was trained with blocks of {own.block_length} tokens: leave "
-                         "--block-length unset")
+    folder = spec.draft_adapter
+    lora = folder if folder is not None and (folder / "adapter.json").is_file() else None
+    drafter = folder if folder is not None and (folder / "drafter.json").is_file() and spec.decoding.drafter else None
     device = resolve_device(spec.device)
     dtype = torch.float32 if spec.precision == "fp32" else torch.bfloat16
     why_not = _why_not_own_blocks(spec, header, device, dtype)
+    unused = None
+    if drafter is not None and why_not is not None:  # a drafter reads the rows the decode kernel computes
+        unused, drafter = f"its drafter is not used: the passes do not run on the file's blocks ({why_not})", None
+    own = adapter_sampler(lora) if lora else drafter_sampler(drafter) if drafter else AUTOREGRESSIVE
+    sampler = spec.decoding.apply(own)
+    if own is not AUTOREGRESSIVE and sampler.block_length != own.block_length:
+        raise ModelError(f"the draft adapter in {folder} was trained with blocks of {own.block_length} tokens: leave "
+                         "--block-length unset")
+    if lora is None and sampler.decoding == "diffusion":
+        raise ModelError(f"{header.path.name} decodes by diffusion only with a draft adapter's LoRA (`dlm adapt` "
+                         "without --drafter)")
+    if lora is None and drafter is None and sampler.decoding != "autoregressive":
+        raise ModelError(f"{header.path.name} decodes {sampler.decoding} only with a draft adapter it can use: "
+                         f"{unused or 'none here'}")
     tokenizer, base, ends = _network(header, dtype, dense_linears=why_not is not None)
-    if adapter is None:
+    if lora is None:
         model = BlockDiffusionLM(base, AdapterConfig(block_length=1, targets=()))
     else:
-        model = load_adapter(base, adapter)
+        model = load_adapter(base, lora)
         model.cast_adapter(torch.float32)  # fp32 factors, as the bundled model's: thin matmuls run faster on a CPU
     model.eval()
     model.to(device)
@@ -83,11 +96,13 @@ def load_gguf_chat_model(spec: ModelSpec, cpu: CpuBudget | None = None) -> Diffu
     name = spec.source.removeprefix(OLLAMA_PREFIX) if spec.source.startswith(OLLAMA_PREFIX) else header.path.stem
     weights = ("on its own blocks" if why_not is None
                else f"de-quantized to {str(dtype).removeprefix('torch.')} ({why_not})")
-    drafts = ("no draft adapter: make one with `dlm adapt`" if adapter is None
-              else f"draft adapter {adapter}")
-    note = f"{name} decodes {decoding_words(sampler)} ({drafts}); {header.describe()}, {weights}"
-    chat = DiffusionChatModel(name, tokenizer, BlockDiffusionBackend(model, ends, spec.max_batch, cpu), sampler,
-                              spec.system_prompt, context_length_of(base.config), note)
+    note = f"{name} decodes {decoding_words(sampler)} ({_drafts(folder, lora, drafter, unused)}); " \
+           f"{header.describe()}, {weights}"
+    backend = BlockDiffusionBackend(model, ends, spec.max_batch, cpu)
+    if drafter is not None:
+        backend.load_drafter(drafter, head_rows(header))
+    chat = DiffusionChatModel(name, tokenizer, backend, sampler, spec.system_prompt, context_length_of(base.config),
+                              note)
     model.inference_pass()  # the fused pass built now, not on the first answer
     chat.vocabulary()  # scanned now rather than on the first answer's critical path
     return chat
@@ -96,6 +111,30 @@ def load_gguf_chat_model(spec: ModelSpec, cpu: CpuBudget | None = None) -> Diffu
 def adapter_sampler(adapter: Path) -> SamplerConfig:
     """A draft adapter's decoding settings: its card's (adapter.json), self-speculative by default."""
     return card_sampler(adapter_meta(adapter))
+
+
+def _drafts(folder: Path | None, lora: Path | None, drafter: Path | None, unused: str | None) -> str:
+    """What drafts a GGUF's answers, in words for its note."""
+    if folder is None:
+        return "no draft adapter: make one with `dlm adapt`"
+    if lora is not None:
+        return f"draft adapter {folder}" + (", with its drafter" if drafter is not None else "")
+    return f"drafter {folder}" if drafter is not None else unused or f"{folder} unused"
+
+
+def head_rows(header: GGUFHeader) -> BlockEmbedding:
+    """The file's head rows of token ids `[S]` -> `[S, hidden]` fp32, de-quantized from its blocks as they are
+    looked up (the decoding network holds its head as blocks): a drafter's shortlist."""
+    name = "token_embd.weight" if header.tied_head else "output.weight"
+    return BlockEmbedding(header, header.tensor(name), torch.float32)
+
+
+def drafter_sampler(folder: Path) -> SamplerConfig:
+    """A drafter's decoding settings (drafter.json): self-speculative, as many drafts a pass as the policy finds pay,
+    up to its block."""
+    block = int(json.loads((folder / "drafter.json").read_text())["drafter"]["block"])
+    return SamplerConfig(block_length=block, steps_per_block=block, decoding="self-speculative", draft_masks=block,
+                         draft_layout="adaptive")
 
 
 def decoding_words(sampler: SamplerConfig) -> str:

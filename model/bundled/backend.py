@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -112,11 +112,16 @@ class BlockDiffusionBackend:
         fast = rows_pass_of(self.model)
         return fast is not None and isinstance(fast, TapsRows)
 
-    def load_drafter(self, directory: Path) -> None:
+    def load_drafter(self, directory: Path, head_rows: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """`use_drafter` with the drafter saved in `directory` (model/drafting/drafter.py), its head rows read from
-        this network's head, its measured acceptance as the policy's prior."""
+        this network's head (or by `head_rows(ids)`, for a network whose head is not held densely), its measured
+        acceptance as the policy's prior."""
         head = self.model.base.get_output_embeddings().weight.detach()
-        drafter = load_drafter(directory, TargetShape.of(self.model.base.config), lambda ids: head[ids].float())
+
+        def dense_rows(ids: torch.Tensor) -> torch.Tensor:
+            return head[ids].float()
+
+        drafter = load_drafter(directory, TargetShape.of(self.model.base.config), head_rows or dense_rows)
         meta = json.loads((directory / "drafter.json").read_text())
         self.use_drafter(drafter, meta.get("acceptance", {}).get("after", ()))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from model.errors import ModelError
-from model.gguf.draft_adapter import SUFFIX, find_adapter
+from model.gguf.draft_adapter import NONE, SUFFIX, find_adapter
 from model.gguf.locate import open_gguf
 
 if TYPE_CHECKING:
@@ -116,7 +116,8 @@ class ModelSpec:
 MODEL_HELP = ("a GGUF (FILE.gguf, ollama:NAME[:TAG], or a folder holding one .gguf), a diffusion checkpoint folder or "
               "hub id, or a block-diffusion adapter folder of the bundled base (default: the bundled model)")
 ADAPTER_HELP = (f"a GGUF model's draft adapter folder (made by `dlm adapt`): it then decodes self-speculatively "
-                f"(default: the FILE{SUFFIX}/ folder beside the file, if there is one; else autoregressively)")
+                f"(default: the FILE{SUFFIX}/ folder beside the file, if there is one; else autoregressively; "
+                f"{NONE}: the file alone)")
 
 
 def add_model_options(group: _ArgumentAdder) -> list[argparse.Action]:

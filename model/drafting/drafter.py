@@ -235,13 +235,20 @@ class Drafter(nn.Module):
         """Start the draft layer from one of the target's (a transformers decoder layer with dense weights): its
         attention and MLP already read the target's residual stream."""
         attn, mlp = layer.self_attn, layer.mlp
-        pairs = ((self.q, attn.q_proj), (self.k, attn.k_proj), (self.v, attn.v_proj), (self.o, attn.o_proj),
-                 (self.gate, mlp.gate_proj), (self.up, mlp.up_proj), (self.down, mlp.down_proj))
+        theirs = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj, "o": attn.o_proj, "gate": mlp.gate_proj,
+                  "up": mlp.up_proj, "down": mlp.down_proj}
+        self.init_from_weights({name: getattr(module, "base", module).weight for name, module in theirs.items()},
+                               layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+
+    def init_from_weights(self, linears: dict[str, torch.Tensor], input_norm: torch.Tensor,
+                          post_norm: torch.Tensor) -> None:
+        """`init_from_layer` from a layer's weights: `linears` by the draft layer's names (q, k, v, o, gate, up,
+        down; transformers' row order), and its two norms."""
         with torch.no_grad():
-            for own, theirs in pairs:
-                own.weight.copy_(getattr(theirs, "base", theirs).weight.float())
-            self.input_norm.copy_(layer.input_layernorm.weight.float())
-            self.post_norm.copy_(layer.post_attention_layernorm.weight.float())
+            for name, weight in linears.items():
+                getattr(self, name).weight.copy_(weight.float())
+            self.input_norm.copy_(input_norm.float())
+            self.post_norm.copy_(post_norm.float())
 
 
 def save_drafter(drafter: Drafter, directory: Path, extra: dict[str, Any] | None = None) -> None:

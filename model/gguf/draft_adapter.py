@@ -1,10 +1,11 @@
 """Where a GGUF model's draft adapter lives, and whether an adapter folder fits a file, read before anything loads.
 
-A draft adapter (`dlm adapt`, model/training/adapt.py) is a folder of `adapter.safetensors` and `adapter.json`, the
-bundled adapter's form. Kept beside its model as `<file name>.dlm-adapter/` (`model.Q4_K_M.gguf` ->
-`model.Q4_K_M.gguf.dlm-adapter/`; an Ollama blob `sha256-<hex>` -> `sha256-<hex>.dlm-adapter/`), it is found
-without `--adapter`. Its adapter.json names the teacher's shape (`teacher`: architecture, layers, width, vocabulary),
-so a folder trained for another model is refused in one line instead of failing inside torch.
+A draft adapter (`dlm adapt`) is a folder holding a gated LoRA (`adapter.safetensors` and `adapter.json`, the bundled
+adapter's form: model/training/adapt.py), a drafter on the model's hidden rows (`drafter.safetensors` and
+`drafter.json`: model/training/adapt_drafter.py), or both. Kept beside its model as `<file name>.dlm-adapter/`
+(`model.Q4_K_M.gguf` -> `model.Q4_K_M.gguf.dlm-adapter/`; an Ollama blob `sha256-<hex>` -> `sha256-<hex>.dlm-adapter/`),
+it is found without `--adapter`. Each of its json files names the teacher's shape (`teacher`: architecture, layers,
+width, vocabulary), so a folder trained for another model is refused in one line instead of failing inside torch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ if TYPE_CHECKING:  # gguf-py only where a header is read (model.gguf.locate.open
     from model.gguf.header import GGUFHeader
 
 SUFFIX = ".dlm-adapter"
-FILES = ("adapter.safetensors", "adapter.json")
+NONE = "none"  # --adapter none: the file alone, even with an adapter beside it
+LORA_FILES = ("adapter.safetensors", "adapter.json")
+DRAFTER_FILES = ("drafter.safetensors", "drafter.json")
 
 
 def beside(model_file: Path) -> Path:
@@ -28,28 +31,35 @@ def beside(model_file: Path) -> Path:
 
 
 def teacher_shape(header: GGUFHeader) -> dict[str, Any]:
-    """What an adapter must match of its model (stored as adapter.json's `teacher`)."""
+    """What an adapter must match of its model (stored as adapter.json's and drafter.json's `teacher`)."""
     return {"architecture": header.architecture, "layers": header.layers,
             "hidden": int(header.value("embedding_length")), "vocab": header.vocab_size}
 
 
 def find_adapter(header: GGUFHeader, explicit: str | None) -> Path | None:
-    """The adapter folder for the model `header` describes: `explicit` (--adapter), else the one beside the file, else
-    None. Raises ModelError when the folder is not an adapter or was trained for a model of another shape."""
+    """The adapter folder for the model `header` describes: `explicit` (--adapter; "none": no adapter), else the one
+    beside the file, else None. Raises ModelError when the folder is not an adapter or was trained for a model of
+    another shape."""
+    if explicit == NONE:
+        return None
     folder = Path(explicit).expanduser() if explicit is not None else beside(header.path)
     if explicit is None and not folder.is_dir():
         return None
-    missing = [name for name in FILES if not (folder / name).is_file()]
-    if missing:
-        raise ModelError(f"{folder} is not a draft adapter (no {' or '.join(missing)}): make one with `dlm adapt`")
-    try:
-        meta = json.loads((folder / "adapter.json").read_text())
-    except (OSError, ValueError) as error:
-        raise ModelError(f"{folder}/adapter.json is unreadable: {error}") from error
-    stated, wanted = meta.get("teacher"), teacher_shape(header)
-    if stated is None:
-        raise ModelError(f"the adapter in {folder} names no teacher model: it was not made by `dlm adapt` for a GGUF")
-    if stated != wanted:
-        raise ModelError(f"the adapter in {folder} does not fit {header.path.name}: it was trained for {stated}, this "
-                         f"model is {wanted}")
+    kinds = [files for files in (LORA_FILES, DRAFTER_FILES) if all((folder / name).is_file() for name in files)]
+    if not kinds:
+        raise ModelError(f"{folder} is not a draft adapter (no {' and '.join(LORA_FILES)}, no "
+                         f"{' and '.join(DRAFTER_FILES)}): make one with `dlm adapt`")
+    wanted = teacher_shape(header)
+    for _, card in kinds:
+        try:
+            meta = json.loads((folder / card).read_text())
+        except (OSError, ValueError) as error:
+            raise ModelError(f"{folder}/{card} is unreadable: {error}") from error
+        stated = meta.get("teacher")
+        if stated is None:
+            raise ModelError(f"the adapter in {folder} names no teacher model in {card}: it was not made by `dlm "
+                             "adapt` for a GGUF")
+        if stated != wanted:
+            raise ModelError(f"the adapter in {folder} does not fit {header.path.name}: it was trained for {stated}, "
+                             f"this model is {wanted}")
     return folder

@@ -103,13 +103,13 @@ def dense_network(header: GGUFHeader, config: Any, dtype: torch.dtype) -> Any:
     for info in header.tensors:
         if info.name in _SKIPPED:
             continue
-        name, tensor = hf_name(info.name), _dense(header, info.name, dtype)
+        name = hf_name(info.name)
         if name is None:  # a layer's linear
             _, layer, part, _ = info.name.split(".")
             name = f"model.layers.{layer}.{_LINEARS[part]}.weight"
-            if part in permuted:
-                tensor = tensor[unpermute_order(tensor.shape[0], permuted[part])]
-        state[name] = tensor
+            state[name] = _linear(header, info.name, permuted, dtype)
+        else:
+            state[name] = _dense(header, info.name, dtype)
     if header.tied_head:
         state.pop("lm_head.weight", None)
     missing, unexpected = base.load_state_dict(state, strict=False)
@@ -118,6 +118,21 @@ def dense_network(header: GGUFHeader, config: Any, dtype: torch.dtype) -> Any:
     _check_loaded(header, [key for key in missing if not (header.tied_head and key == "lm_head.weight")], unexpected)
     base.eval()
     return base
+
+
+def dense_linears(header: GGUFHeader, layer: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Layer `layer`'s linears de-quantized to `dtype`, by transformers' path in the layer (`self_attn.q_proj`, ...,
+    `mlp.down_proj`), q and k in HF's row order: one layer of `dense_network` without the rest."""
+    permuted = rotary_permuted(header)
+    return {path: _linear(header, f"blk.{layer}.{part}.weight", permuted, dtype) for part, path in _LINEARS.items()}
+
+
+def _linear(header: GGUFHeader, name: str, permuted: dict[str, int], dtype: torch.dtype) -> torch.Tensor:
+    """A layer's linear `blk.N.PART.weight` de-quantized, its rows put back in HF's order where the file permuted
+    them for its rotary layout (`permuted`: `rotary_permuted`)."""
+    tensor = _dense(header, name, dtype)
+    part = name.split(".")[2]
+    return tensor[unpermute_order(tensor.shape[0], permuted[part])] if part in permuted else tensor
 
 
 def _module(config: Any, dtype: torch.dtype) -> Any:

@@ -41,3 +41,21 @@ class AdaptSettings:
     rank: int = 16
     device: str = "cpu"
     recipe: Recipe = field(default_factory=Recipe)
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterSettings:
+    """What `dlm adapt --drafter` trains: the target's answers it learns from, the drafter's shape, its training."""
+
+    examples: int = 1000  # training prompts the target answers
+    heldout: int = 16  # held-out prompts the drafts' acceptance is measured on
+    max_new_tokens: int = 64
+    chunk: int = 16  # prompts the target answers together (one pass a step for all of them)
+    block: int = 4  # tokens a drafting call proposes
+    shortlist: int = 4096  # the tokens the drafter's head scores: those the answers use most
+    steps: int = 1500
+    batch: int = 16  # answers a training step
+    lr: float = 1e-3
+    minutes: float = 30.0  # stop this run's training after this many minutes (a later run resumes)
+    save_every: int = 100
+    eval_every: int = 250

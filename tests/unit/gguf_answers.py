@@ -25,6 +25,14 @@ def answer(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int],
     return prompt, tokens
 
 
+def answers_per_pass(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int], float]:
+    """(answer tokens, tokens committed per pass)."""
+    prompt = chat.prompt_ids([ChatMessage("user", text)])
+    last = list(chat.stream_prompt(prompt, GenerationOptions(max_new_tokens=length)))[-1]
+    assert last.refinement is not None
+    return list(last.refinement.tokens[: last.completion_tokens]), last.completion_tokens / (last.step + 1)
+
+
 def assert_batched_answers_equal_lone_answers(
     chat: DiffusionChatModel, length: int = 10, texts: tuple[str, ...] = TEXTS
 ) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from gguf_answers import answers_per_pass
 
-from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
 from model.chat.spec import DecodingSettings, ModelSpec
 from model.cli import main
@@ -93,14 +93,6 @@ def with_weights(adapter: Path, folder: Path, lora_b_scale: float, mask_embeddin
         weights["mask_embedding"] = mask_embedding.float()
     save_file(weights, str(folder / "adapter.safetensors"))
     return folder
-
-
-def answers_per_pass(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int], float]:
-    """(answer tokens, tokens committed per pass)."""
-    prompt = chat.prompt_ids([ChatMessage("user", text)])
-    last = list(chat.stream_prompt(prompt, GenerationOptions(max_new_tokens=length)))[-1]
-    assert last.refinement is not None
-    return list(last.refinement.tokens[: last.completion_tokens]), last.completion_tokens / (last.step + 1)
 
 
 @pytest.mark.skipif(available() is not None, reason=str(available()))
