@@ -1,8 +1,9 @@
-"""What a draft costs beside a pass: the bundled model's pass of 1-5 clean rows of one answer, plain and with the
-drafter's taps, and one drafting call of its drafter (two new context rows, the block), through the decode kernel and
-in torch. Medians of `--rounds` rounds, each shape timed `--passes` times after a warm-up, shapes interleaved.
+"""What a draft costs beside a pass: the bundled model's (or a GGUF's, with the drafter `dlm adapt --drafter` made for
+it) pass of 1-5 clean rows of one answer, plain and with the drafter's taps, and one drafting call of its drafter (two
+new context rows, the block), through the decode kernel and in torch. Medians of `--rounds` rounds, each shape timed
+`--passes` times after a warm-up, shapes interleaved.
 
-    python scripts/bench/bench_drafter.py [--threads 2] [--rounds 3] [--json FILE]
+    python scripts/bench/bench_drafter.py [--threads 2] [--rounds 3] [--json FILE] [--model FILE.gguf [--adapter DIR]]
 
 From these, a pass verifying k drafts costs `pass(k + 1) + drafting call` for `1 + E[accepted]` tokens (drafts
 accepted cumulatively as drafter.json's `acceptance` says): the expected speed against a lone step is printed.
@@ -19,8 +20,10 @@ from pathlib import Path
 import torch
 
 from model.bundled.default_model import load_default_chat_model
+from model.chat.spec import ModelSpec
 from model.decoding.step import Feed
 from model.drafting.context import DraftingContext
+from model.loading import load_chat_model
 from model.process.threads import set_torch_threads
 from model.runtime.batching import SlotCache, prefill, tapped_pass
 
@@ -62,12 +65,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--passes", type=int, default=60)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--model", help="a GGUF with a drafter (default: the bundled model)")
+    parser.add_argument("--adapter", help="the GGUF's adapter folder (default: the one beside it)")
     args = parser.parse_args()
     set_torch_threads(args.threads)
-    chat = load_default_chat_model()
+    chat = load_default_chat_model() if args.model is None else load_chat_model(
+        ModelSpec(source=args.model, adapter=args.adapter))
     backend = chat.backend
-    if backend.drafter is None:
-        raise SystemExit("bench_drafter: the bundled model loaded without its drafter (no decode kernel here?)")
+    if getattr(backend, "drafter", None) is None:
+        raise SystemExit("bench_drafter: the model loaded without a drafter (none made for it, or no decode kernel "
+                         "here)")
     taps = backend.drafter.config.taps
     samples: dict[str, list[float]] = {}
     for _ in range(args.rounds):
