@@ -28,7 +28,8 @@ from model.training.settings import DrafterSettings
 from scripts.report_lib.tiny_gguf import Shape, write_model
 
 T = GGMLQuantizationType
-pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+# slow: it trains a drafter (make test runs it; make test-fast leaves it out)
+pytestmark = [pytest.mark.skipif(available() is not None, reason=str(available())), pytest.mark.slow]
 WORDS = ("hello", "the", "world", "tell", "thing", "what", "end", "is", "a", "b")
 PROMPTS = [" ".join(random.Random(i).choices(WORDS, k=2 + i % 4)) for i in range(48)]
 HELDOUT = ["hello there", "the other the", "what world is", "tell a thing"]
