@@ -4,9 +4,17 @@ runtimes (tests/unit/test_gguf_model.py: de-quantized modules; test_gguf_fast.py
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType
 
 from model.chat import ChatMessage, GenerationOptions
 from model.chat.engine import DiffusionChatModel
+from model.chat.spec import ModelSpec
+from model.cli import main
+from model.errors import ModelError
+from scripts.report_lib.tiny_gguf import Shape, write_model
 
 # Prompts of different lengths, so that answers batched together sit at different positions
 TEXTS = ("hello the world", "the he", "what is this", "a b c d e f g")
@@ -23,6 +31,18 @@ def answer(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int],
         tokens.append(last.refinement.tokens[last.completion_tokens])
         assert tokens[-1] in chat.backend.eos_ids  # type: ignore[attr-defined]
     return prompt, tokens
+
+
+def assert_refused_by_a_model_of_another_shape(adapter: Path, folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An adapter folder (a LoRA, a drafter) given to a wider model than its own is refused in one line, before
+    anything loads, and by the CLI with exit 2."""
+    other = write_model(folder / "wider.gguf", "llama", GGMLQuantizationType.Q8_0,
+                        shape=Shape(hidden=96, intermediate=160)).path
+    with pytest.raises(ModelError, match=r"does not fit wider\.gguf"):
+        ModelSpec(source=str(other), adapter=str(adapter))
+    assert main(["generate", "hello", "--model", str(other), "--adapter", str(adapter)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("dlm: the adapter in") and error.count("\n") == 1
 
 
 def answers_per_pass(chat: DiffusionChatModel, text: str, length: int) -> tuple[list[int], float]:
