@@ -117,10 +117,11 @@ def bare(word: str) -> str:
     return word.strip(" ,.?!").lower()
 
 
-def function_word_cuts(audio: np.ndarray) -> list[int]:
+def function_word_cuts(audio: np.ndarray) -> list[tuple[int, str]]:
     """Sample positions right after each unfinishing word, so the cut leaves the sentence unfinished without splitting
-    a word. As in scripts/bench/bench_turn_detector.py: the quietest 10 ms a little before Whisper's rough word end,
-    kept only when the audio before it is transcribed ending with that word (an earlier window is tried second)."""
+    a word, each with the words Whisper hears before it (then half a second of silence). As in
+    scripts/bench/bench_turn_detector.py: the quietest 10 ms a little before Whisper's rough word end, kept only when
+    the audio before it is transcribed ending with that word (an earlier window is tried second)."""
     cuts = []
     for word, _following in itertools.pairwise(words_of(audio)):
         if bare(word.word) not in UNFINISHING_WORDS:
@@ -131,7 +132,7 @@ def function_word_cuts(audio: np.ndarray) -> list[int]:
             cut = max(start, 0) + int(np.argmin(energy)) * 40 + 80
             left = words_of(np.concatenate([audio[:cut], np.zeros(SAMPLE_RATE // 2, dtype=np.float32)]))
             if left and bare(left[-1].word) == bare(word.word):
-                cuts.append(cut)
+                cuts.append((cut, " ".join(w.word.strip() for w in left)))
                 break
     return cuts
 
@@ -145,9 +146,8 @@ def test_piper_sentences_score_higher_than_the_same_sentences_cut_mid_phrase(det
     rule = EndOfTurnRule()
     for audio in piper_speech(PIPER_SENTENCES):
         complete.append(detector.probability(ending_in_silence(audio, last_voiced_sample(audio), silence)))
-        for c in function_word_cuts(audio):
+        for c, heard in function_word_cuts(audio):
             probability = detector.probability(ending_in_silence(audio, c, silence))
-            heard = " ".join(w.word.strip() for w in words_of(np.concatenate([audio[:c], np.zeros(8000, np.float32)])))
             cut.append(probability)
             held.append(rule.wait_ms(Signals(probability, None, asks_a_question(heard), trails_off(heard)))
                         > rule.complete_ms)
