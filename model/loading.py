@@ -23,7 +23,6 @@ from model.chat.spec import ModelSpec
 from model.decoding.sampler import SamplerConfig
 from model.device import resolve_device
 from model.errors import ModelError
-from model.process.cpu_budget import CpuBudget
 from model.runtime.passing_thread import on_passing_thread
 
 
@@ -68,12 +67,11 @@ def architecture(config: dict[str, Any]) -> str:
 
 
 @on_passing_thread
-def load_chat_model(spec: ModelSpec | None = None, cpu: CpuBudget | None = None) -> ChatModel:
+def load_chat_model(spec: ModelSpec | None = None) -> ChatModel:
     """Load the model `spec` names (None: the bundled one, on the CPU).
 
-    `cpu`: the voice process's CPU budget, which a local model's passes hold their threads in (None: no other work
-    shares the cores). Runs on a passing thread, so the caller's thread keeps no OpenMP workers that would slow down
-    the thread that runs the passes (`model.runtime.passing_thread`).
+    Runs on a passing thread, so the caller's thread keeps no OpenMP workers that would slow down the thread that runs
+    the passes (`model.runtime.passing_thread`).
 
     Raises ModelError for an unknown path, an unsupported architecture, or a checkpoint with no mask token.
     """
@@ -81,11 +79,11 @@ def load_chat_model(spec: ModelSpec | None = None, cpu: CpuBudget | None = None)
     if spec.gguf is not None:
         from model.adapters.gguf_model import load_gguf_chat_model
 
-        return load_gguf_chat_model(spec, cpu)
+        return load_gguf_chat_model(spec)
     if spec.source is None or (Path(spec.source) / "adapter.json").is_file():
         from model.bundled.default_model import load_default_chat_model
 
-        return load_default_chat_model(spec, cpu)
+        return load_default_chat_model(spec)
     return _load_external(spec.source, spec)
 
 

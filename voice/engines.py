@@ -16,7 +16,7 @@ from model.chat import ChatModel
 from model.chat.spec import ModelSpec
 from model.device import resolve_device
 from model.errors import ModelError
-from model.process.cpu_budget import CpuBudget
+from model.spare_cores import SpareCores
 from voice.listen.asr_models import LoadedModel, load_model
 from voice.listen.turn_detector import SmartTurn, load_turn_detector
 from voice.speak.tts import PiperSynthesizer, TTSConfig, load_synthesizer
@@ -44,7 +44,6 @@ class Engines:
     lm: ChatModel
     load_seconds: dict[str, float]
     turn_detector: SmartTurn | None = None  # None: the end of a turn is decided by silence alone
-    cpu: CpuBudget = field(default_factory=CpuBudget)  # the cores, shared by every model's work (each holds its share)
 
 
 def default_lm_threads() -> int:
@@ -72,9 +71,8 @@ def keep_numpy_blas_on_its_caller() -> None:
     threadpool_limits(limits=1, user_api="blas")
 
 
-def load_chat(config: EngineConfig, cpu: CpuBudget | None = None) -> ChatModel:
-    """The language model: a remote OpenAI-compatible endpoint when `lm_url` is set, else a local diffusion LM whose
-    passes hold their threads in `cpu`."""
+def load_chat(config: EngineConfig) -> ChatModel:
+    """The language model: a remote OpenAI-compatible endpoint when `lm_url` is set, else a local diffusion LM."""
     if config.lm_url:
         from model.chat.client import OpenAIChatModel
 
@@ -86,14 +84,14 @@ def load_chat(config: EngineConfig, cpu: CpuBudget | None = None) -> ChatModel:
     from model.process.threads import set_torch_threads
 
     set_torch_threads(config.lm_threads or default_lm_threads())  # before the load: its thread and the runner's
-    return load_chat_model(config.lm, cpu)
+    return load_chat_model(config.lm)
 
 
 def load_engines(config: EngineConfig | None = None) -> Engines:
     """Load all three models (raises ASRError, TTSError or ModelError with a clear message)."""
     config = config or EngineConfig()
     keep_numpy_blas_on_its_caller()
-    cpu = CpuBudget()
+    SpareCores.shared()  # sampling from now on: a first phrase's render and passes find a window of history to judge
     seconds: dict[str, float] = {}
     started = time.monotonic()
     asr = load_model(config.asr_model, device=resolve_device(config.device).type)
@@ -102,9 +100,9 @@ def load_engines(config: EngineConfig | None = None) -> Engines:
     tts = load_synthesizer(config.tts)
     seconds["tts"] = time.monotonic() - started
     started = time.monotonic()
-    lm = load_chat(config, cpu)
+    lm = load_chat(config)
     seconds["lm"] = time.monotonic() - started
     started = time.monotonic()
     turn_detector = load_turn_detector() if config.turn_detector else None
     seconds["turn_detector"] = time.monotonic() - started
-    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds, turn_detector=turn_detector, cpu=cpu)
+    return Engines(asr=asr, tts=tts, lm=lm, load_seconds=seconds, turn_detector=turn_detector)

@@ -47,7 +47,6 @@ from model.gguf.header import GGUFHeader
 from model.gguf.locate import OLLAMA_PREFIX
 from model.gguf.network import dense_network, network_without_linears
 from model.gguf.text_config import tokenizer_and_config
-from model.process.cpu_budget import CpuBudget
 from model.runtime import quant_kernels
 
 ROPE_FACTORS = "rope_freqs.weight"
@@ -55,7 +54,7 @@ ROPE_FACTORS = "rope_freqs.weight"
 AUTOREGRESSIVE = SamplerConfig(block_length=1, steps_per_block=1, decoding="autoregressive")
 
 
-def load_gguf_chat_model(spec: ModelSpec, cpu: CpuBudget | None = None) -> DiffusionChatModel:
+def load_gguf_chat_model(spec: ModelSpec) -> DiffusionChatModel:
     """The GGUF model `spec.gguf` names (checked by `ModelSpec`), ready to answer: with its draft adapter
     (`spec.draft_adapter`: a gated LoRA, a drafter on its hidden rows, or both) self-speculatively by default, as the
     bundled model; without, autoregressively. Raises ModelError."""
@@ -98,7 +97,7 @@ def load_gguf_chat_model(spec: ModelSpec, cpu: CpuBudget | None = None) -> Diffu
                else f"de-quantized to {str(dtype).removeprefix('torch.')} ({why_not})")
     note = f"{name} decodes {decoding_words(sampler)} ({_drafts(folder, lora, drafter, unused)}); " \
            f"{header.describe()}, {weights}"
-    backend = BlockDiffusionBackend(model, ends, spec.max_batch, cpu)
+    backend = BlockDiffusionBackend(model, ends, spec.max_batch)
     if drafter is not None:
         backend.load_drafter(drafter, head_rows(header))
     chat = DiffusionChatModel(name, tokenizer, backend, sampler, spec.system_prompt, context_length_of(base.config),

@@ -26,7 +26,6 @@ from model.drafting.context import DraftingContext
 from model.drafting.drafter import Drafter, TargetShape, load_drafter
 from model.drafting.native import NativeDrafter
 from model.errors import ModelError
-from model.process.cpu_budget import CpuBudget
 from model.runtime.batch_runner import DEFAULT_MAX_BATCH, BatchRunner, Run
 from model.runtime.batching import TapsRows, rows_pass_of
 
@@ -55,8 +54,7 @@ class _RunPasses:
 class BlockDiffusionBackend:
     """A `BlockDiffusionLM` behind the `Backend` contract (model/chat/backend.py), answers batched by its runner."""
 
-    def __init__(self, model: BlockDiffusionLM, eos_ids: Iterable[int], max_batch: int | None = None,
-                 cpu: CpuBudget | None = None) -> None:
+    def __init__(self, model: BlockDiffusionLM, eos_ids: Iterable[int], max_batch: int | None = None) -> None:
         if max_batch is not None and max_batch < 1:
             raise ModelError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model
@@ -64,7 +62,7 @@ class BlockDiffusionBackend:
         # The mask id sits just past the tokenizer's vocabulary; logits get one extra column for it, always -inf.
         self.vocab_size = model.vocab_size + 1
         self.eos_ids = frozenset(int(i) for i in eos_ids)
-        self.runner = BatchRunner(model, max_batch or DEFAULT_MAX_BATCH, cpu=cpu)
+        self.runner = BatchRunner(model, max_batch or DEFAULT_MAX_BATCH)
         # One policy per mask count: what it learns about pass costs and acceptance holds for every answer
         self._draft_policies: dict[int, DraftPolicy] = {}
         self._policies_lock = threading.Lock()

@@ -32,7 +32,6 @@ from model.gguf.header import read_header
 from model.gguf.int4_file import cached_int4_weights
 from model.gguf.network import dense_network
 from model.gguf.text_config import tokenizer_and_config
-from model.process.cpu_budget import CpuBudget
 from model.runtime import quant_kernels
 from model.runtime.int4_weights import available
 from model.runtime.passing_thread import on_passing_thread
@@ -136,7 +135,7 @@ def adapter_meta(directory: Path = ADAPTER_DIR) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def load_default_chat_model(spec: ModelSpec | None = None, cpu: CpuBudget | None = None) -> DiffusionChatModel:
+def load_default_chat_model(spec: ModelSpec | None = None) -> DiffusionChatModel:
     """The model used when no `--model` is given (`spec.source` None), or another adapter folder of the same base:
     base + adapter, with the sampler settings from its card, changed by `spec.decoding`.
 
@@ -152,7 +151,7 @@ def load_default_chat_model(spec: ModelSpec | None = None, cpu: CpuBudget | None
     """
     spec = spec or ModelSpec()
     device = resolve_device(spec.device)
-    chat, backend = _load_default_chat_model(spec, device, cpu)
+    chat, backend = _load_default_chat_model(spec, device)
     # Each draft layout's cost on this machine, paired-timed once and kept (model/bundled/draft_calibration.py). Only
     # once the loading thread has exited: while its OpenMP team lives beside the runner's, libgomp parks workers
     # between parallel regions, and a calibration there timed a lone step at 27 ms that then took 10.
@@ -176,9 +175,7 @@ def card_sampler(meta: dict[str, Any]) -> SamplerConfig:
 
 
 @on_passing_thread
-def _load_default_chat_model(
-    spec: ModelSpec, device: torch.device, cpu: CpuBudget | None
-) -> tuple[DiffusionChatModel, BlockDiffusionBackend]:
+def _load_default_chat_model(spec: ModelSpec, device: torch.device) -> tuple[DiffusionChatModel, BlockDiffusionBackend]:
     directory = Path(spec.source) if spec.source else ADAPTER_DIR
     meta = adapter_meta(directory)
     card = card_sampler(meta)
@@ -199,7 +196,7 @@ def _load_default_chat_model(
     model.to(device)
     if _int4_wanted(spec.weights, device):
         model.use_int4(cached_int4_weights(base_gguf_path(), base.config, int4_cache_file()))
-    backend = BlockDiffusionBackend(model, eos_ids(tokenizer), spec.max_batch, cpu)
+    backend = BlockDiffusionBackend(model, eos_ids(tokenizer), spec.max_batch)
     # drafts from the drafter on the network's hidden rows where the decode kernel runs the passes, else the masks
     if spec.decoding.drafter and (directory / "drafter.json").is_file() and backend.taps_rows():
         backend.load_drafter(directory)

@@ -17,7 +17,6 @@ import torch
 
 from model.decoding.step import Feed
 from model.drafting.drafter import Drafter, rms_norm
-from model.process.threads import kernel_threads
 from model.runtime import quant_kernels
 from model.runtime.batching import KEY_MULTIPLE, PassRows, SlotCache
 from model.runtime.packed import GROUP, PackedLinear, PackedWeight
@@ -79,7 +78,7 @@ class NativeDrafter:
         buffers = cache.layer_buffers(1, bias.shape[-1], like)
         lib = quant_kernels.library()
         failed = ctypes.c_int64(-1)
-        threads = kernel_threads()
+        threads = torch.get_num_threads()
         if lib.decode_layers(self.layer, 1, h.data_ptr(), n + k, n, n + k, cos.data_ptr(), sin.data_ptr(),
                              buffers.keys, buffers.values, buffers.capacity, slots.data_ptr(), writes.data_ptr(),
                              bias.shape[-1], bias.data_ptr(), threads, ctypes.byref(failed)):

@@ -1,2 +1,2 @@
-"""What one process's models share: thread counts, set in one place (threads.py), the cores (cpu_budget.py: what each
-kind of work holds, the wider teams granted), and the spans of work that tools watch (watch.py)."""
+"""What one process's models share: torch's thread count, set in one place (threads.py), and the spans of work that
+tools watch (watch.py)."""

@@ -1,17 +1,14 @@
-"""The one place this project sets thread counts for the LM: torch's (its intra-op pool: the LM's torch operations)
-and the C kernels' (every pass's layers and head: model/runtime/kernels/). A reader finds every change by these names.
+"""The one place this project sets torch's thread count (its intra-op pool: the LM's passes, the int4 kernels' torch
+glue). Everything else asks for a count here, so a reader finds every change of it by one name.
 
-`set_torch_threads` is for a process's start (a command's `--threads`, a voice process before its model loads);
-`torch_threads` for a probe at load time that must run on another count and give it back. torch's count is the
-process's, so nothing changes it while answers are served. A pass's team is the calling thread's own instead:
-`kernel_team` sets it for a block on that thread (the batch runner, per pass, as the CPU budget grants it:
-model/process/cpu_budget.py) and the kernels read it with `kernel_threads`.
+`set_torch_threads` is for a process's start (a command's `--threads`, a voice process before its model loads: the
+batch runner's thread keeps the count it starts with); `torch_threads` for a span that must run on another count and
+give it back (a probe at load time, a wider team for one pass).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 
 import torch
@@ -35,25 +32,3 @@ def torch_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-class _Team(threading.local):
-    threads: int | None = None
-
-
-_team = _Team()
-
-
-def kernel_threads() -> int:
-    """The C kernels' threads for a call from this thread: its `kernel_team`, else torch's count."""
-    return _team.threads or torch.get_num_threads()
-
-
-@contextlib.contextmanager
-def kernel_team(threads: int) -> Iterator[None]:
-    """The C kernels called from this thread inside the block run on `threads` (other threads are untouched)."""
-    previous, _team.threads = _team.threads, threads
-    try:
-        yield
-    finally:
-        _team.threads = previous

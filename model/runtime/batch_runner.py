@@ -38,9 +38,9 @@ from model.decoding.refinement import Refinement
 from model.decoding.step import DecodingSequence, Feed, FoldsPrompt, ReadsPromptRow, ReadsTaps, TimesItsPasses
 from model.errors import GenerationCancelled, ModelError
 from model.process import watch
-from model.process.cpu_budget import CpuBudget, Work
-from model.process.threads import kernel_team
+from model.process.threads import torch_threads
 from model.runtime.batching import SlotCache, common_prefix, keep, prefill, rows_pass_of, tapped_pass
+from model.spare_cores import SpareCores, usable_cores
 
 log = logging.getLogger(__name__)
 _RUNNERS: weakref.WeakSet[BatchRunner] = weakref.WeakSet()
@@ -123,13 +123,12 @@ class BatchRunner:
     """Drives every submitted sequence of one `BlockDiffusionLM` in batched passes, on its own thread."""
 
     def __init__(self, model: torch.nn.Module, max_batch: int = DEFAULT_MAX_BATCH, reuse_prompt_cache: bool = True,
-                 lead_threads: int = LEAD_THREADS, cpu: CpuBudget | None = None):
+                 lead_threads: int = LEAD_THREADS):
         if max_batch < 1:
             raise ModelError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model
         self.max_batch = max_batch
-        self.lead_threads = lead_threads  # the team of a lead's passes (`_team`), where the budget grants it
-        self.cpu = cpu  # the voice process's CPU budget; None: no other work to share the cores with, no wider teams
+        self.lead_threads = lead_threads  # the team of a lead's passes (`_team`), where that many cores are spare
         self.reuse_prompt_cache = reuse_prompt_cache
         self.cache = SlotCache(max_batch)
         self._condition = threading.Condition()
@@ -159,7 +158,7 @@ class BatchRunner:
                owner: str | None = None, lead: int = 0) -> Run:
         """Queue `sequence`; `owner` names the conversation it continues (its cache slot is kept for it). `lead`: its
         first tokens someone is waiting for (a voice answer's first phrase); the passes that make them (its first
-        `lead`: every pass yields a token) run on `lead_threads` where the CPU budget grants them (`_team`)."""
+        `lead`: every pass yields a token) run on `lead_threads` where those cores are spare (`_team`)."""
         with watch.span(watch.LM_SUBMIT):
             return self._queue(Run(sequence.cached_prompt, sequence, interactive, cancel, owner=owner, lead=lead))
 
@@ -261,12 +260,8 @@ class BatchRunner:
         A short uncached part goes into the run's first pass instead (`FOLD_LIMIT`), when that pass runs alone: an
         interactive run's does, and so does any run's when nothing else is decoding (otherwise every answer in the
         pass would be padded to the folded rows)."""
-        with watch.span(watch.LM_PREFILL), self._prefilling():
+        with watch.span(watch.LM_PREFILL):
             return self._encode_run(run)
-
-    def _prefilling(self) -> contextlib.AbstractContextManager[None]:
-        """A prefill's threads (torch's, the usual team) held in the CPU budget while it runs."""
-        return contextlib.nullcontext() if self.cpu is None else self.cpu.working(Work.LM, torch.get_num_threads())
 
     def _encode_run(self, run: Run) -> bool:
         assert run.slot is not None
@@ -349,8 +344,7 @@ class BatchRunner:
             assert run.slot is not None and run.sequence is not None
             held = self.cache.slots[run.slot].ids
             try:
-                with self._prefilling():
-                    prefill(self.model, self.cache, run.slot, [*held, *rest], self.reuse_prompt_cache, run.cancel)
+                prefill(self.model, self.cache, run.slot, [*held, *rest], self.reuse_prompt_cache, run.cancel)
             except Exception as error:  # forwarded to the caller, who raises it
                 held.clear()
                 self._end(run, error)
@@ -428,25 +422,26 @@ class BatchRunner:
 
     @contextlib.contextmanager
     def _team(self, runs: list[Run], sequences: list[DecodingSequence]) -> Iterator[None]:
-        """The pass's threads, held in the CPU budget while it runs (model/process/cpu_budget.py): `lead_threads`
-        while it makes some answer's lead and the budget grants them (nothing else of the process holds those
-        cores), else torch's (one a core the LM is given: voice/engines.py). The team is this thread's, for the C
-        kernels (`kernel_team`): torch's own count never changes while answers are served. On the 2-core EPYC a
-        lone row takes 7.4 ms on two threads against 12.5 on one. A wider pass is not one the draft policy may time
-        (`TimesItsPasses`): its costs are those of the usual team."""
-        if self.cpu is None:  # no voice served here (voice/engines.py gives the budget): no lead to hurry
+        """The pass's threads: `lead_threads` while it makes some answer's lead and those cores are spare
+        (`SpareCores`: nothing but this turn's own work ran on them just before), else torch's (one a core the LM is
+        given: voice/engines.py). On the 2-core EPYC a lone row takes 7.4 ms on two threads against 12.5 on one, and
+        heard voice-to-voice fell by a median 11 ms a turn (scripts/heard_latency.py, 2 x 30 held-out turns, paired);
+        with another process on the second core a two-thread team waits at every step, hence the check. A wider pass
+        is not one the draft policy may time (`TimesItsPasses`): its costs are those of the usual team. Every pass is
+        handed over to what follows (the next pass, or the first phrase's render that the passes stand aside for)."""
+        gauge = SpareCores.running()
+        if gauge is None:  # no voice served here (voice/engines.py starts it): no lead to hurry, no render to hand to
             yield
             return
-        usual = torch.get_num_threads()
-        leading = any(run.passes < run.lead for run in runs)
-        wide = min(self.lead_threads, self.cpu.cores) if leading else usual
-        with self.cpu.team(Work.LM, usual, wide) as team:
-            if team > usual:
-                for sequence in sequences:
-                    if isinstance(sequence, TimesItsPasses):
-                        sequence.untimed()
-            with kernel_team(team):
-                yield
+        threads = team = torch.get_num_threads()
+        wide = min(self.lead_threads, usable_cores())
+        if wide > threads and any(run.passes < run.lead for run in runs) and gauge.allows(wide):
+            team = wide
+            for sequence in sequences:
+                if isinstance(sequence, TimesItsPasses):
+                    sequence.untimed()
+        with torch_threads(team), SpareCores.handing_over(team):
+            yield
 
     def _end(self, run: Run, error: BaseException | None) -> None:
         run.ended = True

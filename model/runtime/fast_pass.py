@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.process import watch
-from model.process.threads import kernel_threads
 from model.runtime import quant_kernels, row_exact
 from model.runtime.batching import PassRows
 from model.runtime.fused_layers import (
@@ -405,7 +404,7 @@ class FastPass:
                     pointer_at(self.native, done), end - done, h.data_ptr(), r, rows.start, rows.coarse,
                     cos.ctypes.data, sin.ctypes.data, pointer_at(buffers.keys, done), pointer_at(buffers.values, done),
                     pointer_at(buffers.capacity, done), slots.data_ptr(), writes.data_ptr(), key_len, bias.data_ptr(),
-                    kernel_threads(), ctypes.byref(failed),
+                    torch.get_num_threads(), ctypes.byref(failed),
                 )
             if status == 1:
                 raise MemoryError(f"decode_layer could not allocate its buffers (layer {done + failed.value})")
@@ -429,7 +428,7 @@ class FastPass:
         logits = torch.empty(r, head.out_features, dtype=torch.float32)
         if quant_kernels.library().norm_logits(
             h.data_ptr(), r, h.shape[1], self._final_norm.data_ptr(), self.eps, r if coarse is None else coarse,
-            head.structs, len(head.members), logits.data_ptr(), kernel_threads(),
+            head.structs, len(head.members), logits.data_ptr(), torch.get_num_threads(),
         ):
             raise MemoryError("the head's kernel could not allocate its buffers")
         return logits

@@ -23,7 +23,6 @@ from typing import Protocol
 import torch
 
 from model.errors import ModelError
-from model.process.threads import kernel_threads
 from model.runtime import quant_kernels
 
 GROUP = 32  # inputs a block's scale covers, and the kernel's group size
@@ -251,7 +250,7 @@ class PackedLinear:
         out = torch.empty(rows, self.out_features, dtype=dtype)
         status = quant_kernels.library().weight_matmul(
             flat.data_ptr(), flat.dtype == torch.bfloat16, rows, rows if coarse is None else coarse,
-            self.structs, len(self.members), out.data_ptr(), dtype == torch.bfloat16, kernel_threads(),
+            self.structs, len(self.members), out.data_ptr(), dtype == torch.bfloat16, torch.get_num_threads(),
         )
         if status:
             raise MemoryError("the packed kernel could not allocate its buffers")

@@ -63,8 +63,7 @@ class WordTones:
 
     sample_rate = RATE
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False,
-                   cpu: object = None) -> Iterator[bytes]:
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
         for _ in text.split():
             if cancel is not None and cancel.is_set():
                 return

@@ -15,7 +15,6 @@ import soundfile
 import soxr
 
 from model.fair_lock import FairLock
-from model.process.cpu_budget import CpuBudget, Work
 from scripts.report_lib.speech_samples import librivox_clips
 from scripts.report_lib.wer import word_error_rate
 from voice.audio import float32_to_pcm16, load_audio_16k, stream_pcm16
@@ -245,21 +244,17 @@ def test_partials_are_spaced_out_while_other_sessions_wait_for_the_model():
 
 
 class _WatchedWhisper(_ScriptedWhisper):
-    """Also notes, for each decode, the newest window's speech probability and whether the voice was still on, and
-    what `cpu` held while it ran."""
+    """Also notes, for each decode, the newest window's speech probability and whether the voice was still on."""
 
-    def __init__(self, cpu: CpuBudget) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.stage: ListenStage | None = None
         self.at: list[tuple[float, bool]] = []
-        self.cpu = cpu
-        self.held: list[dict[Work, int]] = []
 
     def transcribe(self, audio, **options):
         assert self.stage is not None
         endpointer = self.stage._endpointer
         self.at.append((endpointer.last_probability, endpointer.position - endpointer.last_voiced_end < 512))
-        self.held.append(self.cpu.holding())
         return super().transcribe(audio, **options)
 
 
@@ -271,12 +266,9 @@ def test_no_partial_starts_while_the_voice_fades_so_the_likely_final_never_waits
     audio = np.concatenate([silence(0.5)] + [np.concatenate([load_audio_16k(CLIPS[c].path), silence(0.7)])
                                             for c in STREAMED])
 
-    cpu = CpuBudget(cores=2)
-    held: list[dict[Work, int]] = []
-
     def partial_probabilities() -> list[float]:
-        whisper = _WatchedWhisper(cpu)
-        stage = ListenStage("test", recorder([]), model=LoadedModel("scripted", whisper, FairLock()), cpu=cpu)
+        whisper = _WatchedWhisper()
+        stage = ListenStage("test", recorder([]), model=LoadedModel("scripted", whisper, FairLock()))
         whisper.stage = stage
 
         async def run() -> None:
@@ -288,14 +280,22 @@ def test_no_partial_starts_while_the_voice_fades_so_the_likely_final_never_waits
             await stage.flush()
 
         asyncio.run(run())
-        held.extend(whisper.held)
         return [probability for probability, voiced in whisper.at if voiced]
 
+    from model.spare_cores import SpareCores
+
+    handovers: list[tuple[float, float, int]] = []
+
+    class Gauge:
+        def handed_over(self, start: float, end: float, threads: int = 1) -> None:
+            handovers.append((start, end, threads))
+
+    monkeypatch.setattr(SpareCores, "running", classmethod(lambda cls: Gauge()))
     fading = stage_module.FADING_PROBABILITY
     assert all(p >= fading for p in partial_probabilities())
-    # every decode held Whisper's thread in the CPU budget while it ran, and gave it back (model/process/cpu_budget.py)
-    assert held and all(during == {Work.ASR: 1} for during in held)
-    assert cpu.holding() == {}
+    # each likely final, which an answer follows, handed its core over (model/spare_cores.py)
+    assert len(handovers) >= len(STREAMED)  # a pause inside a segment gives a likely final too
+    assert all(start < end and threads == 1 for start, end, threads in handovers)
     monkeypatch.setattr(stage_module, "FADING_PROBABILITY", 0.0)  # the rule off: partials start in fading windows
     assert any(p < fading for p in partial_probabilities())
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from model.chat import Draft, DraftPiece
-from model.process.cpu_budget import CpuBudget, Work
 from voice.errors import TTSError
 from voice.events import (
     AudioEnd,
@@ -90,42 +88,16 @@ def test_short_phrase_gives_pcm16_at_the_voice_rate(synthesizer: PiperSynthesize
     assert list(synthesizer.synthesize("🎉 **")) == []  # nothing speakable: no audio
 
 
-def test_a_lead_synthesis_runs_on_its_own_threads_where_granted_and_speaks_the_same_length(
-    synthesizer: PiperSynthesizer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`lead` (a first phrase while the LM stands aside) uses the voice's second session on `lead_threads` where the
-    CPU budget grants them, holding them while it renders: the same voice, so the same amount of speech (Piper's
-    noise makes the samples differ from run to run). Beside other work, or without a budget, it keeps one thread."""
+def test_a_lead_synthesis_runs_on_its_own_threads_and_speaks_the_same_length(synthesizer: PiperSynthesizer) -> None:
+    """`lead` (a first phrase while the LM stands aside) uses the voice's second session on `lead_threads`: the same
+    voice, so the same amount of speech (Piper's noise makes the samples differ from run to run)."""
     config = synthesizer.config
     assert config.lead_threads == 2 != config.threads
     sessions = {lead: (synthesizer._lead_voice if lead else synthesizer._voice).session for lead in (False, True)}
     assert sessions[True] is not sessions[False]
     assert sessions[True].get_session_options().intra_op_num_threads == 2
-    cpu = CpuBudget(cores=2)
-    held: list[tuple[str, dict[Work, int]]] = []
-    for name in ("_voice", "_lead_voice"):
-        voice = getattr(synthesizer, name)
-
-        def watched(text, syn_config=None, voice=voice, name=name):
-            for chunk in voice.synthesize(text, syn_config=syn_config):
-                held.append((name, cpu.holding()))
-                yield chunk
-
-        monkeypatch.setattr(synthesizer, name, SimpleNamespace(synthesize=watched, config=voice.config))
-
-    def render(lead: bool, budget: CpuBudget | None = cpu) -> int:
-        held.clear()
-        return sum(len(c) for c in synthesizer.synthesize("Hello, how are you?", lead=lead, cpu=budget))
-
-    lengths = [render(lead=False), render(lead=True)]
-    assert held and all(h == ("_lead_voice", {Work.TTS: 2}) for h in held)
+    lengths = [sum(len(c) for c in synthesizer.synthesize("Hello, how are you?", lead=lead)) for lead in (False, True)]
     assert abs(lengths[1] - lengths[0]) < 0.25 * lengths[0]
-    with cpu.working(Work.LM, 1):  # a pass on the other core: no second thread to take
-        render(lead=True)
-    assert held and all(h == ("_voice", {Work.LM: 1, Work.TTS: 1}) for h in held)
-    render(lead=True, budget=None)
-    assert held and all(h == ("_voice", {}) for h in held)
-    assert cpu.holding() == {}
     same = PiperSynthesizer.load(TTSConfig(lead_threads=config.threads))  # nothing to gain: no second session
     assert same._lead_voice is same._voice
 

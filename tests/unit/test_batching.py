@@ -4,7 +4,6 @@ sequence's logits and answers in a batch equal its own, whatever else shares the
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
 import time
@@ -661,51 +660,55 @@ class Untimed:
         return self.inner.consume(clean, noisy, elapsed_s, cancelled)
 
 
-def test_a_leads_passes_run_on_the_wider_team_only_where_the_cpu_budget_grants_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An answer's lead (its first `lead` tokens: its first `lead` passes at most) is decoded on `lead_threads` where
-    the process's CPU budget grants them (nothing else holds those cores), and those passes are not timed for the
-    draft policy; every other pass runs on torch's threads (one, here). Every pass holds its team in the budget while
-    it runs. The team is the runner thread's, for the kernels: torch's own count never changes. The answer is the
-    same either way."""
-    from model.process.cpu_budget import CpuBudget, Work
-    from model.process.threads import kernel_threads
-    from model.runtime import batch_runner
+class Spare:
+    """What `SpareCores.shared()` answers in these tests."""
 
+    def __init__(self, spare: bool) -> None:
+        self.spare = spare
+        self.handovers: list[int] = []  # the team of each pass handed over
+
+    def allows(self, threads: int) -> bool:
+        return self.spare
+
+    def handed_over(self, start: float, end: float, threads: int = 1) -> None:
+        assert start <= end
+        self.handovers.append(threads)
+
+
+def test_a_leads_passes_run_on_the_wider_team_only_where_the_cores_are_spare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer's lead (its first `lead` tokens: its first `lead` passes at most) is decoded on `lead_threads` when the
+    cores are spare, and those passes are not timed for the draft policy; every other pass keeps torch's threads (one,
+    here). Every pass hands its cores over to what follows. The answer is the same either way."""
+    from model.runtime import batch_runner
+    from model.spare_cores import SpareCores, usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("one core: no wider team to take")
     teams: list[int] = []
-    held: list[dict[Work, int]] = []
-    torch_counts: set[int] = set()
     real = batch_runner.tapped_pass
-    chat = engine()
-    runner: BatchRunner = chat.backend.runner
 
     def recording(*args, **kwargs):
-        teams.append(kernel_threads())
-        held.append(runner.cpu.holding() if runner.cpu is not None else {})
-        torch_counts.add(torch.get_num_threads())
+        teams.append(torch.get_num_threads())
         return real(*args, **kwargs)
 
     monkeypatch.setattr(batch_runner, "tapped_pass", recording)
+    chat = engine()
+    runner: BatchRunner = chat.backend.runner
     prompt, config = prompts(1, seed=21)[0], MODES["autoregressive"]
     answers = {}
-    cpu = CpuBudget(cores=2)
-    monkeypatch.setattr(runner, "cpu", cpu)
-    for busy, lead in ((False, 3), (True, 3), (False, 0)):
+    for spare, lead in ((True, 3), (False, 3), (True, 0)):
+        gauge = Spare(spare)
+        monkeypatch.setattr(SpareCores, "running", classmethod(lambda cls, gauge=gauge: gauge))
         teams.clear()
-        held.clear()
         wrapped = Untimed(sequence(chat, prompt, 8, config))
-        with cpu.working(Work.ASR, 1) if busy else contextlib.nullcontext():  # a Whisper decode on the other core
-            answers[busy, lead] = stream(iter(drain(runner.submit(wrapped, lead=lead))))
-        wide = not busy and lead > 0
-        assert teams == [2] * 3 * wide + [1] * (8 - 3 * wide), (busy, lead)  # one token a pass: 3 passes lead
+        answers[spare, lead] = stream(iter(drain(runner.submit(wrapped, lead=lead))))
+        wide = spare and lead > 0
+        assert teams == [2] * 3 * wide + [1] * (8 - 3 * wide), (spare, lead)  # one token a pass: 3 passes lead
         assert wrapped.untimed_passes == [0, 1, 2] * wide
-        others = {Work.ASR: 1} if busy else {}
-        assert held == [{**others, Work.LM: team} for team in teams]
-        assert cpu.holding() == {}
-    assert torch_counts == {1}
-    assert answers[False, 3] == answers[True, 3] == answers[False, 0]
-    monkeypatch.setattr(runner, "cpu", None)  # no voice served: no budget, no lead to hurry
+        assert gauge.handovers == teams  # every pass handed over to the next, with its team
+        assert torch.get_num_threads() == 1  # given back
+    assert answers[True, 3] == answers[False, 3] == answers[True, 0]
+    monkeypatch.setattr(SpareCores, "running", classmethod(lambda cls: None))  # no voice served: no sampler, no lead
     teams.clear()
     drain(runner.submit(sequence(chat, prompt, 8, config), lead=3))
     assert teams == [1] * 8

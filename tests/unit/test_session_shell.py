@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 import voice.turn.session as session_module
 from model.chat import ChatMessage, Draft, DraftPiece, GenerationOptions
-from model.process.cpu_budget import CpuBudget, Work
+from model.spare_cores import SpareCores
 from voice.engines import Engines
 from voice.events import (
     AudioOut,
@@ -77,8 +78,7 @@ class FakeLM:
 class FakeTTS:
     sample_rate = 16000
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False,
-                   cpu: object = None) -> Iterator[bytes]:
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
         for _ in text.split():
             if cancel is not None and cancel.is_set():
                 return
@@ -91,7 +91,7 @@ class FakeListen:
 
     instances: ClassVar[list[FakeListen]] = []
 
-    def __init__(self, session: str, emit, config=None, model=None, on_likely_final=None, cpu=None) -> None:
+    def __init__(self, session: str, emit, config=None, model=None, on_likely_final=None) -> None:
         self.emit = emit
         self.on_likely_final = on_likely_final
         self.config = config
@@ -628,29 +628,25 @@ def test_instructions_change_the_next_answers_prompt_and_truncate_cuts_the_ended
     assert session.truncate_heard(7, 0) is None  # not a turn it knows
 
 
-def test_a_verdict_holds_its_threads_in_the_cpu_budget_while_it_runs_and_not_after() -> None:
-    """Smart Turn runs beside the likely final's decode: while it runs, the answer's first passes must not be granted
-    the core it computes on (model/process/cpu_budget.py); once it ended, they must."""
-    cpu = CpuBudget(cores=2)
-    held: list[dict[Work, int]] = []
+def test_a_verdict_hands_its_cores_over_to_the_first_phrase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Smart Turn runs beside the likely final's decode; its call, once ended, must not read to the first phrase's
+    render as a load on the cores it would take (model/spare_cores.py), or that render takes one thread beside an
+    idle core."""
+    gauge = SpareCores(stat=Path("/nonexistent"))  # no sampler thread: only the hand-overs are looked at
+    monkeypatch.setattr(SpareCores, "_shared", gauge)
     answered: list[DetectorAnswered] = []
-
-    class Watched(FakeDetector):
-        def probability(self, audio: np.ndarray) -> float:
-            held.append(cpu.holding())
-            return super().probability(audio)
 
     async def report(answer: DetectorAnswered) -> None:
         answered.append(answer)
 
     async def run() -> None:
-        runs = DetectorRuns(Watched(complete=True), report, "verdicts", cpu)  # type: ignore[arg-type]
+        runs = DetectorRuns(FakeDetector(complete=True), report, "verdicts")  # type: ignore[arg-type]
+        before = time.monotonic()
         runs.ask(1, np.zeros(16000, dtype=np.float32))
         runs.await_verdict(1, turn=1)
         await asyncio.gather(*runs.waits())
+        assert answered == [DetectorAnswered(1, 1.0)]
+        (handover,) = gauge._handovers
+        assert before <= handover.start <= handover.end <= time.monotonic() and handover.threads == 1
 
     asyncio.run(run())
-    assert answered == [DetectorAnswered(1, 1.0)]
-    assert held == [{Work.DETECTOR: 1}] and cpu.holding() == {}
-    with cpu.team(Work.LM, 1, 2) as team:
-        assert team == 2

@@ -21,8 +21,7 @@ class SlowVoice:
         self.closed: list[str] = []
         self.leads: list[tuple[str, bool]] = []  # (text, lead) per synthesis started
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False,
-                   cpu: object = None) -> Iterator[bytes]:
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
         self.leads.append((text, lead))
         try:
             for _ in range(5):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from model.process import watch
-from model.process.cpu_budget import CpuBudget, Work
+from model.spare_cores import SpareCores
 from voice.audio import TARGET_RATE, StreamResampler, check_sample_rate, pcm16_to_float32
 from voice.errors import VoiceError
 from voice.events import Emit, NoWords, SpeechEnd, SpeechStart, Transcript, VoiceResumed, now_ns
@@ -74,14 +74,12 @@ class ListenStage:
 
     def __init__(self, session: str, emit: Emit, config: ListenConfig | None = None,
                  model: LoadedModel | None = None, first_segment: int = 1,
-                 on_likely_final: Callable[[np.ndarray, int], None] | None = None,
-                 cpu: CpuBudget | None = None) -> None:
+                 on_likely_final: Callable[[np.ndarray, int], None] | None = None) -> None:
         self.session = session
         self.config = config or ListenConfig()
         self.segment = first_segment
         self._emit = emit
         self._model = model or load_model(self.config.model, self.config.cpu_threads)
-        self._cpu = cpu  # the process's CPU budget: each decode holds Whisper's threads in it
         self._vad = SileroVad()
         self._endpointer = Endpointer(self.config.endpointer)
         self._transcriber = StreamingTranscriber(self._model.model, self.config.transcriber)
@@ -316,19 +314,15 @@ class ListenStage:
         with watch.span(kind), self._model.lock.urgently() if likely_final else self._model.lock:
             for chunk in chunks:
                 self._transcriber.insert_audio(chunk)
-            with self._decoding():
+            # the likely final's cores are the answer's first passes', which follow it (model/spare_cores.py)
+            with SpareCores.handing_over(self._model.threads) if likely_final else contextlib.nullcontext():
                 return self._transcriber.process(force=True, as_final=likely_final)
 
     def _locked_finish(self, chunks: list[np.ndarray]) -> Hypothesis:
         with watch.span(watch.ASR_FINAL), self._model.lock.urgently():
             for chunk in chunks:
                 self._transcriber.insert_audio(chunk)
-            with self._decoding():
-                return self._transcriber.finish()
-
-    def _decoding(self) -> contextlib.AbstractContextManager[None]:
-        """A decode's threads held in the CPU budget while it runs: what an answer's wider team is judged against."""
-        return contextlib.nullcontext() if self._cpu is None else self._cpu.working(Work.ASR, self._model.threads)
+            return self._transcriber.finish()
 
     def _arrival_of(self, sample: int) -> int:
         """When the chunk holding stream sample `sample` arrived."""

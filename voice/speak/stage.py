@@ -21,7 +21,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from model.chat import Draft
-from model.process.cpu_budget import CpuBudget
 from voice.events import (
     AudioEnd,
     AudioOut,
@@ -107,10 +106,8 @@ class SpeakStage:
         config: SpeculatorConfig | None = None,
         ledger: PlaybackLedger | None = None,
         first_audio_hold: Callable[[], AbstractContextManager[None]] | None = None,
-        cpu: CpuBudget | None = None,
     ) -> None:
         self._synthesizer = synthesizer
-        self._cpu = cpu  # the process's CPU budget, which each render's model calls hold their threads in
         self._first_audio_hold = first_audio_hold
         self._emit = emit
         self._session = session
@@ -249,7 +246,7 @@ class SpeakStage:
             # passes stood aside for the drafted first phrase, it committed 300-800 ms later (AVX2 EPYC, 30 held-out
             # turns: p50 384 ms against 47 without drafts) and voice-to-voice p50 rose 858 -> 1,110 ms
             lead = render.phrase_id == 0 and render.committed and self._first_audio_hold is not None
-            render.chunk_source = self._synthesizer.synthesize(render.text, render.cancel, lead=lead, cpu=self._cpu)
+            render.chunk_source = self._synthesizer.synthesize(render.text, render.cancel, lead=lead)
         chunks = render.chunk_source
         try:
             while not render.cancel.is_set():

@@ -8,7 +8,6 @@ playback bookkeeping (what was really heard) has a fine grain.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -18,10 +17,10 @@ from typing import Protocol
 
 import onnxruntime
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
-from piper import AudioChunk, PiperConfig, PiperVoice, SynthesisConfig
+from piper import PiperConfig, PiperVoice, SynthesisConfig
 
 from model.process import watch
-from model.process.cpu_budget import CpuBudget, Work
+from model.spare_cores import SpareCores
 from voice.errors import TTSError
 from voice.speak.text_normalize import normalize_for_speech
 
@@ -43,11 +42,11 @@ class TTSConfig:
     voice_config: Path | None = None
     threads: int = 1  # ONNX intra-op threads: 1 leaves the other core to the language model
     # ... for a `lead` render: a voice answer's first phrase, which the user is waiting for and during which the
-    # language model's passes stand aside (voice/speak/stage.py), where the CPU budget grants them
-    # (model/process/cpu_budget.py). A short first phrase's first chunk takes p50 59 ms on 2 threads against 105 on 1
-    # (`scripts/bench/bench_tts.py --skip-speculation`), and heard voice-to-voice fell by a median 34 ms a turn
-    # (scripts/heard_latency.py, 2 x 30 held-out turns, paired). Costs a second ONNX session of the voice (~+70 MB)
-    # when it differs from `threads`.
+    # language model's passes stand aside (voice/speak/stage.py), when that many cores are spare (model/spare_cores.py:
+    # with another process on the second core, two threads took 167 ms against 97 on one). On the 2-core EPYC a short
+    # first phrase's first chunk takes p50 59 ms on 2 threads against 105 on 1 (`scripts/bench/bench_tts.py
+    # --skip-speculation`), and heard voice-to-voice fell by a median 34 ms a turn (scripts/heard_latency.py, 2 x 30
+    # held-out turns, paired). Costs a second ONNX session of the voice (~+70 MB) when it differs from `threads`.
     lead_threads: int = 2
     chunk_ms: int = 200  # size of the PCM slices handed out
     length_scale: float | None = None  # speaking rate (< 1 faster); None keeps the voice's own
@@ -66,10 +65,9 @@ class SpeechSynthesizer(Protocol):
     @property
     def sample_rate(self) -> int: ...
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False,
-                   cpu: CpuBudget | None = None) -> Iterator[bytes]:
-        """PCM16 chunks of `text`, its model calls held in `cpu` (the process's CPU budget); `lead`: the render
-        someone is waiting for while other work stands aside, which may take more cores where `cpu` grants them."""
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
+        """PCM16 chunks of `text`; `lead`: the render someone is waiting for while other work stands aside, which
+        may use more cores."""
         ...
 
 
@@ -129,29 +127,20 @@ class PiperSynthesizer:
     def config(self) -> TTSConfig:
         return self._config
 
-    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False,
-                   cpu: CpuBudget | None = None) -> Iterator[bytes]:
-        """PCM16 LE mono chunks for `text` (normalised for speech first). Each model call holds its threads in `cpu`,
-        the process's CPU budget; a `lead` render runs on `config.lead_threads` where `cpu` grants them as its first
-        call starts (without a budget, on `config.threads`). Nothing is yielded when no speakable text is left. Stops
-        before the next model call once `cancel` is set, or whenever the caller stops pulling."""
+    def synthesize(self, text: str, cancel: threading.Event | None = None, lead: bool = False) -> Iterator[bytes]:
+        """PCM16 LE mono chunks for `text` (normalised for speech first), on `config.lead_threads` when `lead` and
+        those cores are spare. Nothing is yielded when no speakable text is left. Stops before the next model call
+        once `cancel` is set, or whenever the caller stops pulling."""
         spoken = normalize_for_speech(text) if self._config.normalize else text.strip()
         if not spoken:
             return
         step = self._chunk_samples * 2
-        usual = self._config.threads
-        wide = self._config.lead_threads if lead and self._lead_voice is not self._voice else usual
-        sentences: Iterator[AudioChunk] | None = None
-        team = usual
+        wide = lead and self._lead_voice is not self._voice and SpareCores.shared().allows(self._config.lead_threads)
+        voice = self._lead_voice if wide else self._voice
+        sentences = iter(voice.synthesize(spoken, syn_config=self._synthesis))
         while cancel is None or not cancel.is_set():
-            # the first call chooses the team (and so the voice); the others hold what it chose
-            holding = (contextlib.nullcontext(usual) if cpu is None
-                       else cpu.team(Work.TTS, usual, wide) if sentences is None else cpu.team(Work.TTS, team, team))
             try:
-                with holding as team, watch.span(watch.TTS_RENDER):
-                    if sentences is None:
-                        voice = self._lead_voice if team > usual else self._voice
-                        sentences = iter(voice.synthesize(spoken, syn_config=self._synthesis))
+                with watch.span(watch.TTS_RENDER):
                     chunk = next(sentences, None)
             except _ORT_ERRORS as error:
                 raise TTSError(f"Piper failed on {spoken!r}: {error}") from error

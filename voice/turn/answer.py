@@ -271,7 +271,6 @@ class AnswerRunner:
             config=self.config.speculator,
             ledger=answer.playback.ledger,
             first_audio_hold=self._first_audio_hold(),
-            cpu=self.engines.cpu,
         )
         answer.playback.sample_rate = speaker.sample_rate
         try:

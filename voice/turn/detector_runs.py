@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from model.process.cpu_budget import CpuBudget, Work
+from model.spare_cores import SpareCores
 from voice.errors import VoiceError
 from voice.listen.turn_detector import SmartTurn
 from voice.turn.detector_schedule import DetectorAnswered
@@ -29,12 +29,10 @@ def _retrieve(future: asyncio.Future[float]) -> None:
 class DetectorRuns:
     """One session's detector calls in flight, by request number, and the waits for them."""
 
-    def __init__(self, detector: SmartTurn, report: Callable[[DetectorAnswered], Awaitable[None]], session: str,
-                 cpu: CpuBudget | None = None) -> None:
+    def __init__(self, detector: SmartTurn, report: Callable[[DetectorAnswered], Awaitable[None]], name: str) -> None:
         self._detector = detector
-        self._cpu = cpu  # the process's CPU budget: each call holds the detector's threads in it
         self._report = report  # hands a probability to the session core
-        self._name = f"turn-verdict-{session}"  # its waits' tasks are named for the session
+        self._name = name
         self._calls: dict[int, asyncio.Future[float]] = {}  # running in a thread
         self._waits: dict[int, asyncio.Task[None]] = {}  # the requests a paused turn waits for
 
@@ -45,11 +43,12 @@ class DetectorRuns:
         self._calls[request] = call
 
     def _judge(self, audio: np.ndarray) -> float:
-        """One call, in a worker thread, its threads held in the CPU budget while it runs (a wider team for the
-        answer's first passes is not granted beside it)."""
-        if self._cpu is None:
-            return self._detector.probability(audio)
-        with self._cpu.working(Work.DETECTOR, self._detector.config.threads):
+        """One call, in a worker thread. Its cores are handed over (model/spare_cores.py) once it ends: the answer's
+        release waits for this verdict, so the call is the turn's own work on the way to the first phrase's render,
+        not a load that render would compete with. It runs beside the likely final's decode, so without the hand-over
+        the 100 ms a render looks back on often held ~0.3-0.5 of a core of it, and the first phrase took one thread
+        with the other core idle."""
+        with SpareCores.handing_over(self._detector.config.threads):
             return self._detector.probability(audio)
 
     def await_verdict(self, request: int, turn: int) -> None:

@@ -9,14 +9,14 @@ actions the core returns. It decides nothing itself.
     AskDetector -> Smart Turn in a thread -> DetectorAnswered -> SessionCore.handle -> actions
     every stage's events -> the session's event queue -> `events()` (the WebSocket server, the speaker, file mode)
 
-An answer starts at a pause, before the end of turn is sure (an early answer); its events, audio included, are held back
-until the core releases it, and vanish if the user goes on speaking. A cancelled answer's events are dropped from the
-moment of the decision, so no audio ever follows its `Clear`. A sound during playback pauses the outputs (`Pause`, then
-`Resume` or `Clear`); the answer's turn ends only once its audio has played, pauses excluded.
+An answer starts at a pause, before the end of turn is sure (an early answer); its events, audio included,
+are held back until the core releases it, and vanish if the user goes on speaking. A cancelled answer's events are
+dropped from the moment of the decision, so no audio ever follows its `Clear`. A sound during playback pauses the
+outputs (`Pause`, then `Resume` or `Clear`); the answer's turn ends only once its audio has played, pauses excluded.
 
 The core takes time as input: a clock task feeds it `ClockTick` (wall time, and how long the session has waited for
-audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client that
-stops sending audio still gets its turn ended, and a paused answer resumes when no word follows. The parts:
+audio) every `CLOCK_TICK_S` while the user holds or contests the floor (an idle session does not tick), so a client
+that stops sending audio still gets its turn ended, and a paused answer resumes when no word follows. The parts:
 voice/turn/answer.py runs an answer, gates its events and acts on the outputs, voice/turn/clock.py is the clock,
 voice/turn/detector_runs.py runs the turn detector in threads, voice/turn/records.py keeps each turn's record and ends
 it into the history; this module wires them to the core.
@@ -104,10 +104,11 @@ class Session:
         self.output_sample_rate = engines.tts.sample_rate
         self.dialogue = Dialogue(config.dialogue)
         self.log: deque[Event] = deque(maxlen=config.log_size)
-        turns = engines.turn_detector  # Smart Turn, or None: the silence rule alone
-        self._detector = None if turns is None else DetectorRuns(turns, self._dispatch, self.id, engines.cpu)
-        schedule = None if turns is None else DetectorSchedule(turns.config.threshold, turns.config.max_seconds)
+        detector = engines.turn_detector
+        schedule = None if detector is None else DetectorSchedule(detector.config.threshold,
+                                                                  detector.config.max_seconds)
         self.core = SessionCore(config.turn_taking, schedule, config.full_duplex)
+        self._detector = None if detector is None else DetectorRuns(detector, self._dispatch, f"turn-verdict-{self.id}")
         self._out: asyncio.Queue[Event | None] = asyncio.Queue()
         self._listen: ListenStage | None = None
         self._listen_lock = asyncio.Lock()  # the stage takes one call at a time: audio, flush (watchdog), close
@@ -128,8 +129,7 @@ class Session:
     async def start(self) -> None:
         if self._listen is None:
             self._listen = ListenStage(self.id, self._on_listen, self._tuning.listen(self.config.listen),
-                                       model=self.engines.asr, on_likely_final=self._on_likely_final,
-                                       cpu=self.engines.cpu)
+                                       model=self.engines.asr, on_likely_final=self._on_likely_final)
             self._prepare_next_prompt()
         self._start_tools()
 
